@@ -1,0 +1,191 @@
+"""The ``bridge`` command line: local Kafka, topics, serving, and (later) tools around the log.
+
+Each subcommand is a small function taking the parsed arguments and the settings; errors that a
+user can act on are printed as one line on stderr with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bridge.config import Settings, load_settings
+
+__all__ = ["main"]
+
+log = logging.getLogger("bridge")
+
+
+class UserError(Exception):
+    """A failure the user can fix; printed without a traceback."""
+
+
+def _progress(message: str) -> None:
+    print(f"… {message}", file=sys.stderr, flush=True)
+
+
+def with_kafka(settings: Settings) -> Settings:
+    """``settings`` with bootstrap servers filled from the running local broker if unset."""
+    if settings.kafka_bootstrap_servers:
+        return settings
+    from bridge.kafka.broker import local_status
+
+    info = local_status(settings)
+    if info is None:
+        raise UserError(
+            "no Kafka configured and no local broker running: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS "
+            "or run `bridge kafka start` first"
+        )
+    return settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+
+
+# --- kafka -----------------------------------------------------------------------------------
+
+
+def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge.kafka import broker
+
+    if args.action == "start":
+        info = broker.start_local_detached(settings, progress=_progress)
+        print(f"kafka running ({info.provider}): {info.bootstrap_servers}  {info.detail}")
+    elif args.action == "stop":
+        stopped = broker.stop_local_detached(settings)
+        print("kafka stopped" if stopped else "no local kafka was running")
+    else:
+        status = broker.local_status(settings)
+        if status is None:
+            print("no local kafka running")
+            return 1
+        print(f"kafka running ({status.provider}): {status.bootstrap_servers}  {status.detail}")
+    return 0
+
+
+# --- topics ----------------------------------------------------------------------------------
+
+
+async def create_topics(settings: Settings) -> list[str]:
+    """Create/check the topic layout; returns one line per topic."""
+    from bridge.kafka.clients import admin_client
+    from bridge.kafka.topics import TopicLayoutError, ensure_topics
+
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        reports = await ensure_topics(admin, settings)
+    except TopicLayoutError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        await admin.close()
+    return [report.describe() for report in reports]
+
+
+def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
+    for line in asyncio.run(create_topics(with_kafka(settings))):
+        print(line)
+    return 0
+
+
+# --- serve -----------------------------------------------------------------------------------
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from bridge.server.app import create_app
+
+    uvicorn.run(
+        create_app(settings),
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=10,
+    )
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    serve(with_kafka(settings))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """The main job: a broker (the configured one, else local), the topics, the server."""
+    if not settings.kafka_bootstrap_servers:
+        from bridge.kafka.broker import start_local_detached
+
+        _progress("starting the local Kafka broker (the first start downloads ~100 MB of jars)")
+        info = start_local_detached(settings, progress=_progress)
+        _progress(f"kafka ready at {info.bootstrap_servers}")
+        settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+    for line in asyncio.run(create_topics(settings)):
+        _progress(line)
+    _progress(f"serving on http://{settings.http_host}:{settings.http_port} (Ctrl-C stops)")
+    serve(settings)
+    return 0
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bridge", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="TOML settings file (else $BRIDGE_CONFIG_FILE)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    kafka = sub.add_parser("kafka", help="the embedded local Kafka broker")
+    kafka.add_argument("action", choices=["start", "stop", "status"])
+    kafka.set_defaults(func=cmd_kafka)
+
+    topics = sub.add_parser("topics", help="the topic layout")
+    topics.add_argument("action", choices=["create"])
+    topics.set_defaults(func=cmd_topics)
+
+    serve_p = sub.add_parser("serve", help="run the bridge's HTTP server")
+    serve_p.add_argument("--host")
+    serve_p.add_argument("--port", type=int)
+    serve_p.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="local Kafka + topics + server: the reviewer demo")
+    demo.add_argument("--host")
+    demo.add_argument("--port", type=int)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {}
+    if getattr(args, "host", None):
+        overrides["http_host"] = args.host
+    if getattr(args, "port", None) is not None:
+        overrides["http_port"] = args.port
+    try:
+        settings = load_settings(args.config, **overrides)
+    except ValueError as exc:
+        print(f"bridge: bad settings: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    func: Callable[[argparse.Namespace, Settings], int] = args.func
+    try:
+        return func(args, settings)
+    except UserError as exc:
+        print(f"bridge: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from bridge.kafka.broker import KafkaProviderError
+
+        if isinstance(exc, KafkaProviderError):
+            print(f"bridge: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

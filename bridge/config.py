@@ -1,0 +1,156 @@
+"""Settings: the one place that reads the environment.
+
+Every tunable of the bridge lives on :class:`Settings`. Values come, in order of precedence,
+from ``BRIDGE_*`` environment variables, then an optional TOML file named by
+``BRIDGE_CONFIG_FILE`` (or passed explicitly), then the defaults below. ``KAFKA_BOOTSTRAP_SERVERS``
+is honoured as well, because it is the conventional way to point any Kafka tool at a cluster.
+
+Nothing else in the package calls ``os.environ``; code that needs a setting takes a
+``Settings`` (or one of its values) as an argument.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["KafkaLocalSettings", "Settings", "TopicSettings", "load_settings", "running_in_ci"]
+
+_DEFAULT_CACHE = Path.home() / ".cache" / "mcp-kafka-bridge"
+
+
+class TopicSettings(BaseModel):
+    """The topic layout of DESIGN.md: names derive from one prefix."""
+
+    prefix: str = Field("mcpbridge", pattern=r"^[A-Za-z0-9._-]{1,120}$")
+    partitions: int = Field(6, ge=1, le=10_000)
+    index_partitions: int = Field(3, ge=1, le=10_000)
+    replication_factor: int = Field(1, ge=1, le=32)
+    #: ``retention.ms`` of the events topic: the maximum event age (SEP-2694 "Event Retention").
+    retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
+    #: ``retention.bytes`` per partition of the events topic; -1 means unbounded.
+    retention_bytes: int = Field(-1, ge=-1)
+    #: ``segment.ms`` of the events topic; retention deletes whole closed segments only.
+    segment_ms: int = Field(6 * 3600 * 1000, ge=1)
+    #: ``min.insync.replicas`` for the events and index topics (clamped to the replication factor).
+    min_insync_replicas: int = Field(2, ge=1)
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}.task-events"
+
+    @property
+    def index(self) -> str:
+        return f"{self.prefix}.task-index"
+
+    @property
+    def control(self) -> str:
+        return f"{self.prefix}.task-control"
+
+    def jobs(self, tool: str) -> str:
+        return f"{self.prefix}.jobs.{tool}"
+
+
+class KafkaLocalSettings(BaseModel):
+    """The embedded single-node broker used when no cluster is given and no Docker answers."""
+
+    version: str = Field("4.1.1", pattern=r"^\d+\.\d+\.\d+$")
+    cache_dir: Path = _DEFAULT_CACHE
+    state_dir: Path = _DEFAULT_CACHE / "local-broker"
+    heap: str = "1g"
+    start_timeout_s: float = Field(120.0, gt=0)
+    #: Try a Docker engine (testcontainers) before the local jars.
+    use_docker: bool = True
+
+
+class Settings(BaseSettings):
+    """All settings of the bridge. See ``docs/configuration.md`` for each one."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BRIDGE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    #: An existing cluster; when unset the local broker provider is used.
+    kafka_bootstrap_servers: str | None = None
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_client_id: str = "mcp-kafka-bridge"
+    topics: TopicSettings = TopicSettings()
+    local_kafka: KafkaLocalSettings = KafkaLocalSettings()
+
+    #: Reverse-DNS vendor prefix of every event type the bridge itself emits.
+    event_type_prefix: str = Field("io.mcpbridge", pattern=r"^[a-z0-9-]+(\.[a-z0-9-]+)+$")
+    #: Largest encoded event record accepted by the publisher and served by the reader.
+    max_event_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    #: One sparse (seq, offset) checkpoint is kept every this many events of a task.
+    checkpoint_interval: int = Field(64, ge=1, le=1_000_000)
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8080, ge=0, le=65535)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings: environment over file over defaults; ``overrides`` win over all.
+
+    The file is ``config_file`` if given, else ``$BRIDGE_CONFIG_FILE`` if set. A plain
+    ``KAFKA_BOOTSTRAP_SERVERS`` is used when ``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` is not set.
+    """
+    path = config_file or os.environ.get("BRIDGE_CONFIG_FILE")
+    file_values = _read_toml(Path(path)) if path else {}
+    env_has = any(k.startswith("BRIDGE_KAFKA_BOOTSTRAP_SERVERS") for k in os.environ)
+    if not env_has and os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        overrides.setdefault("kafka_bootstrap_servers", os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+    # Environment beats the file: pydantic-settings gives init kwargs the highest priority, so
+    # pass the file's values through a settings class that places them below the env source.
+    settings = _with_file_defaults(file_values)(**overrides)
+    return settings
+
+
+def _with_file_defaults(file_values: dict[str, Any]) -> type[Settings]:
+    if not file_values:
+        return Settings
+
+    from pydantic_settings import InitSettingsSource, PydanticBaseSettingsSource
+
+    class _FileSettings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            file_source = InitSettingsSource(settings_cls, init_kwargs=file_values)
+            return (init_settings, env_settings, file_source)
+
+    return _FileSettings
+
+
+def running_in_ci() -> bool:
+    """True when the ``CI`` variable is set to anything but an empty/false value."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

@@ -1,0 +1,303 @@
+"""The task event envelope and its codec: bytes in a Kafka record <-> :class:`TaskEvent`.
+
+Producers (our publisher, or any existing pipeline) write one record per event, keyed by task
+id. The value is either
+
+* Avro single-object encoding (the default): ``C3 01``, the 8-byte little-endian CRC-64-AVRO
+  fingerprint of the writer schema's canonical form, then the Avro binary body of
+  ``schemas/task_event.avsc``; or
+* plain JSON ``{"type": ..., "payload": {...}, "_meta": {...}, "timestamp": ms}`` so that kcat and
+  pipelines without Avro can attach. ``_meta`` and ``timestamp`` may be left out.
+
+A ``content-type`` record header names the format; without it the first bytes decide. Decoding
+never raises anything but :class:`EnvelopeError` subclasses. This module knows nothing of seq,
+Kafka clients or MCP.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import fastavro
+from fastavro.schema import to_parsing_canonical_form
+
+__all__ = [
+    "AVRO_CONTENT_TYPE",
+    "CONTENT_TYPE_HEADER",
+    "JSON_CONTENT_TYPE",
+    "MAX_TIMESTAMP_MS",
+    "EnvelopeError",
+    "EnvelopeTooLarge",
+    "MalformedEnvelope",
+    "TaskEvent",
+    "UnknownSchema",
+    "UnsupportedContentType",
+    "crc64_avro",
+    "decode_event",
+    "encode_event",
+]
+
+CONTENT_TYPE_HEADER = "content-type"
+AVRO_CONTENT_TYPE = "application/vnd.mcpbridge.task-event+avro"
+JSON_CONTENT_TYPE = "application/json"
+_SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+_SCHEMA_FILE = "task_event.avsc"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: 9999-12-31T23:59:59.999Z: the last instant Avro tools can represent as a timestamp-millis.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class EnvelopeError(Exception):
+    """A record value that is not a valid task event. ``reason`` is a short stable code."""
+
+    reason = "malformed"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+class MalformedEnvelope(EnvelopeError):
+    reason = "malformed"
+
+
+class UnknownSchema(EnvelopeError):
+    reason = "unknown_schema"
+
+
+class UnsupportedContentType(EnvelopeError):
+    reason = "unsupported_content_type"
+
+
+class EnvelopeTooLarge(EnvelopeError):
+    reason = "too_large"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """One event as producers write it. ``seq`` is not part of it: the log assigns that."""
+
+    type: str
+    payload: dict[str, Any]
+    meta: dict[str, Any] | None = None
+    timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+
+
+# --- CRC-64-AVRO (Rabin) fingerprint, as defined by the Avro specification ------------------
+
+_CRC64_EMPTY = 0xC15D213AA4D7A795
+
+
+def _crc64_table() -> list[int]:
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (_CRC64_EMPTY & -(fp & 1))
+        table.append(fp)
+    return table
+
+
+_CRC64_TABLE = _crc64_table()
+
+
+def crc64_avro(data: bytes) -> int:
+    """The 64-bit Rabin fingerprint Avro uses for single-object encoding."""
+    fp = _CRC64_EMPTY
+    for byte in data:
+        fp = (fp >> 8) ^ _CRC64_TABLE[(fp ^ byte) & 0xFF]
+    return fp
+
+
+# --- schema ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Schema:
+    parsed: Any
+    fingerprint: bytes  # 8 bytes, little endian
+
+
+def _schema_dirs() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    return [here.parent / "schemas", here / "schemas"]
+
+
+@cache
+def _writer_schema() -> _Schema:
+    for folder in _schema_dirs():
+        path = folder / _SCHEMA_FILE
+        if path.is_file():
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            parsed = fastavro.parse_schema(raw)
+            canonical = to_parsing_canonical_form(raw).encode("utf-8")
+            return _Schema(parsed, struct.pack("<Q", crc64_avro(canonical)))
+    raise RuntimeError(f"{_SCHEMA_FILE} not found in {[str(p) for p in _schema_dirs()]}")
+
+
+def _known_schemas() -> dict[bytes, _Schema]:
+    # Readers accept every writer schema they know; there is one version so far.
+    schema = _writer_schema()
+    return {schema.fingerprint: schema}
+
+
+# --- encode --------------------------------------------------------------------------------------
+
+
+def _json_text(value: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise MalformedEnvelope(f"not JSON-serialisable: {exc}") from None
+
+
+def encode_event(
+    event: TaskEvent, *, fmt: Literal["avro", "json"] = "avro"
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """Encode ``event``; returns ``(value, headers)`` for a Kafka record."""
+    _check_fields(event.type, event.payload, event.meta)
+    _check_timestamp(event.timestamp_ms)
+    if fmt == "json":
+        body: dict[str, Any] = {"type": event.type, "payload": event.payload}
+        if event.meta is not None:
+            body["_meta"] = event.meta
+        body["timestamp"] = event.timestamp_ms
+        return _json_text(body).encode("utf-8"), [(CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE.encode())]
+    schema = _writer_schema()
+    record = {
+        "type": event.type,
+        "payload": _json_text(event.payload),
+        "_meta": None if event.meta is None else _json_text(event.meta),
+        "timestamp": event.timestamp_ms,
+    }
+    out = io.BytesIO()
+    out.write(_SINGLE_OBJECT_MAGIC)
+    out.write(schema.fingerprint)
+    fastavro.schemaless_writer(out, schema.parsed, record)
+    return out.getvalue(), [(CONTENT_TYPE_HEADER, AVRO_CONTENT_TYPE.encode())]
+
+
+# --- decode --------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _parse_json(text: str | bytes, what: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedEnvelope(f"{what} is not valid JSON: {exc}") from None
+
+
+def _check_fields(type_: Any, payload: Any, meta: Any) -> None:
+    if not isinstance(type_, str) or not type_ or len(type_) > 256:
+        raise MalformedEnvelope("type must be a non-empty string of at most 256 characters")
+    if not isinstance(payload, dict):
+        raise MalformedEnvelope("payload must be a JSON object")
+    if meta is not None and not isinstance(meta, dict):
+        raise MalformedEnvelope("_meta must be a JSON object when present")
+
+
+def _check_timestamp(timestamp: Any) -> None:
+    if (
+        not isinstance(timestamp, int)
+        or isinstance(timestamp, bool)
+        or not 0 <= timestamp <= MAX_TIMESTAMP_MS
+    ):
+        raise MalformedEnvelope(
+            "timestamp must be an integer of ms since the epoch, before year 10000"
+        )
+
+
+def _content_type(headers: Headers | None) -> str | None:
+    for key, value in headers or ():
+        if key.lower() == CONTENT_TYPE_HEADER:
+            try:
+                return value.decode("ascii").split(";")[0].strip().lower()
+            except (UnicodeDecodeError, AttributeError):
+                raise UnsupportedContentType("content-type header is not ASCII") from None
+    return None
+
+
+def _decode_avro(value: bytes) -> TaskEvent:
+    if len(value) < 10 or value[:2] != _SINGLE_OBJECT_MAGIC:
+        raise MalformedEnvelope("not Avro single-object encoding (missing C3 01 marker)")
+    schema = _known_schemas().get(value[2:10])
+    if schema is None:
+        raise UnknownSchema(f"unknown writer schema fingerprint {value[2:10].hex()}")
+    body = io.BytesIO(value[10:])
+    try:
+        record = fastavro.schemaless_reader(body, schema.parsed, schema.parsed)
+    except Exception as exc:  # fastavro raises many kinds on truncated/garbled input
+        raise MalformedEnvelope(f"Avro body does not decode: {type(exc).__name__}") from None
+    if body.tell() != len(value) - 10:
+        raise MalformedEnvelope("trailing bytes after the Avro body")
+    if not isinstance(record, dict):
+        raise MalformedEnvelope("Avro body is not a record")
+    payload = _parse_json(record["payload"], "payload")
+    meta = None if record["_meta"] is None else _parse_json(record["_meta"], "_meta")
+    _check_fields(record["type"], payload, meta)
+    timestamp = record["timestamp"]
+    if isinstance(timestamp, datetime):  # fastavro applies the timestamp-millis logical type
+        timestamp = (timestamp - _EPOCH) // timedelta(milliseconds=1)
+    return TaskEvent(record["type"], payload, meta, timestamp)
+
+
+def _decode_json(value: bytes, record_timestamp_ms: int | None) -> TaskEvent:
+    doc = _parse_json(value, "record value")
+    if not isinstance(doc, dict):
+        raise MalformedEnvelope("JSON envelope must be an object")
+    unknown = set(doc) - {"type", "payload", "_meta", "timestamp"}
+    if unknown:
+        raise MalformedEnvelope(f"unknown JSON envelope fields: {sorted(unknown)}")
+    _check_fields(doc.get("type"), doc.get("payload"), doc.get("_meta"))
+    timestamp = doc.get("timestamp", record_timestamp_ms)
+    if isinstance(timestamp, float) and math.isfinite(timestamp) and timestamp.is_integer():
+        timestamp = int(timestamp)
+    if timestamp is None:
+        timestamp = 0
+    _check_timestamp(timestamp)
+    return TaskEvent(doc["type"], doc["payload"], doc.get("_meta"), timestamp)
+
+
+def decode_event(
+    value: bytes | None,
+    headers: Headers | None = None,
+    *,
+    max_bytes: int | None = None,
+    record_timestamp_ms: int | None = None,
+) -> TaskEvent:
+    """Decode one record value. Raises only :class:`EnvelopeError` subclasses.
+
+    ``record_timestamp_ms`` (the Kafka record's timestamp) stands in for a JSON envelope
+    without its own ``timestamp``.
+    """
+    if value is None:
+        raise MalformedEnvelope("record has no value (tombstone)")
+    if max_bytes is not None and len(value) > max_bytes:
+        raise EnvelopeTooLarge(f"record value is {len(value)} bytes, limit is {max_bytes}")
+    content_type = _content_type(headers)
+    if content_type is None:
+        content_type = AVRO_CONTENT_TYPE if value[:2] == _SINGLE_OBJECT_MAGIC else JSON_CONTENT_TYPE
+    if content_type == AVRO_CONTENT_TYPE:
+        return _decode_avro(value)
+    if content_type in (JSON_CONTENT_TYPE, "text/json"):
+        return _decode_json(value, record_timestamp_ms)
+    raise UnsupportedContentType(f"content-type {content_type!r} is not a task event format")

@@ -1,0 +1,72 @@
+"""Kafka client factories: the one place that knows how the bridge configures aiokafka.
+
+Every producer is idempotent (acks=all); every consumer reads ``read_committed`` and never
+auto-resets offsets (``auto_offset_reset="none"``), so an out-of-range position is an error we
+handle, not a silent jump. Nothing here knows about tasks or seq.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from bridge.config import Settings
+
+__all__ = ["admin_client", "bootstrap", "committed_consumer", "idempotent_producer"]
+
+
+def bootstrap(settings: Settings) -> str:
+    """The bootstrap servers of ``settings``; a clear error when none is configured."""
+    if not settings.kafka_bootstrap_servers:
+        raise RuntimeError(
+            "no Kafka cluster configured: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS (or "
+            "KAFKA_BOOTSTRAP_SERVERS), or start the local broker with `bridge kafka start`"
+        )
+    return settings.kafka_bootstrap_servers
+
+
+def _common(settings: Settings, role: str) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": bootstrap(settings),
+        "client_id": f"{settings.kafka_client_id}-{role}",
+        "security_protocol": settings.kafka_security_protocol,
+    }
+
+
+def admin_client(settings: Settings) -> AIOKafkaAdminClient:
+    """An admin client; the caller must ``await start()`` and ``await close()``."""
+    return AIOKafkaAdminClient(**_common(settings, "admin"), request_timeout_ms=30_000)
+
+
+def idempotent_producer(
+    settings: Settings, role: str = "producer", **overrides: Any
+) -> AIOKafkaProducer:
+    """An idempotent acks=all producer whose request size admits ``max_event_bytes`` records."""
+    options: dict[str, Any] = {
+        **_common(settings, role),
+        "enable_idempotence": True,
+        "acks": "all",
+        "linger_ms": 2,
+        "max_request_size": max(1_048_576, settings.max_event_bytes + 64 * 1024),
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def committed_consumer(
+    settings: Settings, role: str = "reader", **overrides: Any
+) -> AIOKafkaConsumer:
+    """A group-less, manually assigned consumer reading only committed records."""
+    options: dict[str, Any] = {
+        **_common(settings, role),
+        "group_id": None,
+        "enable_auto_commit": False,
+        "isolation_level": "read_committed",
+        "auto_offset_reset": "none",
+        "max_partition_fetch_bytes": max(1_048_576, settings.max_event_bytes + 64 * 1024),
+        "fetch_max_wait_ms": 100,
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(**options)

@@ -1,0 +1,1 @@
+"""The serving side: the MCP endpoint, task streams, health and metrics over HTTP."""
