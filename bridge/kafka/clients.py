@@ -11,10 +11,28 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError, ProducerFenced
+from aiokafka.partitioner import murmur2
+from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
 from bridge.config import Settings
 
-__all__ = ["admin_client", "bootstrap", "committed_consumer", "idempotent_producer"]
+__all__ = [
+    "AIOKafkaConsumer",
+    "AIOKafkaProducer",
+    "ConsumerRecord",
+    "KafkaError",
+    "OffsetOutOfRangeError",
+    "ProducerFenced",
+    "RecordMetadata",
+    "TopicPartition",
+    "admin_client",
+    "bootstrap",
+    "committed_consumer",
+    "idempotent_producer",
+    "partition_for_key",
+    "transactional_producer",
+]
 
 
 def bootstrap(settings: Settings) -> str:
@@ -70,3 +88,19 @@ def committed_consumer(
     }
     options.update(overrides)
     return AIOKafkaConsumer(**options)
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition the Java client's default partitioner (murmur2) picks for ``key``."""
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def transactional_producer(settings: Settings, transactional_id: str) -> AIOKafkaProducer:
+    """A transactional producer; a newer one with the same id fences this one."""
+    return idempotent_producer(
+        settings,
+        role="indexer",
+        transactional_id=transactional_id,
+        transaction_timeout_ms=15_000,
+        linger_ms=5,
+    )

@@ -1,0 +1,6 @@
+"""The log side: publishing task events, deriving seq from the partition log, reading it back.
+
+``publisher`` (producers) → Kafka events topic → ``indexer`` (derives seq, folds status,
+persists ``seqindex`` state to the compacted index topic) → ``reader`` (seeks by checkpoint,
+derives earliestSeq from retention).
+"""

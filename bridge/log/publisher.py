@@ -1,0 +1,123 @@
+"""The producer SDK for job pipelines: publish task events into the events topic.
+
+``TaskEventPublisher`` writes one record per event with key = task id (so every event of a
+task lands in one partition, in order), through an idempotent acks=all producer, in the Avro
+envelope by default. It never assigns seq: the indexer derives it from the log, which is what
+lets any other producer (kcat, an existing pipeline) write to the same task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from bridge.config import Settings
+from bridge.constants import is_prefixed_type
+from bridge.envelope import TaskEvent, encode_event
+from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+
+__all__ = ["EventTooLarge", "Published", "TaskEventPublisher", "UnprefixedEventType"]
+
+
+class UnprefixedEventType(ValueError):
+    """SEP-2694 reserves unprefixed event types for MCP itself."""
+
+    def __init__(self, event_type: str) -> None:
+        super().__init__(
+            f"event type {event_type!r} has no vendor prefix: use a reverse-DNS prefix such as "
+            f"'com.example.{event_type or 'thing'}' (unprefixed types are reserved for MCP)"
+        )
+
+
+class EventTooLarge(ValueError):
+    """The encoded event exceeds ``max_event_bytes``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"encoded event is {size} bytes, over the {limit}-byte limit (BRIDGE_MAX_EVENT_BYTES); "
+            "put large data in an artifact and reference it from the event"
+        )
+        self.size = size
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """Where Kafka stored the event."""
+
+    partition: int
+    offset: int
+
+
+class TaskEventPublisher:
+    """Publishes task events; use as ``async with TaskEventPublisher(settings) as pub``."""
+
+    def __init__(self, settings: Settings, *, fmt: Literal["avro", "json"] = "avro") -> None:
+        self.settings = settings
+        self.fmt: Literal["avro", "json"] = fmt
+        self._producer: AIOKafkaProducer | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._producer = idempotent_producer(self.settings, role="publisher")
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    def encode(
+        self,
+        event_type: str,
+        payload: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        timestamp_ms: int | None = None,
+    ) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """Validate and encode one event (raises before anything is sent)."""
+        if not is_prefixed_type(event_type):
+            raise UnprefixedEventType(event_type)
+        event = (
+            TaskEvent(event_type, payload, meta)
+            if timestamp_ms is None
+            else TaskEvent(event_type, payload, meta, timestamp_ms)
+        )
+        value, headers = encode_event(event, fmt=self.fmt)
+        if len(value) > self.settings.max_event_bytes:
+            raise EventTooLarge(len(value), self.settings.max_event_bytes)
+        return value, headers
+
+    async def publish(
+        self,
+        task_id: str,
+        event_type: str,
+        payload: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+        timestamp_ms: int | None = None,
+    ) -> Published:
+        """Publish one event and wait until Kafka acknowledged it on all in-sync replicas."""
+        if self._producer is None:
+            raise RuntimeError("publisher not started: use `async with TaskEventPublisher(...)`")
+        if not task_id:
+            raise ValueError("task_id must be a non-empty string")
+        value, headers = self.encode(event_type, payload, meta, timestamp_ms)
+        metadata = await self._producer.send_and_wait(
+            self.settings.topics.events,
+            key=task_id.encode("utf-8"),
+            value=value,
+            headers=headers,
+        )
+        return Published(metadata.partition, metadata.offset)

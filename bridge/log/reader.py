@@ -1,0 +1,259 @@
+"""The reader: a task's retained events by seq, and earliestSeq from retention.
+
+``read(task_id, after)`` seeks to the nearest usable checkpoint of the task and reads forward,
+counting the task's records, so its cost is bounded by the checkpoint interval plus whatever
+else is interleaved in the partition, whatever the partition's length. It reads up to the
+task's indexed head at the time of the call; the stream hub continues live from there.
+
+Retention: ``earliestSeq`` is the seq of the task's first record at or after the partition's
+log start offset. When the checkpoint below that point was deleted, the records from the log
+start to the next checkpoint (or the head) are counted and subtracted from that checkpoint's
+seq. A cursor older than that raises :class:`EventsGone`; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from bridge.config import Settings
+from bridge.envelope import TaskEvent
+from bridge.kafka.clients import (
+    AIOKafkaConsumer,
+    ConsumerRecord,
+    OffsetOutOfRangeError,
+    TopicPartition,
+    committed_consumer,
+)
+from bridge.log.indexer import Indexer
+from bridge.log.records import event_from_record
+
+__all__ = ["EventsGone", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
+
+
+class UnknownTask(LookupError):
+    """No record of this task was ever indexed."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"unknown task {task_id!r}")
+        self.task_id = task_id
+
+
+class EventsGone(Exception):
+    """The cursor is older than what retention kept; ``earliest_seq`` is the oldest retained."""
+
+    def __init__(self, task_id: str, earliest_seq: int) -> None:
+        super().__init__(
+            f"events of task {task_id!r} before seq {earliest_seq} are no longer retained"
+        )
+        self.task_id = task_id
+        self.earliest_seq = earliest_seq
+
+
+class SeqUntrusted(Exception):
+    """Retention deleted some of the task's records before they were counted."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"seq of task {task_id!r} cannot be trusted: retention deleted records of its "
+            "partition before the indexer counted them (indexer lag exceeded retention)"
+        )
+        self.task_id = task_id
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEvent:
+    seq: int
+    offset: int
+    event: TaskEvent
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The task's index entry as of the start of a read (the tail keeps mutating it)."""
+
+    partition: int
+    next_seq: int
+    last_offset: int
+    checkpoints: list[tuple[int, int]]
+
+    def at_or_before(self, seq: int) -> tuple[int, int]:
+        best = self.checkpoints[0]
+        for cp in self.checkpoints:
+            if cp[0] > seq:
+                break
+            best = cp
+        return best
+
+    def first_at_or_after_offset(self, offset: int) -> tuple[int, int] | None:
+        for cp in self.checkpoints:
+            if cp[1] >= offset:
+                return cp
+        return None
+
+
+class Reader:
+    """Reads retained task events through a small pool of ``read_committed`` consumers."""
+
+    def __init__(
+        self, settings: Settings, indexer: Indexer, *, pool_size: int = 4, chunk: int = 2000
+    ) -> None:
+        self.settings = settings
+        self.indexer = indexer
+        self.chunk = chunk
+        self._pool_size = pool_size
+        self._idle: asyncio.Queue[AIOKafkaConsumer] = asyncio.Queue()
+        self._all: list[AIOKafkaConsumer] = []
+        self._creating = asyncio.Lock()
+        self.records_scanned = 0
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for consumer in self._all:
+            await consumer.stop()
+        self._all.clear()
+
+    # --- consumers -----------------------------------------------------------------------
+
+    async def _acquire(self) -> AIOKafkaConsumer:
+        if self._idle.empty() and len(self._all) < self._pool_size:
+            async with self._creating:
+                if len(self._all) < self._pool_size:
+                    consumer = committed_consumer(self.settings, role="reader")
+                    await consumer.start()
+                    self._all.append(consumer)
+                    return consumer
+        return await self._idle.get()
+
+    async def _fetch(
+        self, tp: TopicPartition, offset: int
+    ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
+        """Up to ``chunk`` committed records of ``tp`` from ``offset``, and the next position.
+
+        The position can move without records (transaction markers, aborted batches).
+        """
+        consumer = await self._acquire()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, offset)
+            batches = await consumer.getmany(tp, timeout_ms=1000, max_records=self.chunk)
+            return batches.get(tp, []), int(await consumer.position(tp))
+        finally:
+            self._idle.put_nowait(consumer)
+
+    async def _log_start(self, tp: TopicPartition) -> int:
+        consumer = await self._acquire()
+        try:
+            begins = await consumer.beginning_offsets([tp])
+            return int(begins[tp])
+        finally:
+            self._idle.put_nowait(consumer)
+
+    # --- the task's records ----------------------------------------------------------------
+
+    def _snapshot(self, task_id: str) -> _Snapshot:
+        found = self.indexer.lookup(task_id)
+        if found is None:
+            raise UnknownTask(task_id)
+        partition, entry = found
+        if not entry.trusted:
+            raise SeqUntrusted(task_id)
+        return _Snapshot(partition, entry.next_seq, entry.last_offset, entry.checkpoint_pairs())
+
+    async def _task_records(
+        self, task_id: str, tp: TopicPartition, start: int, end: int
+    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+        """The task's committed records with ``start <= offset < end``."""
+        key = task_id.encode("utf-8")
+        offset = start
+        while offset < end:
+            records, offset = await self._fetch(tp, offset)
+            for record in records:
+                if record.offset >= end:
+                    return
+                self.records_scanned += 1
+                if record.key == key:
+                    yield record
+
+    async def _earliest(
+        self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
+    ) -> tuple[int, int | None]:
+        """``(earliest retained seq, its offset)``; offset None when nothing is retained."""
+        first = snap.checkpoints[0]
+        if first[1] >= log_start:
+            return first
+        if snap.last_offset < log_start:
+            return snap.next_seq, None
+        bound = snap.first_at_or_after_offset(log_start)
+        end_seq, end_offset = bound if bound else (snap.next_seq, snap.last_offset + 1)
+        count, first_offset = 0, None
+        async for record in self._task_records(task_id, tp, log_start, end_offset):
+            count += 1
+            if first_offset is None:
+                first_offset = record.offset
+        if count == 0:
+            return end_seq, end_offset if bound else None
+        return end_seq - count, first_offset
+
+    async def earliest_seq(self, task_id: str) -> int:
+        """The oldest seq of the task still retained (``next_seq`` if none is)."""
+        snap = self._snapshot(task_id)
+        tp = TopicPartition(self.settings.topics.events, snap.partition)
+        seq, _ = await self._earliest(task_id, snap, tp, await self._log_start(tp))
+        return seq
+
+    async def head(self, task_id: str) -> int:
+        """The number of the task's events indexed so far (its next seq)."""
+        return self._snapshot(task_id).next_seq
+
+    async def read(self, task_id: str, after: int | None = None) -> AsyncIterator[ReadEvent]:
+        """Retained events with seq > ``after`` (all retained when None), up to the indexed head.
+
+        Raises :class:`EventsGone` when ``after + 1`` is older than the earliest retained seq,
+        :class:`UnknownTask` and :class:`SeqUntrusted` as named.
+        """
+        if after is not None and (
+            not isinstance(after, int) or isinstance(after, bool) or after < 0
+        ):
+            raise ValueError("after must be a non-negative integer")
+        snap = self._snapshot(task_id)
+        target = 0 if after is None else after + 1
+        if target >= snap.next_seq:
+            return
+        tp = TopicPartition(self.settings.topics.events, snap.partition)
+        prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
+        while True:
+            seq, offset = snap.at_or_before(target)
+            log_start = await self._log_start(tp)
+            if offset < log_start:
+                earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)
+                if after is not None and target < earliest:
+                    raise EventsGone(task_id, earliest)
+                if earliest_offset is None:
+                    return
+                seq, offset, target = earliest, earliest_offset, max(target, earliest)
+            try:
+                async for record in self._task_records(task_id, tp, offset, snap.last_offset + 1):
+                    if seq >= target:
+                        event = event_from_record(record, prefix=prefix, max_bytes=limit)
+                        yield ReadEvent(seq, record.offset, event)
+                    seq += 1
+                return
+            except OffsetOutOfRangeError:
+                # Retention moved past us mid-read: start again from the next seq wanted.
+                target = seq
+                if seq > (0 if after is None else after + 1):
+                    after = seq - 1

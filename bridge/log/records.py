@@ -1,0 +1,54 @@
+"""From a consumed Kafka record to what the log side works with: task id and event.
+
+A record that does not decode still occupies its seq: it becomes a placeholder event of the
+bridge's own prefixed type (``<prefix>.event.undecodable`` or ``<prefix>.event.oversized``)
+describing why, so no event is ever dropped and no bad record can crash a reader.
+"""
+
+from __future__ import annotations
+
+from bridge.constants import EventSuffix, TaskStatus
+from bridge.envelope import EnvelopeError, EnvelopeTooLarge, TaskEvent, decode_event
+from bridge.kafka.clients import ConsumerRecord
+
+__all__ = ["event_from_record", "status_of", "task_id_of"]
+
+
+def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
+    """The record's task id (its key), or None for keyless or non-UTF-8 keys."""
+    key: bytes | None = record.key
+    if not key:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def event_from_record(
+    record: ConsumerRecord[bytes, bytes], *, prefix: str, max_bytes: int
+) -> TaskEvent:
+    """Decode the record's event, or describe why it cannot be decoded (never raises)."""
+    try:
+        return decode_event(
+            record.value,
+            record.headers,
+            max_bytes=max_bytes,
+            record_timestamp_ms=record.timestamp,
+        )
+    except EnvelopeTooLarge:
+        size = len(record.value or b"")
+        payload = {"offset": record.offset, "bytes": size, "limitBytes": max_bytes}
+        return TaskEvent(f"{prefix}.{EventSuffix.OVERSIZED}", payload, None, record.timestamp)
+    except EnvelopeError as exc:
+        payload = {"offset": record.offset, "reason": exc.reason, "error": exc.message}
+        return TaskEvent(f"{prefix}.{EventSuffix.UNDECODABLE}", payload, None, record.timestamp)
+
+
+def status_of(event: TaskEvent, prefix: str) -> tuple[bool, TaskStatus | None]:
+    """``(is task.created, announced status)`` for the bridge's own lifecycle events."""
+    if event.type == f"{prefix}.{EventSuffix.CREATED}":
+        return True, None
+    if event.type == f"{prefix}.{EventSuffix.STATUS}":
+        return False, TaskStatus.from_wire(event.payload.get("status"))
+    return False, None

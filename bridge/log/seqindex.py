@@ -1,0 +1,248 @@
+"""The seq index: per-task counts and checkpoints derived from one events partition.
+
+This module is pure data: no Kafka, no I/O. :meth:`PartitionIndex.apply` is the one rule of
+DESIGN.md — a record's seq is the number of earlier committed records with its key in the
+partition — made idempotent: a record at or below a task's ``last_offset`` was already
+counted and is ignored, so replaying from any older position derives the same seq again.
+
+Per task it keeps ``next_seq``, ``last_offset``, a sparse list of ``(seq, offset)`` checkpoints
+(one every ``K`` events, seq 0 included) and the folded status. Per partition it keeps the
+``through`` offset (every record below it has been applied) and, if retention ever deleted
+records before they were counted, the offset where counting resumed (``lost_before``).
+
+Index records (the compacted ``<prefix>.task-index`` topic) are small fixed-layout structs:
+
+* key ``t:<taskId>`` → ``<B i q q B B q`` (version, partition, next_seq, last_offset, status,
+  flags, status_offset) followed by ``<q q`` per checkpoint;
+* key ``p:<partition>`` → ``<B q q`` (version, through, lost_before).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from bridge.constants import TERMINAL_STATUSES, TaskStatus
+
+__all__ = [
+    "FLAG_UNTRUSTED",
+    "IndexRecordError",
+    "MarkerRecord",
+    "PartitionIndex",
+    "TaskEntry",
+    "TaskRecord",
+    "decode_index_record",
+    "marker_key",
+    "task_key",
+]
+
+_VERSION = 1
+_TASK = struct.Struct("<BiqqBBq")
+_CHECKPOINT = struct.Struct("<qq")
+_MARKER = struct.Struct("<Bqq")
+
+#: The task's count may have missed records that retention deleted before they were indexed.
+FLAG_UNTRUSTED = 1
+
+
+class IndexRecordError(ValueError):
+    """An index topic record this version cannot read."""
+
+
+class TaskEntry:
+    """What the index knows of one task. ``checkpoints`` is a flat ``[seq, offset, ...]``."""
+
+    __slots__ = ("checkpoints", "flags", "last_offset", "next_seq", "status", "status_offset")
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self.last_offset = -1
+        self.status = TaskStatus.UNKNOWN
+        self.status_offset = -1
+        self.flags = 0
+        self.checkpoints = array("q")
+
+    @property
+    def trusted(self) -> bool:
+        return not self.flags & FLAG_UNTRUSTED
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def first_offset(self) -> int:
+        return self.checkpoints[1] if self.checkpoints else -1
+
+    def checkpoint_pairs(self) -> list[tuple[int, int]]:
+        cps = self.checkpoints
+        return [(cps[i], cps[i + 1]) for i in range(0, len(cps), 2)]
+
+    def checkpoint_at_or_before(self, seq: int) -> tuple[int, int] | None:
+        """The checkpoint with the largest seq ≤ ``seq``, or None."""
+        seqs = self.checkpoints[0::2]
+        i = bisect_right(seqs, seq) - 1
+        if i < 0:
+            return None
+        return seqs[i], self.checkpoints[2 * i + 1]
+
+    def checkpoint_after_offset(self, offset: int) -> tuple[int, int] | None:
+        """The first checkpoint whose offset is ≥ ``offset``, or None."""
+        offsets = self.checkpoints[1::2]
+        i = bisect_right(offsets, offset - 1)
+        if i >= len(offsets):
+            return None
+        return self.checkpoints[2 * i], offsets[i]
+
+    def encode(self, partition: int) -> bytes:
+        head = _TASK.pack(
+            _VERSION,
+            partition,
+            self.next_seq,
+            self.last_offset,
+            int(self.status),
+            self.flags,
+            self.status_offset,
+        )
+        return head + self.checkpoints.tobytes()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TaskEntry):
+            return NotImplemented
+        return all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskEntry(next_seq={self.next_seq}, last_offset={self.last_offset}, "
+            f"status={self.status.name}, checkpoints={self.checkpoint_pairs()})"
+        )
+
+
+@dataclass
+class PartitionIndex:
+    """The derived state of one events partition."""
+
+    partition: int
+    checkpoint_interval: int
+    through: int = 0
+    lost_before: int = -1
+    tasks: dict[str, TaskEntry] = field(default_factory=dict)
+    dirty: set[str] = field(default_factory=set)
+
+    def apply(
+        self,
+        task_id: str,
+        offset: int,
+        *,
+        created: bool = False,
+        status: TaskStatus | None = None,
+    ) -> int | None:
+        """Count the committed record at ``offset``; return its seq, or None if already counted.
+
+        ``created`` marks the bridge's own ``task.created`` event; ``status`` the status a status
+        event announces. Records must be applied in offset order.
+        """
+        entry = self.tasks.get(task_id)
+        if entry is None:
+            entry = TaskEntry()
+            if self.lost_before >= 0 and not created:
+                entry.flags |= FLAG_UNTRUSTED
+            self.tasks[task_id] = entry
+        elif offset <= entry.last_offset:
+            self.through = max(self.through, offset + 1)
+            return None
+        seq = entry.next_seq
+        if seq % self.checkpoint_interval == 0:
+            entry.checkpoints.append(seq)
+            entry.checkpoints.append(offset)
+        entry.next_seq = seq + 1
+        entry.last_offset = offset
+        if created and entry.status is TaskStatus.UNKNOWN:
+            entry.status = TaskStatus.WORKING
+            entry.status_offset = offset
+        elif status is not None and not entry.terminal:
+            entry.status = status
+            entry.status_offset = offset
+        self.through = max(self.through, offset + 1)
+        self.dirty.add(task_id)
+        return seq
+
+    def advance(self, offset: int) -> None:
+        """Every record below ``offset`` has been seen (e.g. after transaction markers)."""
+        self.through = max(self.through, offset)
+
+    def mark_lost(self, log_start: int) -> None:
+        """Retention deleted records in ``[through, log_start)`` before they were counted.
+
+        Every task known so far may have had records there, so none of them can be trusted;
+        tasks first seen later are trusted only if their first record is ``task.created``.
+        """
+        for task_id, entry in self.tasks.items():
+            if entry.trusted:
+                entry.flags |= FLAG_UNTRUSTED
+                self.dirty.add(task_id)
+        self.lost_before = log_start
+        self.through = log_start
+
+    def marker(self) -> bytes:
+        return _MARKER.pack(_VERSION, self.through, self.lost_before)
+
+    def restore_task(self, task_id: str, entry: TaskEntry) -> None:
+        self.tasks[task_id] = entry
+
+    def restore_marker(self, through: int, lost_before: int) -> None:
+        self.through = through
+        self.lost_before = lost_before
+
+
+def task_key(task_id: str) -> bytes:
+    return b"t:" + task_id.encode("utf-8")
+
+
+def marker_key(partition: int) -> bytes:
+    return b"p:" + str(partition).encode("ascii")
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    task_id: str
+    partition: int
+    entry: TaskEntry
+
+
+@dataclass(frozen=True)
+class MarkerRecord:
+    partition: int
+    through: int
+    lost_before: int
+
+
+def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
+    """Decode one index topic record; raises :class:`IndexRecordError` on anything unknown."""
+    try:
+        if key.startswith(b"t:"):
+            version, partition, next_seq, last_offset, status, flags, status_offset = (
+                _TASK.unpack_from(value)
+            )
+            if version != _VERSION or (len(value) - _TASK.size) % _CHECKPOINT.size:
+                raise IndexRecordError(f"task record of version {version}, {len(value)} bytes")
+            entry = TaskEntry()
+            entry.next_seq = next_seq
+            entry.last_offset = last_offset
+            entry.status = TaskStatus(status)
+            entry.flags = flags
+            entry.status_offset = status_offset
+            entry.checkpoints.frombytes(value[_TASK.size :])
+            return TaskRecord(key[2:].decode("utf-8"), partition, entry)
+        if key.startswith(b"p:"):
+            version, through, lost_before = _MARKER.unpack(value)
+            if version != _VERSION:
+                raise IndexRecordError(f"marker record of version {version}")
+            return MarkerRecord(int(key[2:]), through, lost_before)
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, IndexRecordError):
+            raise
+        raise IndexRecordError(f"undecodable index record {key[:40]!r}: {exc}") from None
+    raise IndexRecordError(f"unknown index record key {key[:40]!r}")
