@@ -89,6 +89,58 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# --- the log ---------------------------------------------------------------------------------
+
+
+async def run_indexer(settings: Settings, flush_interval_s: float) -> None:
+    """Run the persisting indexer until cancelled (SIGINT/SIGTERM)."""
+    import signal
+
+    from bridge.log.indexer import Indexer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Indexer(settings, persist=True, flush_interval_s=flush_interval_s) as indexer:
+        tasks = sum(len(i.tasks) for i in indexer.partitions.values())
+        print(
+            f"indexer running: restored {tasks} tasks in {indexer.restore_seconds:.2f}s; "
+            f"persisting every {flush_interval_s}s",
+            flush=True,
+        )
+        await stop.wait()
+    print("indexer stopped after a final flush", flush=True)
+
+
+def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge.log.indexer import IndexerError
+
+    try:
+        asyncio.run(run_indexer(with_kafka(settings), args.flush_interval))
+    except IndexerError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge.log.indexer import IndexerError
+    from bridge.log.verify import verify_index
+
+    try:
+        report = asyncio.run(verify_index(with_kafka(settings), progress=_progress))
+    except IndexerError as exc:
+        raise UserError(str(exc)) from None
+    for line in report.mismatches:
+        print(f"MISMATCH {line}")
+    verdict = "OK" if report.ok else f"{len(report.mismatches)} MISMATCHES"
+    print(
+        f"verify: {verdict}: {report.tasks_checked} tasks in {report.partitions} partitions, "
+        f"{report.records_read} records re-read"
+    )
+    return 0 if report.ok else 1
+
+
 # --- serve -----------------------------------------------------------------------------------
 
 
@@ -142,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     topics = sub.add_parser("topics", help="the topic layout")
     topics.add_argument("action", choices=["create"])
     topics.set_defaults(func=cmd_topics)
+
+    index = sub.add_parser("index", help="run the persisting seq indexer (one writer per cluster)")
+    index.add_argument(
+        "--flush-interval", type=float, default=0.5, help="seconds between index writes"
+    )
+    index.set_defaults(func=cmd_index)
+
+    verify = sub.add_parser(
+        "verify", help="re-derive seq from the retained log and compare with the index"
+    )
+    verify.set_defaults(func=cmd_verify)
 
     serve_p = sub.add_parser("serve", help="run the bridge's HTTP server")
     serve_p.add_argument("--host")

@@ -10,13 +10,14 @@ changed silently.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
 
 from bridge.config import Settings
 
@@ -118,9 +119,24 @@ def topic_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[Top
 
 
 async def describe_topic_configs(
-    admin: AIOKafkaAdminClient, names: list[str]
+    admin: AIOKafkaAdminClient, names: list[str], *, settle_s: float = 15.0
 ) -> dict[str, dict[str, str]]:
-    """Current configs of existing topics, ``{topic: {key: value}}``."""
+    """Current configs of existing topics, ``{topic: {key: value}}``.
+
+    A topic created a moment ago may not be known to every broker yet: retry those for up to
+    ``settle_s`` seconds before giving up.
+    """
+    deadline = asyncio.get_running_loop().time() + settle_s
+    while True:
+        try:
+            return await _describe_once(admin, names)
+        except UnknownTopicOrPartitionError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)  # metadata propagation has no event to wait on
+
+
+async def _describe_once(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
     if not names:
         return {}
     resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]

@@ -56,7 +56,14 @@ from bridge.log.seqindex import (
     task_key,
 )
 
-__all__ = ["IndexedEvent", "Indexer", "IndexerError", "load_index"]
+__all__ = [
+    "IndexedEvent",
+    "Indexer",
+    "IndexerError",
+    "load_index",
+    "read_to_end",
+    "topic_partitions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +86,7 @@ class IndexedEvent:
 Listener = Callable[[IndexedEvent], None]
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
     parts = consumer.partitions_for_topic(topic)
     if not parts:
         await consumer.topics()  # refresh metadata once
@@ -125,7 +132,9 @@ async def load_index(settings: Settings, partitions: list[int]) -> dict[int, Par
     try:
         topic = settings.topics.index
         await read_to_end(
-            consumer, [TopicPartition(topic, p) for p in await _partitions(consumer, topic)], keep
+            consumer,
+            [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)],
+            keep,
         )
     finally:
         await consumer.stop()
@@ -200,7 +209,7 @@ class Indexer:
         await consumer.start()
         self._consumer = consumer
         try:
-            parts = await _partitions(consumer, topic)
+            parts = await topic_partitions(consumer, topic)
             if self.persist:
                 # Fence any older writer first: its open transaction is aborted, so the restore
                 # below reads a cut that no zombie can still extend.

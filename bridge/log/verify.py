@@ -1,0 +1,118 @@
+"""``bridge verify``: re-derive seq from the retained log and compare with the persisted index.
+
+For every events partition, the retained records below the persisted ``through`` offset are
+read again from the log start, and each task's retained offsets are checked against its
+persisted entry: the last offset, the count (``next_seq`` minus the records retention already
+deleted must equal the records still there), and every checkpoint whose offset is still
+retained must sit at exactly that seq. When nothing was deleted this is a full recount,
+status fold included.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bridge.config import Settings
+from bridge.kafka.clients import (
+    AIOKafkaConsumer,
+    ConsumerRecord,
+    TopicPartition,
+    committed_consumer,
+)
+from bridge.log.indexer import load_index, read_to_end, topic_partitions
+from bridge.log.records import event_from_record, status_of, task_id_of
+from bridge.log.seqindex import PartitionIndex
+
+__all__ = ["VerifyReport", "verify_index"]
+
+
+@dataclass
+class VerifyReport:
+    partitions: int = 0
+    tasks_checked: int = 0
+    records_read: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+async def verify_index(
+    settings: Settings, progress: Callable[[str], None] | None = None
+) -> VerifyReport:
+    """Compare the persisted index with a recount of the retained log."""
+    say = progress or (lambda _msg: None)
+    report = VerifyReport()
+    consumer = committed_consumer(settings, role="verify")
+    await consumer.start()
+    try:
+        parts = await topic_partitions(consumer, settings.topics.events)
+        persisted = await load_index(settings, parts)
+        report.partitions = len(parts)
+        for p in parts:
+            tp = TopicPartition(settings.topics.events, p)
+            say(f"partition {p}: recounting up to offset {persisted[p].through}")
+            await _verify_partition(settings, consumer, tp, persisted[p], report)
+    finally:
+        await consumer.stop()
+    return report
+
+
+async def _verify_partition(
+    settings: Settings,
+    consumer: AIOKafkaConsumer,
+    tp: TopicPartition,
+    persisted: PartitionIndex,
+    report: VerifyReport,
+) -> None:
+    begins = await consumer.beginning_offsets([tp])
+    log_start = int(begins[tp])
+    through = persisted.through
+    offsets: dict[str, list[int]] = defaultdict(list)
+    recount = PartitionIndex(tp.partition, settings.checkpoint_interval)
+    prefix = settings.event_type_prefix
+
+    def count(record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.offset >= through:
+            return
+        report.records_read += 1
+        task_id = task_id_of(record)
+        if task_id is None:
+            return
+        offsets[task_id].append(record.offset)
+        event = event_from_record(record, prefix=prefix, max_bytes=settings.max_event_bytes)
+        created, status = status_of(event, prefix)
+        recount.apply(task_id, record.offset, created=created, status=status)
+
+    await read_to_end(consumer, [tp], count)
+    full = log_start == 0 and persisted.lost_before < 0
+    where = f"partition {tp.partition}"
+    for task_id in offsets.keys() - persisted.tasks.keys():
+        report.mismatches.append(f"{where}: task {task_id!r} has records but no index entry")
+    for task_id, entry in persisted.tasks.items():
+        report.tasks_checked += 1
+        retained = offsets.get(task_id, [])
+        if not retained:
+            if entry.last_offset >= log_start:
+                report.mismatches.append(
+                    f"{where}: task {task_id!r} indexed up to {entry.last_offset}, but none of its records is in the log"
+                )
+            continue
+        first_seq = entry.next_seq - len(retained)
+        problems = []
+        if entry.last_offset != retained[-1]:
+            problems.append(f"last offset {entry.last_offset} != {retained[-1]}")
+        if first_seq < 0:
+            problems.append(f"next_seq {entry.next_seq} < {len(retained)} retained records")
+        position = {off: first_seq + i for i, off in enumerate(retained)}
+        for seq, off in entry.checkpoint_pairs():
+            if off >= log_start and position.get(off) != seq:
+                problems.append(
+                    f"checkpoint ({seq}, {off}) but the log says seq {position.get(off)}"
+                )
+        if full and not problems and recount.tasks.get(task_id) != entry:
+            problems.append(f"recount {recount.tasks.get(task_id)!r} != persisted {entry!r}")
+        report.mismatches.extend(f"{where}: task {task_id!r}: {p}" for p in problems)

@@ -1,0 +1,126 @@
+"""Topics as code against the real broker, and the codec through a real produce/consume."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import NewTopic
+
+from bridge.cli import main
+from bridge.envelope import TaskEvent, decode_event
+from bridge.kafka.clients import admin_client, partition_for_key
+from bridge.kafka.topics import TopicLayoutError, describe_topic_configs, ensure_topics
+from bridge.log.publisher import EventTooLarge, TaskEventPublisher, UnprefixedEventType
+
+pytestmark = pytest.mark.kafka
+
+
+async def test_topic_creation_is_idempotent_and_sets_the_design_configs(settings):
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        first = await ensure_topics(admin, settings)
+        second = await ensure_topics(admin, settings)
+        configs = await describe_topic_configs(
+            admin, [settings.topics.events, settings.topics.index]
+        )
+    finally:
+        await admin.close()
+    assert [r.created for r in first] == [True, True, True]
+    assert [(r.created, r.differences) for r in second] == [(False, [])] * 3
+    events, index = configs[settings.topics.events], configs[settings.topics.index]
+    assert events["cleanup.policy"] == "delete"
+    assert events["retention.ms"] == str(settings.topics.retention_ms)
+    assert index["cleanup.policy"] == "compact"
+    assert [r.partitions for r in second] == [3, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("role", "policy"), [("events", "compact"), ("events", "compact,delete"), ("index", "delete")]
+)
+async def test_existing_topics_that_would_break_seq_are_refused(settings, role, policy):
+    name = settings.topics.events if role == "events" else settings.topics.index
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, 1, topic_configs={"cleanup.policy": policy})])
+        with pytest.raises(TopicLayoutError, match=f"refusing to use {role} topic"):
+            await ensure_topics(admin, settings)
+    finally:
+        await admin.close()
+
+
+def test_the_cli_creates_topics_and_refuses_a_compacted_events_topic(settings, monkeypatch, capsys):
+    monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", settings.kafka_bootstrap_servers)
+    monkeypatch.setenv("BRIDGE_TOPICS__PREFIX", settings.topics.prefix)
+    assert main(["topics", "create"]) == 0
+    assert f"{settings.topics.events} (events): created" in capsys.readouterr().out
+    assert main(["topics", "create"]) == 0
+    assert f"{settings.topics.events} (events): exists" in capsys.readouterr().out
+
+    async def make_compacted() -> None:
+        admin = admin_client(settings)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [
+                    NewTopic(
+                        "c" + settings.topics.prefix + ".task-events",
+                        1,
+                        1,
+                        topic_configs={"cleanup.policy": "compact"},
+                    )
+                ]
+            )
+        finally:
+            await admin.close()
+
+    asyncio.run(make_compacted())
+    monkeypatch.setenv("BRIDGE_TOPICS__PREFIX", "c" + settings.topics.prefix)
+    assert main(["topics", "create"]) == 2
+    assert "refusing to use events topic" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+async def test_events_round_trip_through_the_broker_in_the_key_partition(topics, fmt):
+    settings = topics
+    sent = {
+        f"task-{i}": TaskEvent("com.example.step", {"i": i, "text": "é" * i}, {"m": i}, 1000 + i)
+        for i in range(20)
+    }
+    async with TaskEventPublisher(settings, fmt=fmt) as publisher:
+        placed = {
+            task: await publisher.publish(
+                task, e.type, e.payload, meta=e.meta, timestamp_ms=e.timestamp_ms
+            )
+            for task, e in sent.items()
+        }
+    for task, where in placed.items():
+        assert where.partition == partition_for_key(task.encode(), 3)
+
+    consumer = AIOKafkaConsumer(
+        settings.topics.events,
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    received = {}
+    try:
+        async with asyncio.timeout(30):
+            while len(received) < len(sent):
+                record = await consumer.getone()
+                received[record.key.decode()] = decode_event(record.value, record.headers)
+    finally:
+        await consumer.stop()
+    assert received == sent
+
+
+async def test_the_publisher_refuses_unprefixed_types_and_oversized_events(topics):
+    async with TaskEventPublisher(topics) as publisher:
+        with pytest.raises(UnprefixedEventType, match="no vendor prefix"):
+            await publisher.publish("t", "content.partial", {})
+        with pytest.raises(EventTooLarge, match="over the 4096-byte limit"):
+            await publisher.publish("t", "com.example.big", {"x": "y" * 5000})
