@@ -42,7 +42,9 @@ def test_seq_counts_earlier_records_of_the_same_key(log, k):
 
 
 @given(logs, st.integers(1, 5), st.data())
-def test_restoring_any_snapshot_and_replaying_from_older_positions_derives_the_same_seq(log, k, data):
+def test_restoring_any_snapshot_and_replaying_from_older_positions_derives_the_same_seq(
+    log, k, data
+):
     records = list(_offsets(log))
     full = PartitionIndex(0, k)
     expected = [full.apply(key, offset) for key, offset in records]

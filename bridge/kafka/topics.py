@@ -28,6 +28,7 @@ __all__ = [
     "describe_topic_configs",
     "ensure_topics",
     "topic_layout",
+    "topic_partition_ids",
 ]
 
 # Room for record batch overhead on top of the largest event we accept.
@@ -157,6 +158,24 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     for topic in await admin.describe_topics(names):
         counts[_field(topic, "topic")] = len(_field(topic, "partitions"))
     return counts
+
+
+async def topic_partition_ids(settings: Settings, topic: str) -> list[int]:
+    """The partition ids of ``topic``; :class:`TopicLayoutError` if it does not exist."""
+    from bridge.kafka.clients import admin_client
+
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    for entry in described:
+        if _field(entry, "topic") == topic and not _field(entry, "error_code"):
+            ids = sorted(_field(p, "partition") for p in _field(entry, "partitions"))
+            if ids:
+                return ids
+    raise TopicLayoutError(f"topic {topic!r} does not exist: run `bridge topics create` first")
 
 
 def _field(obj: Any, name: str) -> Any:

@@ -44,6 +44,7 @@ from bridge.kafka.clients import (
     partition_for_key,
     transactional_producer,
 )
+from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 from bridge.log.records import event_from_record, status_of, task_id_of
 from bridge.log.seqindex import (
     IndexRecordError,
@@ -86,14 +87,12 @@ class IndexedEvent:
 Listener = Callable[[IndexedEvent], None]
 
 
-async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
-    parts = consumer.partitions_for_topic(topic)
-    if not parts:
-        await consumer.topics()  # refresh metadata once
-        parts = consumer.partitions_for_topic(topic)
-    if not parts:
-        raise IndexerError(f"topic {topic!r} does not exist: run `bridge topics create` first")
-    return sorted(parts)
+async def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """Partition ids of ``topic``, or :class:`IndexerError` naming the fix."""
+    try:
+        return await topic_partition_ids(settings, topic)
+    except TopicLayoutError as exc:
+        raise IndexerError(str(exc)) from None
 
 
 async def read_to_end(
@@ -133,7 +132,7 @@ async def load_index(settings: Settings, partitions: list[int]) -> dict[int, Par
         topic = settings.topics.index
         await read_to_end(
             consumer,
-            [TopicPartition(topic, p) for p in await topic_partitions(consumer, topic)],
+            [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)],
             keep,
         )
     finally:
@@ -209,7 +208,7 @@ class Indexer:
         await consumer.start()
         self._consumer = consumer
         try:
-            parts = await topic_partitions(consumer, topic)
+            parts = await topic_partitions(self.settings, topic)
             if self.persist:
                 # Fence any older writer first: its open transaction is aborted, so the restore
                 # below reads a cut that no zombie can still extend.

@@ -49,7 +49,7 @@ async def verify_index(
     consumer = committed_consumer(settings, role="verify")
     await consumer.start()
     try:
-        parts = await topic_partitions(consumer, settings.topics.events)
+        parts = await topic_partitions(settings, settings.topics.events)
         persisted = await load_index(settings, parts)
         report.partitions = len(parts)
         for p in parts:
