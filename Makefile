@@ -1,0 +1,41 @@
+# Two entry points (see README): `make demo` runs the main job, `make test` runs every test.
+# Both set up what they need on a fresh machine: a virtualenv, the package, and (for tests) kcat.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint venv venv-test system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+venv: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+venv-test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+
+# kcat is the "existing pipeline" of the tests: a non-Python Kafka producer (Debian package).
+system-deps:
+	@command -v java >/dev/null || { echo "Java 17+ is needed for the local Kafka broker"; exit 1; }
+	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 1; }
+	@command -v kcat >/dev/null || { \
+	  echo "installing kcat (Debian package)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat >/dev/null; }
+
+demo: venv
+	$(BIN)/bridge demo
+
+lint: venv-test
+	$(BIN)/ruff check bridge tests bench
+	$(BIN)/ruff format --check bridge tests bench
+	$(BIN)/mypy
+
+test: venv-test system-deps lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
