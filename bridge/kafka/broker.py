@@ -578,7 +578,7 @@ def start_local(settings: Settings, *, progress: Progress | None = None) -> Loca
                 break
             except KafkaProviderError:
                 _terminate_group(process.pid, 0.0, process)
-                if attempt == 3 or not _port_clash(root):
+                if attempt == 3 or not _port_clash(root, log_offset):
                     raise
                 port, cport = _free_port_pair()  # someone took a port we picked; new ones
                 _write_config(root, port, cport)
@@ -954,8 +954,8 @@ def _file_size(path: Path) -> int:
         return 0
 
 
-def _port_clash(root: Path) -> bool:
-    return "Address already in use" in _tail_file(root / "server.log", 200)
+def _port_clash(root: Path, log_offset: int) -> bool:
+    return "Address already in use" in _tail_file(root / "server.log", 200, since=log_offset)
 
 
 _JAVA: dict[str, str] = {}
@@ -1001,9 +1001,7 @@ def _java_command() -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie counts as gone; our own zombie children are reaped)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    """True if ``pid`` runs; a zombie counts as gone (a Popen child is reaped by its wait)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -1037,7 +1035,8 @@ def _terminate_group(pid: int, grace_s: float, process: subprocess.Popen[bytes] 
     if grace_s > 0:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        _wait_gone(pid, grace_s, process)
+        if _wait_gone(pid, grace_s, process):
+            return  # (the broker JVM starts no processes of its own)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     _wait_gone(pid, 10.0, process)
