@@ -168,7 +168,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     if not settings.kafka_bootstrap_servers:
         from bridge.kafka.broker import start_local_detached
 
-        _progress("starting the local Kafka broker (the first start downloads ~100 MB of jars)")
+        _progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
         info = start_local_detached(settings, progress=_progress)
         _progress(f"kafka ready at {info.bootstrap_servers}")
         settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})

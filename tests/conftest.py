@@ -96,3 +96,46 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # =============================================================================================
 # (end of the Kafka broker section)
 # =============================================================================================
+
+
+# =============================================================================================
+# The log side (bridge.log): settings pointing at the test broker, topics created per test.
+# =============================================================================================
+
+from bridge.config import Settings  # noqa: E402
+from bridge.kafka.clients import admin_client  # noqa: E402
+from bridge.kafka.topics import ensure_topics  # noqa: E402
+
+
+def make_settings(bootstrap: str, prefix: str, **overrides: object) -> Settings:
+    """Small, test-sized settings: 3 events partitions, checkpoints every 4 events."""
+    values: dict[str, object] = {
+        "kafka_bootstrap_servers": bootstrap,
+        "topics": {
+            "prefix": prefix,
+            "partitions": 3,
+            "index_partitions": 2,
+            "min_insync_replicas": 1,
+        },
+        "checkpoint_interval": 4,
+        "max_event_bytes": 4096,
+    }
+    values.update(overrides)
+    return load_settings(**values)
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
+    return make_settings(kafka_bootstrap, topic_prefix)
+
+
+@pytest.fixture
+async def topics(settings: Settings) -> Settings:
+    """``settings`` with its topic layout created on the broker."""
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        await ensure_topics(admin, settings)
+    finally:
+        await admin.close()
+    return settings
