@@ -19,7 +19,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["KafkaLocalSettings", "Settings", "TopicSettings", "load_settings", "running_in_ci"]
+__all__ = [
+    "KafkaLocalSettings",
+    "Settings",
+    "ToolSpec",
+    "TopicSettings",
+    "load_settings",
+    "running_in_ci",
+]
 
 _DEFAULT_CACHE = Path.home() / ".cache" / "mcp-kafka-bridge"
 
@@ -68,6 +75,23 @@ class KafkaLocalSettings(BaseModel):
     use_docker: bool = True
 
 
+class ToolSpec(BaseModel):
+    """A tool the bridge offers; a job pipeline (worker) consuming ``job_topic`` runs it."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    title: str | None = None
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    output_schema: dict[str, Any] | None = None
+    #: "required": only as a task (-32021 for clients without the extension); "optional": a
+    #: task for clients that declare the extension, a direct result for the others.
+    task: Literal["optional", "required"] = "optional"
+    #: The job topic; default ``<prefix>.jobs.<name>``.
+    job_topic: str | None = None
+    ttl_ms: int | None = Field(3_600_000, ge=1)
+    poll_interval_ms: int = Field(500, ge=10)
+
+
 class Settings(BaseSettings):
     """All settings of the bridge. See ``docs/configuration.md`` for each one."""
 
@@ -91,6 +115,16 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: One sparse (seq, offset) checkpoint is kept every this many events of a task.
     checkpoint_interval: int = Field(64, ge=1, le=1_000_000)
+
+    #: Tools declared here, plus those of the named built-in packs (see bridge.workers.packs).
+    tools: list[ToolSpec] = Field(default_factory=list)
+    tool_packs: list[str] = Field(default_factory=lambda: ["conformance"])
+    #: Non-terminal tasks one principal may have at once.
+    max_active_tasks_per_principal: int = Field(100, ge=1)
+    #: How long a client without the tasks extension waits for an optional-task tool's result.
+    direct_result_timeout_s: float = Field(300.0, gt=0)
+    #: How far back a worker reads the control topic at start (cancel requests, input answers).
+    control_lookback_ms: int = Field(3_600_000, ge=0)
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)

@@ -139,7 +139,7 @@ class Reader:
         return await self._idle.get()
 
     async def _fetch(
-        self, tp: TopicPartition, offset: int
+        self, tp: TopicPartition, offset: int, limit: int | None = None
     ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
         """Up to ``chunk`` committed records of ``tp`` from ``offset``, and the next position.
 
@@ -149,7 +149,7 @@ class Reader:
         try:
             consumer.assign([tp])
             consumer.seek(tp, offset)
-            batches = await consumer.getmany(tp, timeout_ms=1000, max_records=self.chunk)
+            batches = await consumer.getmany(tp, timeout_ms=1000, max_records=limit or self.chunk)
             return batches.get(tp, []), int(await consumer.position(tp))
         finally:
             self._idle.put_nowait(consumer)
@@ -207,6 +207,18 @@ class Reader:
         if count == 0:
             return end_seq, end_offset if bound else None
         return end_seq - count, first_offset
+
+    async def event_at(self, partition: int, offset: int) -> TaskEvent | None:
+        """The event of the record at ``offset`` of ``partition``; None if it is gone."""
+        tp = TopicPartition(self.settings.topics.events, partition)
+        try:
+            records, _ = await self._fetch(tp, offset, limit=1)
+        except OffsetOutOfRangeError:
+            return None
+        if not records or records[0].offset != offset:
+            return None
+        prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
+        return event_from_record(records[0], prefix=prefix, max_bytes=limit)
 
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""

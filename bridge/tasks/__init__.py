@@ -1,0 +1,1 @@
+"""Tasks (the MCP tasks extension) kept in Kafka: messages to workers and the task service."""

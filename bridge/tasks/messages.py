@@ -1,0 +1,92 @@
+"""Messages between the bridge and job pipelines, and the payloads of lifecycle events.
+
+* Job requests (``<prefix>.jobs.<tool>``, key = task id): what tools/call hands to a worker.
+* Control messages (``<prefix>.task-control``, key = task id): cancel requests and input
+  answers from clients, and the worker's own "finished" mark that stops a retried job early.
+* Lifecycle events (in the task's own event log): ``<prefix>.task.created`` is every task's
+  seq 0; ``<prefix>.task.status`` carries each status change with what tasks/get shows.
+
+All are JSON, so any language can implement a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ControlMessage",
+    "CreatedPayload",
+    "JobRequest",
+    "StatusPayload",
+    "iso_ms",
+    "new_task_id",
+    "owner_digest",
+]
+
+
+def new_task_id() -> str:
+    """A task id with 192 random bits (32 URL-safe characters)."""
+    return secrets.token_urlsafe(24)
+
+
+def owner_digest(principal: str) -> str:
+    """What the log stores of a principal: 128 bits of its SHA-256, never the name itself."""
+    return hashlib.sha256(principal.encode("utf-8")).hexdigest()[:32]
+
+
+def iso_ms(ms: int) -> str:
+    """ISO 8601 UTC with milliseconds, e.g. ``2026-11-30T10:00:00.123Z``."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        dumped: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True)
+        return dumped
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+
+class JobRequest(_Message):
+    task_id: str = Field(alias="taskId")
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    created_ms: int = Field(alias="createdMs")
+    #: Where the task's ``task.created`` event is: the task's events partition and offset.
+    partition: int
+    offset: int
+
+
+class ControlMessage(_Message):
+    type: Literal["cancel", "input", "finished"]
+    task_id: str = Field(alias="taskId")
+    input_responses: dict[str, Any] | None = Field(default=None, alias="inputResponses")
+
+
+class CreatedPayload(_Message):
+    tool: str
+    owner: str
+    created_ms: int = Field(alias="createdMs")
+    ttl_ms: int | None = Field(alias="ttlMs")
+    poll_interval_ms: int = Field(alias="pollIntervalMs")
+
+
+class StatusPayload(_Message):
+    status: Literal["working", "input_required", "completed", "failed", "cancelled"]
+    status_message: str | None = Field(default=None, alias="statusMessage")
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
+
+    def payload(self) -> dict[str, Any]:
+        return self.to_dict()

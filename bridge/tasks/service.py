@@ -1,0 +1,379 @@
+"""The task service: the tasks extension's operations, with all state in the task's event log.
+
+``create`` writes the task's ``task.created`` event (seq 0, acknowledged by all in-sync
+replicas and applied by the local indexer before it returns), then hands the job to the tool's
+job topic. ``get`` folds what the indexer derived (status and the offset of the latest status
+event) with the two records that describe the task — its ``task.created`` event and its latest
+status event — so tasks/get and the event stream can never disagree. ``update`` and
+``cancel`` write to the log and the control topic; workers do the rest.
+
+Tasks are bound to their creator: the log stores a digest of the principal, and another
+principal's task is reported exactly like an unknown one. This module knows nothing of
+JSON-RPC; :mod:`bridge.server.mcp` maps its exceptions to wire errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from bridge.config import Settings, ToolSpec
+from bridge.constants import TERMINAL_STATUSES, EventSuffix, TaskStatus
+from bridge.envelope import TaskEvent
+from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.log.indexer import IndexedEvent, Indexer
+from bridge.log.publisher import TaskEventPublisher
+from bridge.log.reader import Reader
+from bridge.tasks.messages import (
+    ControlMessage,
+    CreatedPayload,
+    JobRequest,
+    StatusPayload,
+    iso_ms,
+    new_task_id,
+    owner_digest,
+)
+
+__all__ = ["TaskNotFound", "TaskService", "TaskView", "TooManyTasks"]
+
+log = logging.getLogger(__name__)
+
+#: How long a replica that does not know a task id catches up before saying "not found".
+_CATCH_UP_S = 5.0
+_WRITE_VISIBLE_S = 30.0
+
+
+class TaskNotFound(LookupError):
+    """Unknown, expired, or another principal's task (the three are indistinguishable)."""
+
+    def __init__(self, expired: bool = False) -> None:
+        super().__init__("Task has expired" if expired else "Task not found")
+
+
+class TooManyTasks(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"too many active tasks for this principal (limit {limit}); wait for some to finish"
+        )
+        self.limit = limit
+
+
+@dataclass
+class TaskView:
+    """What tasks/get shows of a task (wire field names are applied by the wire module)."""
+
+    task_id: str
+    status: str
+    created_ms: int
+    last_updated_ms: int
+    ttl_ms: int | None
+    poll_interval_ms: int
+    status_message: str | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None
+    partition: int = 0
+    tool: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+    def task_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "taskId": self.task_id,
+            "status": self.status,
+            "createdAt": iso_ms(self.created_ms),
+            "lastUpdatedAt": iso_ms(self.last_updated_ms),
+            "ttlMs": self.ttl_ms,
+            "pollIntervalMs": self.poll_interval_ms,
+        }
+        if self.status_message is not None:
+            out["statusMessage"] = self.status_message
+        return out
+
+
+@dataclass
+class _Created:
+    payload: CreatedPayload
+    timestamp_ms: int
+
+
+@dataclass
+class _Owners:
+    """Active (non-terminal, unexpired) tasks per owner digest, seen by this replica."""
+
+    active: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    owner_of: dict[str, str] = field(default_factory=dict)
+
+    def add(self, owner: str, task_id: str, expires_ms: int) -> None:
+        self.active[owner][task_id] = expires_ms
+        self.owner_of[task_id] = owner
+
+    def finish(self, task_id: str) -> None:
+        owner = self.owner_of.pop(task_id, None)
+        if owner is not None:
+            self.active[owner].pop(task_id, None)
+
+    def count(self, owner: str, now_ms: int) -> int:
+        tasks = self.active.get(owner, {})
+        for task_id in [t for t, exp in tasks.items() if exp <= now_ms]:
+            self.finish(task_id)
+        return len(tasks)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _LRU(OrderedDict[K, V]):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def put(self, key: K, value: V) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+class TaskService:
+    """Creates tasks and answers the tasks/* operations from the log."""
+
+    def __init__(
+        self, settings: Settings, indexer: Indexer, reader: Reader, tools: dict[str, ToolSpec]
+    ) -> None:
+        self.settings = settings
+        self.indexer = indexer
+        self.reader = reader
+        self.tools = tools
+        self.publisher = TaskEventPublisher(settings)
+        self._producer: AIOKafkaProducer | None = None
+        self._prefix = settings.event_type_prefix
+        self._created_cache: _LRU[str, _Created] = _LRU(100_000)
+        self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
+        self._owners = _Owners()
+        self._terminal_waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        indexer.add_listener(self._on_event)
+
+    async def start(self) -> None:
+        await self.publisher.start()
+        self._producer = idempotent_producer(self.settings, role="tasks")
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self.publisher.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    # --- the indexer's view, kept current -------------------------------------------------
+
+    def _on_event(self, indexed: IndexedEvent) -> None:
+        event = indexed.event
+        if event.type == f"{self._prefix}.{EventSuffix.CREATED}":
+            with contextlib.suppress(ValidationError):
+                created = CreatedPayload.model_validate(event.payload)
+                expires = created.created_ms + (created.ttl_ms or 10**15)
+                self._owners.add(created.owner, indexed.task_id, expires)
+        elif event.type == f"{self._prefix}.{EventSuffix.STATUS}":
+            status = TaskStatus.from_wire(event.payload.get("status"))
+            if status in TERMINAL_STATUSES:
+                self._owners.finish(indexed.task_id)
+                for waiter in self._terminal_waiters.pop(indexed.task_id, []):
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    # --- create --------------------------------------------------------------------------
+
+    async def create(self, tool: ToolSpec, arguments: dict[str, Any], principal: str) -> TaskView:
+        """Durably create a task for ``tool`` and hand its job to the workers."""
+        owner = owner_digest(principal)
+        now = time.time_ns() // 1_000_000
+        limit = self.settings.max_active_tasks_per_principal
+        if self._owners.count(owner, now) >= limit:
+            raise TooManyTasks(limit)
+        task_id = new_task_id()
+        created = CreatedPayload(
+            tool=tool.name,
+            owner=owner,
+            created_ms=now,
+            ttl_ms=tool.ttl_ms,
+            poll_interval_ms=tool.poll_interval_ms,
+        )
+        where = await self.publisher.publish(
+            task_id, f"{self._prefix}.{EventSuffix.CREATED}", created.to_dict(), timestamp_ms=now
+        )
+        async with asyncio.timeout(_WRITE_VISIBLE_S):
+            await self.indexer.wait_indexed(where.partition, where.offset)
+        job = JobRequest(
+            task_id=task_id,
+            tool=tool.name,
+            arguments=arguments,
+            created_ms=now,
+            partition=where.partition,
+            offset=where.offset,
+        )
+        try:
+            assert self._producer is not None, "task service not started"
+            topic = tool.job_topic or self.settings.topics.jobs(tool.name)
+            await self._producer.send_and_wait(topic, key=task_id.encode(), value=job.to_bytes())
+        except Exception:
+            log.exception("could not hand task %s to the %s workers", task_id, tool.name)
+            failed = StatusPayload(
+                status="failed",
+                status_message="the job could not be queued",
+                error={"code": -32603, "message": "the job could not be queued"},
+            )
+            await self._publish_status(task_id, failed)
+        return TaskView(
+            task_id=task_id,
+            status="working",
+            created_ms=now,
+            last_updated_ms=now,
+            ttl_ms=tool.ttl_ms,
+            poll_interval_ms=tool.poll_interval_ms,
+            partition=where.partition,
+            tool=tool.name,
+        )
+
+    async def _publish_status(self, task_id: str, status: StatusPayload) -> None:
+        where = await self.publisher.publish(
+            task_id, f"{self._prefix}.{EventSuffix.STATUS}", status.payload()
+        )
+        async with asyncio.timeout(_WRITE_VISIBLE_S):
+            await self.indexer.wait_indexed(where.partition, where.offset)
+
+    # --- get -----------------------------------------------------------------------------
+
+    async def _lookup(self, task_id: str) -> tuple[int, Any]:
+        found = self.indexer.lookup(task_id)
+        if found is None:
+            # Another replica may have created it a moment ago: catch up, then decide.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CATCH_UP_S):
+                    await self.indexer.catch_up()
+            found = self.indexer.lookup(task_id)
+        if found is None:
+            raise TaskNotFound()
+        return found
+
+    async def _created(self, task_id: str, partition: int, offset: int) -> _Created | None:
+        cached = self._created_cache.get(task_id)
+        if cached is not None:
+            return cached
+        event = await self.reader.event_at(partition, offset)
+        if event is None or event.type != f"{self._prefix}.{EventSuffix.CREATED}":
+            return None
+        try:
+            created = _Created(CreatedPayload.model_validate(event.payload), event.timestamp_ms)
+        except ValidationError:
+            return None
+        self._created_cache.put(task_id, created)
+        return created
+
+    async def _status_event(self, task_id: str, partition: int, offset: int) -> TaskEvent | None:
+        key = (task_id, offset)
+        cached = self._status_cache.get(key)
+        if cached is None:
+            cached = await self.reader.event_at(partition, offset)
+            if cached is not None:
+                self._status_cache.put(key, cached)
+        return cached
+
+    async def get(self, task_id: str, principal: str) -> TaskView:
+        """The task as tasks/get shows it; :class:`TaskNotFound` for unknown/expired/foreign."""
+        partition, entry = await self._lookup(task_id)
+        created = await self._created(task_id, partition, entry.first_offset)
+        if created is None or created.payload.owner != owner_digest(principal):
+            raise TaskNotFound()
+        info = created.payload
+        now = time.time_ns() // 1_000_000
+        if info.ttl_ms is not None and info.created_ms + info.ttl_ms <= now:
+            raise TaskNotFound(expired=True)
+        view = TaskView(
+            task_id=task_id,
+            status="working",
+            created_ms=info.created_ms,
+            last_updated_ms=info.created_ms,
+            ttl_ms=info.ttl_ms,
+            poll_interval_ms=info.poll_interval_ms,
+            partition=partition,
+            tool=info.tool,
+        )
+        status_offset = entry.status_offset
+        if status_offset > entry.first_offset:
+            event = await self._status_event(task_id, partition, status_offset)
+            if event is not None:
+                self._apply_status(view, event)
+        return view
+
+    @staticmethod
+    def _apply_status(view: TaskView, event: TaskEvent) -> None:
+        try:
+            status = StatusPayload.model_validate(event.payload)
+        except ValidationError:
+            return
+        view.status = status.status
+        view.last_updated_ms = event.timestamp_ms
+        view.status_message = status.status_message
+        if status.status == "completed":
+            view.result = status.result or {"content": []}
+        elif status.status == "failed":
+            view.error = status.error or {"code": -32603, "message": "the job failed"}
+        elif status.status == "input_required":
+            view.input_requests = status.input_requests or {}
+
+    async def wait_terminal(self, task_id: str, principal: str) -> TaskView:
+        """Wait until the task is terminal (the caller bounds the wait)."""
+        while True:
+            waiter = asyncio.get_running_loop().create_future()
+            self._terminal_waiters[task_id].append(waiter)
+            view = await self.get(task_id, principal)
+            if view.terminal:
+                return view
+            await waiter
+
+    # --- update / cancel -----------------------------------------------------------------
+
+    async def _control(self, message: ControlMessage) -> None:
+        assert self._producer is not None, "task service not started"
+        await self._producer.send_and_wait(
+            self.settings.topics.control, key=message.task_id.encode(), value=message.to_bytes()
+        )
+
+    async def update(self, task_id: str, principal: str, responses: dict[str, Any]) -> None:
+        """Deliver answers to outstanding input requests; others are ignored."""
+        view = await self.get(task_id, principal)
+        if view.status != "input_required" or not view.input_requests:
+            return
+        answered = {k: v for k, v in responses.items() if k in view.input_requests}
+        if not answered:
+            return
+        remaining = {k: v for k, v in view.input_requests.items() if k not in answered}
+        # The status is written before the worker can see the answers, so a new request the
+        # worker makes after them always lands later in the log than this status.
+        if remaining:
+            status = StatusPayload(
+                status="input_required",
+                input_requests=remaining,
+                status_message=view.status_message,
+            )
+        else:
+            status = StatusPayload(status="working", status_message="input received")
+        await self._publish_status(task_id, status)
+        await self._control(ControlMessage(type="input", task_id=task_id, input_responses=answered))
+
+    async def cancel(self, task_id: str, principal: str) -> None:
+        """Ask the task's worker to cancel; a no-op for terminal tasks."""
+        view = await self.get(task_id, principal)
+        if not view.terminal:
+            await self._control(ControlMessage(type="cancel", task_id=task_id))
