@@ -1,0 +1,818 @@
+"""Benchmarks of the event log core (bridge.log) on a real Kafka broker.
+
+Run::
+
+    .venv/bin/python bench/bench_log.py            # full size (~1.1M records), a few minutes
+    .venv/bin/python bench/bench_log.py --small    # 1/10 size, well under a minute
+    .venv/bin/python bench/bench_log.py --scale 0.5 --repeat 3 --json out.json
+
+The broker comes from ``bridge.kafka.broker.provide_broker``: the cluster named by
+``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` / ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Docker, else a
+throwaway local broker from the Maven jars. Every run uses fresh topic prefixes with one events
+partition, so nothing is shared with other runs or with the tests.
+
+What is measured (see docs/benchmarks.md):
+
+1. ``resume``  — time to the first event of ``Reader.read(task, after=N/2)`` for a task of N
+   events interleaved among 10·N other records, against a naive read_committed scan from the
+   task's first offset; plus the indexer's catch-up throughput over the whole partition.
+2. ``memory``  — persisted index record bytes per task / per checkpoint, and in-memory bytes
+   per task / per checkpoint of ``PartitionIndex`` (tracemalloc, no Kafka).
+3. ``restore`` — ``load_index`` and ``Indexer.start()`` restore time of a persisted index of
+   100k tasks.
+
+A MISS is reported, never raised: the run always prints the whole table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import secrets
+import statistics
+import sys
+import time
+import tracemalloc
+import uuid
+from array import array
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any, cast
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from bridge.config import Settings, load_settings
+from bridge.kafka.broker import Broker, provide_broker
+from bridge.kafka.clients import admin_client, committed_consumer
+from bridge.kafka.topics import ensure_topics
+from bridge.log.indexer import Indexer, load_index, topic_partitions
+from bridge.log.publisher import TaskEventPublisher
+from bridge.log.reader import Reader, ReadEvent
+from bridge.log.seqindex import PartitionIndex, decode_index_record, task_key
+
+# --- targets ------------------------------------------------------------------------------------
+
+TARGET_RESUME_RATIO = 100.0  # naive scan time / indexed resume time
+TARGET_BYTES_PER_TASK = 256
+TARGET_BYTES_PER_CHECKPOINT = 16
+TARGET_RESTORE_S = 5.0
+
+#: Producer batch size: below the events topic's max.message.bytes (max_event_bytes + overhead).
+PRODUCE_BATCH_BYTES = 200_000
+
+
+def say(message: str) -> None:
+    """Progress to stderr (the results table goes to stdout)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- results ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    bench: str
+    metric: str
+    value: float | int | str
+    unit: str = ""
+    target: str = ""
+    status: str = ""  # PASS / MISS / "" (informational)
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        row = Row(*args, **kwargs)
+        self.rows.append(row)
+        say(f"{row.bench}: {row.metric} = {_fmt(row.value)} {row.unit} {row.status}".rstrip())
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def table(self) -> str:
+        header = ("bench", "metric", "value", "target", "result")
+        body = [
+            (r.bench, r.metric, f"{_fmt(r.value)} {r.unit}".strip(), r.target, r.status)
+            for r in self.rows
+        ]
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
+        line = "  ".join(f"{{:<{w}}}" for w in widths)
+        out = [line.format(*header), line.format(*("-" * w for w in widths))]
+        out += [line.format(*row) for row in body]
+        return "\n".join(s.rstrip() for s in out)
+
+
+def _fmt(value: float | int | str) -> str:
+    if isinstance(value, bool | str):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def sized_verdict(ok: bool, args: argparse.Namespace) -> str:
+    """Verdict of a target stated for the full size (1.1M records, 100k tasks)."""
+    return verdict(ok) if args.scale == 1.0 else f"({verdict(ok)} - target is for --scale 1)"
+
+
+# --- environment --------------------------------------------------------------------------------
+
+
+def environment(broker: Broker, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with (
+        contextlib.suppress(OSError, ValueError, IndexError),
+        open("/proc/meminfo", encoding="utf-8") as fh,
+    ):
+        kb = int(fh.readline().split()[1])
+        mem = f"{kb / 2**20:.1f} GiB"
+    kafka = broker.info.detail
+    if broker.info.provider == "local":
+        kafka = f"Apache Kafka {settings.local_kafka.version} (local KRaft broker from Maven jars, heap {settings.local_kafka.heap})"
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "scale": args.scale,
+        "repeat": args.repeat,
+        "kafka_provider": broker.info.provider,
+        "kafka": kafka,
+        "bootstrap": broker.info.bootstrap_servers,
+        "nproc": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "cpu": cpu,
+        "memory": mem,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "aiokafka": metadata.version("aiokafka"),
+        "checkpoint_interval": settings.checkpoint_interval,
+    }
+
+
+# --- Kafka helpers -------------------------------------------------------------------------------
+
+
+def bench_settings(bootstrap: str, name: str) -> Settings:
+    """Default settings (checkpoint interval 64) on fresh topics with one events partition."""
+    prefix = f"bench-{name}-{secrets.token_hex(4)}"
+    return load_settings(
+        kafka_bootstrap_servers=bootstrap,
+        topics={
+            "prefix": prefix,
+            "partitions": 1,
+            "index_partitions": 1,
+            "replication_factor": 1,
+            "min_insync_replicas": 1,
+        },
+    )
+
+
+async def create_topics(settings: Settings) -> None:
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        await ensure_topics(admin, settings)
+    finally:
+        await admin.close()
+
+
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+async def produce(settings: Settings, records: Iterable[Record], total: int) -> float:
+    """Write ``records`` to events partition 0 as fast as one raw producer goes; returns seconds.
+
+    Hand-built record batches (``create_batch``/``send_batch``), acks=1, no idempotence: the
+    fastest way to get a large partition; the acks are gathered in chunks, never one by one.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        client_id="bench-producer",
+        acks=1,
+        enable_idempotence=False,
+        linger_ms=20,
+        max_batch_size=PRODUCE_BATCH_BYTES,
+        max_request_size=4 * PRODUCE_BATCH_BYTES,
+    )
+    await producer.start()
+    topic = settings.topics.events
+    started = time.perf_counter()
+    try:
+        pending: list[asyncio.Future[Any]] = []
+        batch = producer.create_batch()
+        sent = 0
+        next_report = total // 10 or 1
+        for key, value, headers in records:
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                pending.append(await producer.send_batch(batch, topic, partition=0))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                    raise RuntimeError("a single record does not fit in an empty batch")
+                if len(pending) >= 32:
+                    await asyncio.gather(*pending)
+                    pending.clear()
+            sent += 1
+            if sent >= next_report:
+                say(f"  produced {sent:,}/{total:,}")
+                next_report += total // 10 or 1
+        if batch.record_count():
+            pending.append(await producer.send_batch(batch, topic, partition=0))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    elapsed = time.perf_counter() - started
+    if sent != total:
+        raise RuntimeError(f"produced {sent} records, expected {total}")
+    return elapsed
+
+
+async def end_offset(settings: Settings) -> int:
+    consumer = committed_consumer(settings, role="bench-end")
+    await consumer.start()
+    try:
+        tp = TopicPartition(settings.topics.events, 0)
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
+async def build_index(indexer: Indexer, bound_s: float) -> float:
+    """Start ``indexer`` and wait until it has applied everything; returns seconds."""
+    started = time.perf_counter()
+    await indexer.start()
+    async with asyncio.timeout(bound_s):
+        await indexer.catch_up()
+    return time.perf_counter() - started
+
+
+def encoded_values(settings: Settings, n: int = 16) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    """A few small, distinct Avro-encoded events (``encode`` needs no started producer)."""
+    pub = TaskEventPublisher(settings)
+    return [pub.encode("com.example.bench.step", {"i": i}) for i in range(n)]
+
+
+# --- 1. resume in the middle of a long task -------------------------------------------------------
+
+
+async def bench_resume(bootstrap: str, args: argparse.Namespace, res: Results) -> None:
+    settings = bench_settings(bootstrap, "resume")
+    await create_topics(settings)
+    n_target = max(1000, int(100_000 * args.scale))
+    per_target = 10  # other records after each record of the target task
+    n_other = n_target * per_target
+    n_other_tasks = max(100, int(10_000 * args.scale))
+    after = n_target // 2
+    total = n_target + n_other
+    target = uuid.uuid4().hex
+    others = [uuid.uuid4().hex.encode() for _ in range(n_other_tasks)]
+    values = encoded_values(settings)
+    target_key = target.encode()
+
+    def records() -> Iterator[Record]:
+        j = 0
+        for i in range(n_target):
+            value, headers = values[i % len(values)]
+            yield target_key, value, headers
+            for _ in range(per_target):
+                value, headers = values[j % len(values)]
+                yield others[j % n_other_tasks], value, headers
+                j += 1
+
+    say(
+        f"resume: producing {total:,} records ({n_target:,} of the target task, {n_other:,} of "
+        f"{n_other_tasks:,} other tasks, interleaved 1:{per_target}) to {settings.topics.events}"
+    )
+    produce_s = await produce(settings, records(), total)
+    res.add("resume", "produce (raw aiokafka, acks=1)", total / produce_s, "records/s")
+    end = await end_offset(settings)
+    if end != total:
+        res.note(f"resume: events partition end offset {end} != {total} records produced")
+
+    indexer = Indexer(settings)
+    reader = Reader(settings, indexer)
+    naive = committed_consumer(settings, role="bench-naive")
+    try:
+        say("resume: indexing the partition with an in-process Indexer")
+        index_s = await build_index(indexer, bound_s=max(300.0, 900 * args.scale))
+        res.add(
+            "resume",
+            f"indexer catch-up over {total:,} records",
+            total / index_s,
+            "records/s",
+            target="",
+        )
+        res.add("resume", "indexer catch-up time", index_s, "s")
+        found = indexer.lookup(target)
+        assert found is not None, "target task not indexed"
+        partition, entry = found
+        if entry.next_seq != n_target:
+            res.note(f"resume: target next_seq {entry.next_seq} != {n_target}")
+        first_offset = entry.first_offset
+        cp_seq, cp_offset = entry.checkpoint_at_or_before(after + 1) or (0, first_offset)
+        tp = TopicPartition(settings.topics.events, partition)
+
+        async def indexed_resume() -> tuple[float, int, int, int]:
+            scanned = reader.records_scanned
+            started = time.perf_counter()
+            events = cast(AsyncGenerator[ReadEvent, None], reader.read(target, after=after))
+            try:
+                event = await anext(events)
+            finally:
+                elapsed = time.perf_counter() - started
+                await events.aclose()
+            return elapsed, event.seq, event.offset, reader.records_scanned - scanned
+
+        async def naive_scan() -> tuple[float, int, int, int]:
+            started = time.perf_counter()
+            naive.assign([tp])
+            naive.seek(tp, first_offset)
+            seq, scanned = -1, 0
+            while True:
+                batches = await naive.getmany(tp, timeout_ms=1000)
+                for record in batches.get(tp, []):
+                    scanned += 1
+                    if record.key == target_key:
+                        seq += 1
+                        if seq == after + 1:
+                            return time.perf_counter() - started, seq, record.offset, scanned
+
+        # Warm both paths (consumer connection, metadata) so that only the read itself is timed.
+        await naive.start()
+        warm = cast(AsyncGenerator[ReadEvent, None], reader.read(others[0].decode(), after=0))
+        with contextlib.suppress(StopAsyncIteration):
+            await anext(warm)
+        await warm.aclose()
+
+        bound = max(120.0, 600 * args.scale)
+        indexed: list[float] = []
+        scans: list[float] = []
+        for rep in range(args.repeat):
+            async with asyncio.timeout(bound):
+                r_s, r_seq, r_off, r_scanned = await indexed_resume()
+                n_s, n_seq, n_off, n_scanned = await naive_scan()
+            indexed.append(r_s)
+            scans.append(n_s)
+            say(
+                f"  rep {rep + 1}: indexed {r_s * 1000:.1f} ms ({r_scanned:,} records examined), "
+                f"naive {n_s:.2f} s ({n_scanned:,} records examined)"
+            )
+            if (r_seq, r_off) != (n_seq, n_off):
+                res.note(
+                    f"resume: MISMATCH: reader gave seq {r_seq} at offset {r_off}, naive scan "
+                    f"seq {n_seq} at offset {n_off}"
+                )
+        r_med, n_med = statistics.median(indexed), statistics.median(scans)
+        ratio = n_med / r_med
+        res.add(
+            "resume",
+            f"indexed read(after={after:,}) to 1st event, median of {args.repeat} "
+            f"(min {min(indexed) * 1000:.1f}, max {max(indexed) * 1000:.1f})",
+            r_med * 1000,
+            "ms",
+        )
+        res.add(
+            "resume",
+            f"  records examined by the reader (checkpoint seq {cp_seq:,} @ offset {cp_offset:,})",
+            r_scanned,
+            "records",
+        )
+        res.add(
+            "resume",
+            f"naive scan to seq {after + 1:,}, median of {args.repeat} "
+            f"(min {min(scans):.2f}, max {max(scans):.2f})",
+            n_med,
+            "s",
+        )
+        res.add("resume", "  records examined by the naive scan", n_scanned, "records")
+        res.add(
+            "resume",
+            "speed-up naive / indexed",
+            ratio,
+            "x",
+            target=f">= {TARGET_RESUME_RATIO:.0f}x",
+            status=sized_verdict(ratio >= TARGET_RESUME_RATIO, args),
+        )
+        if (r_seq, r_off) == (n_seq, n_off):
+            res.note(
+                f"resume: reader and naive scan agree: seq {r_seq} is at offset {r_off:,} "
+                f"(task's first offset {first_offset:,}, partition end {end:,})"
+            )
+    finally:
+        await reader.close()
+        with contextlib.suppress(Exception):
+            await naive.stop()
+        await indexer.stop()
+
+
+# --- 2. index bytes per task and per checkpoint ------------------------------------------------------
+
+
+def _traced_now() -> int:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def bench_memory(args: argparse.Namespace, res: Results) -> None:
+    k = load_settings().checkpoint_interval
+
+    # (a) persisted index record: key + value of TaskEntry.encode
+    task_id = uuid.uuid4().hex
+    sizes = {}
+    for n_cps in (1, 11, 101):
+        idx = PartitionIndex(0, k)
+        for off in range((n_cps - 1) * k + 1):
+            idx.apply(task_id, off, created=off == 0)
+        entry = idx.tasks[task_id]
+        assert len(entry.checkpoints) == 2 * n_cps
+        sizes[n_cps] = len(task_key(task_id)) + len(entry.encode(0))
+    per_task = sizes[1]
+    per_cp = (sizes[101] - sizes[1]) / 100
+    res.add(
+        "memory",
+        "persisted record per task (32-hex id, seq-0 checkpoint only)",
+        per_task,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_TASK} B",
+        status=verdict(per_task <= TARGET_BYTES_PER_TASK),
+    )
+    res.add(
+        "memory",
+        "persisted record, task with 11 / 101 checkpoints",
+        f"{sizes[11]} / {sizes[101]}",
+        "B",
+    )
+    res.add(
+        "memory",
+        "persisted bytes per extra checkpoint",
+        per_cp,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_CHECKPOINT} B",
+        status=verdict(per_cp <= TARGET_BYTES_PER_CHECKPOINT),
+    )
+
+    # (b) in memory: 100k tasks of 3 events each (task.created first), interleaved in rounds
+    n_tasks = max(10_000, int(100_000 * args.scale))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = _traced_now()
+        idx = PartitionIndex(0, k)
+        ids = [uuid.uuid4().hex for _ in range(n_tasks)]
+        offset = 0
+        for round_ in range(3):
+            for t in ids:
+                idx.apply(t, offset, created=round_ == 0)
+                offset += 1
+        del ids, t
+        with_dirty = _traced_now() - base
+        idx.dirty.clear()
+        steady = _traced_now() - base
+        base_proto = _traced_now()
+        proto = CompactIndex(k)
+        ids = [uuid.uuid4().hex for _ in range(n_tasks)]
+        for round_ in range(3):
+            for t in ids:
+                proto.apply(t, offset, created=round_ == 0)
+                offset += 1
+        del ids, t
+        proto_bytes = _traced_now() - base_proto
+    finally:
+        tracemalloc.stop()
+    assert len(idx.tasks) == n_tasks
+    per_task_mem = steady / n_tasks
+    res.add(
+        "memory",
+        f"in-memory per task, {n_tasks:,} tasks x 3 events (after a flush)",
+        per_task_mem,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_TASK} B",
+        status=verdict(per_task_mem <= TARGET_BYTES_PER_TASK),
+    )
+    res.add(
+        "memory",
+        "  same, while in the dirty set (never cleared when persist=False)",
+        with_dirty / n_tasks,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_TASK} B",
+        status=verdict(with_dirty / n_tasks <= TARGET_BYTES_PER_TASK),
+    )
+    breakdown = memory_breakdown(k)
+    res.add("memory", "  breakdown (sys.getsizeof, one task)", breakdown, "")
+    res.add(
+        "memory",
+        "  proposed columnar layout (prototype in this file), per task",
+        proto_bytes / n_tasks,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_TASK} B",
+        status="(info)",
+    )
+
+    # (b') in memory per checkpoint: one task with many events
+    n_cps = max(2_000, int(20_000 * args.scale))
+    idx = PartitionIndex(0, k)
+    big = uuid.uuid4().hex
+    idx.apply(big, 0, created=True)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = _traced_now()
+        for off in range(1, n_cps * k + 1):
+            idx.apply(big, off)
+        grown = _traced_now() - base
+    finally:
+        tracemalloc.stop()
+    added = len(idx.tasks[big].checkpoints) // 2 - 1
+    per_cp_mem = grown / added
+    # The same entry as load_index decodes it (array.frombytes also over-allocates by 1/16).
+    key, value = task_key(big), idx.tasks[big].encode(0)
+    small = PartitionIndex(0, k)
+    small.apply(big, 0, created=True)
+    small_value = small.tasks[big].encode(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = _traced_now()
+        restored_big = decode_index_record(key, value)
+        big_bytes = _traced_now() - base
+        restored_small = decode_index_record(key, small_value)
+        small_bytes = _traced_now() - base - big_bytes
+        del restored_big, restored_small
+    finally:
+        tracemalloc.stop()
+    per_cp_restored = (big_bytes - small_bytes) / added
+    res.add(
+        "memory",
+        f"in-memory per checkpoint ({added:,} checkpoints, one task)",
+        per_cp_mem,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_CHECKPOINT} B",
+        status=verdict(per_cp_mem <= TARGET_BYTES_PER_CHECKPOINT),
+    )
+    res.add(
+        "memory",
+        "  same task as decoded by load_index (array.frombytes)",
+        per_cp_restored,
+        "B",
+        target=f"<= {TARGET_BYTES_PER_CHECKPOINT} B",
+        status=verdict(per_cp_restored <= TARGET_BYTES_PER_CHECKPOINT + 0.05),
+    )
+
+
+def memory_breakdown(k: int) -> str:
+    """Where one small task's bytes go (CPython object sizes, before allocator rounding)."""
+    idx = PartitionIndex(0, k)
+    t = uuid.uuid4().hex
+    for off in range(100_000, 100_003):
+        idx.apply(t, off, created=off == 100_000)
+    e = idx.tasks[t]
+    parts = {
+        "id str": sys.getsizeof(t),
+        "TaskEntry": sys.getsizeof(e),  # getsizeof includes the GC header
+        "array": sys.getsizeof(e.checkpoints),  # object + over-allocated buffer
+        "ints": sys.getsizeof(e.last_offset) + sys.getsizeof(e.status_offset),
+    }
+    return ", ".join(f"{name} {size}" for name, size in parts.items()) + " B, + dict slot"
+
+
+class CompactIndex:
+    """A sketch of the proposed in-memory layout (for the report, not used by the bridge).
+
+    One ``dict[str, int]`` from task id to a row number, and per-row columns in typed arrays:
+    no per-task Python object besides the id string (and the row int once rows pass 256). The
+    seq-0 checkpoint is the ``first_offset`` column; later checkpoints go to a side dict only
+    for tasks long enough to have them. Dirty rows are a bytearray flag plus an array of rows.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows: dict[str, int] = {}
+        self.next_seq = array("q")
+        self.last_offset = array("q")
+        self.first_offset = array("q")
+        self.status_offset = array("q")
+        self.status = bytearray()
+        self.flags = bytearray()
+        self.extra_checkpoints: dict[int, array[int]] = {}
+        self.dirty_flag = bytearray()
+        self.dirty_rows = array("q")
+
+    def apply(self, task_id: str, offset: int, *, created: bool = False) -> int | None:
+        row = self.rows.get(task_id)
+        if row is None:
+            row = len(self.next_seq)
+            self.rows[task_id] = row
+            self.next_seq.append(0)
+            self.last_offset.append(-1)
+            self.first_offset.append(offset)
+            self.status_offset.append(-1)
+            self.status.append(0)
+            self.flags.append(0)
+            self.dirty_flag.append(0)
+        elif offset <= self.last_offset[row]:
+            return None
+        seq = self.next_seq[row]
+        if seq and seq % self.k == 0:
+            self.extra_checkpoints.setdefault(row, array("q")).extend((seq, offset))
+        self.next_seq[row] = seq + 1
+        self.last_offset[row] = offset
+        if created and not self.status[row]:
+            self.status[row] = 1
+            self.status_offset[row] = offset
+        if not self.dirty_flag[row]:
+            self.dirty_flag[row] = 1
+            self.dirty_rows.append(row)
+        return seq
+
+
+# --- 3. restore time of a persisted index of 100k tasks --------------------------------------------------
+
+
+async def bench_restore(bootstrap: str, args: argparse.Namespace, res: Results) -> None:
+    settings = bench_settings(bootstrap, "restore")
+    await create_topics(settings)
+    n_tasks = max(10_000, int(100_000 * args.scale))
+    per_task = 2
+    total = n_tasks * per_task
+    ids = [uuid.uuid4().hex.encode() for _ in range(n_tasks)]
+    values = encoded_values(settings)
+
+    def records() -> Iterator[Record]:
+        j = 0
+        for _ in range(per_task):
+            for key in ids:
+                value, headers = values[j % len(values)]
+                j += 1
+                yield key, value, headers
+
+    say(f"restore: producing {total:,} records ({n_tasks:,} tasks x {per_task} events)")
+    await produce(settings, records(), total)
+
+    # A persisting indexer whose periodic flush never fires: one explicit flush writes one index
+    # record per task (plus the partition marker) in one transaction.
+    writer = Indexer(settings, persist=True, flush_interval_s=3600.0)
+    try:
+        index_s = await build_index(writer, bound_s=max(300.0, 600 * args.scale))
+        res.add(
+            "restore",
+            f"persisting indexer catch-up over {total:,} records",
+            total / index_s,
+            "records/s",
+        )
+        started = time.perf_counter()
+        async with asyncio.timeout(max(300.0, 600 * args.scale)):
+            written = await writer.flush()
+        flush_s = time.perf_counter() - started
+        res.add("restore", f"flush of {written:,} index records (one transaction)", flush_s, "s")
+    finally:
+        await writer.stop()
+
+    partitions = await topic_partitions(settings, settings.topics.events)
+    loads: list[float] = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        async with asyncio.timeout(max(120.0, 300 * args.scale)):
+            index = await load_index(settings, partitions)
+        loads.append(time.perf_counter() - started)
+        restored = sum(len(p.tasks) for p in index.values())
+        del index
+        if restored != n_tasks:
+            res.note(f"restore: load_index restored {restored} tasks, expected {n_tasks}")
+    load_med = statistics.median(loads)
+    res.add(
+        "restore",
+        f"load_index, {n_tasks:,} tasks, median of {args.repeat} "
+        f"(min {min(loads):.2f}, max {max(loads):.2f})",
+        load_med,
+        "s",
+        target=f"<= {TARGET_RESTORE_S:.0f} s",
+        status=sized_verdict(load_med <= TARGET_RESTORE_S, args),
+    )
+
+    starts: list[float] = []
+    restores: list[float] = []
+    for _ in range(args.repeat):
+        reader_indexer = Indexer(settings)
+        started = time.perf_counter()
+        try:
+            await reader_indexer.start()
+            async with asyncio.timeout(120.0):
+                await reader_indexer.catch_up()
+            starts.append(time.perf_counter() - started)
+            restores.append(reader_indexer.restore_seconds)
+            restored = sum(len(p.tasks) for p in reader_indexer.partitions.values())
+            if restored != n_tasks:
+                res.note(f"restore: Indexer.start restored {restored} tasks, expected {n_tasks}")
+        finally:
+            await reader_indexer.stop()
+    res.add(
+        "restore",
+        f"Indexer.start() restore_seconds, median of {args.repeat}",
+        statistics.median(restores),
+        "s",
+        target=f"<= {TARGET_RESTORE_S:.0f} s",
+        status=sized_verdict(statistics.median(restores) <= TARGET_RESTORE_S, args),
+    )
+    res.add(
+        "restore",
+        "  Indexer.start() + catch_up() wall time, median",
+        statistics.median(starts),
+        "s",
+    )
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="size factor (1.0 = full size: 1.1M records)"
+    )
+    parser.add_argument("--small", action="store_true", help="quick run: same as --scale 0.1")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions of timed reads")
+    parser.add_argument(
+        "--only",
+        choices=("resume", "memory", "restore"),
+        action="append",
+        help="run only these benchmarks (repeatable)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.scale = 0.1
+    if args.scale <= 0 or args.repeat < 1:
+        parser.error("--scale must be > 0 and --repeat >= 1")
+    return args
+
+
+async def run(bootstrap: str, args: argparse.Namespace, res: Results) -> None:
+    only = set(args.only or ("resume", "memory", "restore"))
+    if "resume" in only:
+        await bench_resume(bootstrap, args, res)
+    if "memory" in only:
+        bench_memory(args, res)
+    if "restore" in only:
+        await bench_restore(bootstrap, args, res)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    res = Results()
+    wall = time.perf_counter()
+    settings = load_settings()
+    with provide_broker(settings, progress=say) as broker:
+        res.environment = environment(broker, settings, args)
+        say(f"broker: {broker.info.provider} at {broker.info.bootstrap_servers}")
+        asyncio.run(run(broker.info.bootstrap_servers, args, res))
+    res.environment["wall_seconds"] = round(time.perf_counter() - wall, 1)
+
+    env = res.environment
+    print()
+    print(f"bench_log.py  scale={env['scale']}  repeat={env['repeat']}  {env['date']}")
+    print(f"machine: nproc={env['nproc']}  cpu={env['cpu']}  memory={env['memory']}")
+    print(f"python:  {env['python']}  aiokafka {env['aiokafka']}  ({env['platform']})")
+    print(f"kafka:   {env['kafka']}  provider={env['kafka_provider']}")
+    print(f"checkpoint_interval={env['checkpoint_interval']}  wall time {env['wall_seconds']} s")
+    print()
+    print(res.table())
+    if res.notes:
+        print()
+        for note in res.notes:
+            print(f"note: {note}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(
+                {"environment": env, "rows": [asdict(r) for r in res.rows], "notes": res.notes},
+                fh,
+                indent=2,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
