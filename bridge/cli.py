@@ -103,7 +103,7 @@ async def run_indexer(settings: Settings, flush_interval_s: float) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with Indexer(settings, persist=True, flush_interval_s=flush_interval_s) as indexer:
-        tasks = sum(len(i.tasks) for i in indexer.partitions.values())
+        tasks = sum(len(i) for i in indexer.partitions.values())
         print(
             f"indexer running: restored {tasks} tasks in {indexer.restore_seconds:.2f}s; "
             f"persisting every {flush_interval_s}s",

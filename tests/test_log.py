@@ -279,9 +279,9 @@ async def test_two_indexers_built_independently_agree(topics):
         await caught_up(second)
         for p in restored.partitions:
             assert (
-                restored.partitions[p].tasks
-                == first.partitions[p].tasks
-                == second.partitions[p].tasks
+                restored.partitions[p].entries()
+                == first.partitions[p].entries()
+                == second.partitions[p].entries()
             )
         assert restored.lookup("task-1")[1].status is TaskStatus.COMPLETED
     report = await verify_index(settings)
@@ -367,10 +367,10 @@ async def test_sigkill_of_the_indexer_while_persisting_never_changes_any_seq(top
     async with Indexer(settings, persist=True) as last:
         await caught_up(last)
         await last.flush()
-        final = {p: dict(idx.tasks) for p, idx in last.partitions.items()}
+        final = {p: idx.entries() for p, idx in last.partitions.items()}
     report = await verify_index(settings)
     assert kills == 5
     assert report.ok, report.mismatches[:10]
     assert report.records_read >= 1500
     persisted = await load_index(settings, sorted(final))
-    assert {p: idx.tasks for p, idx in persisted.items()} == final
+    assert {p: idx.entries() for p, idx in persisted.items()} == final

@@ -36,7 +36,7 @@ def test_seq_counts_earlier_records_of_the_same_key(log, k):
         assert idx.apply(key, offset) == seen.get(key, 0)
         seen[key] = seen.get(key, 0) + 1
     for key, count in seen.items():
-        entry = idx.tasks[key]
+        entry = idx.get(key)
         assert entry.next_seq == count
         assert [s for s, _ in entry.checkpoint_pairs()] == list(range(0, count, k))
 
@@ -56,7 +56,7 @@ def test_restoring_any_snapshot_and_replaying_from_older_positions_derives_the_s
     for key, offset in records[:cut]:
         first.apply(key, offset)
     restored = PartitionIndex(0, k)
-    for task_id, entry in first.tasks.items():
+    for task_id, entry in first.items():
         rec = decode_index_record(task_key(task_id), entry.encode(0))
         assert isinstance(rec, TaskRecord)
         restored.restore_task(rec.task_id, rec.entry)
@@ -64,17 +64,17 @@ def test_restoring_any_snapshot_and_replaying_from_older_positions_derives_the_s
     replayed = [restored.apply(key, offset) for key, offset in records[replay_from:]]
     assert replayed[cut - replay_from :] == expected[cut:]
     assert all(seq is None for seq in replayed[: cut - replay_from])
-    assert restored.tasks == full.tasks
+    assert restored.entries() == full.entries()
 
 
 def test_status_folds_and_terminal_status_sticks():
     idx = PartitionIndex(0, 64)
     idx.apply("t", 0, created=True)
-    assert idx.tasks["t"].status is TaskStatus.WORKING
+    assert idx.get("t").status is TaskStatus.WORKING
     idx.apply("t", 1, status=TaskStatus.INPUT_REQUIRED)
     idx.apply("t", 2, status=TaskStatus.COMPLETED)
     idx.apply("t", 3, status=TaskStatus.WORKING)
-    entry = idx.tasks["t"]
+    entry = idx.get("t")
     assert entry.status is TaskStatus.COMPLETED and entry.status_offset == 2 and entry.terminal
     assert entry.next_seq == 4
 
@@ -83,11 +83,11 @@ def test_losing_records_to_retention_untrusts_known_tasks_and_foreign_new_ones()
     idx = PartitionIndex(0, 64)
     idx.apply("old", 0)
     idx.mark_lost(100)
-    assert not idx.tasks["old"].trusted
+    assert not idx.get("old").trusted
     idx.apply("ours", 100, created=True)
     idx.apply("foreign", 101)
-    assert idx.tasks["ours"].trusted
-    assert not idx.tasks["foreign"].trusted
+    assert idx.get("ours").trusted
+    assert not idx.get("foreign").trusted
     assert idx.through == 102
 
 

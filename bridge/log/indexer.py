@@ -218,6 +218,8 @@ class Indexer:
             self.partitions = await load_index(self.settings, parts)
             self.restore_seconds = time.perf_counter() - started
             self._persisted_markers = {p: idx.marker() for p, idx in self.partitions.items()}
+            for idx in self.partitions.values():
+                idx.track_dirty = self.persist
             tps = [TopicPartition(topic, p) for p in parts]
             consumer.assign(tps)
             begins = await consumer.beginning_offsets(tps)
@@ -231,7 +233,7 @@ class Indexer:
             raise
         log.info(
             "indexer restored %d tasks over %d partitions in %.2fs (persist=%s)",
-            sum(len(i.tasks) for i in self.partitions.values()),
+            sum(len(i) for i in self.partitions.values()),
             len(parts),
             self.restore_seconds,
             self.persist,
@@ -269,7 +271,7 @@ class Indexer:
     def lookup(self, task_id: str) -> tuple[int, TaskEntry] | None:
         """The task's partition and index entry, or None if no record of it was indexed."""
         partition = self.partition_of(task_id)
-        entry = self.partitions[partition].tasks.get(task_id)
+        entry = self.partitions[partition].get(task_id)
         return None if entry is None else (partition, entry)
 
     async def wait_indexed(self, partition: int, offset: int) -> None:
@@ -360,7 +362,7 @@ class Indexer:
         batch: list[tuple[bytes, bytes]] = []
         for p, idx in self.partitions.items():
             for task_id in idx.dirty:
-                batch.append((task_key(task_id), idx.tasks[task_id].encode(p)))
+                batch.append((task_key(task_id), idx.encode_task(task_id)))
             idx.dirty.clear()
             marker = idx.marker()
             if marker != self._persisted_markers.get(p):

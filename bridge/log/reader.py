@@ -30,6 +30,7 @@ from bridge.kafka.clients import (
 )
 from bridge.log.indexer import Indexer
 from bridge.log.records import event_from_record
+from bridge.log.seqindex import TaskEntry
 
 __all__ = ["EventsGone", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
 
@@ -73,26 +74,30 @@ class ReadEvent:
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """The task's index entry as of the start of a read (the tail keeps mutating it)."""
+    """The task's index entry as of the start of a read (the tail keeps changing the index)."""
 
     partition: int
-    next_seq: int
-    last_offset: int
-    checkpoints: list[tuple[int, int]]
+    entry: TaskEntry
+
+    @property
+    def next_seq(self) -> int:
+        return self.entry.next_seq
+
+    @property
+    def last_offset(self) -> int:
+        return self.entry.last_offset
+
+    @property
+    def first(self) -> tuple[int, int]:
+        return 0, self.entry.first_offset
 
     def at_or_before(self, seq: int) -> tuple[int, int]:
-        best = self.checkpoints[0]
-        for cp in self.checkpoints:
-            if cp[0] > seq:
-                break
-            best = cp
-        return best
+        found = self.entry.checkpoint_at_or_before(seq)
+        assert found is not None, "every indexed task has checkpoint 0"
+        return found
 
     def first_at_or_after_offset(self, offset: int) -> tuple[int, int] | None:
-        for cp in self.checkpoints:
-            if cp[1] >= offset:
-                return cp
-        return None
+        return self.entry.checkpoint_after_offset(offset)
 
 
 class Reader:
@@ -171,7 +176,7 @@ class Reader:
         partition, entry = found
         if not entry.trusted:
             raise SeqUntrusted(task_id)
-        return _Snapshot(partition, entry.next_seq, entry.last_offset, entry.checkpoint_pairs())
+        return _Snapshot(partition, entry)
 
     async def _task_records(
         self, task_id: str, tp: TopicPartition, start: int, end: int
@@ -192,7 +197,7 @@ class Reader:
         self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
     ) -> tuple[int, int | None]:
         """``(earliest retained seq, its offset)``; offset None when nothing is retained."""
-        first = snap.checkpoints[0]
+        first = snap.first
         if first[1] >= log_start:
             return first
         if snap.last_offset < log_start:

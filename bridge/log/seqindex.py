@@ -22,7 +22,8 @@ from __future__ import annotations
 import struct
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from bridge.constants import TERMINAL_STATUSES, TaskStatus
 
@@ -120,16 +121,90 @@ class TaskEntry:
         )
 
 
-@dataclass
 class PartitionIndex:
-    """The derived state of one events partition."""
+    """The derived state of one events partition, stored by columns.
 
-    partition: int
-    checkpoint_interval: int
-    through: int = 0
-    lost_before: int = -1
-    tasks: dict[str, TaskEntry] = field(default_factory=dict)
-    dirty: set[str] = field(default_factory=set)
+    A task is a row: ``rows`` maps its id to a row number, and each field lives in a compact
+    column (``array('q')`` or ``bytearray``), so a task costs its id, a dict slot and about 34
+    bytes. Checkpoint seq 0 is the task's first offset; later checkpoints live in a side table
+    only for tasks that have them. :class:`TaskEntry` is built on lookup, as a snapshot.
+    """
+
+    def __init__(
+        self,
+        partition: int,
+        checkpoint_interval: int,
+        through: int = 0,
+        lost_before: int = -1,
+        *,
+        track_dirty: bool = True,
+    ) -> None:
+        self.partition = partition
+        self.checkpoint_interval = checkpoint_interval
+        self.through = through
+        self.lost_before = lost_before
+        #: Only a persisting indexer needs to know which rows changed since its last flush.
+        self.track_dirty = track_dirty
+        self.dirty: set[str] = set()
+        self.rows: dict[str, int] = {}
+        self._next_seq = array("q")
+        self._last_offset = array("q")
+        self._first_offset = array("q")
+        self._status_offset = array("q")
+        self._status = bytearray()
+        self._flags = bytearray()
+        self._more_checkpoints: dict[int, array[int]] = {}
+
+    # --- rows ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.rows
+
+    def _new_row(self, task_id: str) -> int:
+        row = len(self.rows)
+        self.rows[task_id] = row
+        for column in (self._next_seq, self._first_offset, self._status_offset):
+            column.append(0 if column is self._next_seq else -1)
+        self._last_offset.append(-1)
+        self._status.append(TaskStatus.UNKNOWN)
+        self._flags.append(0)
+        return row
+
+    def get(self, task_id: str) -> TaskEntry | None:
+        """A snapshot of the task's entry, or None."""
+        row = self.rows.get(task_id)
+        return None if row is None else self._entry(row)
+
+    def _entry(self, row: int) -> TaskEntry:
+        entry = TaskEntry()
+        entry.next_seq = self._next_seq[row]
+        entry.last_offset = self._last_offset[row]
+        entry.status = TaskStatus(self._status[row])
+        entry.status_offset = self._status_offset[row]
+        entry.flags = self._flags[row]
+        if self._next_seq[row]:
+            entry.checkpoints.append(0)
+            entry.checkpoints.append(self._first_offset[row])
+            more = self._more_checkpoints.get(row)
+            if more is not None:
+                entry.checkpoints.extend(more)
+        return entry
+
+    def items(self) -> Iterator[tuple[str, TaskEntry]]:
+        for task_id, row in self.rows.items():
+            yield task_id, self._entry(row)
+
+    def entries(self) -> dict[str, TaskEntry]:
+        """Every task's entry (a snapshot; for tests and verification)."""
+        return dict(self.items())
+
+    def encode_task(self, task_id: str) -> bytes:
+        return self._entry(self.rows[task_id]).encode(self.partition)
+
+    # --- the rule ------------------------------------------------------------------------
 
     def apply(
         self,
@@ -144,29 +219,35 @@ class PartitionIndex:
         ``created`` marks the bridge's own ``task.created`` event; ``status`` the status a status
         event announces. Records must be applied in offset order.
         """
-        entry = self.tasks.get(task_id)
-        if entry is None:
-            entry = TaskEntry()
+        row = self.rows.get(task_id)
+        if row is None:
+            row = self._new_row(task_id)
             if self.lost_before >= 0 and not created:
-                entry.flags |= FLAG_UNTRUSTED
-            self.tasks[task_id] = entry
-        elif offset <= entry.last_offset:
+                self._flags[row] |= FLAG_UNTRUSTED
+        elif offset <= self._last_offset[row]:
             self.through = max(self.through, offset + 1)
             return None
-        seq = entry.next_seq
-        if seq % self.checkpoint_interval == 0:
-            entry.checkpoints.append(seq)
-            entry.checkpoints.append(offset)
-        entry.next_seq = seq + 1
-        entry.last_offset = offset
-        if created and entry.status is TaskStatus.UNKNOWN:
-            entry.status = TaskStatus.WORKING
-            entry.status_offset = offset
-        elif status is not None and not entry.terminal:
-            entry.status = status
-            entry.status_offset = offset
+        seq = self._next_seq[row]
+        if seq == 0:
+            self._first_offset[row] = offset
+        elif seq % self.checkpoint_interval == 0:
+            more = self._more_checkpoints.get(row)
+            if more is None:
+                more = self._more_checkpoints[row] = array("q")
+            more.append(seq)
+            more.append(offset)
+        self._next_seq[row] = seq + 1
+        self._last_offset[row] = offset
+        current = self._status[row]
+        if created and current == TaskStatus.UNKNOWN:
+            self._status[row] = TaskStatus.WORKING
+            self._status_offset[row] = offset
+        elif status is not None and current not in _TERMINAL_CODES:
+            self._status[row] = status
+            self._status_offset[row] = offset
         self.through = max(self.through, offset + 1)
-        self.dirty.add(task_id)
+        if self.track_dirty:
+            self.dirty.add(task_id)
         return seq
 
     def advance(self, offset: int) -> None:
@@ -179,10 +260,11 @@ class PartitionIndex:
         Every task known so far may have had records there, so none of them can be trusted;
         tasks first seen later are trusted only if their first record is ``task.created``.
         """
-        for task_id, entry in self.tasks.items():
-            if entry.trusted:
-                entry.flags |= FLAG_UNTRUSTED
-                self.dirty.add(task_id)
+        for task_id, row in self.rows.items():
+            if not self._flags[row] & FLAG_UNTRUSTED:
+                self._flags[row] |= FLAG_UNTRUSTED
+                if self.track_dirty:
+                    self.dirty.add(task_id)
         self.lost_before = log_start
         self.through = log_start
 
@@ -190,11 +272,27 @@ class PartitionIndex:
         return _MARKER.pack(_VERSION, self.through, self.lost_before)
 
     def restore_task(self, task_id: str, entry: TaskEntry) -> None:
-        self.tasks[task_id] = entry
+        row = self.rows.get(task_id)
+        if row is None:
+            row = self._new_row(task_id)
+        self._next_seq[row] = entry.next_seq
+        self._last_offset[row] = entry.last_offset
+        self._status[row] = entry.status
+        self._status_offset[row] = entry.status_offset
+        self._flags[row] = entry.flags
+        cps = entry.checkpoints
+        self._first_offset[row] = cps[1] if cps else -1
+        if len(cps) > 2:
+            self._more_checkpoints[row] = array("q", cps[2:])  # exact size, no over-allocation
+        else:
+            self._more_checkpoints.pop(row, None)
 
     def restore_marker(self, through: int, lost_before: int) -> None:
         self.through = through
         self.lost_before = lost_before
+
+
+_TERMINAL_CODES = frozenset(int(s) for s in TERMINAL_STATUSES)
 
 
 def task_key(task_id: str) -> bytes:

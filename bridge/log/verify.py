@@ -72,7 +72,7 @@ async def _verify_partition(
     log_start = int(begins[tp])
     through = persisted.through
     offsets: dict[str, list[int]] = defaultdict(list)
-    recount = PartitionIndex(tp.partition, settings.checkpoint_interval)
+    recount = PartitionIndex(tp.partition, settings.checkpoint_interval, track_dirty=False)
     prefix = settings.event_type_prefix
 
     def count(record: ConsumerRecord[bytes, bytes]) -> None:
@@ -90,9 +90,9 @@ async def _verify_partition(
     await read_to_end(consumer, [tp], count)
     full = log_start == 0 and persisted.lost_before < 0
     where = f"partition {tp.partition}"
-    for task_id in offsets.keys() - persisted.tasks.keys():
+    for task_id in offsets.keys() - persisted.rows.keys():
         report.mismatches.append(f"{where}: task {task_id!r} has records but no index entry")
-    for task_id, entry in persisted.tasks.items():
+    for task_id, entry in persisted.items():
         report.tasks_checked += 1
         retained = offsets.get(task_id, [])
         if not retained:
@@ -113,6 +113,6 @@ async def _verify_partition(
                 problems.append(
                     f"checkpoint ({seq}, {off}) but the log says seq {position.get(off)}"
                 )
-        if full and not problems and recount.tasks.get(task_id) != entry:
-            problems.append(f"recount {recount.tasks.get(task_id)!r} != persisted {entry!r}")
+        if full and not problems and recount.get(task_id) != entry:
+            problems.append(f"recount {recount.get(task_id)!r} != persisted {entry!r}")
         report.mismatches.extend(f"{where}: task {task_id!r}: {p}" for p in problems)

@@ -1,0 +1,99 @@
+"""The wire: JSON-RPC 2.0 and MCP shapes, error codes, and the one error type the server raises.
+
+Only this module knows JSON-RPC message shapes. Handlers raise :class:`RpcError` (or domain
+exceptions that :func:`bridge.server.mcp` maps once at the boundary); pydantic validation
+errors become -32602 without library text on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+__all__ = [
+    "CLIENT_CAPS_META",
+    "EVENTS_GONE",
+    "HEADER_MISMATCH",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "LATEST_VERSION",
+    "LEGACY_VERSIONS",
+    "METHOD_NOT_FOUND",
+    "MISSING_CAPABILITY",
+    "PARSE_ERROR",
+    "PROTOCOL_VERSION_META",
+    "RELATED_TASK_META",
+    "SERVER_INFO_META",
+    "SUPPORTED_VERSIONS",
+    "TASKS_EXTENSION",
+    "UNSUPPORTED_VERSION",
+    "JsonRpcRequest",
+    "RpcError",
+    "error_response",
+    "result_response",
+]
+
+LATEST_VERSION = "2026-07-28"
+LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+SUPPORTED_VERSIONS = (LATEST_VERSION, *LEGACY_VERSIONS)
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPS_META = "io.modelcontextprotocol/clientCapabilities"
+CLIENT_INFO_META = "io.modelcontextprotocol/clientInfo"
+SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
+RELATED_TASK_META = "io.modelcontextprotocol/related-task"
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+#: SEP-2694's events_gone; it sits in the legacy -32000..-32019 band (see docs/).
+EVENTS_GONE = -32010
+HEADER_MISMATCH = -32020
+MISSING_CAPABILITY = -32021
+UNSUPPORTED_VERSION = -32022
+
+
+class RpcError(Exception):
+    """A JSON-RPC error with the HTTP status the Streamable HTTP transport answers with."""
+
+    def __init__(
+        self, code: int, message: str, data: Any = None, *, http_status: int = 200
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.http_status = http_status
+
+    def error(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            out["data"] = self.data
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class JsonRpcRequest(BaseModel):
+    """A request or notification as received (params are validated per method)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jsonrpc: StrictStr = Field(pattern=r"^2\.0$")
+    id: StrictStr | StrictInt | None = None
+    method: StrictStr
+    params: dict[str, Any] | None = None
+
+
+def result_response(request_id: str | int | None, result: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def error_response(request_id: str | int | None, error: RpcError) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": error.error()}
