@@ -84,8 +84,14 @@ class ToolSpec(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     output_schema: dict[str, Any] | None = None
     #: "required": only as a task (-32021 for clients without the extension); "optional": a
-    #: task for clients that declare the extension, a direct result for the others.
-    task: Literal["optional", "required"] = "optional"
+    #: task for clients that declare the extension, a direct result for the others;
+    #: "forbidden": always a direct result (the job still runs on a worker).
+    task: Literal["forbidden", "optional", "required"] = "optional"
+    #: Client capabilities the tool needs, e.g. ``{"sampling": {}}`` (-32021 without them).
+    requires: dict[str, Any] | None = None
+    #: Input requests answered through multi round-trip (InputRequiredResult) *before* the
+    #: task is created; the answers reach the job as ``input_responses``.
+    input_before: dict[str, Any] | None = None
     #: The job topic; default ``<prefix>.jobs.<name>``.
     job_topic: str | None = None
     ttl_ms: int | None = Field(3_600_000, ge=1)

@@ -24,6 +24,7 @@ class EventSuffix:
 
     CREATED = "task.created"
     STATUS = "task.status"
+    PROGRESS = "progress"
     UNDECODABLE = "event.undecodable"
     OVERSIZED = "event.oversized"
 

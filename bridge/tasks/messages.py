@@ -62,6 +62,8 @@ class JobRequest(_Message):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     created_ms: int = Field(alias="createdMs")
+    #: Answers to the tool's ``input_before`` requests (multi round-trip), if any.
+    input_responses: dict[str, Any] | None = Field(default=None, alias="inputResponses")
     #: Where the task's ``task.created`` event is: the task's events partition and offset.
     partition: int
     offset: int

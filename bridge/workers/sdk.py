@@ -92,6 +92,8 @@ class JobContext:
         self.task_id = job.task_id
         self.tool = job.tool
         self.arguments = job.arguments
+        #: Answers to the tool's ``input_before`` requests (multi round-trip), if it has any.
+        self.input_responses = job.input_responses or {}
         self.cancelled = asyncio.Event()
         if control.cancelled:
             self.cancelled.set()
@@ -101,6 +103,19 @@ class JobContext:
     ) -> None:
         """Append a vendor-prefixed event to the task's stream."""
         await self._worker.publisher.publish(self.task_id, event_type, payload, meta=meta)
+
+    async def progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report progress; a direct call with a progressToken sees notifications/progress."""
+        payload: dict[str, Any] = {"progress": progress}
+        if total is not None:
+            payload["total"] = total
+        if message is not None:
+            payload["message"] = message
+        await self.emit(
+            f"{self._worker.settings.event_type_prefix}.{EventSuffix.PROGRESS}", payload
+        )
 
     async def status(self, message: str) -> None:
         """Set the task's status message (the task stays ``working``)."""
