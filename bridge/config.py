@@ -16,10 +16,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
+    "AuthSettings",
     "KafkaLocalSettings",
     "Settings",
     "ToolSpec",
@@ -98,6 +99,29 @@ class ToolSpec(BaseModel):
     poll_interval_ms: int = Field(500, ge=10)
 
 
+JwtAlgorithm = Literal["HS256", "RS256"]
+_RS256: JwtAlgorithm = "RS256"
+
+
+class AuthSettings(BaseModel):
+    """Who is calling. Every task is bound to the principal that created it."""
+
+    #: "none": everyone is the principal "anonymous" (task ids are then the only secret);
+    #: "bearer": static tokens; "jwt": signed JSON Web Tokens (HS256 or RS256).
+    mode: Literal["none", "bearer", "jwt"] = "none"
+    #: Static tokens, ``{token: principal}``; prefer ``tokens_file`` (JSON of the same shape).
+    tokens: dict[str, str] = Field(default_factory=dict, repr=False)
+    tokens_file: Path | None = None
+    jwt_algorithms: list[JwtAlgorithm] = Field(default_factory=lambda: [_RS256])
+    jwt_secret: SecretStr | None = None
+    #: A JWKS document (``{"keys": [...]}``) with the RS256 public keys.
+    jwks_file: Path | None = None
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    #: The claim that names the principal.
+    jwt_principal_claim: str = "sub"
+
+
 class Settings(BaseSettings):
     """All settings of the bridge. See ``docs/configuration.md`` for each one."""
 
@@ -131,6 +155,16 @@ class Settings(BaseSettings):
     direct_result_timeout_s: float = Field(300.0, gt=0)
     #: How far back a worker reads the control topic at start (cancel requests, input answers).
     control_lookback_ms: int = Field(3_600_000, ge=0)
+
+    auth: AuthSettings = AuthSettings()
+    #: Hosts (``Host`` header, port ignored) and origins accepted by the MCP endpoint, against
+    #: DNS rebinding; loopback names are always accepted.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)
+    #: Largest JSON-RPC request body accepted.
+    max_request_bytes: int = Field(1024 * 1024, ge=1024)
+    #: Run the persisting index writer in this process (one writer per cluster; see docs).
+    index_writer: bool = True
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)

@@ -7,12 +7,14 @@ errors become -32602 without library text on the wire.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 __all__ = [
     "CLIENT_CAPS_META",
+    "CLIENT_INFO_META",
     "EVENTS_GONE",
     "HEADER_MISMATCH",
     "INTERNAL_ERROR",
@@ -29,10 +31,18 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TASKS_EXTENSION",
     "UNSUPPORTED_VERSION",
+    "InitializeParams",
     "JsonRpcRequest",
     "RpcError",
+    "TaskIdParams",
+    "TasksUpdateParams",
+    "ToolsCallParams",
+    "dumps",
     "error_response",
+    "has_capability",
+    "missing_capability",
     "result_response",
+    "tasks_capability",
 ]
 
 LATEST_VERSION = "2026-07-28"
@@ -97,3 +107,63 @@ def result_response(request_id: str | int | None, result: dict[str, Any]) -> dic
 
 def error_response(request_id: str | int | None, error: RpcError) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": error.error()}
+
+
+# --- params of the methods we serve (validated at the boundary) -----------------------------
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    meta: dict[str, Any] | None = Field(default=None, alias="_meta")
+
+
+class ToolsCallParams(_Params):
+    name: StrictStr
+    arguments: dict[str, Any] | None = None
+    input_responses: dict[str, Any] | None = Field(default=None, alias="inputResponses")
+    request_state: StrictStr | None = Field(default=None, alias="requestState")
+
+
+class TaskIdParams(_Params):
+    task_id: StrictStr = Field(alias="taskId", min_length=1, max_length=256)
+
+
+class TasksUpdateParams(TaskIdParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class InitializeParams(_Params):
+    protocol_version: StrictStr = Field(alias="protocolVersion")
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    client_info: dict[str, Any] | None = Field(default=None, alias="clientInfo")
+
+
+def dumps(message: dict[str, Any]) -> str:
+    """One line of compact JSON (SSE frames and some clients split bodies on newlines)."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def missing_capability(required: dict[str, Any]) -> RpcError:
+    return RpcError(
+        MISSING_CAPABILITY,
+        "Missing required client capability",
+        {"requiredCapabilities": required},
+        http_status=400,
+    )
+
+
+def tasks_capability() -> dict[str, Any]:
+    return {"extensions": {TASKS_EXTENSION: {}}}
+
+
+def has_capability(client_caps: dict[str, Any], required: dict[str, Any]) -> bool:
+    """True when every key of ``required`` (one level into ``extensions``) is declared."""
+    for key, value in required.items():
+        declared = client_caps.get(key)
+        if not isinstance(declared, dict):
+            return False
+        wanted = value if key == "extensions" and isinstance(value, dict) else {}
+        if any(not isinstance(declared.get(ext), dict) for ext in wanted):
+            return False
+    return True

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 #: How long a replica that does not know a task id catches up before saying "not found".
 _CATCH_UP_S = 5.0
 _WRITE_VISIBLE_S = 30.0
+TERMINAL_WIRE = frozenset({"completed", "failed", "cancelled"})
 
 
 class TaskNotFound(LookupError):
@@ -161,7 +163,7 @@ class TaskService:
         self._created_cache: _LRU[str, _Created] = _LRU(100_000)
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._owners = _Owners()
-        self._terminal_waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._watchers: dict[str, list[asyncio.Queue[IndexedEvent]]] = defaultdict(list)
         indexer.add_listener(self._on_event)
 
     async def start(self) -> None:
@@ -178,6 +180,8 @@ class TaskService:
     # --- the indexer's view, kept current -------------------------------------------------
 
     def _on_event(self, indexed: IndexedEvent) -> None:
+        for queue in self._watchers.get(indexed.task_id, ()):
+            queue.put_nowait(indexed)
         event = indexed.event
         if event.type == f"{self._prefix}.{EventSuffix.CREATED}":
             with contextlib.suppress(ValidationError):
@@ -188,20 +192,41 @@ class TaskService:
             status = TaskStatus.from_wire(event.payload.get("status"))
             if status in TERMINAL_STATUSES:
                 self._owners.finish(indexed.task_id)
-                for waiter in self._terminal_waiters.pop(indexed.task_id, []):
-                    if not waiter.done():
-                        waiter.set_result(None)
 
     # --- create --------------------------------------------------------------------------
 
-    async def create(self, tool: ToolSpec, arguments: dict[str, Any], principal: str) -> TaskView:
-        """Durably create a task for ``tool`` and hand its job to the workers."""
+    @contextlib.contextmanager
+    def watch(self, task_id: str) -> Iterator[asyncio.Queue[IndexedEvent]]:
+        """Every event of ``task_id`` indexed from now on, in seq order, while in the block."""
+        queue: asyncio.Queue[IndexedEvent] = asyncio.Queue()
+        self._watchers[task_id].append(queue)
+        try:
+            yield queue
+        finally:
+            watchers = self._watchers[task_id]
+            watchers.remove(queue)
+            if not watchers:
+                del self._watchers[task_id]
+
+    async def create(
+        self,
+        tool: ToolSpec,
+        arguments: dict[str, Any],
+        principal: str,
+        *,
+        task_id: str | None = None,
+        input_responses: dict[str, Any] | None = None,
+    ) -> TaskView:
+        """Durably create a task for ``tool`` and hand its job to the workers.
+
+        Pass ``task_id`` (from :func:`new_task_id`) to :meth:`watch` the task before it exists.
+        """
         owner = owner_digest(principal)
         now = time.time_ns() // 1_000_000
         limit = self.settings.max_active_tasks_per_principal
         if self._owners.count(owner, now) >= limit:
             raise TooManyTasks(limit)
-        task_id = new_task_id()
+        task_id = task_id or new_task_id()
         created = CreatedPayload(
             tool=tool.name,
             owner=owner,
@@ -218,6 +243,7 @@ class TaskService:
             task_id=task_id,
             tool=tool.name,
             arguments=arguments,
+            input_responses=input_responses,
             created_ms=now,
             partition=where.partition,
             offset=where.offset,
@@ -332,15 +358,20 @@ class TaskService:
         elif status.status == "input_required":
             view.input_requests = status.input_requests or {}
 
-    async def wait_terminal(self, task_id: str, principal: str) -> TaskView:
-        """Wait until the task is terminal (the caller bounds the wait)."""
-        while True:
-            waiter = asyncio.get_running_loop().create_future()
-            self._terminal_waiters[task_id].append(waiter)
+    async def wait_until(self, task_id: str, principal: str, statuses: frozenset[str]) -> TaskView:
+        """Wait until the task's status is one of ``statuses`` (the caller bounds the wait)."""
+        status_type = f"{self._prefix}.{EventSuffix.STATUS}"
+        with self.watch(task_id) as events:
             view = await self.get(task_id, principal)
-            if view.terminal:
-                return view
-            await waiter
+            while view.status not in statuses:
+                event = await events.get()
+                if event.event.type == status_type:
+                    view = await self.get(task_id, principal)
+            return view
+
+    async def wait_terminal(self, task_id: str, principal: str) -> TaskView:
+        """Wait until the task is completed, failed or cancelled (the caller bounds it)."""
+        return await self.wait_until(task_id, principal, TERMINAL_WIRE)
 
     # --- update / cancel -----------------------------------------------------------------
 

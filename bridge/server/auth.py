@@ -1,0 +1,114 @@
+"""Authentication: from an HTTP request to a principal name (or a 401).
+
+Modes: ``none`` (everyone is ``anonymous``), ``bearer`` (static tokens, compared in constant
+time), ``jwt`` (PyJWT; HS256 with a shared secret, RS256 with keys from a JWKS file). Tokens and
+secrets are never logged; errors say what is wrong without echoing the credential.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+import jwt
+from starlette.requests import Request
+
+from bridge.config import AuthSettings
+
+__all__ = ["Authenticator", "Unauthorized"]
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = "anonymous"
+
+
+class Unauthorized(Exception):
+    """No valid credential; the message is safe to show."""
+
+
+class Authenticator:
+    """Turns a request's ``Authorization`` header into a principal."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self.settings = settings
+        self._tokens: list[tuple[bytes, str]] = []
+        self._keys: dict[str, Any] = {}
+        if settings.mode == "bearer":
+            tokens = dict(settings.tokens)
+            if settings.tokens_file is not None:
+                tokens.update(_load_json(settings.tokens_file, "tokens file"))
+            if not tokens:
+                raise ValueError("auth mode 'bearer' needs auth.tokens or auth.tokens_file")
+            self._tokens = [(token.encode(), str(principal)) for token, principal in tokens.items()]
+        elif settings.mode == "jwt":
+            if "HS256" in settings.jwt_algorithms and settings.jwt_secret is None:
+                raise ValueError("auth.jwt_algorithms has HS256 but auth.jwt_secret is not set")
+            if "RS256" in settings.jwt_algorithms:
+                if settings.jwks_file is None:
+                    raise ValueError("auth.jwt_algorithms has RS256 but auth.jwks_file is not set")
+                jwks = jwt.PyJWKSet.from_dict(_load_json(settings.jwks_file, "JWKS file"))
+                self._keys = {key.key_id or f"key{i}": key.key for i, key in enumerate(jwks.keys)}
+
+    def principal(self, request: Request) -> str:
+        if self.settings.mode == "none":
+            return ANONYMOUS
+        header = request.headers.get("authorization", "")
+        scheme, _, credential = header.partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            raise Unauthorized("missing bearer token")
+        credential = credential.strip()
+        if self.settings.mode == "bearer":
+            return self._static(credential)
+        return self._jwt(credential)
+
+    def _static(self, credential: str) -> str:
+        given = credential.encode()
+        found = None
+        for token, principal in self._tokens:  # no early exit: constant time per token
+            if hmac.compare_digest(token, given):
+                found = principal
+        if found is None:
+            raise Unauthorized("invalid bearer token")
+        return found
+
+    def _jwt(self, credential: str) -> str:
+        s = self.settings
+        try:
+            header = jwt.get_unverified_header(credential)
+            algorithm = header.get("alg")
+            if algorithm not in s.jwt_algorithms:
+                raise Unauthorized("token algorithm not accepted")
+            if algorithm == "HS256":
+                assert s.jwt_secret is not None
+                key: Any = s.jwt_secret.get_secret_value()
+            else:
+                kid = header.get("kid")
+                key = self._keys.get(kid) if kid else next(iter(self._keys.values()), None)
+                if key is None:
+                    raise Unauthorized("token signed with an unknown key")
+            claims = jwt.decode(
+                credential,
+                key,
+                algorithms=[algorithm],
+                audience=s.jwt_audience,
+                issuer=s.jwt_issuer,
+                options={"require": ["exp"], "verify_aud": s.jwt_audience is not None},
+            )
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(f"invalid token ({type(exc).__name__})") from None
+        principal = claims.get(s.jwt_principal_claim)
+        if not isinstance(principal, str) or not principal:
+            raise Unauthorized(f"token has no {s.jwt_principal_claim!r} claim")
+        return principal
+
+
+def _load_json(path: Any, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the {what} {path}: {type(exc).__name__}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the {what} {path} must hold a JSON object")
+    return data
