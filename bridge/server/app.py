@@ -1,53 +1,113 @@
-"""The ASGI application: routes and the lifespan that owns Kafka clients.
+"""The ASGI application: routes, and the lifespan that owns the Kafka-side components.
 
-Health endpoints: ``/healthz`` answers while the process can serve HTTP (liveness);
-``/readyz`` answers 200 only once Kafka answers (readiness). The MCP endpoint is added by
-later modules; this one only wires them together.
+Start order: indexer (restores the seq index, then tails; the index writer if configured) →
+reader → task service → (optionally) in-process workers → HTTP. ``/healthz`` answers while the
+process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
+the log as it was at start (readiness), so a replica never serves a stale view.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bridge.config import Settings
-from bridge.kafka.clients import admin_client
+from bridge.config import Settings, ToolSpec
+from bridge.log.indexer import Indexer
+from bridge.log.reader import Reader
+from bridge.server.auth import Authenticator
+from bridge.server.mcp import McpEndpoint
+from bridge.tasks.service import TaskService
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "tool_catalog"]
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> Starlette:
-    """Build the bridge's ASGI app for ``settings``."""
-    state: dict[str, bool] = {"kafka": False}
+def tool_catalog(settings: Settings) -> list[ToolSpec]:
+    """The tools of the configured packs, then those declared in the settings."""
+    from bridge.workers.packs import pack_tools
+
+    tools: dict[str, ToolSpec] = {}
+    for tool in [*pack_tools(settings.tool_packs), *settings.tools]:
+        tools[tool.name] = tool
+    return list(tools.values())
+
+
+def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
+    """Build the bridge's ASGI app; ``with_workers`` also runs the packs' workers in-process."""
+    auth = Authenticator(settings.auth)
+    tools = tool_catalog(settings)
+    state: dict[str, object] = {"ready": False}
+    holder: dict[str, McpEndpoint] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        admin = admin_client(settings)
-        try:
-            await admin.start()
-            state["kafka"] = True
-            log.info("connected to Kafka at %s", settings.kafka_bootstrap_servers)
-            yield
-        finally:
-            state["kafka"] = False
-            await admin.close()
+        async with contextlib.AsyncExitStack() as stack:
+            indexer = Indexer(settings, persist=settings.index_writer)
+            await indexer.start()
+            stack.push_async_callback(indexer.stop)
+            reader = Reader(settings, indexer)
+            stack.push_async_callback(reader.close)
+            service = TaskService(settings, indexer, reader, {t.name: t for t in tools})
+            await service.start()
+            stack.push_async_callback(service.stop)
+            holder["mcp"] = McpEndpoint(settings, service, tools, auth)
+            if with_workers:
+                await _start_workers(settings, stack)
+            async with asyncio.timeout(300):
+                await indexer.catch_up()
+            state["ready"] = True
+            log.info(
+                "bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers
+            )
+            try:
+                yield
+            finally:
+                state["ready"] = False
+
+    async def mcp_post(request: Request) -> Response:
+        return await holder["mcp"].post(request)
+
+    async def mcp_other(request: Request) -> Response:
+        return await holder["mcp"].not_allowed(request)
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> JSONResponse:
-        ready = state["kafka"]
+        ready = bool(state["ready"])
         return JSONResponse({"status": "ready" if ready else "starting"}, 200 if ready else 503)
 
     return Starlette(
-        routes=[Route("/healthz", healthz), Route("/readyz", readyz)],
+        routes=[
+            Route("/mcp", mcp_post, methods=["POST"]),
+            Route("/mcp", mcp_other, methods=["GET", "DELETE"]),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+        ],
         lifespan=lifespan,
     )
+
+
+async def _start_workers(settings: Settings, stack: contextlib.AsyncExitStack) -> None:
+    from bridge.workers.packs import pack_handlers
+    from bridge.workers.sdk import Worker
+
+    worker = Worker(settings, pack_handlers(settings.tool_packs))
+    await worker.start()
+    stack.push_async_callback(worker.stop)
+    runner = asyncio.create_task(worker.run(), name="in-process-workers")
+
+    async def stop_runner() -> None:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    stack.push_async_callback(stop_runner)
