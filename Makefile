@@ -2,10 +2,13 @@
 # Both set up what they need on a fresh machine: a virtualenv, the package, and (for tests) kcat.
 
 PYTHON ?= python3
+# The official MCP conformance suite and the Node 22 it needs, from the npm registry.
+CONFORMANCE_VERSION := 0.2.0-alpha.12
+export MCP_CONFORMANCE_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/conformance-$(CONFORMANCE_VERSION)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint venv venv-test system-deps clean
+.PHONY: demo test lint venv venv-test system-deps conformance-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +29,14 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat >/dev/null; }
 
+conformance-deps:
+	@command -v npm >/dev/null || { echo "npm is needed to install the conformance suite"; exit 1; }
+	@test -x "$(MCP_CONFORMANCE_DIR)/node_modules/.bin/node" && test -f "$(MCP_CONFORMANCE_DIR)/node_modules/@modelcontextprotocol/conformance/dist/index.js" || { \
+	  echo "installing @modelcontextprotocol/conformance@$(CONFORMANCE_VERSION) and node@22 into $(MCP_CONFORMANCE_DIR)"; \
+	  mkdir -p "$(MCP_CONFORMANCE_DIR)" && cd "$(MCP_CONFORMANCE_DIR)" && \
+	  { test -f package.json || echo '{"name":"bridge-conformance","private":true}' > package.json; } && \
+	  npm install --no-audit --no-fund --loglevel=error @modelcontextprotocol/conformance@$(CONFORMANCE_VERSION) node@22; }
+
 demo: venv
 	$(BIN)/bridge demo
 
@@ -34,7 +45,7 @@ lint: venv-test
 	$(BIN)/ruff format --check bridge tests bench
 	$(BIN)/mypy
 
-test: venv-test system-deps lint
+test: venv-test system-deps conformance-deps lint
 	$(BIN)/pytest
 
 clean:
