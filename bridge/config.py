@@ -163,6 +163,11 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list)
     #: Largest JSON-RPC request body accepted.
     max_request_bytes: int = Field(1024 * 1024, ge=1024)
+    #: tasks/stream: concurrent streams per principal, events buffered per stream before it
+    #: falls back to catch-up reads, and the idle time after which a keep-alive comment is sent.
+    max_streams_per_principal: int = Field(32, ge=1)
+    stream_queue_size: int = Field(1024, ge=1)
+    stream_keepalive_s: float = Field(15.0, gt=0)
     #: Run the persisting index writer in this process (one writer per cluster; see docs).
     index_writer: bool = True
 

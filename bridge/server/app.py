@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,6 +24,7 @@ from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.server.auth import Authenticator
 from bridge.server.mcp import McpEndpoint
+from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
 
 __all__ = ["create_app", "tool_catalog"]
@@ -45,7 +47,7 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
     auth = Authenticator(settings.auth)
     tools = tool_catalog(settings)
     state: dict[str, object] = {"ready": False}
-    holder: dict[str, McpEndpoint] = {}
+    holder: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -58,7 +60,9 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
             service = TaskService(settings, indexer, reader, {t.name: t for t in tools})
             await service.start()
             stack.push_async_callback(service.stop)
-            holder["mcp"] = McpEndpoint(settings, service, tools, auth)
+            hub = StreamHub(settings, indexer, reader)
+            holder["hub"] = hub
+            holder["mcp"] = McpEndpoint(settings, service, tools, auth, hub)
             if with_workers:
                 await _start_workers(settings, stack)
             async with asyncio.timeout(300):
@@ -73,10 +77,13 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
                 state["ready"] = False
 
     async def mcp_post(request: Request) -> Response:
-        return await holder["mcp"].post(request)
+        return await holder["mcp"].post(request)  # type: ignore[no-any-return]
 
-    async def mcp_other(request: Request) -> Response:
-        return await holder["mcp"].not_allowed(request)
+    async def mcp_get(request: Request) -> Response:
+        return await holder["mcp"].get(request)  # type: ignore[no-any-return]
+
+    async def mcp_delete(request: Request) -> Response:
+        return await holder["mcp"].not_allowed(request)  # type: ignore[no-any-return]
 
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -85,15 +92,18 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
         ready = bool(state["ready"])
         return JSONResponse({"status": "ready" if ready else "starting"}, 200 if ready else 503)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/mcp", mcp_post, methods=["POST"]),
-            Route("/mcp", mcp_other, methods=["GET", "DELETE"]),
+            Route("/mcp", mcp_get, methods=["GET"]),
+            Route("/mcp", mcp_delete, methods=["DELETE"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
         ],
         lifespan=lifespan,
     )
+    app.state.components = holder
+    return app
 
 
 async def _start_workers(settings: Settings, stack: contextlib.AsyncExitStack) -> None:

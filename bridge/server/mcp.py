@@ -33,8 +33,10 @@ from bridge import __version__
 from bridge.config import Settings, ToolSpec
 from bridge.constants import EventSuffix
 from bridge.server.auth import Authenticator, Unauthorized
+from bridge.server.streams import StreamHub, decode_cursor, encode_cursor
 from bridge.server.wire import (
     CLIENT_CAPS_META,
+    EVENTS_GONE,
     HEADER_MISMATCH,
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -52,6 +54,7 @@ from bridge.server.wire import (
     JsonRpcRequest,
     RpcError,
     TaskIdParams,
+    TasksStreamParams,
     TasksUpdateParams,
     ToolsCallParams,
     dumps,
@@ -64,7 +67,7 @@ from bridge.server.wire import (
 from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskNotFound, TaskService, TaskView, TooManyTasks
 
-__all__ = ["McpEndpoint", "Streamed"]
+__all__ = ["Frame", "McpEndpoint", "Streamed"]
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +87,19 @@ _NAME_PARAM = {
 
 
 @dataclass
-class Streamed:
-    """A response sent as ``text/event-stream``: each yielded message is one SSE event."""
+class Frame:
+    """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive."""
 
-    messages: AsyncIterator[dict[str, Any]]
+    message: dict[str, Any] | None
+    event_id: str | None = None
+
+
+@dataclass
+class Streamed:
+    """A response sent as ``text/event-stream``: each yielded item is one SSE event."""
+
+    messages: AsyncIterator[dict[str, Any] | Frame]
+    request_id: str | int | None = None
 
 
 @dataclass
@@ -145,10 +157,16 @@ class McpEndpoint:
     """Serves ``/mcp``; one instance per app."""
 
     def __init__(
-        self, settings: Settings, service: TaskService, tools: list[ToolSpec], auth: Authenticator
+        self,
+        settings: Settings,
+        service: TaskService,
+        tools: list[ToolSpec],
+        auth: Authenticator,
+        hub: StreamHub,
     ) -> None:
         self.settings = settings
         self.service = service
+        self.hub = hub
         self.tools = {tool.name: tool for tool in tools}
         self.tool_order = [tool.name for tool in tools]
         self.auth = auth
@@ -173,6 +191,7 @@ class McpEndpoint:
             "tasks/get": self.tasks_get,
             "tasks/update": self.tasks_update,
             "tasks/cancel": self.tasks_cancel,
+            "tasks/stream": self.tasks_stream,
         }
         self.legacy: dict[str, Handler] = {
             "initialize": self.initialize,
@@ -277,8 +296,14 @@ class McpEndpoint:
 
     async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[str]:
         try:
-            async for message in outcome.messages:
-                yield f"event: message\ndata: {dumps(message)}\n\n"
+            async for item in outcome.messages:
+                frame = item if isinstance(item, Frame) else Frame(item)
+                if frame.message is None:
+                    yield ": keep-alive\n\n"
+                elif frame.event_id is not None:
+                    yield f"id: {frame.event_id}\nevent: message\ndata: {dumps(frame.message)}\n\n"
+                else:
+                    yield f"event: message\ndata: {dumps(frame.message)}\n\n"
         except RpcError as exc:
             yield f"event: message\ndata: {dumps(error_response(request_id, exc))}\n\n"
         except Exception:
@@ -287,6 +312,57 @@ class McpEndpoint:
 
     async def not_allowed(self, request: Request) -> Response:
         return Response(status_code=405, headers={"Allow": "POST"})
+
+    async def get(self, request: Request) -> Response:
+        """Transport-level resume: ``GET /mcp`` with ``Last-Event-ID`` continues a tasks/stream."""
+        cursor = request.headers.get("last-event-id")
+        if cursor is None:
+            return Response(status_code=405, headers={"Allow": "POST"})
+        if not self._origin_allowed(request):
+            return JSONResponse({"error": "forbidden host or origin"}, status_code=403)
+        try:
+            principal = self.auth.principal(request)
+        except Unauthorized as exc:
+            return JSONResponse(
+                {"error": str(exc)},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
+            )
+        try:
+            request_id, task_id, seq = decode_cursor(cursor.strip())
+        except ValueError:
+            return self._json(
+                error_response(
+                    None, RpcError(INVALID_PARAMS, "Last-Event-ID is not a stream cursor")
+                ),
+                400,
+            )
+        try:
+            await self.service.get(task_id, principal)
+            await self.hub.check_cursor(task_id, seq)
+            self.hub.check_admission(principal, task_id)
+        except TaskNotFound as exc:
+            return self._json(
+                error_response(
+                    request_id, RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
+                ),
+                404,
+            )
+        except RpcError as exc:
+            status = (
+                410
+                if exc.code == EVENTS_GONE
+                else (exc.http_status if exc.http_status != 200 else 400)
+            )
+            if exc.code == EVENTS_GONE:
+                self.hub.stats.opened["gone"] += 1
+            return self._json(error_response(request_id, exc), status)
+        outcome = Streamed(self._stream_frames(principal, request_id, task_id, seq), request_id)
+        return StreamingResponse(
+            self._sse(outcome, request_id),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     # --- dispatch ------------------------------------------------------------------------
 
@@ -610,6 +686,43 @@ class McpEndpoint:
         params = TasksUpdateParams.model_validate(call.params)
         await self.service.update(params.task_id, call.principal, params.input_responses)
         return {}
+
+    async def tasks_stream(self, call: Call) -> Outcome:
+        self._require_tasks(call)
+        try:
+            params = TasksStreamParams.model_validate(call.params)
+        except ValidationError:
+            raise RpcError(
+                INVALID_PARAMS,
+                "tasks/stream needs a taskId string and, optionally, after: a non-negative integer",
+            ) from None
+        await self.service.get(params.task_id, call.principal)  # same authorization as tasks/get
+        try:
+            await self.hub.check_cursor(params.task_id, params.after)
+        except RpcError as exc:
+            if exc.code == EVENTS_GONE:
+                self.hub.stats.opened["gone"] += 1
+            raise
+        self.hub.check_admission(call.principal, params.task_id)
+        assert call.rpc.id is not None
+        return Streamed(
+            self._stream_frames(call.principal, call.rpc.id, params.task_id, params.after),
+            call.rpc.id,
+        )
+
+    async def _stream_frames(
+        self, principal: str, request_id: str | int, task_id: str, after: int | None
+    ) -> AsyncIterator[Frame]:
+        async for item in self.hub.events(principal, task_id, after):
+            if item is None:
+                yield Frame(None)
+                continue
+            seq, event = item
+            yield Frame(
+                self.hub.notification(task_id, seq, event), encode_cursor(request_id, task_id, seq)
+            )
+        if not self.hub.draining.is_set():
+            yield Frame(result_response(request_id, {"resultType": "complete"}))
 
     async def tasks_cancel(self, call: Call) -> Outcome:
         self._require_tasks(call)

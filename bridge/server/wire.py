@@ -35,6 +35,7 @@ __all__ = [
     "JsonRpcRequest",
     "RpcError",
     "TaskIdParams",
+    "TasksStreamParams",
     "TasksUpdateParams",
     "ToolsCallParams",
     "dumps",
@@ -131,6 +132,10 @@ class TaskIdParams(_Params):
 
 class TasksUpdateParams(TaskIdParams):
     input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class TasksStreamParams(TaskIdParams):
+    after: StrictInt | None = Field(default=None, ge=0)
 
 
 class InitializeParams(_Params):

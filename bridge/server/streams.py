@@ -1,0 +1,274 @@
+"""tasks/stream (SEP-2694): resumable, gap-free task event streams served from Kafka.
+
+The :class:`StreamHub` is one listener on the process's indexer, whose tail is the only Kafka
+reader of live events: every indexed event is offered to the streams of its task through a
+bounded queue, never blocking the tail. A stream first registers for live events, then reads
+history through the :class:`~bridge.log.reader.Reader` (checkpoint seek), then drains its
+queue; it delivers exactly ``last + 1`` each time, so nothing is skipped or repeated across the
+hand-off. A stream whose queue overflows (its client reads slowly) drops back to catch-up
+reads from Kafka until it is level again; no event is lost for anyone.
+
+A stream ends with the empty result once the task's terminal status event (the first one, as
+the index folds it) has been delivered. Closing the HTTP stream ends only the stream; the task
+goes on. "Connection" on stateless HTTP is defined as the principal: one active stream per
+(principal, task) per replica (see docs/tasks-stream.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.config import Settings
+from bridge.constants import EventSuffix
+from bridge.envelope import TaskEvent
+from bridge.log.indexer import IndexedEvent, Indexer
+from bridge.log.reader import EventsGone, Reader, SeqUntrusted
+from bridge.server.wire import (
+    EVENTS_GONE,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    RELATED_TASK_META,
+    RpcError,
+)
+
+__all__ = ["StreamHub", "decode_cursor", "encode_cursor", "events_gone_error"]
+
+log = logging.getLogger(__name__)
+
+_CURSOR_PREFIX = "v1."
+
+
+def encode_cursor(request_id: str | int, task_id: str, seq: int) -> str:
+    """The SSE ``id`` of an event: opaque to clients, it names the request, task and seq."""
+    raw = f"{type(request_id).__name__[0]}{request_id}\x00{task_id}\x00{seq}".encode()
+    return _CURSOR_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str | int, str, int]:
+    """``(request id, task id, seq)``; ValueError for anything that is not our cursor."""
+    if not cursor.startswith(_CURSOR_PREFIX):
+        raise ValueError("not a stream cursor")
+    body = cursor[len(_CURSOR_PREFIX) :]
+    try:
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+        rid, task_id, seq_text = raw.split("\x00")
+        seq = int(seq_text)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ValueError("not a stream cursor") from None
+    if seq < 0 or not task_id or not rid:
+        raise ValueError("not a stream cursor")
+    request_id: str | int = int(rid[1:]) if rid[0] == "i" else rid[1:]
+    return request_id, task_id, seq
+
+
+def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200) -> RpcError:
+    return RpcError(
+        EVENTS_GONE,
+        "Task events are no longer available",
+        {"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest_seq},
+        http_status=http_status,
+    )
+
+
+@dataclass(eq=False)
+class _Subscription:
+    task_id: str
+    queue: asyncio.Queue[IndexedEvent]
+    overflowed: bool = False
+
+
+@dataclass
+class StreamStats:
+    """Counters the metrics module exports."""
+
+    opened: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    delivered: int = 0
+    catchup_reads: int = 0
+    overflows: int = 0
+
+
+class StreamHub:
+    """Fans the indexer's live events out to the active streams of this process."""
+
+    def __init__(self, settings: Settings, indexer: Indexer, reader: Reader) -> None:
+        self.settings = settings
+        self.indexer = indexer
+        self.reader = reader
+        self.stats = StreamStats()
+        self.draining = asyncio.Event()
+        self._subs: dict[str, set[_Subscription]] = defaultdict(set)
+        self._active: dict[tuple[str, str], int] = {}
+        self._per_principal: dict[str, int] = defaultdict(int)
+        self._status_type = f"{settings.event_type_prefix}.{EventSuffix.STATUS}"
+        indexer.add_listener(self._on_event)
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._active)
+
+    def _on_event(self, indexed: IndexedEvent) -> None:
+        for sub in self._subs.get(indexed.task_id, ()):
+            if sub.overflowed:
+                continue
+            try:
+                sub.queue.put_nowait(indexed)
+            except asyncio.QueueFull:
+                sub.overflowed = True  # the stream re-reads from Kafka; the tail never waits
+                self.stats.overflows += 1
+
+    # --- admission -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _admit(self, principal: str, task_id: str) -> Any:
+        key = (principal, task_id)
+        if key in self._active:
+            raise RpcError(
+                INVALID_PARAMS,
+                "a tasks/stream for this task is already active on this connection; cancel it first",
+                {"reason": "stream_active", "taskId": task_id},
+            )
+        limit = self.settings.max_streams_per_principal
+        if self._per_principal[principal] >= limit:
+            raise RpcError(
+                INVALID_REQUEST,
+                f"too many active streams for this principal (limit {limit})",
+                {"reason": "too_many_streams", "limit": limit},
+                http_status=429,
+            )
+        self._active[key] = 1
+        self._per_principal[principal] += 1
+        try:
+            yield
+        finally:
+            del self._active[key]
+            self._per_principal[principal] -= 1
+            if not self._per_principal[principal]:
+                del self._per_principal[principal]
+
+    # --- one stream ----------------------------------------------------------------------
+
+    def check_admission(self, principal: str, task_id: str) -> None:
+        """Refuse early (before the SSE response starts) what :meth:`events` would refuse."""
+        with self._admit(principal, task_id):
+            pass
+
+    async def check_cursor(self, task_id: str, after: int | None) -> None:
+        """Raise events_gone / refuse untrusted seq before any byte of the stream is sent."""
+        if after is None:
+            return
+        try:
+            earliest = await self.reader.earliest_seq(task_id)
+        except SeqUntrusted as exc:
+            raise RpcError(
+                INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
+            ) from None
+        if after + 1 < earliest:
+            raise events_gone_error(task_id, earliest)
+
+    async def events(
+        self, principal: str, task_id: str, after: int | None
+    ) -> AsyncIterator[tuple[int, TaskEvent] | None]:
+        """The stream's events in seq order; ``None`` items are keep-alive ticks.
+
+        Ends after the task's terminal status event, or at once for a terminal task with
+        nothing after the cursor. Raises :class:`RpcError` for events_gone found mid-stream.
+        """
+        with self._admit(principal, task_id):
+            self.stats.opened["fresh" if after is None else "resume"] += 1
+            sub = _Subscription(task_id, asyncio.Queue(maxsize=self.settings.stream_queue_size))
+            self._subs[task_id].add(sub)
+            try:
+                async for item in self._run(sub, task_id, after):
+                    yield item
+            finally:
+                subs = self._subs[task_id]
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[task_id]
+
+    def _terminal_offset(self, task_id: str) -> int | None:
+        found = self.indexer.lookup(task_id)
+        if found is None or not found[1].terminal:
+            return None
+        return found[1].status_offset
+
+    async def _run(
+        self, sub: _Subscription, task_id: str, after: int | None
+    ) -> AsyncIterator[tuple[int, TaskEvent] | None]:
+        last = -1 if after is None else after
+        first_read = after is None
+        keepalive = self.settings.stream_keepalive_s
+        while True:
+            # Catch up from Kafka: history, or what the queue dropped while the client was slow.
+            sub.overflowed = False
+            while not sub.queue.empty():
+                sub.queue.get_nowait()
+            self.stats.catchup_reads += 1
+            try:
+                reading = self.reader.read(task_id, None if first_read else last)
+                async for event in reading:
+                    if event.seq <= last:
+                        continue
+                    last = event.seq
+                    self.stats.delivered += 1
+                    yield event.seq, event.event
+                    if self._ends(task_id, event.offset, event.event):
+                        return
+            except EventsGone as exc:
+                raise events_gone_error(task_id, exc.earliest_seq) from None
+            except SeqUntrusted as exc:
+                raise RpcError(
+                    INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
+                ) from None
+            first_read = False
+            found = self.indexer.lookup(task_id)
+            if found is not None and found[1].terminal and found[1].next_seq <= last + 1:
+                return  # terminal, and nothing after the cursor
+            # Live: drain the queue, delivering exactly last + 1 each time.
+            while not sub.overflowed:
+                if self.draining.is_set():
+                    return
+                try:
+                    async with asyncio.timeout(keepalive):
+                        indexed = await sub.queue.get()
+                except TimeoutError:
+                    yield None
+                    continue
+                if indexed.seq <= last:
+                    continue
+                if indexed.seq > last + 1:
+                    break  # a gap: re-read from Kafka
+                last = indexed.seq
+                self.stats.delivered += 1
+                yield indexed.seq, indexed.event
+                if self._ends(task_id, indexed.offset, indexed.event):
+                    return
+
+    def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
+        return event.type == self._status_type and self._terminal_offset(task_id) == offset
+
+    # --- wire --------------------------------------------------------------------------
+
+    @staticmethod
+    def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
+        meta = dict(event.meta or {})
+        meta[RELATED_TASK_META] = {"taskId": task_id}
+        return {
+            "jsonrpc": "2.0",
+            "method": "notifications/tasks/event",
+            "params": {
+                "seq": seq,
+                "taskId": task_id,
+                "type": event.type,
+                "payload": event.payload,
+                "_meta": meta,
+            },
+        }
