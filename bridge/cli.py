@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -179,6 +180,72 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# --- workers ---------------------------------------------------------------------------------
+
+
+async def run_workers(
+    settings: Settings, packs: list[str], concurrency: int, session_timeout_ms: int | None
+) -> None:
+    """Run the handlers of ``packs`` until SIGINT/SIGTERM; jobs in flight then go to others."""
+    import signal
+
+    from bridge.kafka.clients import admin_client
+    from bridge.kafka.topics import TopicLayoutError, ensure_topics
+    from bridge.workers.packs import UnknownPack, pack_handlers, pack_tools
+    from bridge.workers.sdk import Worker
+
+    try:
+        handlers = pack_handlers(packs)
+        specs = pack_tools(packs)
+    except (UnknownPack, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    job_topics = {s.name: s.job_topic or settings.topics.jobs(s.name) for s in specs}
+    # The job topics must exist before the group subscribes: a consumer notices topics created
+    # later only at its next metadata refresh (minutes).
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        await ensure_topics(admin, settings, job_topics=job_topics.values())
+    except TopicLayoutError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        await admin.close()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    worker = Worker(
+        settings,
+        handlers,
+        concurrency=concurrency,
+        job_topics=job_topics,
+        session_timeout_ms=session_timeout_ms,
+    )
+    async with worker:
+        runner = asyncio.create_task(worker.run(), name="worker-run")
+        stopping = asyncio.create_task(stop.wait())
+        print(
+            f"workers running: packs {', '.join(packs)}; {len(handlers)} tools; group "
+            f"{worker.group_id}; concurrency {concurrency}",
+            flush=True,
+        )
+        await asyncio.wait({runner, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner  # re-raises if the worker itself failed
+    print(f"workers stopped after {worker.completed} jobs", flush=True)
+
+
+def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
+    if args.concurrency < 1:
+        raise UserError("--concurrency must be at least 1")
+    packs = args.pack or settings.tool_packs
+    asyncio.run(run_workers(with_kafka(settings), packs, args.concurrency, args.session_timeout_ms))
+    return 0
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
@@ -215,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--host")
     demo.add_argument("--port", type=int)
     demo.set_defaults(func=cmd_demo)
+
+    workers = sub.add_parser("workers", help="run the tool jobs of built-in worker packs")
+    workers.add_argument(
+        "--pack", action="append", help="a pack to run (repeatable; default: settings.tool_packs)"
+    )
+    workers.add_argument("--concurrency", type=int, default=32, help="jobs run at once")
+    workers.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        help="consumer group session timeout: how soon a dead worker's jobs move to others",
+    )
+    workers.set_defaults(func=cmd_workers)
     return parser
 
 

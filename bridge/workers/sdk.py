@@ -8,9 +8,10 @@ returns the tool's ``CallToolResult``; it can ``emit`` events, set a ``status`` 
 for input and observe ``ctx.cancelled``. Raising :class:`JobError` fails the task with that
 JSON-RPC error; any other exception fails it with -32603.
 
-A retried job runs again from the start: events of the crashed attempt stay in the log (seq is
-derived, so nothing is corrupted), answers already given are reused by ``ask`` and a job whose
-"finished" mark is in the control topic is not run twice.
+A worker that stops (SIGTERM) cancels its jobs in flight without reporting anything, leaving
+them to the rest of the group. A retried job runs again from the start: events of the crashed
+attempt stay in the log (seq is derived, so nothing is corrupted), answers already given are
+reused by ``ask`` and a job whose "finished" mark is in the control topic is not run twice.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+from aiokafka.abc import ConsumerRebalanceListener
 from pydantic import ValidationError
 
 from bridge.config import Settings
@@ -33,12 +35,13 @@ from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
     ConsumerRecord,
+    KafkaError,
     TopicPartition,
     committed_consumer,
     idempotent_producer,
 )
 from bridge.kafka.topics import topic_partition_ids
-from bridge.log.publisher import TaskEventPublisher
+from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest, StatusPayload
 
 __all__ = ["Handler", "JobContext", "JobError", "Worker"]
@@ -70,6 +73,10 @@ class _TaskControl:
     cancelled: bool = False
     finished: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def is_finished(self) -> bool:
+        """Whether a worker has written the task's outcome (read anew after every await)."""
+        return self.finished
 
     def apply(self, message: ControlMessage) -> None:
         if message.type == "cancel":
@@ -150,7 +157,12 @@ Handler = Callable[[JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
 
 class Worker:
-    """Runs the handlers' jobs; ``async with Worker(settings, handlers) as w: await w.run()``."""
+    """Runs the handlers' jobs; ``async with Worker(settings, handlers) as w: await w.run()``.
+
+    Cancel the task running :meth:`run` before leaving the ``async with`` block (or calling
+    :meth:`stop`): stopping cancels the jobs in flight without reporting anything, so another
+    worker of the group runs them again.
+    """
 
     def __init__(
         self,
@@ -160,24 +172,36 @@ class Worker:
         group_id: str | None = None,
         concurrency: int = 32,
         job_topics: dict[str, str] | None = None,
+        session_timeout_ms: int | None = None,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self.settings = settings
         self.handlers = handlers
         self.group_id = group_id or f"{settings.topics.prefix}.workers"
+        self.concurrency = concurrency
+        #: How fast the group notices that this worker died (its jobs then move to others).
+        self.session_timeout_ms = session_timeout_ms
         self.topics = {
             tool: (job_topics or {}).get(tool) or settings.topics.jobs(tool) for tool in handlers
         }
         self.publisher = TaskEventPublisher(settings)
-        self._slots = asyncio.Semaphore(concurrency)
         self._jobs: AIOKafkaConsumer | None = None
         self._control_consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._control: dict[str, _TaskControl] = defaultdict(_TaskControl)
         self._running: dict[str, tuple[asyncio.Task[dict[str, Any]], JobContext]] = {}
+        #: Per partition: offsets fetched and not finished (queued or running).
         self._pending: dict[TopicPartition, set[int]] = defaultdict(set)
+        #: Per partition: offsets finished here and not yet committed (skipped if re-fetched).
         self._done: dict[TopicPartition, set[int]] = defaultdict(set)
+        #: Per partition: the offset after the last record fetched since the last assignment.
+        self._fetched: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        #: Records waiting for a free slot, in fetch order.
+        self._queue: deque[tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = deque()
+        self._job_tasks: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
-        self._control_ready = asyncio.Event()
         self.completed = 0
 
     async def __aenter__(self) -> Self:
@@ -193,10 +217,21 @@ class Worker:
         await self.stop()
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         await self.publisher.start()
         self._producer = idempotent_producer(self.settings, role="worker")
         await self._producer.start()
         await self._start_control()
+        group: dict[str, Any] = {}
+        if self.session_timeout_ms is not None:
+            group["session_timeout_ms"] = self.session_timeout_ms
+            group["heartbeat_interval_ms"] = max(100, self.session_timeout_ms // 4)
         self._jobs = committed_consumer(
             self.settings,
             role="worker",
@@ -204,21 +239,31 @@ class Worker:
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             max_poll_interval_ms=600_000,
+            **group,
         )
-        self._jobs.subscribe(list(self.topics.values()))
+        self._jobs.subscribe(list(self.topics.values()), listener=_Rebalance(self))
         await self._jobs.start()
 
     async def stop(self) -> None:
-        for task in [*(t for t, _ in self._running.values()), *self._background]:
+        """Cancel the jobs in flight (they stay uncommitted, for another worker) and close."""
+        for task in [*self._job_tasks, *self._background]:
             task.cancel()
-        for task in [*(t for t, _ in self._running.values()), *self._background]:
+        for task in [*self._job_tasks, *self._background]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._job_tasks.clear()
+        self._background.clear()
+        if self._jobs is not None:
+            # Commit what finished here (cancelled jobs stay uncommitted), then leave the group.
+            with contextlib.suppress(Exception):
+                await self._commit(self._jobs, self._jobs.assignment())
         for client in (self._jobs, self._control_consumer):
             if client is not None:
                 await client.stop()
+        self._jobs = self._control_consumer = None
         if self._producer is not None:
             await self._producer.stop()
+            self._producer = None
         await self.publisher.stop()
 
     # --- control topic -------------------------------------------------------------------
@@ -276,33 +321,84 @@ class Worker:
         )
 
     async def run(self) -> None:
-        """Take jobs until cancelled."""
+        """Take jobs until cancelled.
+
+        At most ``concurrency`` jobs run at once. While every slot is taken the job partitions
+        are paused, but the consumer keeps polling, so the group does not drop a worker whose
+        jobs wait a long time (for input, say) and hand its jobs to another worker.
+        """
         consumer = self._jobs
         assert consumer is not None, "worker not started"
         while True:
-            batches = await consumer.getmany(timeout_ms=500)
+            self._start_queued()
+            assigned = consumer.assignment()
+            if self._queue:
+                consumer.pause(*assigned)
+            else:
+                consumer.resume(*(assigned & consumer.paused()))
+            batches = await consumer.getmany(timeout_ms=100 if self._queue else 500)
             for tp, records in batches.items():
+                pending, done = self._pending[tp], self._done[tp]
                 for record in records:
-                    await self._slots.acquire()
-                    self._pending[tp].add(record.offset)
-                    task = asyncio.create_task(self._run_job(tp, record))
-                    task.add_done_callback(lambda _t: self._slots.release())
-            await self._commit(consumer)
+                    # After a rebalance the partition is read again from the committed
+                    # offset: never start a second copy of a job this worker has.
+                    if record.offset not in pending and record.offset not in done:
+                        pending.add(record.offset)
+                        self._queue.append((tp, record))
+                if records:
+                    self._fetched[tp] = records[-1].offset + 1
+            self._start_queued()
+            await self._commit(consumer, consumer.assignment())
 
-    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
-        """Commit, per partition, up to the first job that has not finished."""
+    def _start_queued(self) -> None:
+        while self._queue and len(self._job_tasks) < self.concurrency:
+            tp, record = self._queue.popleft()
+            task = asyncio.create_task(self._run_job(tp, record))
+            self._job_tasks.add(task)
+            task.add_done_callback(self._job_tasks.discard)
+
+    def _commit_point(self, tp: TopicPartition) -> int | None:
+        """The offset to commit for ``tp``: its first unfinished job, else all it fetched."""
+        pending = self._pending.get(tp)
+        if pending:
+            return min(pending)
+        return self._fetched.get(tp)
+
+    async def _commit(self, consumer: AIOKafkaConsumer, partitions: set[TopicPartition]) -> None:
         offsets = {}
-        for tp, done in self._done.items():
-            pending = self._pending[tp]
-            if not done:
-                continue
-            lowest_pending = min(pending) if pending else None
-            finished = [o for o in done if lowest_pending is None or o < lowest_pending]
-            if finished:
-                offsets[tp] = max(finished) + 1
-                done.difference_update(finished)
-        if offsets:
+        for tp in partitions:
+            point = self._commit_point(tp)
+            if point is not None and point > self._committed.get(tp, -1):
+                offsets[tp] = point
+        if not offsets:
+            return
+        try:
             await consumer.commit(offsets)
+        except KafkaError as exc:  # e.g. a rebalance in progress; the next round retries
+            log.warning("could not commit job offsets (%s); will retry", exc)
+            return
+        for tp, point in offsets.items():
+            self._committed[tp] = point
+            self._done[tp] = {o for o in self._done[tp] if o >= point}
+
+    async def _revoked(self, consumer: AIOKafkaConsumer, revoked: set[TopicPartition]) -> None:
+        """Before a rebalance: commit what is finished, forget the queued (unstarted) jobs."""
+        await self._commit(consumer, revoked)
+        dropped = [(tp, r) for tp, r in self._queue if tp in revoked]
+        self._queue = deque((tp, r) for tp, r in self._queue if tp not in revoked)
+        for tp, record in dropped:
+            self._pending[tp].discard(record.offset)
+        for tp in revoked:
+            # Positions restart from the committed offsets; jobs still running here stay in
+            # _pending (so they are not started twice if the partition comes back).
+            self._fetched.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    def _assigned(self, assigned: set[TopicPartition]) -> None:
+        """After a rebalance: forget partitions that went elsewhere and have no job here."""
+        for tp in [tp for tp in self._pending if tp not in assigned and not self._pending[tp]]:
+            del self._pending[tp]
+            self._done.pop(tp, None)
 
     async def _run_job(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> None:
         try:
@@ -310,16 +406,24 @@ class Worker:
         except ValidationError:
             log.error("skipping an unreadable job request at %s offset %d", tp, record.offset)
             job = None
-        try:
-            if job is not None:
+        if job is not None:
+            # Cancellation (the worker stopping) leaves the job unfinished: not marked done,
+            # so its offset is never committed and another worker runs it.
+            try:
                 await self._execute(job)
-        finally:
-            self._pending[tp].discard(record.offset)
-            self._done[tp].add(record.offset)
+            except Exception:
+                # A bug, not a tool failure (those become statuses): keep the job pending, so
+                # its offset is not committed and a restarted worker runs it again.
+                log.exception(
+                    "job of task %s at %s offset %d broke", job.task_id, tp, record.offset
+                )
+                return
+        self._pending[tp].discard(record.offset)
+        self._done[tp].add(record.offset)
 
     async def _execute(self, job: JobRequest) -> None:
         control = self._control[job.task_id]
-        if control.finished:
+        if control.is_finished():
             return
         handler = self.handlers.get(job.tool)
         if handler is None:
@@ -333,13 +437,45 @@ class Worker:
             )
         else:
             outcome = await self._outcome(handler, JobContext(self, job, control), control)
-        await self.publish_status(job.task_id, outcome)
-        assert self._producer is not None
-        finished = ControlMessage(type="finished", task_id=job.task_id)
-        await self._producer.send_and_wait(
-            self.settings.topics.control, key=job.task_id.encode(), value=finished.to_bytes()
-        )
+            if control.is_finished():
+                # Another worker finished this task meanwhile (the job was handed to it by a
+                # rebalance while it ran here): its outcome stands, do not report a second one.
+                return
+        await self._finish(job.task_id, outcome)
         self.completed += 1
+
+    async def _finish(self, task_id: str, outcome: StatusPayload) -> None:
+        """Write the terminal status, then the "finished" mark; retry until both are written.
+
+        A job whose outcome cannot be written must not count as done (its offset would be
+        committed and the task would stay ``working`` for ever), so Kafka errors are retried
+        with backoff until the write succeeds or the worker stops.
+        """
+        assert self._producer is not None
+        finished = ControlMessage(type="finished", task_id=task_id)
+        status_written = False
+        delay = 0.5
+        while True:
+            try:
+                if not status_written:
+                    try:
+                        await self.publish_status(task_id, outcome)
+                    except EventTooLarge as exc:
+                        outcome = StatusPayload(
+                            status="failed",
+                            status_message="the tool's result is too large",
+                            error={"code": -32603, "message": str(exc)},
+                        )
+                        continue
+                    status_written = True
+                await self._producer.send_and_wait(
+                    self.settings.topics.control, key=task_id.encode(), value=finished.to_bytes()
+                )
+                return
+            except KafkaError as exc:
+                log.warning("task %s: could not write the outcome (%s); retrying", task_id, exc)
+            await asyncio.sleep(delay)  # backoff before retrying a failed write
+            delay = min(delay * 2, 30.0)
 
     async def _outcome(
         self, handler: Handler, ctx: JobContext, control: _TaskControl
@@ -371,3 +507,18 @@ class Worker:
                 error={"code": -32603, "message": "the tool returned no result object"},
             )
         return StatusPayload(status="completed", result=result)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commits a worker's finished jobs before its partitions move to another worker."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        consumer = self.worker._jobs
+        if consumer is not None:
+            await self.worker._revoked(consumer, set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.worker._assigned(set(assigned))
