@@ -297,8 +297,10 @@ def running_bridge(
     settings: Settings, logs: Path, *, workers: int = 1, **env: str
 ) -> Iterator[Bridge]:
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
-    asyncio.run(ensure_layout(settings))
+    with ThreadPoolExecutor(1) as pool:  # callable from inside a running event loop too
+        pool.submit(asyncio.run, ensure_layout(settings)).result()
     bridge = Bridge(settings, free_port(), bridge_env(settings, **env), logs)
     try:
         for _ in range(workers):

@@ -690,8 +690,10 @@ class McpEndpoint:
     async def tasks_stream(self, call: Call) -> Outcome:
         self._require_tasks(call)
         try:
+            if "after" in call.params and call.params["after"] is None:
+                raise ValueError("after: null is not a sequence number")
             params = TasksStreamParams.model_validate(call.params)
-        except ValidationError:
+        except (ValidationError, ValueError):
             raise RpcError(
                 INVALID_PARAMS,
                 "tasks/stream needs a taskId string and, optionally, after: a non-negative integer",

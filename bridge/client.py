@@ -1,0 +1,293 @@
+"""A resuming tasks/stream client: never loses an event, never hands one over twice.
+
+``TaskStreamClient.stream(task_id)`` opens ``tasks/stream`` and yields events in seq order.
+An event counts as fully processed once the caller asks for the next one; only then is its seq
+saved (in a :class:`CursorStore`, e.g. a JSON file) and used as ``after`` when the connection
+drops and the client reconnects. Events are de-duplicated on (taskId, seq). A cursor older than
+the server's retention raises :class:`EventsGone` with ``earliest_seq``: the caller decides
+whether to resume from there (``after=earliest_seq - 1``) or treat the gap as fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+__all__ = [
+    "CursorStore",
+    "EventsGone",
+    "FileCursorStore",
+    "MemoryCursorStore",
+    "StreamError",
+    "StreamEvent",
+    "TaskStreamClient",
+]
+
+PROTOCOL_VERSION = "2026-07-28"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class StreamError(Exception):
+    """The server refused the stream (a JSON-RPC error other than events_gone)."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class EventsGone(StreamError):
+    """The cursor is older than what the server retains."""
+
+    def __init__(self, task_id: str, earliest_seq: int) -> None:
+        super().__init__(
+            -32010, "Task events are no longer available", {"earliestSeq": earliest_seq}
+        )
+        self.task_id = task_id
+        self.earliest_seq = earliest_seq
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    seq: int
+    task_id: str
+    type: str
+    payload: dict[str, Any]
+    meta: dict[str, Any]
+
+
+class CursorStore(Protocol):
+    def load(self, task_id: str) -> int | None: ...
+    def save(self, task_id: str, seq: int) -> None: ...
+
+
+class MemoryCursorStore:
+    def __init__(self) -> None:
+        self.cursors: dict[str, int] = {}
+
+    def load(self, task_id: str) -> int | None:
+        return self.cursors.get(task_id)
+
+    def save(self, task_id: str, seq: int) -> None:
+        self.cursors[task_id] = seq
+
+
+class FileCursorStore:
+    """Cursors in a JSON file, replaced atomically on each save (survives a crash)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _read(self) -> dict[str, int]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        return {k: v for k, v in data.items() if isinstance(v, int)}
+
+    def load(self, task_id: str) -> int | None:
+        return self._read().get(task_id)
+
+    def save(self, task_id: str, seq: int) -> None:
+        data = self._read()
+        data[task_id] = seq
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".cursors-")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+
+class _Dropped(Exception):
+    """The stream ended without its result: reconnect."""
+
+
+class TaskStreamClient:
+    """Streams a task's events from a bridge (or any SEP-2694 server) at ``url``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        store: CursorStore | None = None,
+        http: httpx.AsyncClient | None = None,
+        max_reconnects: int = 100,
+        backoff_s: float = 0.2,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.store = store or MemoryCursorStore()
+        self._http = http
+        self.max_reconnects = max_reconnects
+        self.backoff_s = backoff_s
+        self.reconnects = 0
+        self._ids = 0
+
+    def _request(
+        self, method: str, params: dict[str, Any], name: str | None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        self._ids += 1
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": PROTOCOL_VERSION,
+            "Mcp-Method": method,
+        }
+        if name is not None:
+            headers["Mcp-Name"] = name
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}},
+            "io.modelcontextprotocol/clientInfo": {"name": "bridge.client", "version": "0.1.0"},
+        }
+        body = {
+            "jsonrpc": "2.0",
+            "id": self._ids,
+            "method": method,
+            "params": {**params, "_meta": meta},
+        }
+        return headers, body
+
+    async def call(
+        self, method: str, params: dict[str, Any], name: str | None = None
+    ) -> dict[str, Any]:
+        """A plain (non-streaming) request; returns the result or raises :class:`StreamError`."""
+        headers, body = self._request(method, params, name)
+        async with self._client() as http:
+            reply = await http.post(self.url, json=body, headers=headers)
+        message = _last_message(reply)
+        if "error" in message:
+            error = message["error"]
+            raise StreamError(error.get("code", 0), error.get("message", ""), error.get("data"))
+        result: dict[str, Any] = message["result"]
+        return result
+
+    @contextlib.asynccontextmanager
+    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._http is not None:
+            yield self._http
+        else:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None)) as http:
+                yield http
+
+    async def stream(self, task_id: str, after: int | None = None) -> AsyncIterator[StreamEvent]:
+        """Events of ``task_id`` after ``after`` (else the saved cursor, else from the start)."""
+        last = after if after is not None else self.store.load(task_id)
+        pending: int | None = None
+        attempts = 0
+        while True:
+            try:
+                async with contextlib.aclosing(self._once(task_id, last)) as events:
+                    async for event in events:
+                        # The generator only runs again when the caller asks for more, so the event
+                        # handed over before has been fully processed: persist it now.
+                        if pending is not None:
+                            self.store.save(task_id, pending)
+                            last, pending = pending, None
+                        if last is not None and event.seq <= last:
+                            continue  # a duplicate after reconnecting
+                        attempts = 0
+                        pending = event.seq
+                        yield event
+                if pending is not None:
+                    self.store.save(task_id, pending)
+                return
+            except (_Dropped, httpx.TransportError) as exc:
+                if pending is not None:
+                    self.store.save(task_id, pending)
+                    last, pending = pending, None
+                attempts += 1
+                self.reconnects += 1
+                if attempts > self.max_reconnects:
+                    raise StreamError(
+                        -32603, f"gave up after {attempts - 1} reconnects: {exc}"
+                    ) from exc
+                await asyncio.sleep(min(self.backoff_s * attempts, 5.0))  # reconnect backoff
+            except StreamError as exc:
+                if pending is not None:
+                    self.store.save(task_id, pending)
+                    last, pending = pending, None
+                if isinstance(exc.data, dict) and exc.data.get("reason") == "stream_active":
+                    attempts += 1
+                    if attempts > self.max_reconnects:
+                        raise
+                    await asyncio.sleep(
+                        min(self.backoff_s * attempts, 5.0)
+                    )  # the old stream is being reaped
+                    continue
+                raise
+
+    async def _once(self, task_id: str, after: int | None) -> AsyncGenerator[StreamEvent, None]:
+        params: dict[str, Any] = {"taskId": task_id}
+        if after is not None:
+            params["after"] = after
+        headers, body = self._request("tasks/stream", params, task_id)
+        async with (
+            self._client() as http,
+            http.stream("POST", self.url, json=body, headers=headers) as reply,
+        ):
+            if "text/event-stream" not in reply.headers.get("content-type", ""):
+                await reply.aread()
+                self._raise_error(task_id, _last_message(reply))
+                raise _Dropped(f"unexpected HTTP {reply.status_code}")
+            async for message in _sse_messages(reply):
+                if message.get("method") == "notifications/tasks/event":
+                    p = message.get("params", {})
+                    yield StreamEvent(
+                        p["seq"], p["taskId"], p["type"], p.get("payload", {}), p.get("_meta", {})
+                    )
+                elif message.get("id") == body["id"]:
+                    self._raise_error(task_id, message)
+                    return
+        raise _Dropped("the stream closed before its result")
+
+    @staticmethod
+    def _raise_error(task_id: str, message: dict[str, Any]) -> None:
+        error = message.get("error")
+        if not error:
+            return
+        data = error.get("data")
+        if isinstance(data, dict) and data.get("reason") == "events_gone":
+            raise EventsGone(task_id, int(data.get("earliestSeq", 0)))
+        raise StreamError(error.get("code", 0), error.get("message", ""), data)
+
+
+def _last_message(reply: httpx.Response) -> dict[str, Any]:
+    if "text/event-stream" in reply.headers.get("content-type", ""):
+        messages = [
+            json.loads(line[5:]) for line in reply.text.splitlines() if line.startswith("data:")
+        ]
+        return messages[-1] if messages else {}
+    try:
+        parsed = reply.json()
+    except ValueError:
+        return {"error": {"code": -32603, "message": f"HTTP {reply.status_code}: not JSON"}}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+async def _sse_messages(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    data: list[str] = []
+    async for line in reply.aiter_lines():
+        if not line:
+            if data:
+                yield json.loads("\n".join(data))
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+    if data:
+        yield json.loads("\n".join(data))

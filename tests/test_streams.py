@@ -1,0 +1,350 @@
+"""tasks/stream end to end: real Kafka, a real `bridge serve` subprocess, real HTTP streams."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka.admin import RecordsToDelete
+from aiokafka.structs import TopicPartition
+from mcp_http import call, create_task, request, result, sse_messages
+
+from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
+from bridge.kafka.clients import admin_client
+from bridge.log.publisher import TaskEventPublisher
+
+pytestmark = pytest.mark.kafka
+
+BOUND = 60
+
+
+@pytest.fixture(scope="module")
+def sbridge(kafka_bootstrap, tmp_path_factory):
+    import secrets
+
+    from conftest import make_settings, running_bridge
+
+    settings = make_settings(kafka_bootstrap, f"s-{secrets.token_hex(5)}")
+    env = {
+        "BRIDGE_STREAM_KEEPALIVE_S": "0.5",
+        "BRIDGE_STREAM_QUEUE_SIZE": "16",
+        "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": "64",
+    }
+    with running_bridge(settings, tmp_path_factory.mktemp("sbridge"), **env) as running:
+        yield running
+
+
+async def read_stream(
+    url: str,
+    task_id: str,
+    after: int | None = None,
+    *,
+    stop_after: int | None = None,
+    started: asyncio.Event | None = None,
+) -> dict[str, Any]:
+    """Open tasks/stream and collect it; ``stop_after`` closes it after that many events."""
+    params: dict[str, Any] = {"taskId": task_id}
+    if after is not None:
+        params["after"] = after
+    headers, body = request("tasks/stream", params)
+    out: dict[str, Any] = {"events": [], "ids": [], "result": None, "error": None, "keepalives": 0}
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(BOUND)) as http,
+        http.stream("POST", url, json=body, headers=headers) as reply,
+    ):
+        out["status"] = reply.status_code
+        event_id = None
+        async for line in reply.aiter_lines():
+            if line.startswith(": keep-alive"):
+                out["keepalives"] += 1
+            elif line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("data:"):
+                message = sse_messages(line)[0]
+                if message.get("method") == "notifications/tasks/event":
+                    out["events"].append(message["params"])
+                    out["ids"].append(event_id)
+                    if started is not None:
+                        started.set()
+                    if stop_after is not None and len(out["events"]) >= stop_after:
+                        return out
+                elif "result" in message:
+                    out["result"] = message["result"]
+                elif "error" in message:
+                    out["error"] = message["error"]
+    return out
+
+
+def seqs(out: dict[str, Any]) -> list[int]:
+    return [e["seq"] for e in out["events"]]
+
+
+async def long_task(url: str) -> str:
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        return await create_task(http, url, "slow_compute", {"seconds": 120, "label": "long"})
+
+
+async def cancel(url: str, task_id: str) -> None:
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        assert await result(http, url, "tasks/cancel", {"taskId": task_id}) == {
+            "resultType": "complete"
+        }
+
+
+async def test_replay_then_live_across_the_hand_off_is_gap_free_while_producers_write(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    written = asyncio.Event()
+
+    async def writer(name: str, n: int) -> None:
+        async with TaskEventPublisher(sbridge.settings) as pub:
+            for i in range(n):
+                await pub.publish(task, "com.example.write", {"writer": name, "i": i})
+                if i == n // 4:
+                    written.set()
+
+    writers = asyncio.gather(writer("a", 200), writer("b", 200))
+    async with asyncio.timeout(BOUND):
+        await written.wait()  # the stream opens with history behind it and writes still going on
+        reader = asyncio.create_task(read_stream(url, task))
+        await writers
+        await cancel(url, task)
+        out = await reader
+    assert out["result"] == {"resultType": "complete"}
+    assert seqs(out) == list(range(len(out["events"])))
+    assert out["events"][0]["type"] == "io.mcpbridge.task.created"
+    assert out["events"][-1]["type"] == "io.mcpbridge.task.status"
+    assert out["events"][-1]["payload"]["status"] == "cancelled"
+    for name in ("a", "b"):
+        assert [
+            e["payload"]["i"] for e in out["events"] if e["payload"].get("writer") == name
+        ] == list(range(200))
+    for event in out["events"]:
+        assert event["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task}
+
+
+async def test_resume_from_every_cursor_gives_exactly_the_remaining_events(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with TaskEventPublisher(sbridge.settings) as pub:
+        for i in range(12):
+            await pub.publish(task, "com.example.step", {"i": i})
+    await cancel(url, task)
+    async with asyncio.timeout(BOUND):
+        full = await read_stream(url, task)
+        total = len(full["events"])
+        assert seqs(full) == list(range(total)) and total >= 14
+        for after in range(total):
+            out = await read_stream(url, task, after)
+            assert seqs(out) == list(range(after + 1, total)), after
+            assert out["result"] == {
+                "resultType": "complete"
+            }  # terminal: immediate result when nothing is left
+
+
+async def test_bad_cursors_and_a_second_stream_get_invalid_params(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        for bad in (-1, 1.5, "3", True, None):
+            params = {"taskId": task, "after": bad}
+            message = await call(http, url, "tasks/stream", params)
+            assert message["error"]["code"] == -32602, (bad, message)
+        unknown = await call(http, url, "tasks/stream", {"taskId": "no-such-task"})
+        assert unknown["error"]["code"] == -32602
+        started = asyncio.Event()
+        first = asyncio.create_task(read_stream(url, task, started=started))
+        async with asyncio.timeout(BOUND):
+            await started.wait()  # the first stream is active (its first event arrived)
+            second = await call(http, url, "tasks/stream", {"taskId": task})
+        assert second["error"]["code"] == -32602
+        assert second["error"]["data"]["reason"] == "stream_active"
+        first.cancel()
+    await cancel(url, task)
+
+
+async def test_closing_a_stream_does_not_cancel_the_task_and_idle_streams_get_keepalives(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with asyncio.timeout(BOUND):
+        out = await read_stream(url, task, stop_after=1)
+        assert seqs(out) == [0]
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            view = await result(http, url, "tasks/get", {"taskId": task})
+        assert view["status"] == "working"
+        idle = asyncio.create_task(read_stream(url, task, after=0))
+        # the task is idle (slow_compute reports once a second at most): keep-alives flow
+        async with TaskEventPublisher(sbridge.settings) as pub:
+            while not idle.done():
+                await asyncio.sleep(1.2)  # longer than two keep-alive periods of 0.5 s
+                await cancel(url, task)
+                break
+        out = await idle
+    assert out["keepalives"] >= 1
+    assert out["result"] == {"resultType": "complete"}
+    assert pub is not None
+
+
+async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    offsets = []
+    async with TaskEventPublisher(sbridge.settings) as pub:
+        for i in range(10):
+            where = await pub.publish(task, "com.example.step", {"i": i})
+            offsets.append(where)
+    async with asyncio.timeout(BOUND):
+        full = await read_stream(url, task, stop_after=11)
+        while not any(e["payload"].get("i") == 9 for e in full["events"]):
+            full = await read_stream(url, task, stop_after=len(full["events"]) + 1)
+        assert seqs(full) == list(range(len(full["events"])))
+        seq_of = {
+            e["payload"]["i"]: e["seq"] for e in full["events"] if e["type"] == "com.example.step"
+        }
+        cut = offsets[5]  # the step event i=5: the first record kept
+        admin = admin_client(sbridge.settings)
+        await admin.start()
+        try:
+            await admin.delete_records(
+                {
+                    TopicPartition(sbridge.settings.topics.events, cut.partition): RecordsToDelete(
+                        cut.offset
+                    )
+                }
+            )
+        finally:
+            await admin.close()
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            gone = await call(http, url, "tasks/stream", {"taskId": task, "after": 3})
+        assert gone["error"] == {
+            "code": -32010,
+            "message": "Task events are no longer available",
+            "data": {"reason": "events_gone", "taskId": task, "earliestSeq": seq_of[5]},
+        }
+        earliest = seq_of[5]
+        resumed = await read_stream(url, task, after=earliest - 1, stop_after=3)
+        assert seqs(resumed) == [earliest, earliest + 1, earliest + 2]
+        replay = await read_stream(url, task, stop_after=3)
+        assert seqs(replay) == [
+            earliest,
+            earliest + 1,
+            earliest + 2,
+        ]  # no cursor: earliest retained
+        client = TaskStreamClient(url, store=MemoryCursorStore())
+        with pytest.raises(EventsGone) as info:
+            async for _ in client.stream(task, after=2):
+                pass
+        assert info.value.earliest_seq == earliest
+        # transport-level resume with a cursor past retention maps to HTTP 410
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            old = full["ids"][2]
+            reply = await http.get(
+                url, headers={"Last-Event-ID": old, "Accept": "text/event-stream"}
+            )
+        assert reply.status_code == 410
+        assert reply.json()["error"]["data"]["earliestSeq"] == earliest
+    await cancel(url, task)
+
+
+async def test_last_event_id_resumes_the_same_stream_over_get(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with TaskEventPublisher(sbridge.settings) as pub:
+        for i in range(5):
+            await pub.publish(task, "com.example.step", {"i": i})
+    async with asyncio.timeout(BOUND):
+        first = await read_stream(url, task, stop_after=3)
+        assert seqs(first) == [0, 1, 2]
+        await cancel(url, task)
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            reply = await http.get(
+                url, headers={"Last-Event-ID": first["ids"][-1], "Accept": "text/event-stream"}
+            )
+        messages = sse_messages(reply.text)
+        events = [
+            m["params"]["seq"] for m in messages if m.get("method") == "notifications/tasks/event"
+        ]
+        assert reply.status_code == 200
+        assert events[0] == 3 and events == list(range(3, 3 + len(events)))
+        assert "result" in messages[-1]
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            garbage = await http.get(url, headers={"Last-Event-ID": "nonsense"})
+        assert garbage.status_code == 400
+
+
+async def test_a_slow_client_neither_delays_a_fast_one_nor_loses_events(sbridge):
+    url = sbridge.url
+    slow_task, fast_task = await long_task(url), await long_task(url)
+    n, blob = 400, "x" * 4000  # ~1.6 MB: more than the socket buffers hold for the slow one
+    headers, body = request("tasks/stream", {"taskId": slow_task})
+    async with (
+        httpx.AsyncClient(timeout=httpx.Timeout(BOUND)) as slow_http,
+        slow_http.stream("POST", url, json=body, headers=headers) as slow,
+    ):
+        fast = asyncio.create_task(read_stream(url, fast_task, stop_after=n + 1))
+        latencies = []
+        async with TaskEventPublisher(sbridge.settings) as pub:
+            for i in range(n):
+                sent = time.monotonic()
+                await pub.publish(slow_task, "com.example.big", {"i": i, "blob": blob})
+                await pub.publish(fast_task, "com.example.small", {"i": i, "sent": sent})
+                latencies.append(sent)
+        async with asyncio.timeout(BOUND):
+            out = await fast
+        assert seqs(out) == list(range(n + 1))
+        # now the slow client reads everything it was sent, and nothing is missing
+        got = []
+        async with asyncio.timeout(BOUND):
+            async for line in slow.aiter_lines():
+                if line.startswith("data:"):
+                    message = sse_messages(line)[0]
+                    if message.get("method") == "notifications/tasks/event":
+                        got.append(message["params"]["seq"])
+                        if len(got) == n + 1:
+                            break
+        assert got == list(range(n + 1))
+    await cancel(url, slow_task)
+    await cancel(url, fast_task)
+
+
+async def test_sigkill_of_the_bridge_mid_stream_loses_and_repeats_nothing(
+    kafka_bootstrap, tmp_path
+):
+    import secrets
+
+    from conftest import make_settings, running_bridge
+
+    settings = make_settings(kafka_bootstrap, f"k-{secrets.token_hex(5)}")
+    with running_bridge(settings, tmp_path) as bridge:
+        url, task = bridge.url, await long_task(bridge.url)
+        n = 300
+        store = MemoryCursorStore()
+        client = TaskStreamClient(url, store=store, backoff_s=0.2)
+        received: list[int] = []
+        steps: list[int] = []
+        killed = asyncio.Event()
+
+        async def produce() -> None:
+            async with TaskEventPublisher(settings) as pub:
+                for i in range(n):
+                    await pub.publish(task, "com.example.step", {"i": i})
+                    if i == n // 3:
+                        await killed.wait()
+
+        async def consume() -> None:
+            async for event in client.stream(task):
+                received.append(event.seq)
+                if event.type == "com.example.step":
+                    steps.append(event.payload["i"])
+                if len(received) == n // 4 and not killed.is_set():
+                    bridge.server.kill()  # SIGKILL, mid-stream
+                    bridge.start_server()  # same port; the client reconnects with after=
+                    killed.set()
+            # the stream ends by itself after the task's terminal status event
+
+        async with asyncio.timeout(BOUND * 2):
+            consumer = asyncio.create_task(consume())
+            await produce()
+            await cancel(url, task)
+            await consumer
+    assert client.reconnects >= 1
+    assert received == list(range(len(received)))
+    assert steps == list(range(n))  # every step once, in order (the worker's progress events too)
+    assert store.load(task) == received[-1]
