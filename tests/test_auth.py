@@ -282,11 +282,6 @@ def test_bob_did_not_cancel_alices_task(
     assert task["result"]["content"][0]["text"] == "Computed alice in 5s"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG tasks/service.py: a foreign task id is refused at once, an unknown one only "
-    "after a bounded indexer catch-up (~100 ms), so timing tells 'exists, not yours' apart",
-)
 def test_foreign_and_unknown_ids_take_alike_long(bearer: Bridge, http: httpx.Client) -> None:
     alice = as_(http, bearer, "tok-alice")
     bob = as_(http, bearer, "tok-bob")

@@ -725,17 +725,12 @@ def test_odd_json_is_never_a_500(client: httpx.Client, bridge: Bridge, body: str
     assert reply.json()["jsonrpc"] == "2.0"
 
 
-# --- KNOWN BUGS (strict xfail: each turns into a failure, XPASS, once bridge/ is fixed) ------
+# --- regressions: bugs found by these tests, fixed in bridge/ ----------------------------------
 #
 # Found while writing this module; described in the report that came with it. Remove the
 # marker when the fix lands.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mcp.py post(): 'id': null is taken for a notification (202, no answer); MCP "
-    "forbids null ids, so it is an Invalid Request (400, -32600)",
-)
 def test_null_id_is_invalid_request_not_a_notification(
     client: httpx.Client, bridge: Bridge
 ) -> None:
@@ -743,22 +738,11 @@ def test_null_id_is_invalid_request_not_a_notification(
     expect_error(reply, 400, INVALID_REQUEST, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mcp.py post(): a boolean id passes the isinstance(int) echo check, so the "
-    "error answer carries the invalid id true instead of null",
-)
 def test_boolean_id_is_not_echoed(client: httpx.Client, bridge: Bridge) -> None:
     reply = post_raw(client, bridge, '{"jsonrpc": "2.0", "id": true, "method": "ping"}')
     expect_error(reply, 400, INVALID_REQUEST, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mcp.py post(): json.loads accepts lone UTF-16 surrogates; the job request the "
-    "bridge then writes cannot be read by the worker (pydantic JSON), which skips it, so the "
-    "task stays 'working' until its TTL (a direct call hangs for direct_result_timeout_s)",
-)
 def test_lone_surrogate_in_arguments_is_rejected_up_front(
     client: httpx.Client, bridge: Bridge
 ) -> None:
@@ -776,11 +760,6 @@ def test_lone_surrogate_in_arguments_is_rejected_up_front(
     assert reply.json().get("error", {}).get("code") in (PARSE_ERROR, INVALID_PARAMS), reply.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG mcp.py post(): json.loads accepts NaN/Infinity, which are not JSON; e.g. "
-    "slow_compute {seconds: NaN} passes the schema's minimum and then never finishes",
-)
 def test_non_json_constants_are_parse_errors(client: httpx.Client, bridge: Bridge) -> None:
     body = (
         '{"jsonrpc":"2.0","id":"nan","method":"tools/call","params":{"_meta":'

@@ -145,6 +145,22 @@ def _decode_header_value(raw: str) -> str:
     return value
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(body: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no lone surrogates (they could not be passed on as UTF-8)."""
+    try:
+        message = json.loads(body, parse_constant=_reject_constant)
+        json.dumps(message, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        raise RpcError(
+            PARSE_ERROR, "Parse error: the body is not valid JSON", http_status=400
+        ) from None
+    return message
+
+
 def _header_text(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -248,14 +264,15 @@ class McpEndpoint:
         request_id: str | int | None = None
         try:
             body = await self._read_body(request)
-            try:
-                message = json.loads(body)
-            except (ValueError, RecursionError):
-                raise RpcError(
-                    PARSE_ERROR, "Parse error: the body is not JSON", http_status=400
-                ) from None
-            if isinstance(message, dict) and isinstance(message.get("id"), str | int):
-                request_id = message["id"]
+            message = _parse_json(body)
+            if isinstance(message, dict):
+                raw_id = message.get("id")
+                if isinstance(raw_id, str | int) and not isinstance(raw_id, bool):
+                    request_id = raw_id
+                if "id" in message and raw_id is None:
+                    raise RpcError(
+                        INVALID_REQUEST, "Invalid Request: id must not be null", http_status=400
+                    )
             if isinstance(message, list):
                 raise RpcError(INVALID_REQUEST, "batch requests are not supported", http_status=400)
             try:

@@ -280,13 +280,16 @@ class TaskService:
 
     # --- get -----------------------------------------------------------------------------
 
+    async def _catch_up(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CATCH_UP_S):
+                await self.indexer.catch_up()
+
     async def _lookup(self, task_id: str) -> tuple[int, Any]:
         found = self.indexer.lookup(task_id)
         if found is None:
             # Another replica may have created it a moment ago: catch up, then decide.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_CATCH_UP_S):
-                    await self.indexer.catch_up()
+            await self._catch_up()
             found = self.indexer.lookup(task_id)
         if found is None:
             raise TaskNotFound()
@@ -320,6 +323,8 @@ class TaskService:
         partition, entry = await self._lookup(task_id)
         created = await self._created(task_id, partition, entry.first_offset)
         if created is None or created.payload.owner != owner_digest(principal):
+            # Answer exactly like an unknown id, in time too: an unknown id costs a catch-up.
+            await self._catch_up()
             raise TaskNotFound()
         info = created.payload
         now = time.time_ns() // 1_000_000

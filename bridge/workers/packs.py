@@ -171,8 +171,12 @@ async def slow_compute(ctx: JobContext) -> dict[str, Any]:
     request and reports the task ``cancelled``; it only must not swallow ``CancelledError``.
     """
     seconds = ctx.arguments.get("seconds", 1)
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        raise JobError(-32602, "argument 'seconds' must be a non-negative number")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds < 86_400
+    ):
+        raise JobError(-32602, "argument 'seconds' must be a number from 0 to 86400")
     label = _str_arg(ctx, "label", "result")
     loop = asyncio.get_running_loop()
     start = loop.time()

@@ -404,8 +404,21 @@ class Worker:
         try:
             job = JobRequest.model_validate_json(record.value or b"")
         except ValidationError:
-            log.error("skipping an unreadable job request at %s offset %d", tp, record.offset)
             job = None
+            task_id = (record.key or b"").decode("utf-8", "replace")
+            log.error(
+                "unreadable job request at %s offset %d (task %s)", tp, record.offset, task_id
+            )
+            if task_id:
+                # Never leave the task working for ever: it fails with a clear error.
+                await self._finish(
+                    task_id,
+                    StatusPayload(
+                        status="failed",
+                        status_message="the job request could not be read",
+                        error={"code": -32603, "message": "the job request could not be read"},
+                    ),
+                )
         if job is not None:
             # Cancellation (the worker stopping) leaves the job unfinished: not marked done,
             # so its offset is never committed and another worker runs it.
