@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 SUITE_VERSION = "0.2.0-alpha.12"
 SUITE_DIR = Path(
     os.environ.get(
-        "MCP_CONFORMANCE_DIR", Path.home() / ".cache" / "mcp-kafka-bridge" / f"conformance-{SUITE_VERSION}"
+        "MCP_CONFORMANCE_DIR",
+        Path.home() / ".cache" / "mcp-kafka-bridge" / f"conformance-{SUITE_VERSION}",
     )
 )
 NODE = SUITE_DIR / "node_modules" / ".bin" / "node"
@@ -40,7 +41,12 @@ TASKS = [
     "tasks-required-task-error",
     "tasks-mrtr-composition",
 ]
-STATELESS_ONLY = ["server-stateless", "http-header-validation", "http-custom-header-server-validation", "caching"]
+STATELESS_ONLY = [
+    "server-stateless",
+    "http-header-validation",
+    "http-custom-header-server-validation",
+    "caching",
+]
 BOTH_ERAS = [
     "tools-list",
     "tools-call-simple-text",
@@ -72,18 +78,39 @@ def suite() -> Path:
     return CLI
 
 
-@pytest.mark.parametrize(("scenario", "extra"), RUNS, ids=[f"{s}{'-2026' if e else ''}" for s, e in RUNS])
+@pytest.mark.parametrize(
+    ("scenario", "extra"), RUNS, ids=[f"{s}{'-2026' if e else ''}" for s, e in RUNS]
+)
 def test_official_conformance_scenario_passes(bridge, suite, tmp_path, scenario, extra):
     url = f"http://localhost:{bridge.port}/mcp"
     run = subprocess.run(
-        [str(NODE), str(suite), "server", "--url", url, "--scenario", scenario, "-o", str(tmp_path), *extra],
+        [
+            str(NODE),
+            str(suite),
+            "server",
+            "--url",
+            url,
+            "--scenario",
+            scenario,
+            "-o",
+            str(tmp_path),
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=180,
     )
-    checks = [c for path in sorted(tmp_path.rglob("checks.json")) for c in json.loads(path.read_text())]
+    checks = [
+        c for path in sorted(tmp_path.rglob("checks.json")) for c in json.loads(path.read_text())
+    ]
     failed = [c for c in checks if c.get("status") not in ("SUCCESS", "INFO", "SKIPPED")]
-    detail = "\n".join(f"{c.get('status')} {c.get('id')}: {c.get('errorMessage') or ''}" for c in failed)
-    assert checks, f"the suite produced no checks (exit {run.returncode}):\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
-    assert not failed, f"{detail}\n--- bridge log ---\n{bridge.server.tail() if bridge.server else ''}"
+    detail = "\n".join(
+        f"{c.get('status')} {c.get('id')}: {c.get('errorMessage') or ''}" for c in failed
+    )
+    assert checks, (
+        f"the suite produced no checks (exit {run.returncode}):\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
+    )
+    assert not failed, (
+        f"{detail}\n--- bridge log ---\n{bridge.server.tail() if bridge.server else ''}"
+    )
     assert run.returncode == 0, run.stdout[-2000:]
