@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -72,11 +73,13 @@ async def create_topics(settings: Settings) -> list[str]:
     """Create/check the topic layout; returns one line per topic."""
     from bridge.kafka.clients import admin_client
     from bridge.kafka.topics import TopicLayoutError, ensure_topics
+    from bridge.server.app import tool_catalog
 
+    jobs = [tool.job_topic or settings.topics.jobs(tool.name) for tool in tool_catalog(settings)]
     admin = admin_client(settings)
     await admin.start()
     try:
-        reports = await ensure_topics(admin, settings)
+        reports = await ensure_topics(admin, settings, job_topics=jobs)
     except TopicLayoutError as exc:
         raise UserError(str(exc)) from None
     finally:
@@ -145,22 +148,36 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 # --- serve -----------------------------------------------------------------------------------
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, *, with_workers: bool = False) -> None:
+    """Run the HTTP server until SIGINT/SIGTERM; streams are drained first (clients resume)."""
     import uvicorn
 
     from bridge.server.app import create_app
 
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings, with_workers=with_workers)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            hub = app.state.components.get("hub")
+            if hub is not None:
+                hub.drain()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
         host=settings.http_host,
         port=settings.http_port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=10,
     )
+    Server(config).run()
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    serve(with_kafka(settings))
+    settings = with_kafka(settings)
+    if settings.auto_create_topics:
+        asyncio.run(create_topics(settings))
+    serve(settings, with_workers=args.with_workers)
     return 0
 
 
@@ -176,8 +193,56 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     for line in asyncio.run(create_topics(settings)):
         _progress(line)
     _progress(f"serving on http://{settings.http_host}:{settings.http_port} (Ctrl-C stops)")
-    serve(settings)
+    serve(settings, with_workers=True)
     return 0
+
+
+# --- tail ------------------------------------------------------------------------------------
+
+
+def _summary(payload: dict[str, Any], width: int = 100) -> str:
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+async def run_tail(
+    url: str, task_id: str, after: int | None, token: str | None, cursor_file: str | None
+) -> int:
+    from bridge.client import (
+        EventsGone,
+        FileCursorStore,
+        MemoryCursorStore,
+        StreamError,
+        TaskStreamClient,
+    )
+
+    store = FileCursorStore(cursor_file) if cursor_file else MemoryCursorStore()
+    client = TaskStreamClient(url, token=token, store=store)
+    try:
+        async for event in client.stream(task_id, after):
+            print(f"{event.seq:>6}  {event.type:<40}  {_summary(event.payload)}", flush=True)
+    except EventsGone as exc:
+        print(
+            f"events_gone: the cursor is older than what is retained; earliest seq is "
+            f"{exc.earliest_seq} (resume with --after {exc.earliest_seq - 1})",
+            file=sys.stderr,
+        )
+        return 3
+    except StreamError as exc:
+        raise UserError(f"the server refused the stream: {exc}") from None
+    print("-- end of stream (the task is finished)", file=sys.stderr)
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
+    url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
+    try:
+        token = args.token or (
+            settings.client_token.get_secret_value() if settings.client_token else None
+        )
+        return asyncio.run(run_tail(url, args.task_id, args.after, token, args.cursor_file))
+    except OSError as exc:
+        raise UserError(f"cannot reach {url}: {exc}") from None
 
 
 # --- workers ---------------------------------------------------------------------------------
@@ -273,7 +338,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_verify)
 
+    tail = sub.add_parser("tail", help="print a task's event timeline live (tasks/stream)")
+    tail.add_argument("task_id")
+    tail.add_argument("--after", type=int, help="resume after this seq (exclusive)")
+    tail.add_argument("--url", help="the MCP endpoint (default: http://HTTP_HOST:HTTP_PORT/mcp)")
+    tail.add_argument(
+        "--token", help="bearer token (better: BRIDGE_CLIENT_TOKEN, not visible in ps)"
+    )
+    tail.add_argument(
+        "--cursor-file", help="persist the last processed seq here and resume from it"
+    )
+    tail.set_defaults(func=cmd_tail)
+
     serve_p = sub.add_parser("serve", help="run the bridge's HTTP server")
+    serve_p.add_argument(
+        "--with-workers", action="store_true", help="also run the packs' workers in-process"
+    )
     serve_p.add_argument("--host")
     serve_p.add_argument("--port", type=int)
     serve_p.set_defaults(func=cmd_serve)

@@ -168,6 +168,11 @@ class Settings(BaseSettings):
     max_streams_per_principal: int = Field(32, ge=1)
     stream_queue_size: int = Field(1024, ge=1)
     stream_keepalive_s: float = Field(15.0, gt=0)
+    #: The bearer token ``bridge tail`` presents (prefer this to --token: argv is visible).
+    client_token: SecretStr | None = None
+    #: ``bridge serve`` creates missing topics (job topics included) at start; turn it off
+    #: where topics are managed elsewhere (e.g. Strimzi KafkaTopic resources).
+    auto_create_topics: bool = True
     #: Run the persisting index writer in this process (one writer per cluster; see docs).
     index_writer: bool = True
 

@@ -81,7 +81,7 @@ def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200
 @dataclass(eq=False)
 class _Subscription:
     task_id: str
-    queue: asyncio.Queue[IndexedEvent]
+    queue: asyncio.Queue[IndexedEvent | None]  # None: the process is draining
     overflowed: bool = False
 
 
@@ -109,6 +109,16 @@ class StreamHub:
         self._per_principal: dict[str, int] = defaultdict(int)
         self._status_type = f"{settings.event_type_prefix}.{EventSuffix.STATUS}"
         indexer.add_listener(self._on_event)
+
+    def drain(self) -> None:
+        """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
+        self.draining.set()
+        for subs in self._subs.values():
+            for sub in subs:
+                try:
+                    sub.queue.put_nowait(None)
+                except asyncio.QueueFull:
+                    sub.overflowed = True  # it checks draining before its next catch-up read
 
     @property
     def active_streams(self) -> int:
@@ -207,6 +217,8 @@ class StreamHub:
         first_read = after is None
         keepalive = self.settings.stream_keepalive_s
         while True:
+            if self.draining.is_set():
+                return
             # Catch up from Kafka: history, or what the queue dropped while the client was slow.
             sub.overflowed = False
             while not sub.queue.empty():
@@ -242,6 +254,8 @@ class StreamHub:
                 except TimeoutError:
                     yield None
                     continue
+                if indexed is None:
+                    return  # draining
                 if indexed.seq <= last:
                     continue
                 if indexed.seq > last + 1:
