@@ -173,6 +173,10 @@ class Settings(BaseSettings):
     #: ``bridge serve`` creates missing topics (job topics included) at start; turn it off
     #: where topics are managed elsewhere (e.g. Strimzi KafkaTopic resources).
     auto_create_topics: bool = True
+    #: Seconds between refreshes of the Kafka gauges (offsets, lag, retention headroom).
+    metrics_refresh_s: float = Field(5.0, gt=0)
+    #: POST /admin/indexer/pause|resume, for operations drills and tests; never expose publicly.
+    admin_endpoints: bool = False
     #: Run the persisting index writer in this process (one writer per cluster; see docs).
     index_writer: bool = True
 

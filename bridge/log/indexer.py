@@ -274,6 +274,19 @@ class Indexer:
         entry = self.partitions[partition].get(task_id)
         return None if entry is None else (partition, entry)
 
+    def pause(self) -> None:
+        """Stop fetching (operations drills); the lag metrics then grow."""
+        assert self._consumer is not None, "indexer not started"
+        self._consumer.pause(*self._consumer.assignment())
+
+    def resume(self) -> None:
+        assert self._consumer is not None, "indexer not started"
+        self._consumer.resume(*self._consumer.assignment())
+
+    def head(self, task_id: str) -> int | None:
+        """The task's next seq (the number of its events indexed so far), or None."""
+        return self.partitions[self.partition_of(task_id)].next_seq_of(task_id)
+
     async def wait_indexed(self, partition: int, offset: int) -> None:
         """Return once the record at ``offset`` (and all before it) has been applied.
 

@@ -225,6 +225,25 @@ class Reader:
         prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
         return event_from_record(records[0], prefix=prefix, max_bytes=limit)
 
+    async def record_timestamp(self, partition: int, offset: int) -> int | None:
+        """The Kafka timestamp (ms) of the first committed record at or after ``offset``."""
+        tp = TopicPartition(self.settings.topics.events, partition)
+        try:
+            records, _ = await self._fetch(tp, offset, limit=1)
+        except OffsetOutOfRangeError:
+            return None
+        return int(records[0].timestamp) if records else None
+
+    async def log_starts(self, partitions: list[int]) -> dict[int, int]:
+        """The log start offsets of ``partitions`` of the events topic (one request)."""
+        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
+        consumer = await self._acquire()
+        try:
+            begins = await consumer.beginning_offsets(tps)
+        finally:
+            self._idle.put_nowait(consumer)
+        return {tp.partition: int(offset) for tp, offset in begins.items()}
+
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""
         snap = self._snapshot(task_id)

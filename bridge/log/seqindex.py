@@ -201,6 +201,14 @@ class PartitionIndex:
         """Every task's entry (a snapshot; for tests and verification)."""
         return dict(self.items())
 
+    def next_seq_of(self, task_id: str) -> int | None:
+        """The task's next seq (cheap: no entry is built), or None."""
+        row = self.rows.get(task_id)
+        return None if row is None else self._next_seq[row]
+
+    def status_counts(self) -> dict[TaskStatus, int]:
+        return {status: self._status.count(int(status)) for status in TaskStatus}
+
     def encode_task(self, task_id: str) -> bytes:
         return self._entry(self.rows[task_id]).encode(self.partition)
 

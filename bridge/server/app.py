@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,6 +23,7 @@ from starlette.routing import Route
 from bridge.config import Settings, ToolSpec
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
+from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator
 from bridge.server.mcp import McpEndpoint
 from bridge.server.streams import StreamHub
@@ -48,6 +50,8 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
     tools = tool_catalog(settings)
     state: dict[str, object] = {"ready": False}
     holder: dict[str, Any] = {}
+    metrics = Metrics()
+    holder["metrics"] = metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -55,18 +59,22 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
             indexer = Indexer(settings, persist=settings.index_writer)
             await indexer.start()
             stack.push_async_callback(indexer.stop)
+            holder["indexer"] = indexer
             reader = Reader(settings, indexer)
             stack.push_async_callback(reader.close)
             service = TaskService(settings, indexer, reader, {t.name: t for t in tools})
             await service.start()
             stack.push_async_callback(service.stop)
-            hub = StreamHub(settings, indexer, reader)
+            metrics.attach(indexer)
+            hub = StreamHub(settings, indexer, reader, metrics)
             holder["hub"] = hub
             holder["mcp"] = McpEndpoint(settings, service, tools, auth, hub)
             if with_workers:
                 await _start_workers(settings, stack)
             async with asyncio.timeout(300):
                 await indexer.catch_up()
+            refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
+            stack.push_async_callback(_cancel, refresher)
             state["ready"] = True
             log.info(
                 "bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers
@@ -85,6 +93,23 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
     async def mcp_delete(request: Request) -> Response:
         return await holder["mcp"].not_allowed(request)  # type: ignore[no-any-return]
 
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def indexer_admin(request: Request) -> JSONResponse:
+        # Operations drills (pausing the indexer to watch the lag alerts fire); off by default.
+        if not settings.admin_endpoints:
+            return JSONResponse({"error": "admin endpoints are disabled"}, 404)
+        indexer = holder["indexer"]
+        action = request.path_params["action"]
+        if action == "pause":
+            indexer.pause()
+        elif action == "resume":
+            indexer.resume()
+        else:
+            return JSONResponse({"error": "unknown action"}, 404)
+        return JSONResponse({"indexer": action})
+
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
@@ -97,6 +122,8 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
             Route("/mcp", mcp_post, methods=["POST"]),
             Route("/mcp", mcp_get, methods=["GET"]),
             Route("/mcp", mcp_delete, methods=["DELETE"]),
+            Route("/metrics", metrics_endpoint),
+            Route("/admin/indexer/{action}", indexer_admin, methods=["POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
         ],
@@ -104,6 +131,23 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
     )
     app.state.components = holder
     return app
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _refresh_gauges(
+    metrics: Metrics, indexer: Indexer, reader: Reader, settings: Settings
+) -> None:
+    while True:
+        try:
+            await metrics.refresh_log_gauges(indexer, reader)
+        except Exception:
+            log.exception("could not refresh the Kafka gauges")
+        await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation
 
 
 async def _start_workers(settings: Settings, stack: contextlib.AsyncExitStack) -> None:

@@ -19,6 +19,7 @@ import binascii
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,6 +263,8 @@ class McpEndpoint:
                 headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
             )
         request_id: str | int | None = None
+        started = time.perf_counter()
+        method = "invalid"
         try:
             body = await self._read_body(request)
             message = _parse_json(body)
@@ -283,6 +286,7 @@ class McpEndpoint:
                 ) from None
             if rpc.id is None:
                 return Response(status_code=202)  # notifications need no answer
+            method = rpc.method
             version = request.headers.get("mcp-protocol-version")
             call = Call(
                 request,
@@ -293,12 +297,15 @@ class McpEndpoint:
             call.params = rpc.params or {}
             outcome = await self._dispatch(call)
         except RpcError as exc:
+            self.hub.metrics.rpc(method, exc.code, time.perf_counter() - started)
             return self._json(error_response(request_id, exc), exc.http_status)
         except Exception:
             log.exception("internal error serving an MCP request")
+            self.hub.metrics.rpc(method, INTERNAL_ERROR, time.perf_counter() - started)
             return self._json(
                 error_response(request_id, RpcError(INTERNAL_ERROR, "Internal error")), 500
             )
+        self.hub.metrics.rpc(method, "ok", time.perf_counter() - started)
         if isinstance(outcome, Streamed):
             return StreamingResponse(
                 self._sse(outcome, rpc.id),
@@ -372,7 +379,7 @@ class McpEndpoint:
                 else (exc.http_status if exc.http_status != 200 else 400)
             )
             if exc.code == EVENTS_GONE:
-                self.hub.stats.opened["gone"] += 1
+                self.hub.metrics.stream_opens.labels("gone").inc()
             return self._json(error_response(request_id, exc), status)
         outcome = Streamed(self._stream_frames(principal, request_id, task_id, seq), request_id)
         return StreamingResponse(
@@ -720,7 +727,7 @@ class McpEndpoint:
             await self.hub.check_cursor(params.task_id, params.after)
         except RpcError as exc:
             if exc.code == EVENTS_GONE:
-                self.hub.stats.opened["gone"] += 1
+                self.hub.metrics.stream_opens.labels("gone").inc()
             raise
         self.hub.check_admission(call.principal, params.task_id)
         assert call.rpc.id is not None

@@ -21,9 +21,10 @@ import base64
 import binascii
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.config import Settings
@@ -31,6 +32,7 @@ from bridge.constants import EventSuffix
 from bridge.envelope import TaskEvent
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import EventsGone, Reader, SeqUntrusted
+from bridge.metrics import Metrics
 from bridge.server.wire import (
     EVENTS_GONE,
     INVALID_PARAMS,
@@ -85,24 +87,16 @@ class _Subscription:
     overflowed: bool = False
 
 
-@dataclass
-class StreamStats:
-    """Counters the metrics module exports."""
-
-    opened: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    delivered: int = 0
-    catchup_reads: int = 0
-    overflows: int = 0
-
-
 class StreamHub:
     """Fans the indexer's live events out to the active streams of this process."""
 
-    def __init__(self, settings: Settings, indexer: Indexer, reader: Reader) -> None:
+    def __init__(
+        self, settings: Settings, indexer: Indexer, reader: Reader, metrics: Metrics
+    ) -> None:
         self.settings = settings
         self.indexer = indexer
         self.reader = reader
-        self.stats = StreamStats()
+        self.metrics = metrics
         self.draining = asyncio.Event()
         self._subs: dict[str, set[_Subscription]] = defaultdict(set)
         self._active: dict[tuple[str, str], int] = {}
@@ -132,7 +126,7 @@ class StreamHub:
                 sub.queue.put_nowait(indexed)
             except asyncio.QueueFull:
                 sub.overflowed = True  # the stream re-reads from Kafka; the tail never waits
-                self.stats.overflows += 1
+                self.metrics.slow_fallbacks.inc()
 
     # --- admission -----------------------------------------------------------------------
 
@@ -155,9 +149,11 @@ class StreamHub:
             )
         self._active[key] = 1
         self._per_principal[principal] += 1
+        self.metrics.streams_active.inc()
         try:
             yield
         finally:
+            self.metrics.streams_active.dec()
             del self._active[key]
             self._per_principal[principal] -= 1
             if not self._per_principal[principal]:
@@ -192,7 +188,7 @@ class StreamHub:
         nothing after the cursor. Raises :class:`RpcError` for events_gone found mid-stream.
         """
         with self._admit(principal, task_id):
-            self.stats.opened["fresh" if after is None else "resume"] += 1
+            self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
             sub = _Subscription(task_id, asyncio.Queue(maxsize=self.settings.stream_queue_size))
             self._subs[task_id].add(sub)
             try:
@@ -223,14 +219,19 @@ class StreamHub:
             sub.overflowed = False
             while not sub.queue.empty():
                 sub.queue.get_nowait()
-            self.stats.catchup_reads += 1
+            self.metrics.catchup_reads.inc()
             try:
                 reading = self.reader.read(task_id, None if first_read else last)
                 async for event in reading:
                     if event.seq <= last:
                         continue
+                    if event.seq != last + 1 and not (first_read and last == -1):
+                        self.metrics.seq_gaps.inc()  # the canary: never expected
+                        raise RpcError(
+                            -32603, "internal error: a seq gap in catch-up", {"taskId": task_id}
+                        )
                     last = event.seq
-                    self.stats.delivered += 1
+                    self._delivered(task_id, event.seq, event.event, live=False)
                     yield event.seq, event.event
                     if self._ends(task_id, event.offset, event.event):
                         return
@@ -261,10 +262,19 @@ class StreamHub:
                 if indexed.seq > last + 1:
                     break  # a gap: re-read from Kafka
                 last = indexed.seq
-                self.stats.delivered += 1
+                self._delivered(task_id, indexed.seq, indexed.event, live=True)
                 yield indexed.seq, indexed.event
                 if self._ends(task_id, indexed.offset, indexed.event):
                     return
+
+    def _delivered(self, task_id: str, seq: int, event: TaskEvent, *, live: bool) -> None:
+        m = self.metrics
+        m.events_delivered.inc()
+        head = self.indexer.head(task_id)
+        if head is not None:
+            m.backlog.observe(max(0, head - 1 - seq))
+        if live:
+            m.delivery_latency.observe(max(0.0, time.time() - event.timestamp_ms / 1000))
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset

@@ -1,0 +1,204 @@
+"""Prometheus metrics: the names, units and labels the dashboard and alerts are built on.
+
+All names carry the ``bridge_`` prefix and base units; counters end in ``_total``; no label ever
+takes a task id. Each app owns a :class:`Metrics` with its own registry (so tests can run several
+apps in one process). Gauges that describe Kafka (offsets, lag, retention headroom) are refreshed
+by :meth:`Metrics.refresh_log_gauges`, which the app runs every few seconds; task counts are
+computed at scrape time from the index. The full table is in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from bridge.constants import TaskStatus
+
+if TYPE_CHECKING:
+    from bridge.log.indexer import Indexer
+    from bridge.log.reader import Reader
+
+__all__ = ["KNOWN_METHODS", "Metrics"]
+
+#: JSON-RPC methods named in labels; anything else is counted as "other" (bounded labels).
+KNOWN_METHODS = frozenset(
+    {
+        "server/discover",
+        "initialize",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "prompts/list",
+        "prompts/get",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "tasks/get",
+        "tasks/update",
+        "tasks/cancel",
+        "tasks/stream",
+    }
+)
+
+_LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BACKLOG_BUCKETS = (0, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10_000, 100_000)
+
+
+class _TaskCounts(Collector):
+    """``bridge_tasks{status}``: tasks known to the index, by folded status (at scrape time)."""
+
+    def __init__(self) -> None:
+        self.indexer: Indexer | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "bridge_tasks", "Tasks in the seq index by status", labels=["status"]
+        )
+        counts = {status: 0 for status in TaskStatus}
+        if self.indexer is not None:
+            for idx in self.indexer.partitions.values():
+                for status, count in idx.status_counts().items():
+                    counts[status] += count
+        for status, count in counts.items():
+            family.add_metric([status.wire], count)
+        yield family
+
+
+class Metrics:
+    """Every metric of one bridge process."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.streams_active = Gauge(
+            "bridge_streams_active", "Open tasks/stream responses", registry=r
+        )
+        self.stream_opens = Counter(
+            "bridge_stream_opens_total",
+            "tasks/stream requests by mode: fresh, resume, gone",
+            ["mode"],
+            registry=r,
+        )
+        self.events_delivered = Counter(
+            "bridge_stream_events_delivered_total", "Task events written to streams", registry=r
+        )
+        self.delivery_latency = Histogram(
+            "bridge_stream_delivery_latency_seconds",
+            "Event timestamp to SSE write, for live deliveries",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.backlog = Histogram(
+            "bridge_stream_backlog_events",
+            "Task head seq minus the seq being delivered, per delivery",
+            buckets=_BACKLOG_BUCKETS,
+            registry=r,
+        )
+        self.catchup_reads = Counter(
+            "bridge_stream_catchup_reads_total",
+            "Catch-up reads from Kafka (history or after a fallback)",
+            registry=r,
+        )
+        self.slow_fallbacks = Counter(
+            "bridge_stream_slow_consumer_fallbacks_total",
+            "Streams whose bounded queue overflowed and fell back to catch-up reads",
+            registry=r,
+        )
+        self.seq_gaps = Counter(
+            "bridge_stream_seq_gaps_total",
+            "Deliveries that would have skipped a seq (canary: must stay 0)",
+            registry=r,
+        )
+        self.indexer_lag_records = Gauge(
+            "bridge_indexer_lag_records",
+            "Log end offset minus the indexed-through offset",
+            ["partition"],
+            registry=r,
+        )
+        self.indexer_lag_seconds = Gauge(
+            "bridge_indexer_lag_seconds",
+            "Age of the oldest record not yet indexed (0 when caught up)",
+            ["partition"],
+            registry=r,
+        )
+        self.log_start_offset = Gauge(
+            "bridge_log_start_offset",
+            "Log start offset of the events topic partition",
+            ["partition"],
+            registry=r,
+        )
+        self.log_end_offset = Gauge(
+            "bridge_log_end_offset",
+            "Log end (last stable) offset of the events topic partition",
+            ["partition"],
+            registry=r,
+        )
+        self.retention_headroom = Gauge(
+            "bridge_retention_headroom_seconds",
+            "Age of the oldest retained event: how long a client may stay away before events_gone",
+            ["partition"],
+            registry=r,
+        )
+        self.lost_partitions = Gauge(
+            "bridge_indexer_lost_partitions",
+            "Partitions where retention outran the indexer (must stay 0)",
+            registry=r,
+        )
+        self.rpc_requests = Counter(
+            "bridge_rpc_requests_total",
+            "JSON-RPC requests by method and outcome code",
+            ["method", "code"],
+            registry=r,
+        )
+        self.rpc_duration = Histogram(
+            "bridge_rpc_request_duration_seconds",
+            "Time to answer a JSON-RPC request (to the first byte for streams)",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._tasks = _TaskCounts()
+        r.register(self._tasks)
+
+    def attach(self, indexer: Indexer) -> None:
+        self._tasks.indexer = indexer
+
+    def rpc(self, method: str, code: int | str, seconds: float) -> None:
+        label = method if method in KNOWN_METHODS else "other"
+        self.rpc_requests.labels(label, str(code)).inc()
+        self.rpc_duration.labels(label).observe(seconds)
+
+    async def refresh_log_gauges(self, indexer: Indexer, reader: Reader) -> None:
+        """Offsets, lag and retention headroom of every events partition (a few Kafka calls)."""
+        starts = await reader.log_starts(list(indexer.partitions))
+        ends = await indexer.end_offsets()
+        now = time.time()
+        lost = 0
+        for p, idx in indexer.partitions.items():
+            label = str(p)
+            start, end = starts[p], ends[p]
+            self.log_start_offset.labels(label).set(start)
+            self.log_end_offset.labels(label).set(end)
+            lag = max(0, end - idx.through)
+            self.indexer_lag_records.labels(label).set(lag)
+            behind = 0.0
+            if lag:
+                ts = await reader.record_timestamp(p, max(idx.through, start))
+                behind = max(0.0, now - ts / 1000) if ts is not None else 0.0
+            self.indexer_lag_seconds.labels(label).set(behind)
+            headroom = 0.0
+            if end > start:
+                ts = await reader.record_timestamp(p, start)
+                headroom = max(0.0, now - ts / 1000) if ts is not None else 0.0
+            self.retention_headroom.labels(label).set(headroom)
+            lost += idx.lost_before >= 0
+        self.lost_partitions.set(lost)
+
+
+def metric_names(registry: CollectorRegistry) -> Iterable[str]:
+    for family in registry.collect():
+        yield family.name
