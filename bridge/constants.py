@@ -27,6 +27,7 @@ class EventSuffix:
     PROGRESS = "progress"
     UNDECODABLE = "event.undecodable"
     OVERSIZED = "event.oversized"
+    UNPREFIXED = "event.unprefixed"
 
 
 class TaskStatus(IntEnum):

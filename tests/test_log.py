@@ -374,3 +374,27 @@ async def test_sigkill_of_the_indexer_while_persisting_never_changes_any_seq(top
     assert report.records_read >= 1500
     persisted = await load_index(settings, sorted(final))
     assert {p: idx.entries() for p, idx in persisted.items()} == final
+
+
+async def test_a_foreign_unprefixed_type_is_served_under_our_prefix_and_keeps_its_seq(topics):
+    settings, task = topics, "task-foreign"
+    raw = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await raw.start()
+    try:
+        value = json.dumps({"type": "task.status", "payload": {"status": "done"}}).encode()
+        await raw.send_and_wait(settings.topics.events, key=task.encode(), value=value)
+        async with TaskEventPublisher(settings) as pub:
+            await pub.publish(task, "com.example.e", {"i": 1})
+    finally:
+        await raw.stop()
+    async with Indexer(settings) as indexer, Reader(settings, indexer) as reader:
+        await caught_up(indexer)
+        events = await collect(reader, task)
+    assert events == [
+        (
+            0,
+            f"{settings.event_type_prefix}.event.unprefixed",
+            {"type": "task.status", "payload": {"status": "done"}},
+        ),
+        (1, "com.example.e", {"i": 1}),
+    ]

@@ -7,7 +7,9 @@ describing why, so no event is ever dropped and no bad record can crash a reader
 
 from __future__ import annotations
 
-from bridge.constants import EventSuffix, TaskStatus
+from typing import Any
+
+from bridge.constants import EventSuffix, TaskStatus, is_prefixed_type
 from bridge.envelope import EnvelopeError, EnvelopeTooLarge, TaskEvent, decode_event
 from bridge.kafka.clients import ConsumerRecord
 
@@ -30,12 +32,20 @@ def event_from_record(
 ) -> TaskEvent:
     """Decode the record's event, or describe why it cannot be decoded (never raises)."""
     try:
-        return decode_event(
+        event = decode_event(
             record.value,
             record.headers,
             max_bytes=max_bytes,
             record_timestamp_ms=record.timestamp,
         )
+        if not is_prefixed_type(event.type):
+            # A foreign producer's unprefixed type: SEP-2694 forbids emitting it, so it is
+            # delivered under our prefix with the original type inside; it keeps its seq.
+            payload: dict[str, Any] = {"type": event.type, "payload": event.payload}
+            return TaskEvent(
+                f"{prefix}.{EventSuffix.UNPREFIXED}", payload, event.meta, event.timestamp_ms
+            )
+        return event
     except EnvelopeTooLarge:
         size = len(record.value or b"")
         payload = {"offset": record.offset, "bytes": size, "limitBytes": max_bytes}
