@@ -568,3 +568,25 @@ async def test_a_stopped_worker_leaves_its_job_in_flight_to_another(settings: Se
         # A left the group on its way out, so B gets the job without waiting for a timeout.
         view = await handed_over(bridge, task.task_id, expected_starts=2)
         assert text_of(view) == "Computed handover in 2s"
+
+
+@pytest.mark.kafka
+async def test_a_task_past_its_ttl_is_answered_as_unknown(settings: Settings) -> None:
+    tools = ["greet"]
+    short = TOOLS["greet"].model_copy(update={"ttl_ms": 1500})
+    async with bridge_side(settings, tools) as bridge, worker(settings, tools):
+        service = bridge.service
+        task = await service.create(short, {"name": "ttl"}, "alice")
+        assert task.ttl_ms == 1500
+        assert text_of(await bridge.terminal(task.task_id)) == "Hello, ttl!"
+        # retrievable for its ttl, then unknown (-32602 on the wire): poll the clock, bounded
+        async with asyncio.timeout(BOUND):
+            while True:
+                try:
+                    await service.get(task.task_id, "alice")
+                except TaskNotFound as exc:
+                    assert str(exc) == "Task has expired"
+                    break
+                await asyncio.sleep(0.1)  # poll interval while the ttl runs out
+        with pytest.raises(TaskNotFound):
+            await service.cancel(task.task_id, "alice")
