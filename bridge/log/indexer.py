@@ -28,8 +28,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
@@ -45,6 +43,7 @@ from bridge.kafka.clients import (
     transactional_producer,
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
+from bridge.lifecycle import Lifecycle
 from bridge.log.records import event_from_record, status_of, task_id_of
 from bridge.log.seqindex import (
     IndexRecordError,
@@ -160,7 +159,7 @@ async def load_index(settings: Settings, partitions: list[int]) -> dict[int, Par
     return index
 
 
-class Indexer:
+class Indexer(Lifecycle):
     """Derives seq for every committed record of the events topic; optionally persists it."""
 
     def __init__(
@@ -188,18 +187,6 @@ class Indexer:
         self.last_flush_records = 0
 
     # --- lifecycle -----------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Restore the index, reconcile with retention, and start tailing (and persisting)."""

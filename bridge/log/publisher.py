@@ -9,13 +9,13 @@ lets any other producer (kcat, an existing pipeline) write to the same task.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from bridge.config import Settings
 from bridge.constants import is_prefixed_type
 from bridge.envelope import TaskEvent, encode_event
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.lifecycle import Lifecycle
 
 __all__ = ["EventTooLarge", "Published", "TaskEventPublisher", "UnprefixedEventType"]
 
@@ -50,25 +50,13 @@ class Published:
     offset: int
 
 
-class TaskEventPublisher:
+class TaskEventPublisher(Lifecycle):
     """Publishes task events; use as ``async with TaskEventPublisher(settings) as pub``."""
 
     def __init__(self, settings: Settings, *, fmt: Literal["avro", "json"] = "avro") -> None:
         self.settings = settings
         self.fmt: Literal["avro", "json"] = fmt
         self._producer: AIOKafkaProducer | None = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         self._producer = idempotent_producer(self.settings, role="publisher")

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
@@ -28,6 +26,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
+from bridge.lifecycle import Lifecycle
 from bridge.log.indexer import Indexer
 from bridge.log.records import event_from_record
 from bridge.log.seqindex import TaskEntry
@@ -100,7 +99,7 @@ class _Snapshot:
         return self.entry.checkpoint_after_offset(offset)
 
 
-class Reader:
+class Reader(Lifecycle):
     """Reads retained task events through a small pool of ``read_committed`` consumers."""
 
     def __init__(
@@ -115,15 +114,7 @@ class Reader:
         self._creating = asyncio.Lock()
         self.records_scanned = 0
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def stop(self) -> None:
         await self.close()
 
     async def close(self) -> None:

@@ -23,8 +23,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiokafka.abc import ConsumerRebalanceListener
 from pydantic import ValidationError
@@ -41,6 +40,7 @@ from bridge.kafka.clients import (
     idempotent_producer,
 )
 from bridge.kafka.topics import topic_partition_ids
+from bridge.lifecycle import Lifecycle
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest, StatusPayload
 
@@ -156,7 +156,7 @@ class JobContext:
 Handler = Callable[[JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
 
-class Worker:
+class Worker(Lifecycle):
     """Runs the handlers' jobs; ``async with Worker(settings, handlers) as w: await w.run()``.
 
     Cancel the task running :meth:`run` before leaving the ``async with`` block (or calling
@@ -203,18 +203,6 @@ class Worker:
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
         self.completed = 0
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         try:
