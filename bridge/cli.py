@@ -182,19 +182,38 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The main job: a broker (the configured one, else local), the topics, the server."""
-    if not settings.kafka_bootstrap_servers:
-        from bridge.kafka.broker import start_local_detached
+    """The reviewer demo (bridge/demo.py): Kafka, topics, the bridge, a narrated walkthrough."""
+    from bridge import demo
 
-        _progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
-        info = start_local_detached(settings, progress=_progress)
-        _progress(f"kafka ready at {info.bootstrap_servers}")
-        settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
-    for line in asyncio.run(create_topics(settings)):
-        _progress(line)
-    _progress(f"serving on http://{settings.http_host}:{settings.http_port} (Ctrl-C stops)")
-    serve(settings, with_workers=True)
-    return 0
+    try:
+        return demo.demo_command(
+            settings, exit_after=args.exit, speed=args.speed, data=args.data, progress=_progress
+        )
+    except demo.DemoError as exc:
+        raise UserError(str(exc)) from None
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge import demo
+
+    url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
+    try:
+        return asyncio.run(
+            demo.replay_command(
+                with_kafka(settings),
+                args.file,
+                task_id=args.task_id,
+                speed=args.speed,
+                url=url,
+                keep_open=args.keep_open,
+                principal=args.principal,
+            )
+        )
+    except demo.DemoError as exc:
+        raise UserError(str(exc)) from None
 
 
 # --- tail ------------------------------------------------------------------------------------
@@ -361,7 +380,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="local Kafka + topics + server: the reviewer demo")
     demo.add_argument("--host")
     demo.add_argument("--port", type=int)
+    demo.add_argument("--exit", action="store_true", help="exit after the walkthrough")
+    demo.add_argument("--speed", type=float, default=20.0, help="replay pacing (default 20x)")
+    demo.add_argument("--data", help="session file (default: data/agent-session.jsonl)")
     demo.set_defaults(func=cmd_demo)
+
+    replay = sub.add_parser("replay", help="load a recorded session into Kafka as a task's events")
+    replay.add_argument("file", help="JSON lines {offset_ms, type, payload} (see data/README.md)")
+    target = replay.add_mutually_exclusive_group()
+    target.add_argument("--task-id", help="append to this existing, unfinished task")
+    target.add_argument(
+        "--new", action="store_true", help="create a new task (the default); prints its id"
+    )
+    replay.add_argument(
+        "--speed", type=float, default=1.0, help="x the recorded pacing; 0 = at once (default 1)"
+    )
+    replay.add_argument("--url", help="the bridge's MCP endpoint (checks --task-id; tail hint)")
+    replay.add_argument(
+        "--keep-open", action="store_true", help="no terminal status at the end: append later"
+    )
+    replay.add_argument(
+        "--principal", default="anonymous", help="owner of a new task (auth mode none: anonymous)"
+    )
+    replay.set_defaults(func=cmd_replay)
 
     workers = sub.add_parser("workers", help="run the tool jobs of built-in worker packs")
     workers.add_argument(

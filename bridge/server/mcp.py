@@ -251,17 +251,23 @@ class McpEndpoint:
                 raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)
         return bytes(body)
 
-    async def post(self, request: Request) -> Response:
+    def _gate(self, request: Request) -> str | Response:
+        """The caller's principal, or the 403/401 response that refuses the request."""
         if not self._origin_allowed(request):
             return JSONResponse({"error": "forbidden host or origin"}, status_code=403)
         try:
-            principal = self.auth.principal(request)
+            return self.auth.principal(request)
         except Unauthorized as exc:
             return JSONResponse(
                 {"error": str(exc)},
                 status_code=401,
                 headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
             )
+
+    async def post(self, request: Request) -> Response:
+        principal = self._gate(request)
+        if isinstance(principal, Response):
+            return principal
         request_id: str | int | None = None
         started = time.perf_counter()
         method = "invalid"
@@ -342,16 +348,9 @@ class McpEndpoint:
         cursor = request.headers.get("last-event-id")
         if cursor is None:
             return Response(status_code=405, headers={"Allow": "POST"})
-        if not self._origin_allowed(request):
-            return JSONResponse({"error": "forbidden host or origin"}, status_code=403)
-        try:
-            principal = self.auth.principal(request)
-        except Unauthorized as exc:
-            return JSONResponse(
-                {"error": str(exc)},
-                status_code=401,
-                headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
-            )
+        principal = self._gate(request)
+        if isinstance(principal, Response):
+            return principal
         try:
             request_id, task_id, seq = decode_cursor(cursor.strip())
         except ValueError:
