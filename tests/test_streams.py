@@ -348,3 +348,38 @@ async def test_sigkill_of_the_bridge_mid_stream_loses_and_repeats_nothing(
     assert received == list(range(len(received)))
     assert steps == list(range(n))  # every step once, in order (the worker's progress events too)
     assert store.load(task) == received[-1]
+
+
+async def test_sigterm_drains_open_streams_promptly_and_the_client_resumes_after_restart(
+    kafka_bootstrap, tmp_path
+):
+    import secrets
+
+    from conftest import make_settings, running_bridge
+
+    settings = make_settings(kafka_bootstrap, f"d-{secrets.token_hex(5)}")
+    with running_bridge(settings, tmp_path) as bridge:
+        url, task = bridge.url, await long_task(bridge.url)
+        async with TaskEventPublisher(settings) as pub:
+            for i in range(3):
+                await pub.publish(task, "com.example.step", {"i": i})
+        started = asyncio.Event()
+        async with asyncio.timeout(BOUND):
+            open_stream = asyncio.create_task(read_stream(url, task, started=started))
+            await started.wait()
+            drained_at = time.monotonic()
+            bridge.server.popen.terminate()  # SIGTERM
+            out = await open_stream
+            took = time.monotonic() - drained_at
+            exit_code = await asyncio.to_thread(bridge.server.popen.wait, BOUND)
+        assert out["result"] is None and out["error"] is None  # ended without its result: resume
+        assert took < 9  # well inside the 10 s graceful shutdown: streams end at once
+        # uvicorn re-raises the signal once its graceful shutdown is done
+        assert exit_code in (0, -15)
+        assert "Finished server process" in bridge.server.tail(200)
+        seen = seqs(out)
+        bridge.start_server()
+        await cancel(url, task)
+        rest = await read_stream(url, task, after=seen[-1])
+        assert seqs(rest) == list(range(seen[-1] + 1, seen[-1] + 1 + len(rest["events"])))
+        assert rest["result"] == {"resultType": "complete"}
