@@ -159,3 +159,10 @@ def test_json_encoding_is_labelled_json():
     assert headers == [(CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE.encode())]
     assert json.loads(value) == {"type": "com.example.x", "payload": {}, "timestamp": 7}
     assert struct.calcsize("<Q") == 8
+
+
+def test_the_schema_ships_inside_the_package_too():
+    import bridge
+
+    packaged = Path(bridge.__file__).resolve().parent / "schemas" / "task_event.avsc"
+    assert packaged.read_bytes() == SCHEMA.read_bytes()
