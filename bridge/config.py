@@ -123,7 +123,7 @@ class AuthSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    """All settings of the bridge. See ``docs/configuration.md`` for each one."""
+    """All settings of the bridge. The README's Configuration table lists the main ones."""
 
     model_config = SettingsConfigDict(
         env_prefix="BRIDGE_",
@@ -168,6 +168,8 @@ class Settings(BaseSettings):
     max_streams_per_principal: int = Field(32, ge=1)
     stream_queue_size: int = Field(1024, ge=1)
     stream_keepalive_s: float = Field(15.0, gt=0)
+    #: tasks/stream requests (opens and resumes) one principal may make per minute.
+    max_stream_opens_per_minute: int = Field(600, ge=1)
     #: The bearer token ``bridge tail`` presents (prefer this to --token: argv is visible).
     client_token: SecretStr | None = None
     #: ``bridge serve`` creates missing topics (job topics included) at start; turn it off

@@ -27,6 +27,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -306,11 +307,11 @@ async def replay_command(
         pace = "as fast as possible" if speed == 0 else f"{speed:g}x ({span_s / speed:.1f} s)"
         _err(f"replaying {len(events)} events recorded over {span_s:.1f} s, {pace}")
         started = time.monotonic()
-        step = max(1, len(events) // 10)
+        marks = {-(-len(events) * k // 10) for k in range(1, 11)}  # every 10%, rounded up
 
         def progress(i: int, where: Published) -> None:
             done = i + 1
-            if done % step == 0 or done == len(events):
+            if done in marks:
                 _err(
                     f"{done}/{len(events)} events ({100 * done // len(events)}%), "
                     f"{time.monotonic() - started:.1f} s, at offset {where.offset}"
@@ -341,7 +342,6 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
 
         progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
         info = start_local_detached(settings, progress=progress)
-        progress(f"kafka ready at {info.bootstrap_servers}")
         settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
     packs = list(dict.fromkeys([*settings.tool_packs, "demo"]))
     return settings.model_copy(update={"tool_packs": packs})
@@ -457,7 +457,19 @@ class Narrator:
 
     def say(self, text: str) -> None:
         self._end_text()
-        self._write(f"  {text}\n")
+        wrapped = textwrap.fill(
+            text,
+            self.width - 2,
+            initial_indent="  ",
+            subsequent_indent="  ",
+            break_on_hyphens=False,
+        )
+        self._write(wrapped + "\n")
+
+    def command(self, text: str) -> None:
+        """A command line the reader can copy (never wrapped)."""
+        self._end_text()
+        self._write(f"    {self._bold}{text}{self._reset}\n")
 
     def note(self, text: str) -> None:
         self._end_text()
@@ -467,7 +479,7 @@ class Narrator:
         """One event: message deltas are written inline as the text they carry."""
         short = event_type.removeprefix(_AGENT)
         if short == "message.delta" and isinstance(payload.get("text"), str):
-            self._text(payload["text"])
+            self._text(seq, payload["text"])
             return
         self._end_text()
         label = f"{who} " if who else ""
@@ -475,11 +487,15 @@ class Narrator:
         limit = self.width - 1
         self._write((line if len(line) <= limit else line[: limit - 1] + "…") + "\n")
 
-    def _text(self, text: str) -> None:
+    def _text(self, seq: int, text: str) -> None:
         margin = len(_INDENT) + 2
         for piece in re.findall(r"\S+\s*|\s+", text):
-            if not self._column or (self._column + len(piece.rstrip()) > self.width):
-                self._write(("\n" if self._column else "") + _INDENT + "│ ")
+            if not self._column:  # a new block of text: show the seq it starts at
+                self._write(f"  seq {seq:>4}".ljust(len(_INDENT)) + "│ ")
+                self._column = margin
+                piece = piece.lstrip()
+            elif self._column + len(piece.rstrip()) > self.width:
+                self._write("\n" + _INDENT + "│ ")
                 self._column = margin
                 piece = piece.lstrip()
             self._write(piece)
@@ -493,12 +509,15 @@ class Narrator:
         self.say(text)
 
     def passed(self, number: int, text: str) -> None:
-        self._end_text()
-        self._write(f"  {self._green}{self._bold}PASS{self._reset}  step {number}: {text}\n")
+        self._verdict(f"{self._green}{self._bold}PASS{self._reset}", number, text)
 
     def failed(self, number: int, text: str) -> None:
+        self._verdict(f"{self._red}{self._bold}FAIL{self._reset}", number, text)
+
+    def _verdict(self, word: str, number: int, text: str) -> None:
         self._end_text()
-        self._write(f"  {self._red}{self._bold}FAIL{self._reset}  step {number}: {text}\n")
+        lines = textwrap.wrap(f"step {number}: {text}", self.width - 8, break_on_hyphens=False)
+        self._write(f"  {word}  " + "\n        ".join(lines) + "\n")
 
 
 def _describe(short: str, p: dict[str, Any]) -> str:
@@ -599,6 +618,7 @@ def _seq_range(seqs: list[int]) -> str:
 @dataclass
 class _Walkthrough:
     settings: Settings
+    publisher: TaskEventPublisher
     url: str
     session: list[SessionEvent]
     source: str
@@ -609,6 +629,8 @@ class _Walkthrough:
     a_seen: list[_Seen] = field(default_factory=list)
     b: _Collector | None = None
     replay: ReplayResult | None = None
+    writer: asyncio.Task[ReplayResult] | None = None
+    cursor_file: Path | None = None
 
     @property
     def created_type(self) -> str:
@@ -655,50 +677,48 @@ class _Walkthrough:
             f"{self.speed:g}x speed by TaskEventPublisher, while client A (bridge.client."
             "TaskStreamClient) streams the task through the bridge."
         )
-        async with TaskEventPublisher(self.settings) as publisher:
-            self.task_id, where = await create_task(publisher, self.settings)
-            say.say(f"task {self.task_id}: created (seq 0), partition {where.partition}")
-            view = await self.tasks_get(self.task_id)
-            _check(view.get("status") == "working", f"tasks/get says {view.get('status')!r}")
-            say.note("tasks/get → status working; client A opens tasks/stream {taskId}")
-            cursor_file = self.workdir / "client-a-cursors.json"
-            client = TaskStreamClient(self.url, store=FileCursorStore(cursor_file))
-            drop_at = self._disconnect_index() + 1  # the seq A is about to receive when it drops
-            writer: asyncio.Task[ReplayResult] | None = None
-            self.replay = ReplayResult(self.task_id)
+        publisher = self.publisher
+        self.task_id, where = await create_task(publisher, self.settings)
+        say.say(f"task {self.task_id}: created (seq 0), partition {where.partition}")
+        view = await self.tasks_get(self.task_id)
+        _check(view.get("status") == "working", f"tasks/get says {view.get('status')!r}")
+        say.note("tasks/get → status working; client A opens tasks/stream {taskId}")
+        cursor_file = self.workdir / "client-a-cursors.json"
+        client = TaskStreamClient(self.url, store=FileCursorStore(cursor_file))
+        drop_at = self._disconnect_index() + 1  # the seq A is about to receive when it drops
+        writer: asyncio.Task[ReplayResult] | None = None
+        self.replay = ReplayResult(self.task_id)
 
-            stream = cast(AsyncGenerator[Any, None], client.stream(self.task_id))
-            async with contextlib.aclosing(stream) as events:
-                async for event in events:
-                    if event.seq == drop_at:
-                        break  # A "loses its connection" before processing this event
-                    self.a_seen.append(
-                        _Seen(event.seq, event.type, event.payload, time.monotonic())
-                    )
-                    say.event(event.seq, event.type, event.payload)
-                    if writer is None:  # A is connected: start the agent
-                        writer = asyncio.create_task(
-                            replay_events(
-                                publisher,
-                                self.task_id,
-                                self.session,
-                                speed=self.speed,
-                                into=self.replay,
-                            )
+        stream = cast(AsyncGenerator[Any, None], client.stream(self.task_id))
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                if event.seq == drop_at:
+                    break  # A "loses its connection" before processing this event
+                self.a_seen.append(_Seen(event.seq, event.type, event.payload, time.monotonic()))
+                say.event(event.seq, event.type, event.payload)
+                if writer is None:  # A is connected: start the agent
+                    writer = asyncio.create_task(
+                        replay_events(
+                            publisher,
+                            self.task_id,
+                            self.session,
+                            speed=self.speed,
+                            into=self.replay,
                         )
-            assert writer is not None
-            still_writing = not writer.done()
-            last = self.a_seen[-1].seq
-            say.cut(
-                f"✂ client A drops its connection here. Last event it fully processed: seq {last} "
-                f"(the agent is at seq {len(self.replay.published)} and keeps going)"
-            )
-            seqs = [s.seq for s in self.a_seen]
-            _check(_contiguous(seqs), f"A's seqs are not 0..{last} in order: {seqs}")
-            _check(self.a_seen[0].type == self.created_type, "seq 0 is not task.created")
-            _check(self.matches_file(self.a_seen[1:]), "A's events differ from the data set")
-            _check(still_writing, "the replay had finished before A dropped: not a live stream")
-            self._writer, self._client_a_cursor = writer, cursor_file
+                    )
+        assert writer is not None
+        still_writing = not writer.done()
+        last = self.a_seen[-1].seq
+        say.cut(
+            f"client A drops its connection here. Last event it fully processed: seq {last} "
+            f"(the agent is at seq {len(self.replay.published)} and keeps going)"
+        )
+        seqs = [s.seq for s in self.a_seen]
+        _check(_contiguous(seqs), f"A's seqs are not 0..{last} in order: {seqs}")
+        _check(self.a_seen[0].type == self.created_type, "seq 0 is not task.created")
+        _check(self.matches_file(self.a_seen[1:]), "A's events differ from the data set")
+        _check(still_writing, "the replay had finished before A dropped: not a live stream")
+        self.writer, self.cursor_file = writer, cursor_file
         latencies = self._latencies(self.a_seen, self.replay)
         return (
             f"client A received seqs {_seq_range(seqs)} live, in order, each one the data set's "
@@ -719,14 +739,12 @@ class _Walkthrough:
             f"max {max(lags):.0f} ms"
         )
 
-    _writer: asyncio.Task[ReplayResult]
-    _client_a_cursor: Path
-
     async def step_resume(self) -> str:
         from bridge.client import FileCursorStore, TaskStreamClient
 
         say = self.say
-        cursor_file = self._client_a_cursor
+        cursor_file, writer = self.cursor_file, self.writer
+        assert cursor_file is not None and writer is not None
         saved = json.loads(cursor_file.read_text(encoding="utf-8"))
         cursor = saved.get(self.task_id)
         say.say(f"A's cursor file {cursor_file.name}: {json.dumps(saved)}")
@@ -752,7 +770,7 @@ class _Walkthrough:
                 say.event(event.seq, event.type, event.payload)
                 if event.seq >= last_seq:
                     break  # the session's last event: A has everything the agent wrote
-        await self._writer
+        await writer
         first = after[0].seq if after else None
         seqs_before, seqs_after = [s.seq for s in self.a_seen], [s.seq for s in after]
         say.say(
@@ -883,10 +901,9 @@ class _Walkthrough:
             "The agent's work is done: its terminal status event (io.mcpbridge.task.status "
             "completed, with the tool result) ends every open stream of the task."
         )
-        async with TaskEventPublisher(settings) as publisher:
-            await finish_task(
-                publisher, settings, self.task_id, completed_result(self.session, self.source)
-            )
+        await finish_task(
+            self.publisher, settings, self.task_id, completed_result(self.session, self.source)
+        )
         async with asyncio.timeout(STEP_BOUND_S):
             await self.b.runner  # the stream ends with the tasks/stream result
         self.b.on_event = None
@@ -932,20 +949,18 @@ class _Walkthrough:
             "removes the start of its partition."
         )
         n = len(self.session)
-        async with TaskEventPublisher(settings) as publisher:
-            _, created = await create_task(publisher, settings, task_id=task_id)
-            step = max(1, n // 4)
+        publisher = self.publisher
+        _, created = await create_task(publisher, settings, task_id=task_id)
+        marks = {n * k // 4 for k in (1, 2, 3, 4)}
 
-            def progress(i: int, where: Published) -> None:
-                if (i + 1) % step == 0 or i + 1 == n:
-                    say.note(f"… wrote {i + 1}/{n} events")
+        def progress(i: int, where: Published) -> None:
+            if i + 1 in marks:
+                say.note(f"… wrote {i + 1}/{n} events")
 
-            replayed = await replay_events(
-                publisher, task_id, self.session, speed=0, on_published=progress
-            )
-            await finish_task(
-                publisher, settings, task_id, completed_result(self.session, self.source)
-            )
+        replayed = await replay_events(
+            publisher, task_id, self.session, speed=0, on_published=progress
+        )
+        await finish_task(publisher, settings, task_id, completed_result(self.session, self.source))
         last_seq = n + 1
         full = _Collector(self.url, task_id)
         await full.runner
@@ -1035,8 +1050,10 @@ async def _run_demo(
         f"for the tool packs {', '.join(settings.tool_packs)})"
     )
     code = 0
-    with tempfile.TemporaryDirectory(prefix="bridge-demo-") as workdir:
-        walk = _Walkthrough(settings, url, session, source, speed, Path(workdir), say)
+    async with contextlib.AsyncExitStack() as stack:
+        workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bridge-demo-"))
+        publisher = await stack.enter_async_context(TaskEventPublisher(settings))
+        walk = _Walkthrough(settings, publisher, url, session, source, speed, Path(workdir), say)
         steps: list[tuple[str, Callable[[], Awaitable[str]]]] = [
             ("A long task, streaming live", walk.step_live),
             ("Disconnect, then resume with `after`", walk.step_resume),
@@ -1077,6 +1094,10 @@ async def _run_demo(
             results.append(True)
         if walk.b is not None:
             await walk.b.close()
+        if walk.writer is not None and not walk.writer.done():
+            walk.writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await walk.writer
         elapsed = time.monotonic() - began
         passed = sum(results)
         if passed == len(steps):
@@ -1090,15 +1111,21 @@ async def _run_demo(
         if code == 0 and not exit_after:
             tail_url = "" if url == "http://127.0.0.1:8080/mcp" else f" --url {url}"
             say.say(f"The bridge keeps serving at {url}. Try, in another terminal:")
-            say.say(f"  bridge tail {walk.task_id}{tail_url}        # the whole session again")
-            say.say(f"  bridge replay {source} --speed 2{tail_url}  # a new task; then tail its id")
+            say.command(f"bridge tail {walk.task_id}{tail_url}")
+            say.note("    (the whole session again, from seq 0; add --after N to resume)")
+            say.command(f"bridge replay {source} --speed 2{tail_url}")
+            say.note("    (a new task from the data set at 2x; tail the id it prints)")
             say.say("Ctrl-C stops the bridge (the local Kafka keeps running: bridge kafka stop).")
-            waits = {asyncio.create_task(stop.wait()), *([server.task] if server.task else [])}
-            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {asyncio.create_task(stop.wait())}
+            if server.task is not None:
+                waits.add(server.task)
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 if task is not server.task:
                     task.cancel()
     await server.stop()
+    if code == 0 and not exit_after:
+        say.say("bridge stopped")
     return code
 
 

@@ -148,6 +148,11 @@ class Metrics:
             "Partitions where retention outran the indexer (must stay 0)",
             registry=r,
         )
+        self.index_writer_active = Gauge(
+            "bridge_index_writer_active",
+            "1 when this process persists the seq index (the writer, not fenced), else 0",
+            registry=r,
+        )
         self.rpc_requests = Counter(
             "bridge_rpc_requests_total",
             "JSON-RPC requests by method and outcome code",
@@ -197,6 +202,7 @@ class Metrics:
             self.retention_headroom.labels(label).set(headroom)
             lost += idx.lost_before >= 0
         self.lost_partitions.set(lost)
+        self.index_writer_active.set(1 if indexer.persist and not indexer.fenced else 0)
 
 
 def metric_names(registry: CollectorRegistry) -> Iterable[str]:

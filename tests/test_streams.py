@@ -13,7 +13,7 @@ from aiokafka.structs import TopicPartition
 from mcp_http import call, create_task, request, result, sse_messages
 
 from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
-from bridge.kafka.clients import admin_client
+from bridge.kafka.clients import admin_client, partition_for_key
 from bridge.log.publisher import TaskEventPublisher
 
 pytestmark = pytest.mark.kafka
@@ -383,3 +383,56 @@ async def test_sigterm_drains_open_streams_promptly_and_the_client_resumes_after
         rest = await read_stream(url, task, after=seen[-1])
         assert seqs(rest) == list(range(seen[-1] + 1, seen[-1] + 1 + len(rest["events"])))
         assert rest["result"] == {"resultType": "complete"}
+
+
+async def test_a_finished_task_whose_events_are_all_gone_ends_at_once_without_a_cursor(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    await cancel(url, task)
+    async with asyncio.timeout(BOUND):
+        out = await read_stream(url, task)  # everything, up to the cancelled status
+    assert out["result"] == {"resultType": "complete"} and out["events"]
+    admin = admin_client(sbridge.settings)
+    await admin.start()
+    try:
+        # delete everything of the partition the task lives in, up to its end
+        partition = partition_for_key(task.encode(), sbridge.settings.topics.partitions)
+        ends = await _end_offsets(sbridge.settings, partition)
+        await admin.delete_records(
+            {TopicPartition(sbridge.settings.topics.events, partition): RecordsToDelete(ends)}
+        )
+    finally:
+        await admin.close()
+    async with asyncio.timeout(BOUND):
+        gone = await read_stream(url, task)
+    assert gone["events"] == [] and gone["result"] == {"resultType": "complete"}
+
+
+async def _end_offsets(settings, partition: int) -> int:
+    from bridge.kafka.clients import committed_consumer
+
+    consumer = committed_consumer(settings, role="probe")
+    await consumer.start()
+    try:
+        tp = TopicPartition(settings.topics.events, partition)
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
+async def test_stream_opens_are_rate_limited_per_principal(kafka_bootstrap, tmp_path):
+    import secrets
+
+    from conftest import make_settings, running_bridge
+
+    settings = make_settings(kafka_bootstrap, f"r-{secrets.token_hex(5)}")
+    with running_bridge(settings, tmp_path, BRIDGE_MAX_STREAM_OPENS_PER_MINUTE="3") as bridge:
+        url, task = bridge.url, await long_task(bridge.url)
+        await cancel(url, task)
+        async with asyncio.timeout(BOUND):
+            for _ in range(3):
+                assert (await read_stream(url, task))["result"] == {"resultType": "complete"}
+            async with httpx.AsyncClient(timeout=BOUND) as http:
+                headers, body = request("tasks/stream", {"taskId": task})
+                refused = await http.post(url, json=body, headers=headers)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["data"]["reason"] == "rate_limited"

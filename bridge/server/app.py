@@ -48,6 +48,16 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
     """Build the bridge's ASGI app; ``with_workers`` also runs the packs' workers in-process."""
     auth = Authenticator(settings.auth)
     tools = tool_catalog(settings)
+    retention = settings.topics.retention_ms
+    for tool in tools:
+        if retention > 0 and (tool.ttl_ms is None or tool.ttl_ms >= retention):
+            log.warning(
+                "tool %s: ttl_ms %s is not below the events topic's retention.ms %d; a task could "
+                "outlive its task.created event, after which replicas may disagree on it",
+                tool.name,
+                tool.ttl_ms,
+                retention,
+            )
     state: dict[str, object] = {"ready": False}
     holder: dict[str, Any] = {}
     metrics = Metrics()

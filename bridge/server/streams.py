@@ -22,7 +22,7 @@ import binascii
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +101,7 @@ class StreamHub:
         self._subs: dict[str, set[_Subscription]] = defaultdict(set)
         self._active: dict[tuple[str, str], int] = {}
         self._per_principal: dict[str, int] = defaultdict(int)
+        self._opens: dict[str, deque[float]] = defaultdict(deque)
         self._status_type = f"{settings.event_type_prefix}.{EventSuffix.STATUS}"
         indexer.add_listener(self._on_event)
 
@@ -163,14 +164,33 @@ class StreamHub:
 
     def check_admission(self, principal: str, task_id: str) -> None:
         """Refuse early (before the SSE response starts) what :meth:`events` would refuse."""
+        self._rate(principal, record=False)
         with self._admit(principal, task_id):
             pass
 
+    def _rate(self, principal: str, *, record: bool) -> None:
+        """At most ``max_stream_opens_per_minute`` opens per principal (cursor/id guessing)."""
+        window = self._opens[principal]
+        now = time.monotonic()
+        while window and window[0] <= now - 60:
+            window.popleft()
+        limit = self.settings.max_stream_opens_per_minute
+        if len(window) >= limit:
+            raise RpcError(
+                INVALID_REQUEST,
+                f"too many tasks/stream requests for this principal (limit {limit} a minute)",
+                {"reason": "rate_limited", "retryAfterSeconds": round(window[0] + 60 - now, 1)},
+                http_status=429,
+            )
+        if record:
+            window.append(now)
+
     async def check_cursor(self, task_id: str, after: int | None) -> None:
         """Raise events_gone / refuse untrusted seq before any byte of the stream is sent."""
-        if after is None:
-            return
         try:
+            if after is None:
+                await self.reader.head(task_id)  # refuses a task whose seq cannot be trusted
+                return
             earliest = await self.reader.earliest_seq(task_id)
         except SeqUntrusted as exc:
             raise RpcError(
@@ -187,6 +207,7 @@ class StreamHub:
         Ends after the task's terminal status event, or at once for a terminal task with
         nothing after the cursor. Raises :class:`RpcError` for events_gone found mid-stream.
         """
+        self._rate(principal, record=True)
         with self._admit(principal, task_id):
             self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
             sub = _Subscription(task_id, asyncio.Queue(maxsize=self.settings.stream_queue_size))
@@ -220,6 +241,9 @@ class StreamHub:
             while not sub.queue.empty():
                 sub.queue.get_nowait()
             self.metrics.catchup_reads.inc()
+            # Terminal before the read: the read reaches the head, past the terminal event (or
+            # that event is gone with retention), so nothing can follow it live.
+            terminal_before = self._terminal_offset(task_id) is not None
             try:
                 reading = self.reader.read(task_id, None if first_read else last)
                 async for event in reading:
@@ -242,9 +266,8 @@ class StreamHub:
                     INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
                 ) from None
             first_read = False
-            found = self.indexer.lookup(task_id)
-            if found is not None and found[1].terminal and found[1].next_seq <= last + 1:
-                return  # terminal, and nothing after the cursor
+            if terminal_before:
+                return  # a finished task: everything retained after the cursor was replayed
             # Live: drain the queue, delivering exactly last + 1 each time.
             while not sub.overflowed:
                 if self.draining.is_set():
