@@ -706,6 +706,7 @@ class _Walkthrough:
                             into=self.replay,
                         )
                     )
+                    self.writer = writer  # cancelled at the end if a later check fails
         assert writer is not None
         still_writing = not writer.done()
         last = self.a_seen[-1].seq
@@ -718,7 +719,7 @@ class _Walkthrough:
         _check(self.a_seen[0].type == self.created_type, "seq 0 is not task.created")
         _check(self.matches_file(self.a_seen[1:]), "A's events differ from the data set")
         _check(still_writing, "the replay had finished before A dropped: not a live stream")
-        self.writer, self.cursor_file = writer, cursor_file
+        self.cursor_file = cursor_file
         latencies = self._latencies(self.a_seen, self.replay)
         return (
             f"client A received seqs {_seq_range(seqs)} live, in order, each one the data set's "
@@ -1044,7 +1045,11 @@ async def _run_demo(
     try:
         await server.start(url)
     except TimeoutError:
+        await server.stop()
         raise DemoError(f"the bridge was not ready within {START_BOUND_S:.0f} s") from None
+    except BaseException:
+        await server.stop()
+        raise
     say.say(
         f"bridge: ready in {time.monotonic() - started:.1f} s at {url} (in-process, with workers "
         f"for the tool packs {', '.join(settings.tool_packs)})"
