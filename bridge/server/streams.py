@@ -245,7 +245,7 @@ class StreamHub:
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
             try:
-                reading = self.reader.read(task_id, None if first_read else last)
+                reading = self.reader.read(task_id, None if first_read or last < 0 else last)
                 async for event in reading:
                     if event.seq <= last:
                         continue
@@ -265,6 +265,15 @@ class StreamHub:
                 raise RpcError(
                     INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
                 ) from None
+            if first_read and last < 0:
+                # Nothing retained: the next event is the task's earliest retained seq (its
+                # head when everything is gone), whatever arrives live from here.
+                try:
+                    last = await self.reader.earliest_seq(task_id) - 1
+                except SeqUntrusted as exc:
+                    raise RpcError(
+                        INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
+                    ) from None
             first_read = False
             if terminal_before:
                 return  # a finished task: everything retained after the cursor was replayed

@@ -58,13 +58,7 @@ CARELESS_RECORDS: list[tuple[bytes, list[tuple[str, bytes]]]] = [
 
 #: Tests that fail against our bridge because of a known bridge bug (xfail; once a bug is fixed
 #: the report shows XPASS for its clause: remove the entry then).
-KNOWN_FAILURES: dict[str, str] = {
-    "test_a_live_task_without_retained_events_streams_future_events": (
-        "bridge bug: with `after` omitted and no event retained, StreamHub._run treats the "
-        "first live event (seq = next_seq > 0) as a gap and re-reads with "
-        "Reader.read(task, after=-1), which raises ValueError: the stream ends with -32603"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 class BridgeHooks(Hooks):

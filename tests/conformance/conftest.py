@@ -45,7 +45,16 @@ class _Outcome:
 
 #: nodeid -> outcome, for every conformance test collected in this session.
 _OUTCOMES: dict[str, _Outcome] = {}
-_RANK = {"FAIL": 6, "ERROR": 6, "XPASS": 5, "XFAIL": 4, "PASS": 3, "SKIP": 2, "NOT RUN": 1}
+_RANK = {
+    "FAIL": 6,
+    "ERROR": 6,
+    "XPASS": 5,
+    "XFAIL": 4,
+    "PASS": 3,
+    "SKIP": 2,
+    "N/A": 1,
+    "NOT RUN": 1,
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -231,6 +240,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for key, entry in CLAUSES.items():
         mine = [o for o in _OUTCOMES.values() if key in o.keys]
         status = max((o.status for o in mine), key=_RANK.__getitem__, default="NOT RUN")
+        if entry.not_checkable and not mine:
+            status = "N/A"
         counts[status] = counts.get(status, 0) + 1
         write(f"{status:<7} {key:<{width}}  {entry.text}")
         names: dict[str, int] = {}
@@ -240,5 +251,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         write(f"{pad}tests: {tests or '-'}")
         for reason in sorted({o.reason for o in mine if o.status == status and o.reason}):
             write(f"{pad}reason: {reason}")
+        if status == "N/A":
+            write(f"{pad}not checkable against a server: {entry.not_checkable}")
     order = sorted(counts.items(), key=lambda item: -_RANK[item[0]])
     write(f"{len(CLAUSES)} clauses: " + ", ".join(f"{n} {status}" for status, n in order))
