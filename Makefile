@@ -8,7 +8,7 @@ export MCP_CONFORMANCE_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/conformance-$(CONF
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint venv venv-test system-deps conformance-deps clean
+.PHONY: demo test lint venv venv-test system-deps conformance-deps k8s-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ conformance-deps:
 	  { test -f package.json || echo '{"name":"bridge-conformance","private":true}' > package.json; } && \
 	  npm install --no-audit --no-fund --loglevel=error @modelcontextprotocol/conformance@$(CONFORMANCE_VERSION) node@22; }
 
+# kustomize and kubeconform (Go module proxy) and offline Kubernetes JSON schemas (PyPI) for
+# tests/test_k8s.py; each installed once into K8S_TOOLS_DIR (k8s/install-tools.sh).
+export K8S_TOOLS_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/k8s-tools
+k8s-tools: venv-test
+	@PYTHON=$(BIN)/python sh k8s/install-tools.sh
+
 demo: venv
 	$(BIN)/bridge demo
 
@@ -45,7 +51,7 @@ lint: venv-test
 	$(BIN)/ruff format --check bridge tests bench
 	$(BIN)/mypy
 
-test: venv-test system-deps conformance-deps lint
+test: venv-test system-deps conformance-deps k8s-tools lint
 	$(BIN)/pytest
 
 clean:
