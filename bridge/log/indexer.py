@@ -44,7 +44,7 @@ from bridge.kafka.clients import (
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 from bridge.lifecycle import Lifecycle
-from bridge.log.records import event_from_record, status_of, task_id_of
+from bridge.log.records import event_from_record, lifecycle_of, task_id_of
 from bridge.log.seqindex import (
     IndexRecordError,
     MarkerRecord,
@@ -314,8 +314,8 @@ class Indexer(Lifecycle):
             return
         prefix = self.settings.event_type_prefix
         event = event_from_record(record, prefix=prefix, max_bytes=self.settings.max_event_bytes)
-        created, status = status_of(event, prefix)
-        seq = idx.apply(task_id, record.offset, created=created, status=status)
+        created, status, identity = lifecycle_of(event, prefix)
+        seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)
         if seq is None:
             return
         indexed = IndexedEvent(task_id, idx.partition, record.offset, seq, event)

@@ -7,13 +7,14 @@ describing why, so no event is ever dropped and no bad record can crash a reader
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from bridge.constants import EventSuffix, TaskStatus, is_prefixed_type
 from bridge.envelope import EnvelopeError, EnvelopeTooLarge, TaskEvent, decode_event
 from bridge.kafka.clients import ConsumerRecord
+from bridge.log.seqindex import TaskIdentity, owner_key
 
-__all__ = ["event_from_record", "status_of", "task_id_of"]
+__all__ = ["event_from_record", "lifecycle_of", "task_id_of"]
 
 
 def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
@@ -55,10 +56,31 @@ def event_from_record(
         return TaskEvent(f"{prefix}.{EventSuffix.UNDECODABLE}", payload, None, record.timestamp)
 
 
-def status_of(event: TaskEvent, prefix: str) -> tuple[bool, TaskStatus | None]:
-    """``(is task.created, announced status)`` for the bridge's own lifecycle events."""
+def lifecycle_of(
+    event: TaskEvent, prefix: str
+) -> tuple[bool, TaskStatus | None, TaskIdentity | None]:
+    """``(is task.created, announced status, the created task's identity)`` of an event."""
     if event.type == f"{prefix}.{EventSuffix.CREATED}":
-        return True, None
+        return True, None, _identity(event.payload)
     if event.type == f"{prefix}.{EventSuffix.STATUS}":
-        return False, TaskStatus.from_wire(event.payload.get("status"))
-    return False, None
+        return False, TaskStatus.from_wire(event.payload.get("status")), None
+    return False, None, None
+
+
+def _identity(payload: dict[str, Any]) -> TaskIdentity | None:
+    owner, created, ttl, poll = (
+        payload.get(k) for k in ("owner", "createdMs", "ttlMs", "pollIntervalMs")
+    )
+    if not (isinstance(owner, str) and len(owner) >= 16 and _count(created) and _count(poll)):
+        return None
+    if ttl is not None and not _count(ttl):
+        return None
+    try:
+        key = owner_key(owner)
+    except ValueError:
+        return None
+    return TaskIdentity(key, created, -1 if ttl is None else ttl, poll)
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

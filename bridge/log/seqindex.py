@@ -12,8 +12,9 @@ records before they were counted, the offset where counting resumed (``lost_befo
 
 Index records (the compacted ``<prefix>.task-index`` topic) are small fixed-layout structs:
 
-* key ``t:<taskId>`` → ``<B i q q B B q`` (version, partition, next_seq, last_offset, status,
-  flags, status_offset) followed by ``<q q`` per checkpoint;
+* key ``t:<taskId>`` → ``<B i q q B B q q q q q`` (version, partition, next_seq, last_offset,
+  status, flags, status_offset, owner, created_ms, ttl_ms, poll_ms) followed by ``<q q`` per
+  checkpoint;
 * key ``p:<partition>`` → ``<B q q`` (version, through, lost_before).
 """
 
@@ -33,19 +34,37 @@ __all__ = [
     "MarkerRecord",
     "PartitionIndex",
     "TaskEntry",
+    "TaskIdentity",
     "TaskRecord",
     "decode_index_record",
     "marker_key",
+    "owner_key",
     "task_key",
 ]
 
 _VERSION = 1
-_TASK = struct.Struct("<BiqqBBq")
+_TASK = struct.Struct("<BiqqBBqqqqq")
 _CHECKPOINT = struct.Struct("<qq")
 _MARKER = struct.Struct("<Bqq")
 
 #: The task's count may have missed records that retention deleted before they were indexed.
 FLAG_UNTRUSTED = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TaskIdentity:
+    """What a ``task.created`` event says of its task, as the index keeps it."""
+
+    owner: int
+    created_ms: int
+    ttl_ms: int  # -1: unlimited
+    poll_ms: int
+
+
+def owner_key(digest: str) -> int:
+    """The index's 64-bit signed form of a principal digest (its first 16 hex digits)."""
+    value = int(digest[:16], 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 class IndexRecordError(ValueError):
@@ -55,7 +74,18 @@ class IndexRecordError(ValueError):
 class TaskEntry:
     """What the index knows of one task. ``checkpoints`` is a flat ``[seq, offset, ...]``."""
 
-    __slots__ = ("checkpoints", "flags", "last_offset", "next_seq", "status", "status_offset")
+    __slots__ = (
+        "checkpoints",
+        "created_ms",
+        "flags",
+        "last_offset",
+        "next_seq",
+        "owner",
+        "poll_ms",
+        "status",
+        "status_offset",
+        "ttl_ms",
+    )
 
     def __init__(self) -> None:
         self.next_seq = 0
@@ -64,6 +94,13 @@ class TaskEntry:
         self.status_offset = -1
         self.flags = 0
         self.checkpoints = array("q")
+        #: From the task's ``task.created`` event (0 / -1 when it had none): the owner key,
+        #: creation time, ttl (-1: unlimited) and poll interval. Kept here, not only in the
+        #: log, so a task stays known (and bound to its owner) after retention deletes seq 0.
+        self.owner = 0
+        self.created_ms = 0
+        self.ttl_ms = -1
+        self.poll_ms = 0
 
     @property
     def trusted(self) -> bool:
@@ -106,6 +143,10 @@ class TaskEntry:
             int(self.status),
             self.flags,
             self.status_offset,
+            self.owner,
+            self.created_ms,
+            self.ttl_ms,
+            self.poll_ms,
         )
         return head + self.checkpoints.tobytes()
 
@@ -125,7 +166,7 @@ class PartitionIndex:
     """The derived state of one events partition, stored by columns.
 
     A task is a row: ``rows`` maps its id to a row number, and each field lives in a compact
-    column (``array('q')`` or ``bytearray``), so a task costs its id, a dict slot and about 34
+    column (``array("q")`` or ``bytearray``), so a task costs its id, a dict slot and about 66
     bytes. Checkpoint seq 0 is the task's first offset; later checkpoints live in a side table
     only for tasks that have them. :class:`TaskEntry` is built on lookup, as a snapshot.
     """
@@ -153,6 +194,10 @@ class PartitionIndex:
         self._status_offset = array("q")
         self._status = bytearray()
         self._flags = bytearray()
+        self._owner = array("q")
+        self._created = array("q")
+        self._ttl = array("q")
+        self._poll = array("q")
         self._more_checkpoints: dict[int, array[int]] = {}
 
     # --- rows ----------------------------------------------------------------------------
@@ -171,6 +216,10 @@ class PartitionIndex:
         self._last_offset.append(-1)
         self._status.append(TaskStatus.UNKNOWN)
         self._flags.append(0)
+        self._owner.append(0)
+        self._created.append(0)
+        self._ttl.append(-1)
+        self._poll.append(0)
         return row
 
     def get(self, task_id: str) -> TaskEntry | None:
@@ -185,6 +234,10 @@ class PartitionIndex:
         entry.status = TaskStatus(self._status[row])
         entry.status_offset = self._status_offset[row]
         entry.flags = self._flags[row]
+        entry.owner = self._owner[row]
+        entry.created_ms = self._created[row]
+        entry.ttl_ms = self._ttl[row]
+        entry.poll_ms = self._poll[row]
         if self._next_seq[row]:
             entry.checkpoints.append(0)
             entry.checkpoints.append(self._first_offset[row])
@@ -221,6 +274,7 @@ class PartitionIndex:
         *,
         created: bool = False,
         status: TaskStatus | None = None,
+        identity: TaskIdentity | None = None,
     ) -> int | None:
         """Count the committed record at ``offset``; return its seq, or None if already counted.
 
@@ -250,6 +304,11 @@ class PartitionIndex:
         if created and current == TaskStatus.UNKNOWN:
             self._status[row] = TaskStatus.WORKING
             self._status_offset[row] = offset
+            if identity is not None:
+                self._owner[row] = identity.owner
+                self._created[row] = identity.created_ms
+                self._ttl[row] = identity.ttl_ms
+                self._poll[row] = identity.poll_ms
         elif status is not None and current not in _TERMINAL_CODES:
             self._status[row] = status
             self._status_offset[row] = offset
@@ -288,6 +347,10 @@ class PartitionIndex:
         self._status[row] = entry.status
         self._status_offset[row] = entry.status_offset
         self._flags[row] = entry.flags
+        self._owner[row] = entry.owner
+        self._created[row] = entry.created_ms
+        self._ttl[row] = entry.ttl_ms
+        self._poll[row] = entry.poll_ms
         cps = entry.checkpoints
         self._first_offset[row] = cps[1] if cps else -1
         if len(cps) > 2:
@@ -329,9 +392,19 @@ def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
     """Decode one index topic record; raises :class:`IndexRecordError` on anything unknown."""
     try:
         if key.startswith(b"t:"):
-            version, partition, next_seq, last_offset, status, flags, status_offset = (
-                _TASK.unpack_from(value)
-            )
+            (
+                version,
+                partition,
+                next_seq,
+                last_offset,
+                status,
+                flags,
+                status_offset,
+                owner,
+                created_ms,
+                ttl_ms,
+                poll_ms,
+            ) = _TASK.unpack_from(value)
             if version != _VERSION or (len(value) - _TASK.size) % _CHECKPOINT.size:
                 raise IndexRecordError(f"task record of version {version}, {len(value)} bytes")
             entry = TaskEntry()
@@ -340,6 +413,10 @@ def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
             entry.status = TaskStatus(status)
             entry.flags = flags
             entry.status_offset = status_offset
+            entry.owner = owner
+            entry.created_ms = created_ms
+            entry.ttl_ms = ttl_ms
+            entry.poll_ms = poll_ms
             entry.checkpoints.frombytes(value[_TASK.size :])
             return TaskRecord(key[2:].decode("utf-8"), partition, entry)
         if key.startswith(b"p:"):

@@ -22,7 +22,7 @@ from bridge.kafka.clients import (
     committed_consumer,
 )
 from bridge.log.indexer import load_index, read_to_end, topic_partitions
-from bridge.log.records import event_from_record, status_of, task_id_of
+from bridge.log.records import event_from_record, lifecycle_of, task_id_of
 from bridge.log.seqindex import PartitionIndex
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -84,8 +84,8 @@ async def _verify_partition(
             return
         offsets[task_id].append(record.offset)
         event = event_from_record(record, prefix=prefix, max_bytes=settings.max_event_bytes)
-        created, status = status_of(event, prefix)
-        recount.apply(task_id, record.offset, created=created, status=status)
+        created, status, identity = lifecycle_of(event, prefix)
+        recount.apply(task_id, record.offset, created=created, status=status, identity=identity)
 
     await read_to_end(consumer, [tp], count)
     full = log_start == 0 and persisted.lost_before < 0

@@ -607,8 +607,8 @@ class McpEndpoint:
             view = await self.service.get(task_id, call.principal)
         except TaskNotFound:
             raise RpcError(INVALID_PARAMS, "requestState does not name a pending call") from None
-        if view.tool != tool.name:
-            raise RpcError(INVALID_PARAMS, "requestState belongs to another tool")
+        if view.status != "input_required":
+            raise RpcError(INVALID_PARAMS, "requestState does not name a call waiting for input")
         return await self._direct(
             call,
             tool,

@@ -32,6 +32,7 @@ from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader
+from bridge.log.seqindex import owner_key
 from bridge.tasks.messages import (
     ControlMessage,
     CreatedPayload,
@@ -103,12 +104,6 @@ class TaskView:
 
 
 @dataclass
-class _Created:
-    payload: CreatedPayload
-    timestamp_ms: int
-
-
-@dataclass
 class _Owners:
     """Active (non-terminal, unexpired) tasks per owner digest, seen by this replica."""
 
@@ -160,7 +155,6 @@ class TaskService:
         self.publisher = TaskEventPublisher(settings)
         self._producer: AIOKafkaProducer | None = None
         self._prefix = settings.event_type_prefix
-        self._created_cache: _LRU[str, _Created] = _LRU(100_000)
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._owners = _Owners()
         self._watchers: dict[str, list[asyncio.Queue[IndexedEvent]]] = defaultdict(list)
@@ -295,20 +289,6 @@ class TaskService:
             raise TaskNotFound()
         return found
 
-    async def _created(self, task_id: str, partition: int, offset: int) -> _Created | None:
-        cached = self._created_cache.get(task_id)
-        if cached is not None:
-            return cached
-        event = await self.reader.event_at(partition, offset)
-        if event is None or event.type != f"{self._prefix}.{EventSuffix.CREATED}":
-            return None
-        try:
-            created = _Created(CreatedPayload.model_validate(event.payload), event.timestamp_ms)
-        except ValidationError:
-            return None
-        self._created_cache.put(task_id, created)
-        return created
-
     async def _status_event(self, task_id: str, partition: int, offset: int) -> TaskEvent | None:
         key = (task_id, offset)
         cached = self._status_cache.get(key)
@@ -321,30 +301,30 @@ class TaskService:
     async def get(self, task_id: str, principal: str) -> TaskView:
         """The task as tasks/get shows it; :class:`TaskNotFound` for unknown/expired/foreign."""
         partition, entry = await self._lookup(task_id)
-        created = await self._created(task_id, partition, entry.first_offset)
-        if created is None or created.payload.owner != owner_digest(principal):
+        if entry.owner == 0 or entry.owner != owner_key(owner_digest(principal)):
             # Answer exactly like an unknown id, in time too: an unknown id costs a catch-up.
             await self._catch_up()
             raise TaskNotFound()
-        info = created.payload
+        ttl_ms = None if entry.ttl_ms < 0 else entry.ttl_ms
         now = time.time_ns() // 1_000_000
-        if info.ttl_ms is not None and info.created_ms + info.ttl_ms <= now:
+        if ttl_ms is not None and entry.created_ms + ttl_ms <= now:
             raise TaskNotFound(expired=True)
         view = TaskView(
             task_id=task_id,
-            status="working",
-            created_ms=info.created_ms,
-            last_updated_ms=info.created_ms,
-            ttl_ms=info.ttl_ms,
-            poll_interval_ms=info.poll_interval_ms,
+            status=entry.status.wire if entry.status is not TaskStatus.UNKNOWN else "working",
+            created_ms=entry.created_ms,
+            last_updated_ms=entry.created_ms,
+            ttl_ms=ttl_ms,
+            poll_interval_ms=entry.poll_ms,
             partition=partition,
-            tool=info.tool,
         )
-        status_offset = entry.status_offset
-        if status_offset > entry.first_offset:
-            event = await self._status_event(task_id, partition, status_offset)
+        if entry.status_offset > entry.first_offset or entry.status_offset < 0:
+            event = await self._status_event(task_id, partition, entry.status_offset)
             if event is not None:
                 self._apply_status(view, event)
+            elif view.status == "completed":
+                view.result = {"content": []}
+                view.status_message = "the result is no longer retained"
         return view
 
     @staticmethod
