@@ -20,14 +20,19 @@ venv: $(BIN)/python
 venv-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
-# kcat is the "existing pipeline" of the tests: a non-Python Kafka producer (Debian package).
+# kcat is the "existing pipeline" of the tests (a non-Python Kafka producer); prometheus and
+# promtool check the alert rules and scrape a running bridge. Both are Debian packages.
 system-deps:
 	@command -v java >/dev/null || { echo "Java 17+ is needed for the local Kafka broker"; exit 1; }
 	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 1; }
-	@command -v kcat >/dev/null || { \
-	  echo "installing kcat (Debian package)"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat >/dev/null; }
+	@missing=""; \
+	  command -v kcat >/dev/null || missing="$$missing kcat"; \
+	  command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	  fi
 
 conformance-deps:
 	@command -v npm >/dev/null || { echo "npm is needed to install the conformance suite"; exit 1; }
