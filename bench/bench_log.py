@@ -569,7 +569,7 @@ def memory_breakdown(k: int) -> str:
     parts = {
         "id str": sys.getsizeof(t),
         "row int": sys.getsizeof(100_000),
-        "columns": 4 * 8 + 2,  # four array('q') cells, status and flags bytes
+        "columns": 8 * 8 + 2,  # eight array("q") cells, status and flags bytes
     }
     return ", ".join(f"{name} {size}" for name, size in parts.items()) + " B, + dict slot"
 
