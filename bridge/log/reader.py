@@ -109,54 +109,81 @@ class Reader(Lifecycle):
         self.indexer = indexer
         self.chunk = chunk
         self._pool_size = pool_size
-        self._idle: asyncio.Queue[AIOKafkaConsumer] = asyncio.Queue()
+        self._idle: list[AIOKafkaConsumer] = []
+        self._free = asyncio.Condition()
         self._all: list[AIOKafkaConsumer] = []
-        self._creating = asyncio.Lock()
+        #: Where each idle consumer stands: (partition, next offset); reused without a seek.
+        self._at: dict[int, tuple[TopicPartition, int]] = {}
+        self._small: AIOKafkaConsumer | None = None
+        self._created = 0
         self.records_scanned = 0
 
     async def stop(self) -> None:
         await self.close()
 
     async def close(self) -> None:
-        for consumer in self._all:
+        for consumer in [*self._all, *([self._small] if self._small else [])]:
             await consumer.stop()
         self._all.clear()
+        self._idle.clear()
+        self._created = 0
+        self._small = None
 
     # --- consumers -----------------------------------------------------------------------
 
-    async def _acquire(self) -> AIOKafkaConsumer:
-        if self._idle.empty() and len(self._all) < self._pool_size:
-            async with self._creating:
-                if len(self._all) < self._pool_size:
-                    consumer = committed_consumer(self.settings, role="reader")
-                    await consumer.start()
-                    self._all.append(consumer)
-                    return consumer
-        return await self._idle.get()
+    async def _acquire(self, want: tuple[TopicPartition, int] | None = None) -> AIOKafkaConsumer:
+        """An idle consumer, preferably one already positioned at ``want``."""
+        async with self._free:
+            while True:
+                if self._idle:
+                    for i, consumer in enumerate(self._idle):
+                        if want is not None and self._at.get(id(consumer)) == want:
+                            return self._idle.pop(i)
+                    return self._idle.pop()
+                if self._created < self._pool_size:
+                    self._created += 1  # reserve the slot before awaiting the connection
+                    break
+                await self._free.wait()
+        try:
+            # Reads must not long-poll at the log end: the next read would queue behind it.
+            consumer = committed_consumer(self.settings, role="reader", fetch_max_wait_ms=5)
+            await consumer.start()
+        except BaseException:
+            self._created -= 1
+            raise
+        self._all.append(consumer)
+        return consumer
+
+    async def _release(self, consumer: AIOKafkaConsumer) -> None:
+        async with self._free:
+            self._idle.append(consumer)
+            self._free.notify()
 
     async def _fetch(
         self, tp: TopicPartition, offset: int, limit: int | None = None
     ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
         """Up to ``chunk`` committed records of ``tp`` from ``offset``, and the next position.
 
-        The position can move without records (transaction markers, aborted batches).
+        The position can move without records (transaction markers, aborted batches). A
+        consumer left at exactly this position by the previous fetch keeps its prefetched data.
         """
-        consumer = await self._acquire()
+        consumer = await self._acquire((tp, offset))
+        self._at.pop(id(consumer), None)
         try:
-            consumer.assign([tp])
-            consumer.seek(tp, offset)
+            if consumer.assignment() != {tp}:
+                consumer.assign([tp])
+                consumer.seek(tp, offset)
+            elif await consumer.position(tp) != offset:
+                consumer.seek(tp, offset)
             batches = await consumer.getmany(tp, timeout_ms=1000, max_records=limit or self.chunk)
-            return batches.get(tp, []), int(await consumer.position(tp))
+            position = int(await consumer.position(tp))
+            self._at[id(consumer)] = (tp, position)
+            return batches.get(tp, []), position
         finally:
-            self._idle.put_nowait(consumer)
+            await self._release(consumer)
 
     async def _log_start(self, tp: TopicPartition) -> int:
-        consumer = await self._acquire()
-        try:
-            begins = await consumer.beginning_offsets([tp])
-            return int(begins[tp])
-        finally:
-            self._idle.put_nowait(consumer)
+        return (await self.log_starts([tp.partition]))[tp.partition]
 
     # --- the task's records ----------------------------------------------------------------
 
@@ -169,20 +196,32 @@ class Reader(Lifecycle):
             raise SeqUntrusted(task_id)
         return _Snapshot(partition, entry)
 
-    async def _task_records(
+    async def _task_record_chunks(
         self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
-        """The task's committed records with ``start <= offset < end``."""
+    ) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
+        """The task's committed records with ``start <= offset < end``, one list per fetch."""
         key = task_id.encode("utf-8")
         offset = start
         while offset < end:
             records, offset = await self._fetch(tp, offset)
+            mine = []
             for record in records:
                 if record.offset >= end:
-                    return
-                self.records_scanned += 1
+                    offset = end
+                    break
                 if record.key == key:
-                    yield record
+                    mine.append(record)
+            self.records_scanned += len(records)
+            if mine:
+                yield mine
+
+    async def _task_records(
+        self, task_id: str, tp: TopicPartition, start: int, end: int
+    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+        """The task's committed records with ``start <= offset < end``."""
+        async for chunk in self._task_record_chunks(task_id, tp, start, end):
+            for record in chunk:
+                yield record
 
     async def _earliest(
         self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
@@ -217,12 +256,29 @@ class Reader(Lifecycle):
         return event_from_record(records[0], prefix=prefix, max_bytes=limit)
 
     async def record_timestamp(self, partition: int, offset: int) -> int | None:
-        """The Kafka timestamp (ms) of the first committed record at or after ``offset``."""
+        """The Kafka timestamp (ms) of the first committed record at or after ``offset``.
+
+        Uses a consumer with tiny fetch sizes (the broker still returns one whole batch), so
+        the metrics' once-in-a-while lookups do not pull a megabyte each.
+        """
         tp = TopicPartition(self.settings.topics.events, partition)
+        if self._small is None:
+            self._small = committed_consumer(
+                self.settings,
+                role="reader-probe",
+                fetch_max_wait_ms=5,
+                max_partition_fetch_bytes=1024,
+                fetch_max_bytes=1024,
+            )
+            await self._small.start()
+        consumer = self._small
         try:
-            records, _ = await self._fetch(tp, offset, limit=1)
+            consumer.assign([tp])
+            consumer.seek(tp, offset)
+            batches = await consumer.getmany(tp, timeout_ms=1000, max_records=1)
         except OffsetOutOfRangeError:
             return None
+        records = batches.get(tp, [])
         return int(records[0].timestamp) if records else None
 
     async def log_starts(self, partitions: list[int]) -> dict[int, int]:
@@ -232,7 +288,7 @@ class Reader(Lifecycle):
         try:
             begins = await consumer.beginning_offsets(tps)
         finally:
-            self._idle.put_nowait(consumer)
+            await self._release(consumer)
         return {tp.partition: int(offset) for tp, offset in begins.items()}
 
     async def earliest_seq(self, task_id: str) -> int:
@@ -252,6 +308,14 @@ class Reader(Lifecycle):
         Raises :class:`EventsGone` when ``after + 1`` is older than the earliest retained seq,
         :class:`UnknownTask` and :class:`SeqUntrusted` as named.
         """
+        async for batch in self.read_batches(task_id, after):
+            for event in batch:
+                yield event
+
+    async def read_batches(
+        self, task_id: str, after: int | None = None
+    ) -> AsyncIterator[list[ReadEvent]]:
+        """:meth:`read`, one list per Kafka fetch (what is at hand without waiting)."""
         if after is not None and (
             not isinstance(after, int) or isinstance(after, bool) or after < 0
         ):
@@ -273,11 +337,16 @@ class Reader(Lifecycle):
                     return
                 seq, offset, target = earliest, earliest_offset, max(target, earliest)
             try:
-                async for record in self._task_records(task_id, tp, offset, snap.last_offset + 1):
-                    if seq >= target:
-                        event = event_from_record(record, prefix=prefix, max_bytes=limit)
-                        yield ReadEvent(seq, record.offset, event)
-                    seq += 1
+                end = snap.last_offset + 1
+                async for chunk in self._task_record_chunks(task_id, tp, offset, end):
+                    batch = []
+                    for record in chunk:
+                        if seq >= target:
+                            event = event_from_record(record, prefix=prefix, max_bytes=limit)
+                            batch.append(ReadEvent(seq, record.offset, event))
+                        seq += 1
+                    if batch:
+                        yield batch
                 return
             except OffsetOutOfRangeError:
                 # Retention moved past us mid-read: start again from the next seq wanted.

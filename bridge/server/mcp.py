@@ -99,7 +99,7 @@ class Frame:
 class Streamed:
     """A response sent as ``text/event-stream``: each yielded item is one SSE event."""
 
-    messages: AsyncIterator[dict[str, Any] | Frame]
+    messages: AsyncIterator[dict[str, Any] | Frame | list[Frame]]
     request_id: str | int | None = None
 
 
@@ -144,6 +144,14 @@ def _decode_header_value(raw: str) -> str:
                 HEADER_MISMATCH, "malformed base64 header value", http_status=400
             ) from None
     return value
+
+
+def _sse_frame(frame: Frame) -> str:
+    if frame.message is None:
+        return ": keep-alive\n\n"
+    if frame.event_id is not None:
+        return f"id: {frame.event_id}\nevent: message\ndata: {dumps(frame.message)}\n\n"
+    return f"event: message\ndata: {dumps(frame.message)}\n\n"
 
 
 def _reject_constant(name: str) -> Any:
@@ -327,13 +335,10 @@ class McpEndpoint:
     async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[str]:
         try:
             async for item in outcome.messages:
-                frame = item if isinstance(item, Frame) else Frame(item)
-                if frame.message is None:
-                    yield ": keep-alive\n\n"
-                elif frame.event_id is not None:
-                    yield f"id: {frame.event_id}\nevent: message\ndata: {dumps(frame.message)}\n\n"
+                if isinstance(item, list):  # a batch: one write for what was at hand
+                    yield "".join(_sse_frame(frame) for frame in item)
                 else:
-                    yield f"event: message\ndata: {dumps(frame.message)}\n\n"
+                    yield _sse_frame(item if isinstance(item, Frame) else Frame(item))
         except RpcError as exc:
             yield f"event: message\ndata: {dumps(error_response(request_id, exc))}\n\n"
         except Exception:
@@ -737,15 +742,18 @@ class McpEndpoint:
 
     async def _stream_frames(
         self, principal: str, request_id: str | int, task_id: str, after: int | None
-    ) -> AsyncIterator[Frame]:
-        async for item in self.hub.events(principal, task_id, after):
-            if item is None:
+    ) -> AsyncIterator[Frame | list[Frame]]:
+        async for batch in self.hub.events(principal, task_id, after):
+            if batch is None:
                 yield Frame(None)
                 continue
-            seq, event = item
-            yield Frame(
-                self.hub.notification(task_id, seq, event), encode_cursor(request_id, task_id, seq)
-            )
+            yield [
+                Frame(
+                    self.hub.notification(task_id, seq, event),
+                    encode_cursor(request_id, task_id, seq),
+                )
+                for seq, event in batch
+            ]
         if not self.hub.draining.is_set():
             yield Frame(result_response(request_id, {"resultType": "complete"}))
 

@@ -24,7 +24,6 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from bridge.config import Settings
@@ -80,11 +79,54 @@ def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200
     )
 
 
-@dataclass(eq=False)
 class _Subscription:
-    task_id: str
-    queue: asyncio.Queue[IndexedEvent | None]  # None: the process is draining
-    overflowed: bool = False
+    """One stream's place in the fan-out: a bounded buffer the tail appends to, never waiting."""
+
+    __slots__ = ("buffer", "closed", "limit", "overflowed", "partition", "task_id", "waiter")
+
+    def __init__(self, task_id: str, partition: int, limit: int) -> None:
+        self.task_id = task_id
+        self.partition = partition
+        self.limit = limit
+        self.buffer: deque[IndexedEvent] = deque()
+        self.overflowed = False
+        self.closed = False  # the process is draining
+        self.waiter: asyncio.Future[None] | None = None
+
+    def offer(self, indexed: IndexedEvent) -> bool:
+        """Buffer a live event; False (and overflowed) when the stream is too far behind."""
+        if len(self.buffer) >= self.limit:
+            self.overflowed = True
+            self.buffer.clear()
+        else:
+            self.buffer.append(indexed)
+        self._wake()
+        return not self.overflowed
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self, idle_s: float) -> bool:
+        """Wait up to ``idle_s`` seconds for something to do; False when idle that long."""
+        if self.buffer or self.overflowed or self.closed:
+            return True
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(idle_s):
+                await self.waiter
+        except TimeoutError:
+            return False
+        finally:
+            self.waiter = None
+        return True
+
+
+Batch = list[tuple[int, TaskEvent]]
 
 
 class StreamHub:
@@ -110,10 +152,7 @@ class StreamHub:
         self.draining.set()
         for subs in self._subs.values():
             for sub in subs:
-                try:
-                    sub.queue.put_nowait(None)
-                except asyncio.QueueFull:
-                    sub.overflowed = True  # it checks draining before its next catch-up read
+                sub.close()
 
     @property
     def active_streams(self) -> int:
@@ -121,12 +160,8 @@ class StreamHub:
 
     def _on_event(self, indexed: IndexedEvent) -> None:
         for sub in self._subs.get(indexed.task_id, ()):
-            if sub.overflowed:
-                continue
-            try:
-                sub.queue.put_nowait(indexed)
-            except asyncio.QueueFull:
-                sub.overflowed = True  # the stream re-reads from Kafka; the tail never waits
+            if not sub.overflowed and not sub.offer(indexed):
+                # The stream re-reads from Kafka; the tail never waits for a slow client.
                 self.metrics.slow_fallbacks.inc()
 
     # --- admission -----------------------------------------------------------------------
@@ -201,8 +236,8 @@ class StreamHub:
 
     async def events(
         self, principal: str, task_id: str, after: int | None
-    ) -> AsyncIterator[tuple[int, TaskEvent] | None]:
-        """The stream's events in seq order; ``None`` items are keep-alive ticks.
+    ) -> AsyncIterator[Batch | None]:
+        """The stream's events in seq order, in batches; ``None`` items are keep-alive ticks.
 
         Ends after the task's terminal status event, or at once for a terminal task with
         nothing after the cursor. Raises :class:`RpcError` for events_gone found mid-stream.
@@ -210,7 +245,8 @@ class StreamHub:
         self._rate(principal, record=True)
         with self._admit(principal, task_id):
             self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
-            sub = _Subscription(task_id, asyncio.Queue(maxsize=self.settings.stream_queue_size))
+            partition = self.indexer.partition_of(task_id)
+            sub = _Subscription(task_id, partition, self.settings.stream_queue_size)
             self._subs[task_id].add(sub)
             try:
                 async for item in self._run(sub, task_id, after):
@@ -229,35 +265,44 @@ class StreamHub:
 
     async def _run(
         self, sub: _Subscription, task_id: str, after: int | None
-    ) -> AsyncIterator[tuple[int, TaskEvent] | None]:
+    ) -> AsyncIterator[Batch | None]:
         last = -1 if after is None else after
         first_read = after is None
         keepalive = self.settings.stream_keepalive_s
         while True:
             if self.draining.is_set():
                 return
-            # Catch up from Kafka: history, or what the queue dropped while the client was slow.
+            # Catch up from Kafka: history, or what the buffer dropped while the client was slow.
             sub.overflowed = False
-            while not sub.queue.empty():
-                sub.queue.get_nowait()
+            sub.buffer.clear()
             self.metrics.catchup_reads.inc()
             # Terminal before the read: the read reaches the head, past the terminal event (or
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
             try:
-                reading = self.reader.read(task_id, None if first_read or last < 0 else last)
-                async for event in reading:
-                    if event.seq <= last:
-                        continue
-                    if event.seq != last + 1 and not (first_read and last == -1):
-                        self.metrics.seq_gaps.inc()  # the canary: never expected
-                        raise RpcError(
-                            -32603, "internal error: a seq gap in catch-up", {"taskId": task_id}
-                        )
-                    last = event.seq
-                    self._delivered(task_id, event.seq, event.event, live=False)
-                    yield event.seq, event.event
-                    if self._ends(task_id, event.offset, event.event):
+                reading = self.reader.read_batches(
+                    task_id, None if first_read or last < 0 else last
+                )
+                async for chunk in reading:
+                    batch: Batch = []
+                    ended = False
+                    for event in chunk:
+                        if event.seq <= last:
+                            continue
+                        if event.seq != last + 1 and not (first_read and last == -1):
+                            self.metrics.seq_gaps.inc()  # the canary: never expected
+                            raise RpcError(
+                                -32603, "internal error: a seq gap in catch-up", {"taskId": task_id}
+                            )
+                        last = event.seq
+                        batch.append((event.seq, event.event))
+                        if self._ends(task_id, event.offset, event.event):
+                            ended = True
+                            break
+                    if batch:
+                        self._delivered(sub, batch, live=False)
+                        yield batch
+                    if ended:
                         return
             except EventsGone as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
@@ -277,36 +322,47 @@ class StreamHub:
             first_read = False
             if terminal_before:
                 return  # a finished task: everything retained after the cursor was replayed
-            # Live: drain the queue, delivering exactly last + 1 each time.
-            while not sub.overflowed:
-                if self.draining.is_set():
-                    return
-                try:
-                    async with asyncio.timeout(keepalive):
-                        indexed = await sub.queue.get()
-                except TimeoutError:
-                    yield None
+            # Live: take what the tail buffered, delivering exactly last + 1 each time.
+            while True:
+                if not await sub.wait(keepalive):
+                    yield None  # idle: keep-alive
                     continue
-                if indexed is None:
-                    return  # draining
-                if indexed.seq <= last:
-                    continue
-                if indexed.seq > last + 1:
-                    break  # a gap: re-read from Kafka
-                last = indexed.seq
-                self._delivered(task_id, indexed.seq, indexed.event, live=True)
-                yield indexed.seq, indexed.event
-                if self._ends(task_id, indexed.offset, indexed.event):
+                if sub.closed or self.draining.is_set():
                     return
+                if sub.overflowed:
+                    break  # fell behind: catch up from Kafka
+                batch = []
+                gap = ended = False
+                while sub.buffer:
+                    indexed = sub.buffer.popleft()
+                    if indexed.seq <= last:
+                        continue
+                    if indexed.seq > last + 1:
+                        gap = True  # re-read from Kafka
+                        break
+                    last = indexed.seq
+                    batch.append((indexed.seq, indexed.event))
+                    if self._ends(task_id, indexed.offset, indexed.event):
+                        ended = True
+                        break
+                if batch:
+                    self._delivered(sub, batch, live=True)
+                    yield batch
+                if ended:
+                    return
+                if gap:
+                    break
 
-    def _delivered(self, task_id: str, seq: int, event: TaskEvent, *, live: bool) -> None:
+    def _delivered(self, sub: _Subscription, batch: Batch, *, live: bool) -> None:
         m = self.metrics
-        m.events_delivered.inc()
-        head = self.indexer.head(task_id)
-        if head is not None:
-            m.backlog.observe(max(0, head - 1 - seq))
-        if live:
-            m.delivery_latency.observe(max(0.0, time.time() - event.timestamp_ms / 1000))
+        m.events_delivered.inc(len(batch))
+        head = self.indexer.partitions[sub.partition].next_seq_of(sub.task_id)
+        now = time.time()
+        for seq, event in batch:
+            if head is not None:
+                m.backlog.observe(max(0, head - 1 - seq))
+            if live:
+                m.delivery_latency.observe(max(0.0, now - event.timestamp_ms / 1000))
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset
