@@ -166,6 +166,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self._oldest: dict[int, tuple[int, int]] = {}  # partition -> (log start, its timestamp)
         self._tasks = _TaskCounts()
         r.register(self._tasks)
 
@@ -197,7 +198,13 @@ class Metrics:
             self.indexer_lag_seconds.labels(label).set(behind)
             headroom = 0.0
             if end > start:
-                ts = await reader.record_timestamp(p, start)
+                # The oldest record changes only when the log start moves: look it up once.
+                cached = self._oldest.get(p)
+                ts = cached[1] if cached is not None and cached[0] == start else None
+                if ts is None:
+                    ts = await reader.record_timestamp(p, start)
+                    if ts is not None:
+                        self._oldest[p] = (start, ts)
                 headroom = max(0.0, now - ts / 1000) if ts is not None else 0.0
             self.retention_headroom.labels(label).set(headroom)
             lost += idx.lost_before >= 0
