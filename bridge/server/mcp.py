@@ -34,7 +34,7 @@ from bridge import __version__
 from bridge.config import Settings, ToolSpec
 from bridge.constants import EventSuffix
 from bridge.server.auth import Authenticator, Unauthorized
-from bridge.server.streams import StreamHub, decode_cursor, encode_cursor
+from bridge.server.streams import StreamHub, cursor_prefix, decode_cursor
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -89,10 +89,14 @@ _NAME_PARAM = {
 
 @dataclass
 class Frame:
-    """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive."""
+    """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive.
+
+    ``data`` is the message already rendered as one line of JSON (the hot path), if given.
+    """
 
     message: dict[str, Any] | None
     event_id: str | None = None
+    data: str | None = None
 
 
 @dataclass
@@ -147,11 +151,12 @@ def _decode_header_value(raw: str) -> str:
 
 
 def _sse_frame(frame: Frame) -> str:
-    if frame.message is None:
+    if frame.data is None and frame.message is None:
         return ": keep-alive\n\n"
+    data = frame.data if frame.data is not None else dumps(frame.message or {})
     if frame.event_id is not None:
-        return f"id: {frame.event_id}\nevent: message\ndata: {dumps(frame.message)}\n\n"
-    return f"event: message\ndata: {dumps(frame.message)}\n\n"
+        return f"id: {frame.event_id}\nevent: message\ndata: {data}\n\n"
+    return f"event: message\ndata: {data}\n\n"
 
 
 def _reject_constant(name: str) -> Any:
@@ -743,17 +748,13 @@ class McpEndpoint:
     async def _stream_frames(
         self, principal: str, request_id: str | int, task_id: str, after: int | None
     ) -> AsyncIterator[Frame | list[Frame]]:
+        render = self.hub.renderer(task_id)
+        cursor = cursor_prefix(request_id, task_id)
         async for batch in self.hub.events(principal, task_id, after):
             if batch is None:
                 yield Frame(None)
                 continue
-            yield [
-                Frame(
-                    self.hub.notification(task_id, seq, event),
-                    encode_cursor(request_id, task_id, seq),
-                )
-                for seq, event in batch
-            ]
+            yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
         if not self.hub.draining.is_set():
             yield Frame(result_response(request_id, {"resultType": "complete"}))
 

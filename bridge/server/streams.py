@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from bridge.config import Settings
@@ -38,33 +38,41 @@ from bridge.server.wire import (
     INVALID_REQUEST,
     RELATED_TASK_META,
     RpcError,
+    dumps,
 )
 
-__all__ = ["StreamHub", "decode_cursor", "encode_cursor", "events_gone_error"]
+__all__ = ["StreamHub", "cursor_prefix", "decode_cursor", "encode_cursor", "events_gone_error"]
 
 log = logging.getLogger(__name__)
 
 _CURSOR_PREFIX = "v1."
 
 
+def cursor_prefix(request_id: str | int, task_id: str) -> str:
+    """The part of a stream's cursors that names the request and the task (one per stream)."""
+    raw = f"{type(request_id).__name__[0]}{request_id}\x00{task_id}".encode()
+    return _CURSOR_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=") + "."
+
+
 def encode_cursor(request_id: str | int, task_id: str, seq: int) -> str:
     """The SSE ``id`` of an event: opaque to clients, it names the request, task and seq."""
-    raw = f"{type(request_id).__name__[0]}{request_id}\x00{task_id}\x00{seq}".encode()
-    return _CURSOR_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return f"{cursor_prefix(request_id, task_id)}{seq}"
 
 
 def decode_cursor(cursor: str) -> tuple[str | int, str, int]:
     """``(request id, task id, seq)``; ValueError for anything that is not our cursor."""
     if not cursor.startswith(_CURSOR_PREFIX):
         raise ValueError("not a stream cursor")
-    body = cursor[len(_CURSOR_PREFIX) :]
+    body, _, seq_text = cursor[len(_CURSOR_PREFIX) :].rpartition(".")
     try:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
-        rid, task_id, seq_text = raw.split("\x00")
+        rid, task_id = raw.split("\x00")
+        if not seq_text.isdigit():
+            raise ValueError(seq_text)
         seq = int(seq_text)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise ValueError("not a stream cursor") from None
-    if seq < 0 or not task_id or not rid:
+    if not task_id or not rid or rid[0] not in "is":
         raise ValueError("not a stream cursor")
     request_id: str | int = int(rid[1:]) if rid[0] == "i" else rid[1:]
     return request_id, task_id, seq
@@ -368,6 +376,29 @@ class StreamHub:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset
 
     # --- wire --------------------------------------------------------------------------
+
+    @staticmethod
+    def renderer(task_id: str) -> Callable[[int, TaskEvent], str]:
+        """A function rendering one notification as single-line JSON, for one stream.
+
+        The same JSON as ``dumps(notification(...))``; the parts fixed for the stream (the task
+        id, the related-task ``_meta``) are serialised once instead of for every event.
+        """
+        head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+        task_json = dumps(task_id)
+        related = {"taskId": task_id}
+        plain_meta = dumps({RELATED_TASK_META: related})
+
+        def render(seq: int, event: TaskEvent) -> str:
+            meta = (
+                plain_meta if not event.meta else dumps({**event.meta, RELATED_TASK_META: related})
+            )
+            return (
+                f'{head}{seq},"taskId":{task_json},"type":{dumps(event.type)},'
+                f'"payload":{dumps(event.payload)},"_meta":{meta}}}}}'
+            )
+
+        return render
 
     @staticmethod
     def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:

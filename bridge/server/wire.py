@@ -144,7 +144,7 @@ class InitializeParams(_Params):
     client_info: dict[str, Any] | None = Field(default=None, alias="clientInfo")
 
 
-def dumps(message: dict[str, Any]) -> str:
+def dumps(message: Any) -> str:
     """One line of compact JSON (SSE frames and some clients split bodies on newlines)."""
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
