@@ -40,13 +40,20 @@ import sys
 import time
 import tracemalloc
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import asdict
 from importlib import metadata
 from typing import Any, cast
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
+from common import (
+    Record,
+    Results,
+    end_offset,
+    produce,
+    say,
+    verdict,
+)
 
 from bridge.config import Settings, load_settings
 from bridge.kafka.broker import Broker, provide_broker
@@ -65,68 +72,9 @@ TARGET_BYTES_PER_CHECKPOINT = 16
 TARGET_RESTORE_S = 5.0
 
 #: Producer batch size: below the events topic's max.message.bytes (max_event_bytes + overhead).
-PRODUCE_BATCH_BYTES = 200_000
-
-
-def say(message: str) -> None:
-    """Progress to stderr (the results table goes to stdout)."""
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # --- results ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Row:
-    bench: str
-    metric: str
-    value: float | int | str
-    unit: str = ""
-    target: str = ""
-    status: str = ""  # PASS / MISS / "" (informational)
-
-
-@dataclass
-class Results:
-    rows: list[Row] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, *args: Any, **kwargs: Any) -> None:
-        row = Row(*args, **kwargs)
-        self.rows.append(row)
-        say(f"{row.bench}: {row.metric} = {_fmt(row.value)} {row.unit} {row.status}".rstrip())
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-    def table(self) -> str:
-        header = ("bench", "metric", "value", "target", "result")
-        body = [
-            (r.bench, r.metric, f"{_fmt(r.value)} {r.unit}".strip(), r.target, r.status)
-            for r in self.rows
-        ]
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
-        line = "  ".join(f"{{:<{w}}}" for w in widths)
-        out = [line.format(*header), line.format(*("-" * w for w in widths))]
-        out += [line.format(*row) for row in body]
-        return "\n".join(s.rstrip() for s in out)
-
-
-def _fmt(value: float | int | str) -> str:
-    if isinstance(value, bool | str):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 def sized_verdict(ok: bool, args: argparse.Namespace) -> str:
@@ -198,66 +146,6 @@ async def create_topics(settings: Settings) -> None:
         await ensure_topics(admin, settings)
     finally:
         await admin.close()
-
-
-Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
-
-
-async def produce(settings: Settings, records: Iterable[Record], total: int) -> float:
-    """Write ``records`` to events partition 0 as fast as one raw producer goes; returns seconds.
-
-    Hand-built record batches (``create_batch``/``send_batch``), acks=1, no idempotence: the
-    fastest way to get a large partition; the acks are gathered in chunks, never one by one.
-    """
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
-        client_id="bench-producer",
-        acks=1,
-        enable_idempotence=False,
-        linger_ms=20,
-        max_batch_size=PRODUCE_BATCH_BYTES,
-        max_request_size=4 * PRODUCE_BATCH_BYTES,
-    )
-    await producer.start()
-    topic = settings.topics.events
-    started = time.perf_counter()
-    try:
-        pending: list[asyncio.Future[Any]] = []
-        batch = producer.create_batch()
-        sent = 0
-        next_report = total // 10 or 1
-        for key, value, headers in records:
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                pending.append(await producer.send_batch(batch, topic, partition=0))
-                batch = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    raise RuntimeError("a single record does not fit in an empty batch")
-                if len(pending) >= 32:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            sent += 1
-            if sent >= next_report:
-                say(f"  produced {sent:,}/{total:,}")
-                next_report += total // 10 or 1
-        if batch.record_count():
-            pending.append(await producer.send_batch(batch, topic, partition=0))
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-    elapsed = time.perf_counter() - started
-    if sent != total:
-        raise RuntimeError(f"produced {sent} records, expected {total}")
-    return elapsed
-
-
-async def end_offset(settings: Settings) -> int:
-    consumer = committed_consumer(settings, role="bench-end")
-    await consumer.start()
-    try:
-        tp = TopicPartition(settings.topics.events, 0)
-        return int((await consumer.end_offsets([tp]))[tp])
-    finally:
-        await consumer.stop()
 
 
 async def build_index(indexer: Indexer, bound_s: float) -> float:

@@ -55,7 +55,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
+from common import PRODUCE_BATCH_BYTES, Record, Results, end_offset, say, verdict
 
 from bridge.config import Settings, load_settings
 from bridge.envelope import decode_event
@@ -83,7 +84,6 @@ VERSION = "2026-07-28"
 TASKS_CAPS: dict[str, Any] = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
 PRINCIPAL = "anonymous"  # auth mode none
 TICK_TYPE = "com.example.bench.tick"
-PRODUCE_BATCH_BYTES = 200_000
 #: Streams being opened at once (each until it is live): well under uvicorn's backlog of 2048.
 OPEN_CONCURRENCY = 200
 
@@ -104,71 +104,9 @@ FULL = Sizes(200.0, 10.0, 100, (1, 100, 1000), 10.0, 10_000, 200_000, 2)
 SMALL = Sizes(200.0, 5.0, 50, (1, 100, 1000), 5.0, 1_000, 50_000, 1)
 
 
-def say(message: str) -> None:
-    """Progress to stderr (the results table goes to stdout)."""
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 # --- results ------------------------------------------------------------------------------------
 
 _ORDER = {"latency": 0, "bytes": 1, "rss": 2, "hot": 3}
-
-
-@dataclass
-class Row:
-    bench: str
-    metric: str
-    value: float | int | str
-    unit: str = ""
-    target: str = ""
-    status: str = ""  # PASS / MISS / "" (informational)
-
-
-@dataclass
-class Results:
-    rows: list[Row] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, *args: Any, **kwargs: Any) -> None:
-        row = Row(*args, **kwargs)
-        self.rows.append(row)
-        say(f"{row.bench}: {row.metric} = {_fmt(row.value)} {row.unit} {row.status}".rstrip())
-
-    def note(self, text: str) -> None:
-        say(f"note: {text}")
-        self.notes.append(text)
-
-    def ordered(self) -> list[Row]:
-        return sorted(self.rows, key=lambda r: _ORDER.get(r.bench, 9))  # stable within a bench
-
-    def table(self) -> str:
-        header = ("bench", "metric", "value", "target", "result")
-        body = [
-            (r.bench, r.metric, f"{_fmt(r.value)} {r.unit}".strip(), r.target, r.status)
-            for r in self.ordered()
-        ]
-        widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
-        line = "  ".join(f"{{:<{w}}}" for w in widths)
-        out = [line.format(*header), line.format(*("-" * w for w in widths))]
-        out += [line.format(*row) for row in body]
-        return "\n".join(s.rstrip() for s in out)
-
-
-def _fmt(value: float | int | str) -> str:
-    if isinstance(value, bool | str):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 def sized_verdict(ok: bool, args: argparse.Namespace) -> str:
@@ -769,9 +707,6 @@ async def create_topics(settings: Settings) -> None:
         await admin.close()
 
 
-Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
-
-
 async def produce(settings: Settings, records: Iterable[Record], total: int) -> float:
     """Write ``records`` to events partition 0 as fast as one raw producer goes; returns seconds.
 
@@ -832,16 +767,6 @@ async def create_tasks(settings: Settings, n: int) -> list[str]:
     ids = [new_task_id() for _ in range(n)]
     await produce(settings, (created_record(settings, pub, t) for t in ids), n)
     return ids
-
-
-async def end_offset(settings: Settings) -> int:
-    consumer = committed_consumer(settings, role="bench-end")
-    await consumer.start()
-    try:
-        tp = TopicPartition(settings.topics.events, 0)
-        return int((await consumer.end_offsets([tp]))[tp])
-    finally:
-        await consumer.stop()
 
 
 async def tasks_get(http: httpx.AsyncClient, url: str, task_id: str) -> dict[str, Any]:
@@ -1403,7 +1328,7 @@ async def run(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = SMALL if args.small else FULL
-    res = Results()
+    res = Results(order=_ORDER)
     wall = time.perf_counter()
     soft, hard = raise_nofile()
     needed = sizes.idle_streams + 1024

@@ -78,6 +78,10 @@ def decode_cursor(cursor: str) -> tuple[str | int, str, int]:
     return request_id, task_id, seq
 
 
+def seq_untrusted_error(exc: SeqUntrusted) -> RpcError:
+    return RpcError(INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": exc.task_id})
+
+
 def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200) -> RpcError:
     return RpcError(
         EVENTS_GONE,
@@ -236,9 +240,7 @@ class StreamHub:
                 return
             earliest = await self.reader.earliest_seq(task_id)
         except SeqUntrusted as exc:
-            raise RpcError(
-                INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
-            ) from None
+            raise seq_untrusted_error(exc) from None
         if after + 1 < earliest:
             raise events_gone_error(task_id, earliest)
 
@@ -315,18 +317,14 @@ class StreamHub:
             except EventsGone as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:
-                raise RpcError(
-                    INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
-                ) from None
+                raise seq_untrusted_error(exc) from None
             if first_read and last < 0:
                 # Nothing retained: the next event is the task's earliest retained seq (its
                 # head when everything is gone), whatever arrives live from here.
                 try:
                     last = await self.reader.earliest_seq(task_id) - 1
                 except SeqUntrusted as exc:
-                    raise RpcError(
-                        INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": task_id}
-                    ) from None
+                    raise seq_untrusted_error(exc) from None
             first_read = False
             if terminal_before:
                 return  # a finished task: everything retained after the cursor was replayed
