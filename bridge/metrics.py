@@ -88,13 +88,13 @@ class Metrics:
         )
         self.delivery_latency = Histogram(
             "bridge_stream_delivery_latency_seconds",
-            "Event timestamp to SSE write, for live deliveries",
+            "Event timestamp to SSE write of live deliveries (the oldest event of each write)",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.backlog = Histogram(
             "bridge_stream_backlog_events",
-            "Task head seq minus the seq being delivered, per delivery",
+            "Task head seq minus the last seq of each write to a stream",
             buckets=_BACKLOG_BUCKETS,
             registry=r,
         )

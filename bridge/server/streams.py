@@ -360,15 +360,14 @@ class StreamHub:
                     break
 
     def _delivered(self, sub: _Subscription, batch: Batch, *, live: bool) -> None:
+        """Count a batch about to be written: one backlog and one latency sample per write."""
         m = self.metrics
         m.events_delivered.inc(len(batch))
         head = self.indexer.partitions[sub.partition].next_seq_of(sub.task_id)
-        now = time.time()
-        for seq, event in batch:
-            if head is not None:
-                m.backlog.observe(max(0, head - 1 - seq))
-            if live:
-                m.delivery_latency.observe(max(0.0, now - event.timestamp_ms / 1000))
+        if head is not None:
+            m.backlog.observe(max(0, head - 1 - batch[-1][0]))
+        if live:  # the oldest event of the batch waited longest
+            m.delivery_latency.observe(max(0.0, time.time() - batch[0][1].timestamp_ms / 1000))
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset
