@@ -61,9 +61,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
-from common import PRODUCE_BATCH_BYTES, Record, Results, end_offset, say, verdict
+from common import (
+    Record,
+    Results,
+    end_offset,
+    produce,
+    say,
+    verdict,
+)
 
 from bridge.config import Settings, load_settings
 from bridge.envelope import decode_event
@@ -705,47 +712,6 @@ async def create_topics(settings: Settings) -> None:
         await ensure_topics(admin, settings, job_topics=jobs)
     finally:
         await admin.close()
-
-
-async def produce(settings: Settings, records: Iterable[Record], total: int) -> float:
-    """Write ``records`` to events partition 0 as fast as one raw producer goes; returns seconds.
-
-    Hand-built record batches, acks=1, no idempotence (as in bench_log.py).
-    """
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
-        client_id="bench-producer",
-        acks=1,
-        enable_idempotence=False,
-        linger_ms=20,
-        max_batch_size=PRODUCE_BATCH_BYTES,
-        max_request_size=4 * PRODUCE_BATCH_BYTES,
-    )
-    await producer.start()
-    topic = settings.topics.events
-    started = time.perf_counter()
-    try:
-        pending: list[asyncio.Future[Any]] = []
-        batch = producer.create_batch()
-        sent = 0
-        for key, value, headers in records:
-            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                pending.append(await producer.send_batch(batch, topic, partition=0))
-                batch = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                    raise RuntimeError("a single record does not fit in an empty batch")
-                if len(pending) >= 32:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-            sent += 1
-        if batch.record_count():
-            pending.append(await producer.send_batch(batch, topic, partition=0))
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-    if sent != total:
-        raise RuntimeError(f"produced {sent} records, expected {total}")
-    return time.perf_counter() - started
 
 
 def created_record(settings: Settings, pub: TaskEventPublisher, task_id: str) -> Record:
