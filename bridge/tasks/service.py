@@ -318,7 +318,7 @@ class TaskService:
             poll_interval_ms=entry.poll_ms,
             partition=partition,
         )
-        if entry.status_offset > entry.first_offset or entry.status_offset < 0:
+        if entry.status_offset > entry.first_offset:
             event = await self._status_event(task_id, partition, entry.status_offset)
             if event is not None:
                 self._apply_status(view, event)
