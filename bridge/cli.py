@@ -240,6 +240,7 @@ async def run_tail(
     try:
         async for event in client.stream(task_id, after):
             print(f"{event.seq:>6}  {event.type:<40}  {_summary(event.payload)}", flush=True)
+            store.save(task_id, event.seq)  # printed = processed: a resume starts after it
     except EventsGone as exc:
         print(
             f"events_gone: the cursor is older than what is retained; earliest seq is "

@@ -436,3 +436,35 @@ async def test_stream_opens_are_rate_limited_per_principal(kafka_bootstrap, tmp_
                 refused = await http.post(url, json=body, headers=headers)
         assert refused.status_code == 429
         assert refused.json()["error"]["data"]["reason"] == "rate_limited"
+
+
+async def test_bridge_tail_prints_the_timeline_and_resumes_from_its_cursor_file(sbridge, tmp_path):
+    import json
+    import sys
+
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with TaskEventPublisher(sbridge.settings) as pub:
+        for i in range(3):
+            await pub.publish(task, "com.example.step", {"i": i})
+    await cancel(url, task)
+    cursor_file = tmp_path / "cursors.json"
+
+    async def tail() -> tuple[int, list[str], str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bridge.cli", "tail", task, "--url", url, "--cursor-file", str(cursor_file),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=sbridge.env,
+        )  # fmt: skip
+        async with asyncio.timeout(BOUND):
+            out, err = await proc.communicate()
+        return proc.returncode or 0, out.decode().splitlines(), err.decode()
+
+    code, lines, err = await tail()
+    assert code == 0, err
+    printed = [int(line.split()[0]) for line in lines]
+    assert printed == list(range(len(printed))) and len(printed) >= 5  # created, 3 steps, status
+    assert any("com.example.step" in line for line in lines)
+    assert "end of stream" in err
+    assert json.loads(cursor_file.read_text()) == {task: printed[-1]}
+    # a second run resumes after the saved cursor: nothing left to print
+    code, lines, err = await tail()
+    assert code == 0 and lines == [], (lines, err)
