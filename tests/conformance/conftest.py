@@ -182,7 +182,7 @@ async def client(server_under_test: ServerUnderTest) -> AsyncIterator[McpClient]
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def other_client(server_under_test: ServerUnderTest) -> AsyncIterator[McpClient]:
     if server_under_test.other_auth_token is None:
-        pytest.skip("no --other-auth-token: a second principal is needed")
+        server_under_test.not_applicable("no --other-auth-token: a second principal is needed")
     mcp = McpClient(server_under_test.url, server_under_test.other_auth_token, bound=BOUND)
     try:
         yield mcp

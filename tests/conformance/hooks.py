@@ -21,7 +21,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 __all__ = ["DEFAULT_HOOKS", "Hooks", "NotSupported", "ServerUnderTest", "load_hooks"]
 
@@ -43,6 +45,13 @@ class ServerUnderTest:
     #: True when the suite started the server itself (our bridge, on the test Kafka).
     started_by_suite: bool = False
     details: Mapping[str, Any] = field(default_factory=dict)
+
+    def not_applicable(self, reason: str) -> NoReturn:
+        """A check this server cannot take part in: skipped for a foreign server; a failure for
+        our own bridge, the reference implementation, which must support every check."""
+        if self.started_by_suite:
+            pytest.fail(f"our bridge must support this check: {reason}", pytrace=False)
+        pytest.skip(reason)
 
 
 class Hooks:

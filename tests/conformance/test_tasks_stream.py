@@ -138,9 +138,7 @@ async def tasks(hooks: Hooks) -> AsyncIterator[TaskPool]:
 
 
 def requires_retention(server: ServerUnderTest, exc: NotSupported) -> None:
-    if server.started_by_suite:
-        raise AssertionError(f"our bridge's hooks must support forced retention: {exc}")
-    pytest.skip(str(exc))
+    server.not_applicable(f"forced retention: {exc}")
 
 
 # --- the story: one task, 3 events before a stream opens, 3 while it is open, then finished ----
@@ -286,7 +284,7 @@ async def test_careless_producers_records_are_still_prefixed_objects(
     try:
         await hooks.emit_careless(task_id)
     except NotSupported as exc:
-        pytest.skip(str(exc))
+        hooks.server.not_applicable(str(exc))
     await hooks.emit(task_id, 1)
     async with client.stream(task_id) as stream:
         await stream.until(has_own(hooks, 1), "the event emitted after the careless ones")
@@ -344,7 +342,7 @@ async def test_the_stream_of_a_task_that_finished_ends_with_its_result(story: St
 
 def one_stream_rule(hooks: Hooks) -> None:
     if hooks.connection_scope != "principal":
-        pytest.skip(
+        hooks.server.not_applicable(
             f"the server's connection scope is {hooks.connection_scope!r}: the suite can only "
             "check a server that treats requests with the same credentials as one connection"
         )
@@ -634,11 +632,13 @@ async def test_a_principal_without_access_gets_no_events(intrusion: Intrusion) -
 
 @clause("authz-no-stream")
 async def test_another_principal_cannot_resume_the_owners_sse_stream(
-    intrusion: Intrusion,
+    intrusion: Intrusion, server_under_test: ServerUnderTest
 ) -> None:
     reply = intrusion.transport_resume
     if reply is None:
-        pytest.skip("the server's SSE events carry no id: there is no transport-level resume")
+        server_under_test.not_applicable(
+            "the server's SSE events carry no id: no transport-level resume"
+        )
     assert not reply.events, f"GET Last-Event-ID by another principal delivered events: {reply}"
     assert reply.result is None, str(reply)
 
@@ -767,14 +767,18 @@ async def test_the_newest_cursor_before_the_retained_range_gets_events_gone(
 
 @clause("gone-transport")
 async def test_a_transport_resume_before_retention_still_says_events_gone(
-    client: McpClient, retained: Retained
+    client: McpClient, retained: Retained, server_under_test: ServerUnderTest
 ) -> None:
     old = retained.event_ids.get(retained.earliest - 2)
     if old is None:
-        pytest.skip("the server's SSE events carry no id: there is no transport-level resume")
+        server_under_test.not_applicable(
+            "the server's SSE events carry no id: no transport-level resume"
+        )
     reply = await client.resume_get(old)
     if reply.http_status in (404, 405) and reply.response is None:
-        pytest.skip(f"the server has no transport-level resume (GET: HTTP {reply.http_status})")
+        server_under_test.not_applicable(
+            f"no transport-level resume (GET: HTTP {reply.http_status})"
+        )
     assert not reply.events, str(reply)
     assert reply.http_status in (200, 410), str(reply)
     assert reply.error is not None, str(reply)
@@ -810,7 +814,7 @@ async def test_a_terminal_task_without_retained_events_returns_at_once(
         requires_retention(server_under_test, exc)
     still = await client.call("tasks/get", {"taskId": task_id})
     if still.error is not None:
-        pytest.skip(
+        server_under_test.not_applicable(
             f"the server forgets a task whose events are all gone (tasks/get: {still.error})"
         )
     async with client.stream(task_id, bound=QUICK) as empty:
@@ -826,7 +830,7 @@ async def test_a_live_task_without_retained_events_streams_future_events(
     try:
         task_id = await tasks.quiet()
     except NotSupported as exc:
-        pytest.skip(str(exc))
+        server_under_test.not_applicable(str(exc))
     await hooks.emit(task_id, 2)
     async with client.stream(task_id) as first:
         await first.until(has_own(hooks, 1), "emitted event 1")
@@ -837,7 +841,7 @@ async def test_a_live_task_without_retained_events_streams_future_events(
         requires_retention(server_under_test, exc)
     still = await client.call("tasks/get", {"taskId": task_id})
     if still.error is not None:
-        pytest.skip(
+        server_under_test.not_applicable(
             f"the server forgets a task whose events are all gone (tasks/get: {still.error})"
         )
     assert still.result is not None and still.result.get("status") not in TERMINAL, str(still)
