@@ -82,8 +82,6 @@ class TaskView:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     input_requests: dict[str, Any] | None = None
-    partition: int = 0
-    tool: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -261,8 +259,6 @@ class TaskService:
             last_updated_ms=now,
             ttl_ms=tool.ttl_ms,
             poll_interval_ms=tool.poll_interval_ms,
-            partition=where.partition,
-            tool=tool.name,
         )
 
     async def _publish_status(self, task_id: str, status: StatusPayload) -> None:
@@ -316,7 +312,6 @@ class TaskService:
             last_updated_ms=entry.created_ms,
             ttl_ms=ttl_ms,
             poll_interval_ms=entry.poll_ms,
-            partition=partition,
         )
         if entry.status_offset > entry.first_offset:
             event = await self._status_event(task_id, partition, entry.status_offset)
