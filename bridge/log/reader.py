@@ -8,7 +8,8 @@ task's indexed head at the time of the call; the stream hub continues live from 
 Retention: ``earliestSeq`` is the seq of the task's first record at or after the partition's
 log start offset. When the checkpoint below that point was deleted, the records from the log
 start to the next checkpoint (or the head) are counted and subtracted from that checkpoint's
-seq. A cursor older than that raises :class:`EventsGone`; nothing is skipped silently.
+seq; when retention moves the log start during that count, it is redone from the new one. A
+cursor older than that raises :class:`EventsGone`; nothing is skipped silently.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ from bridge.log.records import event_from_record
 from bridge.log.seqindex import TaskEntry
 
 __all__ = ["EventsGone", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
+
+#: Counts of a task's records from the log start before an OffsetOutOfRangeError is let
+#: through: retention would have to move the log start this many times during one count.
+_EARLIEST_ATTEMPTS = 5
 
 
 class UnknownTask(LookupError):
@@ -226,7 +231,23 @@ class Reader(Lifecycle):
     async def _earliest(
         self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
     ) -> tuple[int, int | None]:
-        """``(earliest retained seq, its offset)``; offset None when nothing is retained."""
+        """``(earliest retained seq, its offset)``; offset None when nothing is retained.
+
+        Retention (or deleteRecords) can move the log start past ``log_start`` while the
+        task's records are counted from there: count again from the new log start. The log
+        start only moves forward, so each attempt has less left to count.
+        """
+        for _ in range(_EARLIEST_ATTEMPTS - 1):
+            try:
+                return await self._earliest_from(task_id, snap, tp, log_start)
+            except OffsetOutOfRangeError:
+                log_start = await self._log_start(tp)
+        return await self._earliest_from(task_id, snap, tp, log_start)
+
+    async def _earliest_from(
+        self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
+    ) -> tuple[int, int | None]:
+        """:meth:`_earliest` for one log start (OffsetOutOfRangeError if it has moved on)."""
         first = snap.first
         if first[1] >= log_start:
             return first
