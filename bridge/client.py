@@ -6,6 +6,10 @@ saved (in a :class:`CursorStore`, e.g. a JSON file) and used as ``after`` when t
 drops and the client reconnects. Events are de-duplicated on (taskId, seq). A cursor older than
 the server's retention raises :class:`EventsGone` with ``earliest_seq``: the caller decides
 whether to resume from there (``after=earliest_seq - 1``) or treat the gap as fatal.
+
+The server may answer with an SSE stream or with one plain JSON-RPC response: either way the
+request's result ends the stream normally and its error is raised; only a reply that ends
+without either counts as a drop.
 """
 
 from __future__ import annotations
@@ -243,7 +247,10 @@ class TaskStreamClient:
         ):
             if "text/event-stream" not in reply.headers.get("content-type", ""):
                 await reply.aread()
-                self._raise_error(task_id, _last_message(reply))
+                message = _last_message(reply)
+                self._raise_error(task_id, message)
+                if message.get("id") == body["id"] and "result" in message:
+                    return  # a plain JSON result: nothing (more) to send, e.g. a finished task
                 raise _Dropped(f"unexpected HTTP {reply.status_code}")
             async for message in _sse_messages(reply):
                 if message.get("method") == "notifications/tasks/event":

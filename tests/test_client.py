@@ -1,0 +1,136 @@
+"""bridge.client against a real HTTP server that answers tasks/stream with plain JSON.
+
+A server may answer tasks/stream with one ``application/json`` JSON-RPC response instead of an
+SSE stream (for example ``{}`` at once for a finished task with nothing after the cursor). The
+server here is a tiny Starlette app under uvicorn on a real socket: what matters is the
+client's reading of the reply, not the bridge behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bridge.client import EventsGone, MemoryCursorStore, StreamError, TaskStreamClient
+
+BOUND = 20  # seconds any single wait may take before the test fails
+TASK = "task-1"
+
+#: Builds the reply to the n-th tasks/stream request (0-based) from its JSON-RPC body.
+Answer = Callable[[int, dict[str, Any]], Response]
+
+
+class FakeServer:
+    """Answers every POST with ``answer``; keeps the JSON-RPC bodies it received."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.requests: list[dict[str, Any]] = []
+        self.url = ""
+
+    async def post(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(body)
+        return self.answer(len(self.requests) - 1, body)
+
+
+@asynccontextmanager
+async def serving(answer: Answer) -> AsyncIterator[FakeServer]:
+    """``answer`` served by uvicorn in this event loop on a socket listening before we return."""
+    fake = FakeServer(answer)
+    app = Starlette(routes=[Route("/mcp", fake.post, methods=["POST"])])
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    sock = socket.create_server(("127.0.0.1", 0))
+    fake.url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    running = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield fake
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(BOUND):
+            await running
+        sock.close()
+
+
+def json_reply(body: dict[str, Any], message: dict[str, Any]) -> Response:
+    return JSONResponse({"jsonrpc": "2.0", "id": body["id"], **message})
+
+
+def sse_events_then_drop(body: dict[str, Any], seqs: range) -> Response:
+    """Events ``seqs`` as SSE, then the body ends without the request's result (a drop)."""
+    lines = []
+    for seq in seqs:
+        params = {"taskId": TASK, "seq": seq, "type": "com.example.e", "payload": {"n": seq}}
+        note = {"jsonrpc": "2.0", "method": "notifications/tasks/event", "params": params}
+        lines.append(f"event: message\ndata: {json.dumps(note)}\n\n")
+    return Response("".join(lines), media_type="text/event-stream")
+
+
+def client_of(fake: FakeServer, **options: Any) -> TaskStreamClient:
+    # No reconnect budget to speak of: a reply taken for a drop fails the test at once.
+    return TaskStreamClient(
+        fake.url, store=MemoryCursorStore(), max_reconnects=2, backoff_s=0, **options
+    )
+
+
+async def seqs_of(client: TaskStreamClient, after: int | None = None) -> list[int]:
+    async with asyncio.timeout(BOUND):
+        return [event.seq async for event in client.stream(TASK, after)]
+
+
+async def test_a_plain_json_empty_result_ends_the_stream_without_reconnecting() -> None:
+    async with serving(lambda n, body: json_reply(body, {"result": {}})) as fake:
+        client = client_of(fake)
+        assert await seqs_of(client, after=4) == []
+    assert client.reconnects == 0
+    assert len(fake.requests) == 1
+    assert fake.requests[0]["params"]["after"] == 4
+
+
+async def test_a_resume_answered_with_plain_json_ends_after_the_events_already_delivered() -> None:
+    def answer(n: int, body: dict[str, Any]) -> Response:
+        if n == 0:
+            return sse_events_then_drop(body, range(3))
+        return json_reply(body, {"result": {}})
+
+    async with serving(answer) as fake:
+        client = client_of(fake)
+        assert await seqs_of(client) == [0, 1, 2]
+    assert client.reconnects == 1
+    assert [r["params"].get("after") for r in fake.requests] == [None, 2]
+    assert client.store.load(TASK) == 2
+
+
+async def test_a_plain_json_events_gone_error_raises_events_gone_with_the_earliest_seq() -> None:
+    data = {"reason": "events_gone", "taskId": TASK, "earliestSeq": 7}
+    gone = {"code": -32010, "message": "Task events are no longer available", "data": data}
+
+    async with serving(lambda n, body: json_reply(body, {"error": gone})) as fake:
+        client = client_of(fake)
+        with pytest.raises(EventsGone) as raised:
+            await seqs_of(client, after=1)
+    assert raised.value.earliest_seq == 7
+    assert client.reconnects == 0
+
+
+async def test_a_plain_json_error_is_raised_as_a_stream_error_without_reconnecting() -> None:
+    refused = {"code": -32602, "message": "unknown task", "data": {"taskId": TASK}}
+
+    async with serving(lambda n, body: json_reply(body, {"error": refused})) as fake:
+        client = client_of(fake)
+        with pytest.raises(StreamError) as raised:
+            await seqs_of(client)
+    assert (raised.value.code, raised.value.data) == (-32602, {"taskId": TASK})
+    assert client.reconnects == 0
+    assert len(fake.requests) == 1
