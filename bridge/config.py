@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 import tomllib
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from bridge.constants import EventTypeRule
 
 __all__ = [
     "AuthSettings",
@@ -139,8 +142,13 @@ class Settings(BaseSettings):
     topics: TopicSettings = TopicSettings()
     local_kafka: KafkaLocalSettings = KafkaLocalSettings()
 
-    #: Reverse-DNS vendor prefix of every event type the bridge itself emits.
-    event_type_prefix: str = Field("io.mcpbridge", pattern=r"^[a-z0-9-]+(\.[a-z0-9-]+)+$")
+    #: Vendor prefix of every event type the bridge itself emits: reverse-DNS under a real
+    #: top-level domain, or one of ``accepted_event_prefixes``.
+    event_type_prefix: str = Field("io.mcpbridge", pattern=r"^[a-z0-9-]+(\.[a-z0-9-]+)*$")
+    #: Vendor prefixes that are not reverse-DNS under a real top-level domain (for example
+    #: ``acme.internal``) but that the operator vouches for: ``<prefix>.<name>`` types count
+    #: as vendor-prefixed. Reverse-DNS types (``com.example.x``) need no entry here.
+    accepted_event_prefixes: list[str] = Field(default_factory=list)
     #: Largest encoded event record accepted by the publisher and served by the reader.
     max_event_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: One sparse (seq, offset) checkpoint is kept every this many events of a task.
@@ -163,13 +171,19 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list)
     #: Largest JSON-RPC request body accepted.
     max_request_bytes: int = Field(1024 * 1024, ge=1024)
-    #: tasks/stream: concurrent streams per principal, events buffered per stream before it
-    #: falls back to catch-up reads, and the idle time after which a keep-alive comment is sent.
+    #: tasks/stream denial-of-service limits, per client (the principal when the caller
+    #: authenticated, else the anonymous caller's address): concurrent streams, and requests
+    #: (opens and resumes) a minute; and the concurrent streams of this whole process.
     max_streams_per_principal: int = Field(32, ge=1)
+    max_stream_opens_per_minute: int = Field(600, ge=1)
+    max_streams: int = Field(10_000, ge=1)
+    #: Events buffered per stream before it falls back to catch-up reads, and the idle time
+    #: after which a keep-alive comment is sent.
     stream_queue_size: int = Field(1024, ge=1)
     stream_keepalive_s: float = Field(15.0, gt=0)
-    #: tasks/stream requests (opens and resumes) one principal may make per minute.
-    max_stream_opens_per_minute: int = Field(600, ge=1)
+    #: How long a replica catches its view up to the partition's end before it refuses a
+    #: tasks/stream cursor ahead of the task's head (on timeout the stream is admitted).
+    cursor_catch_up_s: float = Field(5.0, gt=0)
     #: The bearer token ``bridge tail`` presents (prefer this to --token: argv is visible).
     client_token: SecretStr | None = None
     #: ``bridge serve`` creates missing topics (job topics included) at start; turn it off
@@ -190,6 +204,33 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("accepted_event_prefixes")
+    @classmethod
+    def _dns_prefixes(cls, value: list[str]) -> list[str]:
+        EventTypeRule(value)  # raises ValueError naming a prefix that is not DNS labels
+        return value
+
+    @model_validator(mode="after")
+    def _vendor_prefix(self) -> Self:
+        if not self.event_types.is_namespace(self.event_type_prefix):
+            raise ValueError(
+                f"event_type_prefix {self.event_type_prefix!r} is not a vendor prefix: use "
+                "reverse-DNS under a real top-level domain (e.g. 'com.example') or list it in "
+                "accepted_event_prefixes"
+            )
+        return self
+
+    @property
+    def event_types(self) -> EventTypeRule:
+        """The rule for vendor-prefixed event types, with ``accepted_event_prefixes``."""
+        return _event_type_rule(tuple(self.accepted_event_prefixes))
+
+
+@lru_cache(maxsize=16)
+def _event_type_rule(accepted: tuple[str, ...]) -> EventTypeRule:
+    # Not a cached_property: model_copy(update=...) would carry a stale rule along.
+    return EventTypeRule(accepted)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

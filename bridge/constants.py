@@ -2,20 +2,27 @@
 
 The bridge's own event types are ``<event_type_prefix>.<suffix>`` with the configurable vendor
 prefix of :class:`bridge.config.Settings`; the suffixes live here so that producer, indexer and
-server agree on them.
+server agree on them, and so does the rule (:class:`EventTypeRule`) that tells a vendor-prefixed
+event type from one SEP-2694 reserves for MCP.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from enum import IntEnum
+from functools import cache, lru_cache
+
+from publicsuffixlist import PublicSuffixList
 
 __all__ = [
-    "PREFIXED_TYPE",
     "TERMINAL_STATUSES",
     "EventSuffix",
+    "REVERSE_DNS_ONLY",
+    "EventTypeRule",
     "TaskStatus",
     "is_prefixed_type",
+    "is_top_level_domain",
 ]
 
 
@@ -46,18 +53,92 @@ class TaskStatus(IntEnum):
 
     @classmethod
     def from_wire(cls, value: object) -> TaskStatus | None:
-        if isinstance(value, str) and value.upper() in cls.__members__ and value != "unknown":
-            return cls[value.upper()]
-        return None
+        """The status whose wire name is exactly ``value``; None for anything else.
 
+        Strict on purpose: any producer can write status events, and a lenient parse (other
+        case, ``"unknown"``) would let one fold a task back to a state it never had.
+        """
+        return _BY_WIRE.get(value) if isinstance(value, str) else None
+
+
+_BY_WIRE = {status.wire: status for status in TaskStatus if status is not TaskStatus.UNKNOWN}
 
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 
-#: A vendor-prefixed event type: a reverse-DNS prefix of at least two labels, then a name.
-#: ``content.partial`` or ``task.status`` are unprefixed (reserved for MCP) and do not match.
-PREFIXED_TYPE = re.compile(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+\.[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+#: One DNS label (RFC 1035 / 1123): letters, digits and inner hyphens, at most 63 characters.
+_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_MAX_TYPE_CHARS = 256
 
 
-def is_prefixed_type(event_type: str) -> bool:
-    """True for types with a vendor prefix, e.g. ``com.example.review.comment``."""
-    return len(event_type) <= 256 and PREFIXED_TYPE.match(event_type) is not None
+@cache
+def _icann_suffixes() -> PublicSuffixList:
+    # Private-section entries (github.io, blogspot.com, ...) are registrable names, not TLDs;
+    # unknown labels must not count either (the list's default rule would accept any label).
+    return PublicSuffixList(only_icann=True, accept_unknown=False)
+
+
+@lru_cache(maxsize=4096)
+def is_top_level_domain(label: str) -> bool:
+    """True when ``label`` is an ICANN top-level domain (``com``, ``io``, ``dev``, ``uk``, ...).
+
+    Cached per label: the indexer asks for every record's type, and types repeat.
+    """
+    return "." not in label and _icann_suffixes().is_public(label)
+
+
+def _dns_labels(name: str) -> list[str] | None:
+    labels = name.split(".")
+    return labels if all(_DNS_LABEL.fullmatch(label) for label in labels) else None
+
+
+class EventTypeRule:
+    """Which event types carry a vendor prefix (SEP-2694 reserves all others for MCP).
+
+    A type is prefixed when every label is a DNS label and either it starts with one of the
+    ``accepted`` prefixes followed by at least one more label, or it is reverse-DNS: at least
+    three labels whose first is a real top-level domain (``com.example.review.comment``).
+    ``tool.call.started`` has three labels but no vendor behind it, so it is not prefixed.
+    """
+
+    def __init__(self, accepted: Iterable[str] = ()) -> None:
+        self.accepted = tuple(accepted)
+        bad = [prefix for prefix in self.accepted if _dns_labels(prefix) is None]
+        if bad:
+            raise ValueError(
+                f"accepted event type prefixes must be dot-separated DNS labels "
+                f"(e.g. 'acme.internal'), not {bad}"
+            )
+        self._starts = tuple(f"{prefix}." for prefix in self.accepted)
+
+    def is_prefixed(self, event_type: str) -> bool:
+        """True for ``com.example.thing`` or ``<accepted prefix>.thing``."""
+        if len(event_type) > _MAX_TYPE_CHARS:
+            return False
+        labels = _dns_labels(event_type)
+        if labels is None:
+            return False
+        if event_type.startswith(self._starts):
+            return True
+        return len(labels) >= 3 and is_top_level_domain(labels[0].lower())
+
+    def is_namespace(self, prefix: str) -> bool:
+        """True when ``prefix`` may head event types: accepted, or reverse-DNS of 2+ labels."""
+        labels = _dns_labels(prefix)
+        if labels is None:
+            return False
+        if prefix in self.accepted or prefix.startswith(self._starts):
+            return True
+        return len(labels) >= 2 and is_top_level_domain(labels[0].lower())
+
+
+#: The rule without configured prefixes: reverse-DNS types under a real top-level domain only.
+REVERSE_DNS_ONLY = EventTypeRule()
+
+
+def is_prefixed_type(event_type: str, accepted: Iterable[str] = ()) -> bool:
+    """True for types with a vendor prefix, e.g. ``com.example.review.comment``.
+
+    See :class:`EventTypeRule`; ``accepted`` are extra configured vendor prefixes.
+    """
+    rule = EventTypeRule(accepted) if accepted else REVERSE_DNS_ONLY
+    return rule.is_prefixed(event_type)

@@ -313,7 +313,12 @@ class Indexer(Lifecycle):
             idx.advance(record.offset + 1)
             return
         prefix = self.settings.event_type_prefix
-        event = event_from_record(record, prefix=prefix, max_bytes=self.settings.max_event_bytes)
+        event = event_from_record(
+            record,
+            prefix=prefix,
+            max_bytes=self.settings.max_event_bytes,
+            types=self.settings.event_types,
+        )
         created, status, identity = lifecycle_of(event, prefix)
         seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)
         if seq is None:

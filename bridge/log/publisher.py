@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bridge.config import Settings
-from bridge.constants import is_prefixed_type
 from bridge.envelope import TaskEvent, encode_event
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
 from bridge.lifecycle import Lifecycle
@@ -25,8 +24,9 @@ class UnprefixedEventType(ValueError):
 
     def __init__(self, event_type: str) -> None:
         super().__init__(
-            f"event type {event_type!r} has no vendor prefix: use a reverse-DNS prefix such as "
-            f"'com.example.{event_type or 'thing'}' (unprefixed types are reserved for MCP)"
+            f"event type {event_type!r} has no vendor prefix: use a reverse-DNS prefix under a "
+            f"real top-level domain such as 'com.example.{event_type or 'thing'}', or a prefix "
+            "listed in accepted_event_prefixes (unprefixed types are reserved for MCP)"
         )
 
 
@@ -75,7 +75,7 @@ class TaskEventPublisher(Lifecycle):
         timestamp_ms: int | None = None,
     ) -> tuple[bytes, list[tuple[str, bytes]]]:
         """Validate and encode one event (raises before anything is sent)."""
-        if not is_prefixed_type(event_type):
+        if not self.settings.event_types.is_prefixed(event_type):
             raise UnprefixedEventType(event_type)
         event = (
             TaskEvent(event_type, payload, meta)

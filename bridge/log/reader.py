@@ -274,7 +274,8 @@ class Reader(Lifecycle):
         if not records or records[0].offset != offset:
             return None
         prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
-        return event_from_record(records[0], prefix=prefix, max_bytes=limit)
+        types = self.settings.event_types
+        return event_from_record(records[0], prefix=prefix, max_bytes=limit, types=types)
 
     async def record_timestamp(self, partition: int, offset: int) -> int | None:
         """The Kafka timestamp (ms) of the first committed record at or after ``offset``.
@@ -347,6 +348,7 @@ class Reader(Lifecycle):
             return
         tp = TopicPartition(self.settings.topics.events, snap.partition)
         prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
+        types = self.settings.event_types
         while True:
             seq, offset = snap.at_or_before(target)
             log_start = await self._log_start(tp)
@@ -363,7 +365,9 @@ class Reader(Lifecycle):
                     batch = []
                     for record in chunk:
                         if seq >= target:
-                            event = event_from_record(record, prefix=prefix, max_bytes=limit)
+                            event = event_from_record(
+                                record, prefix=prefix, max_bytes=limit, types=types
+                            )
                             batch.append(ReadEvent(seq, record.offset, event))
                         seq += 1
                     if batch:

@@ -3,13 +3,18 @@
 A record that does not decode still occupies its seq: it becomes a placeholder event of the
 bridge's own prefixed type (``<prefix>.event.undecodable`` or ``<prefix>.event.oversized``)
 describing why, so no event is ever dropped and no bad record can crash a reader.
+
+:func:`lifecycle_of` reads what a record may say of its task's lifecycle. Anyone who can write
+to the events topic writes records, so it is strict: a status counts only under its exact wire
+name, and an identity only from a well-formed ``task.created`` payload (the index then takes
+it only from the task's seq 0).
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from bridge.constants import EventSuffix, TaskStatus, is_prefixed_type
+from bridge.constants import REVERSE_DNS_ONLY, EventSuffix, EventTypeRule, TaskStatus
 from bridge.envelope import EnvelopeError, EnvelopeTooLarge, TaskEvent, decode_event
 from bridge.kafka.clients import ConsumerRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
@@ -29,9 +34,17 @@ def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
 
 
 def event_from_record(
-    record: ConsumerRecord[bytes, bytes], *, prefix: str, max_bytes: int
+    record: ConsumerRecord[bytes, bytes],
+    *,
+    prefix: str,
+    max_bytes: int,
+    types: EventTypeRule = REVERSE_DNS_ONLY,
 ) -> TaskEvent:
-    """Decode the record's event, or describe why it cannot be decoded (never raises)."""
+    """Decode the record's event, or describe why it cannot be decoded (never raises).
+
+    ``types`` decides which types are vendor-prefixed: pass ``settings.event_types`` so the
+    configured ``accepted_event_prefixes`` count; the default knows reverse-DNS types only.
+    """
     try:
         event = decode_event(
             record.value,
@@ -39,7 +52,7 @@ def event_from_record(
             max_bytes=max_bytes,
             record_timestamp_ms=record.timestamp,
         )
-        if not is_prefixed_type(event.type):
+        if not types.is_prefixed(event.type):
             # A foreign producer's unprefixed type: SEP-2694 forbids emitting it, so it is
             # delivered under our prefix with the original type inside; it keeps its seq.
             payload: dict[str, Any] = {"type": event.type, "payload": event.payload}
@@ -59,7 +72,10 @@ def event_from_record(
 def lifecycle_of(
     event: TaskEvent, prefix: str
 ) -> tuple[bool, TaskStatus | None, TaskIdentity | None]:
-    """``(is task.created, announced status, the created task's identity)`` of an event."""
+    """``(is task.created, announced status, the created task's identity)`` of an event.
+
+    The status is None unless the payload names one by its exact wire name.
+    """
     if event.type == f"{prefix}.{EventSuffix.CREATED}":
         return True, None, _identity(event.payload)
     if event.type == f"{prefix}.{EventSuffix.STATUS}":
