@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.constants import TaskStatus
+from bridge.constants import EventSuffix, TaskStatus
+from bridge.envelope import TaskEvent
+from bridge.log.records import lifecycle_of
 from bridge.log.seqindex import (
     IndexRecordError,
     MarkerRecord,
@@ -14,6 +16,7 @@ from bridge.log.seqindex import (
     TaskRecord,
     decode_index_record,
     marker_key,
+    owner_key,
     task_key,
 )
 
@@ -104,3 +107,103 @@ def test_marker_and_task_records_round_trip_and_bad_ones_are_refused():
     ]:
         with pytest.raises(IndexRecordError):
             decode_index_record(key, value)
+
+
+# --- records never change a task's identity ----------------------------------------------------
+#
+# Records go through the indexer's own path (lifecycle_of, then apply), so the strict parsing of
+# status values is checked together with the rule of the index.
+
+PREFIX = "io.mcpbridge"
+CREATOR = "a" * 32
+ATTACKER = "b" * 32
+
+
+def _feed(idx: PartitionIndex, offset: int, suffix: str, payload: dict) -> int | None:
+    event = TaskEvent(f"{PREFIX}.{suffix}", payload, None, 0)
+    created, status, identity = lifecycle_of(event, PREFIX)
+    return idx.apply("t", offset, created=created, status=status, identity=identity)
+
+
+def _created(owner: str, created_ms: int = 1000) -> dict:
+    return {
+        "tool": "x",
+        "owner": owner,
+        "createdMs": created_ms,
+        "ttlMs": 60_000,
+        "pollIntervalMs": 500,
+    }
+
+
+def _created_task() -> PartitionIndex:
+    idx = PartitionIndex(0, 64)
+    assert _feed(idx, 0, EventSuffix.CREATED, _created(CREATOR)) == 0
+    return idx
+
+
+def test_a_second_task_created_after_a_bogus_status_keeps_its_seq_and_changes_nothing():
+    idx = _created_task()
+    before = idx.get("t")
+    assert _feed(idx, 1, EventSuffix.STATUS, {"status": "UNKNOWN"}) == 1
+    assert _feed(idx, 2, EventSuffix.CREATED, _created(ATTACKER, 5)) == 2
+    entry = idx.get("t")
+    assert entry.owner == owner_key(CREATOR) == before.owner
+    assert (entry.created_ms, entry.ttl_ms, entry.poll_ms) == (1000, 60_000, 500)
+    assert entry.status is TaskStatus.WORKING and entry.status_offset == 0
+    assert entry.next_seq == 3
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["Working", "COMPLETED", "Cancelled", "input-required", " working", "working\n", "Unknown"],
+)
+def test_a_status_in_another_case_or_spelling_is_an_ordinary_event(status):
+    idx = _created_task()
+    assert _feed(idx, 1, EventSuffix.STATUS, {"status": status}) == 1
+    entry = idx.get("t")
+    assert entry.status is TaskStatus.WORKING and entry.status_offset == 0
+
+
+def test_the_status_unknown_is_an_ordinary_event_and_never_unknows_a_task():
+    idx = _created_task()
+    assert _feed(idx, 1, EventSuffix.STATUS, {"status": "unknown"}) == 1
+    assert idx.get("t").status is TaskStatus.WORKING
+    idx.apply("t", 2, status=TaskStatus.UNKNOWN)  # not even when a caller passes it in
+    assert idx.get("t").status is TaskStatus.WORKING and idx.get("t").status_offset == 0
+
+
+@pytest.mark.parametrize("status", [None, 3, 1.5, True, ["working"], {"working": 1}])
+def test_a_status_that_is_not_a_string_is_an_ordinary_event(status):
+    idx = _created_task()
+    assert _feed(idx, 1, EventSuffix.STATUS, {"status": status}) == 1
+    assert idx.get("t").status is TaskStatus.WORKING
+
+
+@pytest.mark.parametrize(
+    "status", ["working", "input_required", "completed", "failed", "cancelled"]
+)
+def test_each_exact_wire_name_changes_the_status(status):
+    idx = _created_task()
+    assert _feed(idx, 1, EventSuffix.STATUS, {"status": status}) == 1
+    entry = idx.get("t")
+    assert entry.status.wire == status and entry.status_offset == 1
+
+
+def test_a_task_created_that_is_not_seq_0_defines_nothing():
+    idx = PartitionIndex(0, 64)
+    assert idx.apply("t", 0) == 0  # someone's ordinary event comes first
+    assert _feed(idx, 1, EventSuffix.CREATED, _created(ATTACKER)) == 1
+    entry = idx.get("t")
+    assert entry.owner == 0 and entry.created_ms == 0 and entry.ttl_ms == -1
+    assert entry.status is TaskStatus.UNKNOWN and entry.status_offset == -1
+
+
+def test_a_terminal_task_stays_terminal_whatever_follows():
+    idx = _created_task()
+    _feed(idx, 1, EventSuffix.STATUS, {"status": "completed"})
+    _feed(idx, 2, EventSuffix.STATUS, {"status": "UNKNOWN"})
+    _feed(idx, 3, EventSuffix.CREATED, _created(ATTACKER))
+    _feed(idx, 4, EventSuffix.STATUS, {"status": "working"})
+    entry = idx.get("t")
+    assert entry.status is TaskStatus.COMPLETED and entry.status_offset == 1
+    assert entry.owner == owner_key(CREATOR) and entry.next_seq == 5

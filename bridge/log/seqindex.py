@@ -280,6 +280,11 @@ class PartitionIndex:
 
         ``created`` marks the bridge's own ``task.created`` event; ``status`` the status a status
         event announces. Records must be applied in offset order.
+
+        Only a ``task.created`` at seq 0 defines the task (status working, and ``identity``):
+        the bridge always writes it first under a fresh random id, so any later one is some
+        producer's ordinary event that keeps its seq and changes nothing. A status changes the
+        task only until it is terminal.
         """
         row = self.rows.get(task_id)
         if row is None:
@@ -300,22 +305,24 @@ class PartitionIndex:
             more.append(offset)
         self._next_seq[row] = seq + 1
         self._last_offset[row] = offset
-        current = self._status[row]
-        if created and current == TaskStatus.UNKNOWN:
-            self._status[row] = TaskStatus.WORKING
-            self._status_offset[row] = offset
-            if identity is not None:
-                self._owner[row] = identity.owner
-                self._created[row] = identity.created_ms
-                self._ttl[row] = identity.ttl_ms
-                self._poll[row] = identity.poll_ms
-        elif status is not None and current not in _TERMINAL_CODES:
+        if created and seq == 0:
+            self._define(row, offset, identity)
+        elif status not in _NO_STATUS and self._status[row] not in _TERMINAL_CODES:
             self._status[row] = status
             self._status_offset[row] = offset
         self.through = max(self.through, offset + 1)
         if self.track_dirty:
             self.dirty.add(task_id)
         return seq
+
+    def _define(self, row: int, offset: int, identity: TaskIdentity | None) -> None:
+        self._status[row] = TaskStatus.WORKING
+        self._status_offset[row] = offset
+        if identity is not None:
+            self._owner[row] = identity.owner
+            self._created[row] = identity.created_ms
+            self._ttl[row] = identity.ttl_ms
+            self._poll[row] = identity.poll_ms
 
     def advance(self, offset: int) -> None:
         """Every record below ``offset`` has been seen (e.g. after transaction markers)."""
@@ -364,6 +371,8 @@ class PartitionIndex:
 
 
 _TERMINAL_CODES = frozenset(int(s) for s in TERMINAL_STATUSES)
+#: Statuses that change nothing: none announced, or UNKNOWN (no record may un-know a task).
+_NO_STATUS = (None, TaskStatus.UNKNOWN)
 
 
 def task_key(task_id: str) -> bytes:

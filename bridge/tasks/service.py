@@ -8,7 +8,8 @@ status event — so tasks/get and the event stream can never disagree. ``update`
 ``cancel`` write to the log and the control topic; workers do the rest.
 
 Tasks are bound to their creator: the log stores a digest of the principal, and another
-principal's task is reported exactly like an unknown one. This module knows nothing of
+principal's task is reported exactly like an unknown one. The binding is the one the index took
+from the task's seq 0 (its ``task.created``); later records, whoever writes them, never change it. This module knows nothing of
 JSON-RPC; :mod:`bridge.server.mcp` maps its exceptions to wire errors.
 """
 
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from bridge.config import Settings, ToolSpec
-from bridge.constants import TERMINAL_STATUSES, EventSuffix, TaskStatus
+from bridge.constants import EventSuffix, TaskStatus
 from bridge.envelope import TaskEvent
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
 from bridge.log.indexer import IndexedEvent, Indexer
@@ -103,12 +104,12 @@ class TaskView:
 
 @dataclass
 class _Owners:
-    """Active (non-terminal, unexpired) tasks per owner digest, seen by this replica."""
+    """Active (non-terminal, unexpired) tasks per owner key of the index, seen by this replica."""
 
-    active: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
-    owner_of: dict[str, str] = field(default_factory=dict)
+    active: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    owner_of: dict[str, int] = field(default_factory=dict)
 
-    def add(self, owner: str, task_id: str, expires_ms: int) -> None:
+    def add(self, owner: int, task_id: str, expires_ms: int) -> None:
         self.active[owner][task_id] = expires_ms
         self.owner_of[task_id] = owner
 
@@ -117,7 +118,7 @@ class _Owners:
         if owner is not None:
             self.active[owner].pop(task_id, None)
 
-    def count(self, owner: str, now_ms: int) -> int:
+    def count(self, owner: int, now_ms: int) -> int:
         tasks = self.active.get(owner, {})
         for task_id in [t for t, exp in tasks.items() if exp <= now_ms]:
             self.finish(task_id)
@@ -153,6 +154,8 @@ class TaskService:
         self.publisher = TaskEventPublisher(settings)
         self._producer: AIOKafkaProducer | None = None
         self._prefix = settings.event_type_prefix
+        self._created_type = f"{self._prefix}.{EventSuffix.CREATED}"
+        self._status_type = f"{self._prefix}.{EventSuffix.STATUS}"
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._owners = _Owners()
         self._watchers: dict[str, list[asyncio.Queue[IndexedEvent]]] = defaultdict(list)
@@ -174,16 +177,23 @@ class TaskService:
     def _on_event(self, indexed: IndexedEvent) -> None:
         for queue in self._watchers.get(indexed.task_id, ()):
             queue.put_nowait(indexed)
-        event = indexed.event
-        if event.type == f"{self._prefix}.{EventSuffix.CREATED}":
-            with contextlib.suppress(ValidationError):
-                created = CreatedPayload.model_validate(event.payload)
-                expires = created.created_ms + (created.ttl_ms or 10**15)
-                self._owners.add(created.owner, indexed.task_id, expires)
-        elif event.type == f"{self._prefix}.{EventSuffix.STATUS}":
-            status = TaskStatus.from_wire(event.payload.get("status"))
-            if status in TERMINAL_STATUSES:
+        event_type = indexed.event.type
+        if event_type == self._created_type and indexed.seq == 0:
+            self._track_owner(indexed.task_id)
+        elif event_type == self._status_type:
+            found = self.indexer.lookup(indexed.task_id)
+            if found is not None and found[1].terminal:
                 self._owners.finish(indexed.task_id)
+
+    def _track_owner(self, task_id: str) -> None:
+        # Read the identity the index took from this record, never the record itself: any
+        # producer can write a task.created, and only the one at seq 0 defines a task.
+        found = self.indexer.lookup(task_id)
+        if found is None or found[1].owner == 0:
+            return
+        entry = found[1]
+        expires = entry.created_ms + (entry.ttl_ms if entry.ttl_ms >= 0 else 10**15)
+        self._owners.add(entry.owner, task_id, expires)
 
     # --- create --------------------------------------------------------------------------
 
@@ -216,7 +226,7 @@ class TaskService:
         owner = owner_digest(principal)
         now = time.time_ns() // 1_000_000
         limit = self.settings.max_active_tasks_per_principal
-        if self._owners.count(owner, now) >= limit:
+        if self._owners.count(owner_key(owner), now) >= limit:
             raise TooManyTasks(limit)
         task_id = task_id or new_task_id()
         created = CreatedPayload(
@@ -227,7 +237,7 @@ class TaskService:
             poll_interval_ms=tool.poll_interval_ms,
         )
         where = await self.publisher.publish(
-            task_id, f"{self._prefix}.{EventSuffix.CREATED}", created.to_dict(), timestamp_ms=now
+            task_id, self._created_type, created.to_dict(), timestamp_ms=now
         )
         async with asyncio.timeout(_WRITE_VISIBLE_S):
             await self.indexer.wait_indexed(where.partition, where.offset)
@@ -262,9 +272,7 @@ class TaskService:
         )
 
     async def _publish_status(self, task_id: str, status: StatusPayload) -> None:
-        where = await self.publisher.publish(
-            task_id, f"{self._prefix}.{EventSuffix.STATUS}", status.payload()
-        )
+        where = await self.publisher.publish(task_id, self._status_type, status.payload())
         async with asyncio.timeout(_WRITE_VISIBLE_S):
             await self.indexer.wait_indexed(where.partition, where.offset)
 
@@ -340,12 +348,11 @@ class TaskService:
 
     async def wait_until(self, task_id: str, principal: str, statuses: frozenset[str]) -> TaskView:
         """Wait until the task's status is one of ``statuses`` (the caller bounds the wait)."""
-        status_type = f"{self._prefix}.{EventSuffix.STATUS}"
         with self.watch(task_id) as events:
             view = await self.get(task_id, principal)
             while view.status not in statuses:
                 event = await events.get()
-                if event.event.type == status_type:
+                if event.event.type == self._status_type:
                     view = await self.get(task_id, principal)
             return view
 
