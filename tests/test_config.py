@@ -53,3 +53,33 @@ def test_missing_or_broken_files_and_bad_values_are_clear_errors(tmp_path):
         load_settings(unknown)
     with pytest.raises(ValidationError):
         load_settings(event_type_prefix="NoDots")
+
+
+def test_the_event_type_prefix_must_be_reverse_dns_under_a_real_tld_or_an_accepted_prefix():
+    assert load_settings(event_type_prefix="com.example").event_type_prefix == "com.example"
+    for prefix in ["tool.call", "content.partial", "internal.acme", "io", "com..example"]:
+        with pytest.raises(ValidationError, match=r"event_type_prefix|pattern"):
+            load_settings(event_type_prefix=prefix)
+    with pytest.raises(ValidationError, match="list it in accepted_event_prefixes"):
+        load_settings(event_type_prefix="acme.internal")
+    accepted = load_settings(
+        event_type_prefix="acme.internal", accepted_event_prefixes=["acme.internal"]
+    )
+    assert accepted.event_types.is_prefixed("acme.internal.task.created")
+
+
+def test_accepted_event_prefixes_come_from_the_environment_and_must_be_dns_labels(monkeypatch):
+    monkeypatch.setenv("BRIDGE_ACCEPTED_EVENT_PREFIXES", '["acme.internal", "corp"]')
+    settings = load_settings()
+    assert settings.accepted_event_prefixes == ["acme.internal", "corp"]
+    assert settings.event_types.is_prefixed("corp.build.finished")
+    assert not settings.event_types.is_prefixed("tool.call.started")
+    with pytest.raises(ValidationError, match="DNS labels"):
+        load_settings(accepted_event_prefixes=["acme..internal"])
+
+
+def test_a_copy_with_other_accepted_prefixes_gets_their_rule():
+    settings = load_settings()
+    copy = settings.model_copy(update={"accepted_event_prefixes": ["corp"]})
+    assert copy.event_types.is_prefixed("corp.x")
+    assert not settings.event_types.is_prefixed("corp.x")
