@@ -16,9 +16,9 @@ from functools import cache, lru_cache
 from publicsuffixlist import PublicSuffixList
 
 __all__ = [
+    "REVERSE_DNS_ONLY",
     "TERMINAL_STATUSES",
     "EventSuffix",
-    "REVERSE_DNS_ONLY",
     "EventTypeRule",
     "TaskStatus",
     "is_prefixed_type",
@@ -65,8 +65,10 @@ _BY_WIRE = {status.wire: status for status in TaskStatus if status is not TaskSt
 
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 
-#: One DNS label (RFC 1035 / 1123): letters, digits and inner hyphens, at most 63 characters.
-_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+#: Dot-separated DNS labels (RFC 1035 / 1123): letters, digits and inner hyphens, at most 63
+#: characters each. One pattern for the whole name: it runs for every record indexed.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _MAX_TYPE_CHARS = 256
 
 
@@ -81,14 +83,17 @@ def _icann_suffixes() -> PublicSuffixList:
 def is_top_level_domain(label: str) -> bool:
     """True when ``label`` is an ICANN top-level domain (``com``, ``io``, ``dev``, ``uk``, ...).
 
-    Cached per label: the indexer asks for every record's type, and types repeat.
+    Cached per label: the indexer asks for every record's type, and first labels repeat.
     """
-    return "." not in label and _icann_suffixes().is_public(label)
+    return "." not in label and _icann_suffixes().is_public(label.lower())
 
 
-def _dns_labels(name: str) -> list[str] | None:
-    labels = name.split(".")
-    return labels if all(_DNS_LABEL.fullmatch(label) for label in labels) else None
+def _is_dns_name(name: str) -> bool:
+    return len(name) <= _MAX_TYPE_CHARS and _DNS_NAME.fullmatch(name) is not None
+
+
+def _under_a_tld(name: str, min_labels: int) -> bool:
+    return name.count(".") >= min_labels - 1 and is_top_level_domain(name.partition(".")[0])
 
 
 class EventTypeRule:
@@ -102,7 +107,7 @@ class EventTypeRule:
 
     def __init__(self, accepted: Iterable[str] = ()) -> None:
         self.accepted = tuple(accepted)
-        bad = [prefix for prefix in self.accepted if _dns_labels(prefix) is None]
+        bad = [prefix for prefix in self.accepted if not _is_dns_name(prefix)]
         if bad:
             raise ValueError(
                 f"accepted event type prefixes must be dot-separated DNS labels "
@@ -112,23 +117,16 @@ class EventTypeRule:
 
     def is_prefixed(self, event_type: str) -> bool:
         """True for ``com.example.thing`` or ``<accepted prefix>.thing``."""
-        if len(event_type) > _MAX_TYPE_CHARS:
+        if not _is_dns_name(event_type):
             return False
-        labels = _dns_labels(event_type)
-        if labels is None:
-            return False
-        if event_type.startswith(self._starts):
-            return True
-        return len(labels) >= 3 and is_top_level_domain(labels[0].lower())
+        return event_type.startswith(self._starts) or _under_a_tld(event_type, 3)
 
     def is_namespace(self, prefix: str) -> bool:
         """True when ``prefix`` may head event types: accepted, or reverse-DNS of 2+ labels."""
-        labels = _dns_labels(prefix)
-        if labels is None:
+        if not _is_dns_name(prefix):
             return False
-        if prefix in self.accepted or prefix.startswith(self._starts):
-            return True
-        return len(labels) >= 2 and is_top_level_domain(labels[0].lower())
+        accepted = prefix in self.accepted or prefix.startswith(self._starts)
+        return accepted or _under_a_tld(prefix, 2)
 
 
 #: The rule without configured prefixes: reverse-DNS types under a real top-level domain only.
