@@ -10,6 +10,7 @@ from bridge.config import load_settings
 
 def test_defaults_describe_the_design_topic_layout(monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", raising=False)
     settings = load_settings()
     assert settings.topics.events == "mcpbridge.task-events"
     assert settings.topics.index == "mcpbridge.task-index"
@@ -34,6 +35,7 @@ def test_environment_beats_the_file_and_the_file_beats_defaults(tmp_path, monkey
 
 
 def test_plain_kafka_bootstrap_servers_is_honoured_unless_the_bridge_variable_is_set(monkeypatch):
+    monkeypatch.delenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "plain:9092")
     assert load_settings().kafka_bootstrap_servers == "plain:9092"
     monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", "bridge:9092")
