@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
-from bridge.server.streams import StreamHub, decode_cursor, encode_cursor
+from bridge.server.streams import decode_cursor, encode_cursor, notification, renderer
 from bridge.server.wire import dumps
 
 texts = st.text(max_size=20)
@@ -25,8 +25,8 @@ metas = st.none() | st.dictionaries(texts, st.integers() | texts, max_size=3)
 )
 def test_the_fast_renderer_writes_exactly_the_notification_json(task_id, seq, type_, payload, meta):
     event = TaskEvent(type_, payload, meta, 1)
-    rendered = StreamHub.renderer(task_id)(seq, event)
-    assert rendered == dumps(StreamHub.notification(task_id, seq, event))
+    rendered = renderer(task_id, "io.mcpbridge")(seq, event)
+    assert rendered == dumps(notification(task_id, seq, event))
     params = json.loads(rendered)["params"]
     assert params["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
     assert "\n" not in rendered

@@ -143,23 +143,95 @@ async def test_resume_from_every_cursor_gives_exactly_the_remaining_events(sbrid
             }  # terminal: immediate result when nothing is left
 
 
-async def test_bad_cursors_and_a_second_stream_get_invalid_params(sbridge):
+async def test_bad_cursors_get_invalid_params(sbridge):
     url, task = sbridge.url, await long_task(sbridge.url)
     async with httpx.AsyncClient(timeout=BOUND) as http:
-        for bad in (-1, 1.5, "3", True, None):
+        for bad in (-1, 1.5, "3", True, None, 2**63, 10**30, 10**400, float("1e300")):
             params = {"taskId": task, "after": bad}
             message = await call(http, url, "tasks/stream", params)
             assert message["error"]["code"] == -32602, (bad, message)
         unknown = await call(http, url, "tasks/stream", {"taskId": "no-such-task"})
         assert unknown["error"]["code"] == -32602
-        started = asyncio.Event()
-        first = asyncio.create_task(read_stream(url, task, started=started))
-        async with asyncio.timeout(BOUND):
-            await started.wait()  # the first stream is active (its first event arrived)
-            second = await call(http, url, "tasks/stream", {"taskId": task})
-        assert second["error"]["code"] == -32602
-        assert second["error"]["data"]["reason"] == "stream_active"
-        first.cancel()
+    await cancel(url, task)
+
+
+async def test_clients_on_their_own_connections_stream_one_task_at_once(sbridge):
+    """The one-stream rule is per connection: a late joiner and a dashboard beside the agent
+    (same credentials, here anonymous) are all admitted and all get every event."""
+    url, task = sbridge.url, await long_task(sbridge.url)
+    started = asyncio.Event()
+    first = asyncio.create_task(read_stream(url, task, started=started))
+    async with asyncio.timeout(BOUND):
+        await started.wait()  # the first stream is active (its first event arrived)
+        second = asyncio.create_task(read_stream(url, task))
+        resumed = asyncio.create_task(read_stream(url, task, after=0))
+        async with TaskEventPublisher(sbridge.settings) as pub:
+            for i in range(5):
+                await pub.publish(task, "com.example.test.tick", {"i": i})
+        await cancel(url, task)
+        outs = await asyncio.gather(first, second, resumed)
+    head = seqs(outs[0])
+    assert head == list(range(len(head))) and len(head) >= 7  # created, 5 ticks, cancelled
+    assert seqs(outs[1]) == head
+    assert seqs(outs[2]) == head[1:]
+    assert all(out["result"] == {"resultType": "complete"} for out in outs)
+
+
+async def test_a_cursor_ahead_of_the_head_is_refused_and_the_last_seq_waits_for_more(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        ahead = await call(http, url, "tasks/stream", {"taskId": task, "after": 1_000_000})
+    assert ahead["error"]["code"] == -32602
+    data = ahead["error"]["data"]
+    assert data["reason"] == "cursor_ahead" and data["taskId"] == task and data["nextSeq"] >= 1
+    last = data["nextSeq"] - 1  # the last event there is: a legitimate cursor, never refused
+    async with asyncio.timeout(BOUND):
+        at_head = asyncio.create_task(read_stream(url, task, after=last))
+        async with TaskEventPublisher(sbridge.settings) as pub:
+            await pub.publish(task, "com.example.test.tick", {"i": 0})
+        await cancel(url, task)
+        out = await at_head
+    assert seqs(out)[0] == last + 1 and out["result"] == {"resultType": "complete"}
+
+
+async def test_an_integral_json_number_is_an_integer_cursor(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    async with TaskEventPublisher(sbridge.settings) as pub:
+        for i in range(3):
+            await pub.publish(task, "com.example.test.tick", {"i": i})
+    await cancel(url, task)
+    async with asyncio.timeout(BOUND):
+        out = await read_stream(url, task, after=1.0)  # type: ignore[arg-type]
+    assert seqs(out)[0] == 2 and out["result"] == {"resultType": "complete"}
+
+
+async def test_notifications_cancelled_ends_the_stream_without_a_result(sbridge):
+    url, task = sbridge.url, await long_task(sbridge.url)
+    headers, body = request("tasks/stream", {"taskId": task})
+    cancelled = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": body["id"], "reason": "the user closed the view"},
+    }
+    got: list[str] = []
+    sent_cancel = False
+    async with (
+        asyncio.timeout(BOUND),
+        httpx.AsyncClient(timeout=BOUND) as http,
+        httpx.AsyncClient(timeout=BOUND) as other,
+        http.stream("POST", url, json=body, headers=headers) as reply,
+    ):
+        async for line in reply.aiter_lines():
+            got.append(line)
+            if line.startswith("data:") and not sent_cancel:
+                sent_cancel = True
+                sent = await other.post(url, json=cancelled, headers=request("ping")[0])
+                assert sent.status_code == 202
+    messages = sse_messages("\n".join(got))
+    assert messages and all(m.get("method") == "notifications/tasks/event" for m in messages)
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        view = await result(http, url, "tasks/get", {"taskId": task})
+    assert view["status"] == "working"  # cancelling the stream never cancels the task
     await cancel(url, task)
 
 
@@ -419,7 +491,7 @@ async def _end_offsets(settings, partition: int) -> int:
         await consumer.stop()
 
 
-async def test_stream_opens_are_rate_limited_per_principal(kafka_bootstrap, tmp_path):
+async def test_stream_opens_are_rate_limited_per_client(kafka_bootstrap, tmp_path):
     import secrets
 
     from conftest import make_settings, running_bridge

@@ -51,6 +51,11 @@ class Authenticator:
                 jwks = jwt.PyJWKSet.from_dict(_load_json(settings.jwks_file, "JWKS file"))
                 self._keys = {key.key_id or f"key{i}": key.key for i, key in enumerate(jwks.keys)}
 
+    @property
+    def authenticates(self) -> bool:
+        """False in mode ``none``, where every caller is the same ``anonymous`` principal."""
+        return self.settings.mode != "none"
+
     def principal(self, request: Request) -> str:
         if self.settings.mode == "none":
             return ANONYMOUS

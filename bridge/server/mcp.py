@@ -17,6 +17,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -33,8 +34,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from bridge import __version__
 from bridge.config import Settings, ToolSpec
 from bridge.constants import EventSuffix
+from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.auth import Authenticator, Unauthorized
-from bridge.server.streams import StreamHub, cursor_prefix, decode_cursor
+from bridge.server.streams import StreamHub, cursor_prefix, decode_cursor, renderer
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -44,6 +46,7 @@ from bridge.server.wire import (
     INVALID_REQUEST,
     LATEST_VERSION,
     LEGACY_VERSIONS,
+    MAX_SEQ,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
     PROTOCOL_VERSION_META,
@@ -105,6 +108,28 @@ class Streamed:
 
     messages: AsyncIterator[dict[str, Any] | Frame | list[Frame]]
     request_id: str | int | None = None
+    #: Called once the response has ended, however it ended (even if it never started).
+    on_close: Callable[[], None] | None = None
+
+
+class _SseResponse(StreamingResponse):
+    """A streamed response that always runs its ``on_close`` (the stream's admission slot is
+    given back even when the client is gone before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
 
 
 @dataclass
@@ -113,9 +138,13 @@ class Call:
 
     request: Request
     rpc: JsonRpcRequest
-    principal: str
+    caller: Caller
     legacy: bool
     params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def principal(self) -> str:
+        return self.caller.principal
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -157,6 +186,13 @@ def _sse_frame(frame: Frame) -> str:
     if frame.event_id is not None:
         return f"id: {frame.event_id}\nevent: message\ndata: {data}\n\n"
     return f"event: message\ndata: {data}\n\n"
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8 for the wire. A lone surrogate can only stand inside a JSON string here, where
+    ``backslashreplace`` writes it as the JSON escape ``\\udXXX``: one bad character never
+    fails a stream (the decoder refuses such records; this is the last line of defence)."""
+    return text.encode("utf-8", "backslashreplace")
 
 
 def _reject_constant(name: str) -> Any:
@@ -264,23 +300,28 @@ class McpEndpoint:
                 raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)
         return bytes(body)
 
-    def _gate(self, request: Request) -> str | Response:
-        """The caller's principal, or the 403/401 response that refuses the request."""
+    def _gate(self, request: Request) -> Caller | Response:
+        """Who is calling, or the 403/401 response that refuses the request."""
         if not self._origin_allowed(request):
             return JSONResponse({"error": "forbidden host or origin"}, status_code=403)
         try:
-            return self.auth.principal(request)
+            principal = self.auth.principal(request)
         except Unauthorized as exc:
             return JSONResponse(
                 {"error": str(exc)},
                 status_code=401,
                 headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
             )
+        # Limits count an authenticated principal; anonymous callers are told apart by address.
+        client = principal
+        if not self.auth.authenticates:
+            client = f"{principal}@{request.client.host if request.client else 'unknown'}"
+        return Caller(principal, client, connection_of(request.scope))
 
     async def post(self, request: Request) -> Response:
-        principal = self._gate(request)
-        if isinstance(principal, Response):
-            return principal
+        caller = self._gate(request)
+        if isinstance(caller, Response):
+            return caller
         request_id: str | int | None = None
         started = time.perf_counter()
         method = "invalid"
@@ -304,13 +345,14 @@ class McpEndpoint:
                     INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request", http_status=400
                 ) from None
             if rpc.id is None:
+                self._notification(caller, rpc)
                 return Response(status_code=202)  # notifications need no answer
             method = rpc.method
             version = request.headers.get("mcp-protocol-version")
             call = Call(
                 request,
                 rpc,
-                principal,
+                caller,
                 legacy=version is None or version.strip() in LEGACY_VERSIONS,
             )
             call.params = rpc.params or {}
@@ -326,29 +368,35 @@ class McpEndpoint:
             )
         self.hub.metrics.rpc(method, "ok", time.perf_counter() - started)
         if isinstance(outcome, Streamed):
-            return StreamingResponse(
-                self._sse(outcome, rpc.id),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            return _SseResponse(self._sse(outcome, rpc.id), outcome.on_close)
         return self._json(result_response(rpc.id, outcome), 200)
+
+    def _notification(self, caller: Caller, rpc: JsonRpcRequest) -> None:
+        """``notifications/cancelled`` ends the caller's stream of that request; others are
+        accepted and ignored (this server has no use for them)."""
+        if rpc.method != "notifications/cancelled" or not rpc.params:
+            return
+        request_id = rpc.params.get("requestId")
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            self.hub.cancel(caller.client, request_id)
 
     @staticmethod
     def _json(message: dict[str, Any], status: int) -> Response:
         return Response(dumps(message), status_code=status, media_type="application/json")
 
-    async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[str]:
+    async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[bytes]:
         try:
             async for item in outcome.messages:
                 if isinstance(item, list):  # a batch: one write for what was at hand
-                    yield "".join(_sse_frame(frame) for frame in item)
+                    yield _utf8("".join(_sse_frame(frame) for frame in item))
                 else:
-                    yield _sse_frame(item if isinstance(item, Frame) else Frame(item))
+                    yield _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
         except RpcError as exc:
-            yield f"event: message\ndata: {dumps(error_response(request_id, exc))}\n\n"
+            yield _utf8(_sse_frame(Frame(error_response(request_id, exc))))
         except Exception:
             log.exception("internal error in a streamed MCP response")
-            yield f"event: message\ndata: {dumps(error_response(request_id, RpcError(INTERNAL_ERROR, 'Internal error')))}\n\n"
+            error = RpcError(INTERNAL_ERROR, "Internal error")
+            yield _utf8(_sse_frame(Frame(error_response(request_id, error))))
 
     async def not_allowed(self, request: Request) -> Response:
         return Response(status_code=405, headers={"Allow": "POST"})
@@ -358,44 +406,24 @@ class McpEndpoint:
         cursor = request.headers.get("last-event-id")
         if cursor is None:
             return Response(status_code=405, headers={"Allow": "POST"})
-        principal = self._gate(request)
-        if isinstance(principal, Response):
-            return principal
+        caller = self._gate(request)
+        if isinstance(caller, Response):
+            return caller
         try:
             request_id, task_id, seq = decode_cursor(cursor.strip())
         except ValueError:
-            return self._json(
-                error_response(
-                    None, RpcError(INVALID_PARAMS, "Last-Event-ID is not a stream cursor")
-                ),
-                400,
-            )
+            error = RpcError(INVALID_PARAMS, "Last-Event-ID is not a stream cursor")
+            return self._json(error_response(None, error), 400)
         try:
-            await self.service.get(task_id, principal)
-            await self.hub.check_cursor(task_id, seq)
-            self.hub.check_admission(principal, task_id)
+            outcome = await self._open_stream(caller, request_id, task_id, seq)
         except TaskNotFound as exc:
-            return self._json(
-                error_response(
-                    request_id, RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
-                ),
-                404,
-            )
+            error = RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
+            return self._json(error_response(request_id, error), 404)
         except RpcError as exc:
-            status = (
-                410
-                if exc.code == EVENTS_GONE
-                else (exc.http_status if exc.http_status != 200 else 400)
-            )
-            if exc.code == EVENTS_GONE:
-                self.hub.metrics.stream_opens.labels("gone").inc()
+            # The transport's own statuses: 410 for events_gone, else the error's (400 at least).
+            status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
             return self._json(error_response(request_id, exc), status)
-        outcome = Streamed(self._stream_frames(principal, request_id, task_id, seq), request_id)
-        return StreamingResponse(
-            self._sse(outcome, request_id),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return _SseResponse(self._sse(outcome, request_id), outcome.on_close)
 
     # --- dispatch ------------------------------------------------------------------------
 
@@ -723,39 +751,53 @@ class McpEndpoint:
     async def tasks_stream(self, call: Call) -> Outcome:
         self._require_tasks(call)
         try:
-            if "after" in call.params and call.params["after"] is None:
-                raise ValueError("after: null is not a sequence number")
             params = TasksStreamParams.model_validate(call.params)
-        except (ValidationError, ValueError):
+        except ValidationError:
             raise RpcError(
                 INVALID_PARAMS,
-                "tasks/stream needs a taskId string and, optionally, after: a non-negative integer",
+                "tasks/stream needs a taskId string and, optionally, after: an integer from 0 to "
+                f"{MAX_SEQ}",
             ) from None
-        await self.service.get(params.task_id, call.principal)  # same authorization as tasks/get
+        assert call.rpc.id is not None  # requests only: notifications never reach a handler
+        return await self._open_stream(call.caller, call.rpc.id, params.task_id, params.after)
+
+    async def _open_stream(
+        self, caller: Caller, request_id: str | int, task_id: str, after: int | None
+    ) -> Streamed:
+        """Authorize, admit and check the cursor, in that order, before any byte is sent.
+
+        Authorization first (a foreign task is unknown, whatever else); then the connection
+        rule and the limits (a second stream on one connection is -32602 even when its cursor
+        is bad too); then the cursor. The slot taken is given back when the response ends.
+        """
+        await self.service.get(task_id, caller.principal)  # same authorization as tasks/get
+        ticket = self.hub.admit(caller, task_id, request_id)
         try:
-            await self.hub.check_cursor(params.task_id, params.after)
-        except RpcError as exc:
-            if exc.code == EVENTS_GONE:
+            await self.hub.check_cursor(task_id, after)
+        except BaseException as exc:
+            self.hub.release(ticket)
+            if isinstance(exc, RpcError) and exc.code == EVENTS_GONE:
                 self.hub.metrics.stream_opens.labels("gone").inc()
             raise
-        self.hub.check_admission(call.principal, params.task_id)
-        assert call.rpc.id is not None
         return Streamed(
-            self._stream_frames(call.principal, call.rpc.id, params.task_id, params.after),
-            call.rpc.id,
+            self._stream_frames(ticket, request_id, after),
+            request_id,
+            on_close=functools.partial(self.hub.release, ticket),
         )
 
     async def _stream_frames(
-        self, principal: str, request_id: str | int, task_id: str, after: int | None
+        self, ticket: Ticket, request_id: str | int, after: int | None
     ) -> AsyncIterator[Frame | list[Frame]]:
-        render = self.hub.renderer(task_id)
+        task_id = ticket.task_id
+        render = renderer(task_id, self.settings.event_type_prefix)
         cursor = cursor_prefix(request_id, task_id)
-        async for batch in self.hub.events(principal, task_id, after):
+        async for batch in self.hub.events(ticket, after):
             if batch is None:
                 yield Frame(None)
                 continue
             yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
-        if not self.hub.draining.is_set():
+        # A cancelled request gets no response (MCP cancellation); a drained one resumes elsewhere.
+        if not ticket.cancelled and not self.hub.draining.is_set():
             yield Frame(result_response(request_id, {"resultType": "complete"}))
 
     async def tasks_cancel(self, call: Call) -> Outcome:

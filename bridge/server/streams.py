@@ -10,8 +10,9 @@ reads from Kafka until it is level again; no event is lost for anyone.
 
 A stream ends with the empty result once the task's terminal status event (the first one, as
 the index folds it) has been delivered. Closing the HTTP stream ends only the stream; the task
-goes on. "Connection" on stateless HTTP is defined as the principal: one active stream per
-(principal, task) per replica (see docs/tasks-stream.md).
+goes on. Who may open a stream (one per task per transport connection, and the DoS limits) is
+:mod:`bridge.server.admission`'s business; a stream ends without its result when its client
+cancels the request (``notifications/cancelled``) or the process drains.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
+import enum
+import functools
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol
 
 from bridge.config import Settings
 from bridge.constants import EventSuffix
@@ -32,16 +34,28 @@ from bridge.envelope import TaskEvent
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import EventsGone, Reader, SeqUntrusted
 from bridge.metrics import Metrics
+from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.wire import (
     EVENTS_GONE,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
-    INVALID_REQUEST,
     RELATED_TASK_META,
     RpcError,
     dumps,
 )
 
-__all__ = ["StreamHub", "cursor_prefix", "decode_cursor", "encode_cursor", "events_gone_error"]
+__all__ = [
+    "Step",
+    "StreamHub",
+    "cursor_ahead_error",
+    "cursor_prefix",
+    "decode_cursor",
+    "encode_cursor",
+    "events_gone_error",
+    "notification",
+    "renderer",
+    "take_next",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +90,14 @@ def decode_cursor(cursor: str) -> tuple[str | int, str, int]:
         raise ValueError("not a stream cursor")
     request_id: str | int = int(rid[1:]) if rid[0] == "i" else rid[1:]
     return request_id, task_id, seq
+
+
+def cursor_ahead_error(task_id: str, next_seq: int) -> RpcError:
+    return RpcError(
+        INVALID_PARAMS,
+        f"after names a seq this task never had (its next seq is {next_seq})",
+        {"reason": "cursor_ahead", "taskId": task_id, "nextSeq": next_seq},
+    )
 
 
 def seq_untrusted_error(exc: SeqUntrusted) -> RpcError:
@@ -140,6 +162,59 @@ class _Subscription:
 
 Batch = list[tuple[int, TaskEvent]]
 
+#: A head that no cursor can be ahead of (a seq is below 2**63, like the offsets it counts).
+_UNBOUNDED = 2**63
+
+
+class Step(enum.Enum):
+    """What :func:`take_next` found after its batch."""
+
+    MORE = "more"  # the events ran out: wait for more
+    ENDED = "ended"  # the task's terminal status event was reached: the stream is complete
+    GAP = "gap"  # a seq beyond last + 1: something is missing, re-read from Kafka
+
+
+class Sequenced(Protocol):
+    """An event with its seq and offset (:class:`ReadEvent` from history, or live)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def event(self) -> TaskEvent: ...
+
+
+def take_next(
+    events: Iterable[Sequenced],
+    last: int,
+    ends: Callable[[int, TaskEvent], bool],
+    *,
+    any_first: bool = False,
+) -> tuple[Batch, int, Step]:
+    """The one delivery rule of a stream: take exactly ``last + 1``, then the next, and so on.
+
+    Returns the events taken, the new ``last`` and why it stopped. Events at or below ``last``
+    were delivered already (or the cursor is past them) and are skipped; when one of them is the
+    task's terminal status event (``ends``), nothing more is owed: ENDED. ``any_first`` lets the
+    first event taken have any seq (no cursor: the earliest retained event comes first).
+    """
+    batch: Batch = []
+    for item in events:
+        seq = item.seq
+        if seq <= last:
+            if ends(item.offset, item.event):
+                return batch, last, Step.ENDED
+            continue
+        if seq != last + 1 and not any_first:
+            return batch, last, Step.GAP
+        any_first = False
+        last = seq
+        batch.append((seq, item.event))
+        if ends(item.offset, item.event):
+            return batch, last, Step.ENDED
+    return batch, last, Step.MORE
+
 
 class StreamHub:
     """Fans the indexer's live events out to the active streams of this process."""
@@ -153,9 +228,13 @@ class StreamHub:
         self.metrics = metrics
         self.draining = asyncio.Event()
         self._subs: dict[str, set[_Subscription]] = defaultdict(set)
-        self._active: dict[tuple[str, str], int] = {}
-        self._per_principal: dict[str, int] = defaultdict(int)
-        self._opens: dict[str, deque[float]] = defaultdict(deque)
+        self.admission = Admission(
+            Limits(
+                streams_per_client=settings.max_streams_per_principal,
+                opens_per_minute=settings.max_stream_opens_per_minute,
+                streams_total=settings.max_streams,
+            )
+        )
         self._status_type = f"{settings.event_type_prefix}.{EventSuffix.STATUS}"
         indexer.add_listener(self._on_event)
 
@@ -168,7 +247,7 @@ class StreamHub:
 
     @property
     def active_streams(self) -> int:
-        return len(self._active)
+        return self.admission.active
 
     def _on_event(self, indexed: IndexedEvent) -> None:
         for sub in self._subs.get(indexed.task_id, ()):
@@ -178,94 +257,78 @@ class StreamHub:
 
     # --- admission -----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _admit(self, principal: str, task_id: str) -> Any:
-        key = (principal, task_id)
-        if key in self._active:
-            raise RpcError(
-                INVALID_PARAMS,
-                "a tasks/stream for this task is already active on this connection; cancel it first",
-                {"reason": "stream_active", "taskId": task_id},
-            )
-        limit = self.settings.max_streams_per_principal
-        if self._per_principal[principal] >= limit:
-            raise RpcError(
-                INVALID_REQUEST,
-                f"too many active streams for this principal (limit {limit})",
-                {"reason": "too_many_streams", "limit": limit},
-                http_status=429,
-            )
-        self._active[key] = 1
-        self._per_principal[principal] += 1
+    def admit(self, caller: Caller, task_id: str, request_id: str | int | None) -> Ticket:
+        """Take the stream's slot before any byte of it is sent (see :mod:`admission`)."""
+        ticket = self.admission.admit(caller, task_id, request_id)
         self.metrics.streams_active.inc()
-        try:
-            yield
-        finally:
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """Give the slot back when the response ends, however it ends (idempotent)."""
+        if not ticket.released:
             self.metrics.streams_active.dec()
-            del self._active[key]
-            self._per_principal[principal] -= 1
-            if not self._per_principal[principal]:
-                del self._per_principal[principal]
+        self.admission.release(ticket)
 
-    # --- one stream ----------------------------------------------------------------------
-
-    def check_admission(self, principal: str, task_id: str) -> None:
-        """Refuse early (before the SSE response starts) what :meth:`events` would refuse."""
-        self._rate(principal, record=False)
-        with self._admit(principal, task_id):
-            pass
-
-    def _rate(self, principal: str, *, record: bool) -> None:
-        """At most ``max_stream_opens_per_minute`` opens per principal (cursor/id guessing)."""
-        window = self._opens[principal]
-        now = time.monotonic()
-        while window and window[0] <= now - 60:
-            window.popleft()
-        limit = self.settings.max_stream_opens_per_minute
-        if len(window) >= limit:
-            raise RpcError(
-                INVALID_REQUEST,
-                f"too many tasks/stream requests for this principal (limit {limit} a minute)",
-                {"reason": "rate_limited", "retryAfterSeconds": round(window[0] + 60 - now, 1)},
-                http_status=429,
-            )
-        if record:
-            window.append(now)
+    def cancel(self, client: str, request_id: str | int) -> int:
+        """``notifications/cancelled``: end the client's streams of that request id."""
+        return self.admission.cancel(client, request_id)
 
     async def check_cursor(self, task_id: str, after: int | None) -> None:
-        """Raise events_gone / refuse untrusted seq before any byte of the stream is sent."""
+        """Refuse before any byte of the stream is sent: events_gone, untrusted seq, and a
+        cursor ahead of the log (a seq the task never had).
+
+        A cursor at or past this replica's head may have been handed out a moment ago by a
+        replica that is further along: the view is first caught up with the partition's end
+        (bounded), and only a cursor still ahead of everything committed is refused. When the
+        catch-up cannot finish in time the stream is admitted; it then waits and ends at the
+        task's terminal status like any other.
+        """
         try:
             if after is None:
                 await self.reader.head(task_id)  # refuses a task whose seq cannot be trusted
                 return
+            head = await self.reader.head(task_id)
+            if after >= head:
+                head = await self._head_after_catch_up(task_id, head)
+                if after >= head:
+                    raise cursor_ahead_error(task_id, head)
             earliest = await self.reader.earliest_seq(task_id)
         except SeqUntrusted as exc:
             raise seq_untrusted_error(exc) from None
         if after + 1 < earliest:
             raise events_gone_error(task_id, earliest)
 
-    async def events(
-        self, principal: str, task_id: str, after: int | None
-    ) -> AsyncIterator[Batch | None]:
+    async def _head_after_catch_up(self, task_id: str, head: int) -> int:
+        try:
+            async with asyncio.timeout(self.settings.cursor_catch_up_s):
+                await self.indexer.catch_up()
+        except TimeoutError:
+            log.warning("catch-up for a cursor at the head of task %s timed out", task_id)
+            return _UNBOUNDED
+        return await self.reader.head(task_id)
+
+    async def events(self, ticket: Ticket, after: int | None) -> AsyncIterator[Batch | None]:
         """The stream's events in seq order, in batches; ``None`` items are keep-alive ticks.
 
         Ends after the task's terminal status event, or at once for a terminal task with
-        nothing after the cursor. Raises :class:`RpcError` for events_gone found mid-stream.
+        nothing after the cursor; ends early (without a result, see ``ticket.cancelled``) when
+        the client cancels the request or the process drains. Raises :class:`RpcError` for
+        events_gone found mid-stream.
         """
-        self._rate(principal, record=True)
-        with self._admit(principal, task_id):
-            self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
-            partition = self.indexer.partition_of(task_id)
-            sub = _Subscription(task_id, partition, self.settings.stream_queue_size)
-            self._subs[task_id].add(sub)
-            try:
-                async for item in self._run(sub, task_id, after):
-                    yield item
-            finally:
-                subs = self._subs[task_id]
-                subs.discard(sub)
-                if not subs:
-                    del self._subs[task_id]
+        task_id = ticket.task_id
+        self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
+        partition = self.indexer.partition_of(task_id)
+        sub = _Subscription(task_id, partition, self.settings.stream_queue_size)
+        ticket.on_cancel.append(sub.close)
+        self._subs[task_id].add(sub)
+        try:
+            async for item in self._run(sub, task_id, after):
+                yield item
+        finally:
+            subs = self._subs[task_id]
+            subs.discard(sub)
+            if not subs:
+                del self._subs[task_id]
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
@@ -277,10 +340,11 @@ class StreamHub:
         self, sub: _Subscription, task_id: str, after: int | None
     ) -> AsyncIterator[Batch | None]:
         last = -1 if after is None else after
-        first_read = after is None
+        any_first = after is None  # without a cursor the earliest retained seq comes first
         keepalive = self.settings.stream_keepalive_s
+        ends = functools.partial(self._ends, task_id)
         while True:
-            if self.draining.is_set():
+            if sub.closed or self.draining.is_set():
                 return
             # Catch up from Kafka: history, or what the buffer dropped while the client was slow.
             sub.overflowed = False
@@ -290,42 +354,34 @@ class StreamHub:
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
             try:
-                reading = self.reader.read_batches(
-                    task_id, None if first_read or last < 0 else last
-                )
+                reading = self.reader.read_batches(task_id, None if any_first else last)
                 async for chunk in reading:
-                    batch: Batch = []
-                    ended = False
-                    for event in chunk:
-                        if event.seq <= last:
-                            continue
-                        if event.seq != last + 1 and not (first_read and last == -1):
-                            self.metrics.seq_gaps.inc()  # the canary: never expected
-                            raise RpcError(
-                                -32603, "internal error: a seq gap in catch-up", {"taskId": task_id}
-                            )
-                        last = event.seq
-                        batch.append((event.seq, event.event))
-                        if self._ends(task_id, event.offset, event.event):
-                            ended = True
-                            break
+                    batch, last, step = take_next(chunk, last, ends, any_first=any_first)
+                    any_first = False if batch else any_first
+                    if step is Step.GAP:
+                        self.metrics.seq_gaps.inc()  # the canary: never expected
+                        raise RpcError(
+                            INTERNAL_ERROR,
+                            "internal error: a seq gap in catch-up",
+                            {"taskId": task_id},
+                        )
                     if batch:
                         self._delivered(sub, batch, live=False)
                         yield batch
-                    if ended:
+                    if step is Step.ENDED:
                         return
             except EventsGone as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:
                 raise seq_untrusted_error(exc) from None
-            if first_read and last < 0:
+            if any_first:
                 # Nothing retained: the next event is the task's earliest retained seq (its
                 # head when everything is gone), whatever arrives live from here.
                 try:
                     last = await self.reader.earliest_seq(task_id) - 1
                 except SeqUntrusted as exc:
                     raise seq_untrusted_error(exc) from None
-            first_read = False
+                any_first = False
             if terminal_before:
                 return  # a finished task: everything retained after the cursor was replayed
             # Live: take what the tail buffered, delivering exactly last + 1 each time.
@@ -337,27 +393,16 @@ class StreamHub:
                     return
                 if sub.overflowed:
                     break  # fell behind: catch up from Kafka
-                batch = []
-                gap = ended = False
-                while sub.buffer:
-                    indexed = sub.buffer.popleft()
-                    if indexed.seq <= last:
-                        continue
-                    if indexed.seq > last + 1:
-                        gap = True  # re-read from Kafka
-                        break
-                    last = indexed.seq
-                    batch.append((indexed.seq, indexed.event))
-                    if self._ends(task_id, indexed.offset, indexed.event):
-                        ended = True
-                        break
+                pending = list(sub.buffer)
+                sub.buffer.clear()
+                batch, last, step = take_next(pending, last, ends, any_first=False)
                 if batch:
                     self._delivered(sub, batch, live=True)
                     yield batch
-                if ended:
+                if step is Step.ENDED:
                     return
-                if gap:
-                    break
+                if step is Step.GAP:
+                    break  # something is missing from the buffer: re-read from Kafka
 
     def _delivered(self, sub: _Subscription, batch: Batch, *, live: bool) -> None:
         """Count a batch about to be written: one backlog and one latency sample per write."""
@@ -372,43 +417,52 @@ class StreamHub:
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset
 
-    # --- wire --------------------------------------------------------------------------
 
-    @staticmethod
-    def renderer(task_id: str) -> Callable[[int, TaskEvent], str]:
-        """A function rendering one notification as single-line JSON, for one stream.
+# --- wire ----------------------------------------------------------------------------------
 
-        The same JSON as ``dumps(notification(...))``; the parts fixed for the stream (the task
-        id, the related-task ``_meta``) are serialised once instead of for every event.
-        """
-        head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
-        task_json = dumps(task_id)
-        related = {"taskId": task_id}
-        plain_meta = dumps({RELATED_TASK_META: related})
 
-        def render(seq: int, event: TaskEvent) -> str:
+def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
+    """A function rendering one notification as single-line JSON, for one stream.
+
+    The same JSON as ``dumps(notification(...))``; the parts fixed for the stream (the task id,
+    the related-task ``_meta``) are serialised once instead of for every event. An event whose
+    content cannot be written as JSON (the decoder refuses such records, so this is the last
+    line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder with its seq:
+    one record can never fail a stream.
+    """
+    head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+    task_json = dumps(task_id)
+    related = {"taskId": task_id}
+    plain_meta = dumps({RELATED_TASK_META: related})
+    placeholder = dumps(f"{prefix}.{EventSuffix.UNDECODABLE}")
+    unencodable = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
+
+    def render(seq: int, event: TaskEvent) -> str:
+        try:
             meta = (
                 plain_meta if not event.meta else dumps({**event.meta, RELATED_TASK_META: related})
             )
-            return (
-                f'{head}{seq},"taskId":{task_json},"type":{dumps(event.type)},'
-                f'"payload":{dumps(event.payload)},"_meta":{meta}}}}}'
-            )
+            type_, payload = dumps(event.type), dumps(event.payload)
+        except (ValueError, TypeError, RecursionError):
+            log.warning("task %s seq %d: unencodable content sent as a placeholder", task_id, seq)
+            meta, type_, payload = plain_meta, placeholder, unencodable
+        return f'{head}{seq},"taskId":{task_json},"type":{type_},"payload":{payload},"_meta":{meta}}}}}'
 
-        return render
+    return render
 
-    @staticmethod
-    def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
-        meta = dict(event.meta or {})
-        meta[RELATED_TASK_META] = {"taskId": task_id}
-        return {
-            "jsonrpc": "2.0",
-            "method": "notifications/tasks/event",
-            "params": {
-                "seq": seq,
-                "taskId": task_id,
-                "type": event.type,
-                "payload": event.payload,
-                "_meta": meta,
-            },
-        }
+
+def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
+    """One ``notifications/tasks/event`` message (what :func:`renderer` writes, as a dict)."""
+    meta = dict(event.meta or {})
+    meta[RELATED_TASK_META] = {"taskId": task_id}
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/tasks/event",
+        "params": {
+            "seq": seq,
+            "taskId": task_id,
+            "type": event.type,
+            "payload": event.payload,
+            "_meta": meta,
+        },
+    }

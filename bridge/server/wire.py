@@ -8,9 +8,18 @@ errors become -32602 without library text on the wire.
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 __all__ = [
     "CLIENT_CAPS_META",
@@ -22,6 +31,7 @@ __all__ = [
     "INVALID_REQUEST",
     "LATEST_VERSION",
     "LEGACY_VERSIONS",
+    "MAX_SEQ",
     "METHOD_NOT_FOUND",
     "MISSING_CAPABILITY",
     "PARSE_ERROR",
@@ -67,6 +77,9 @@ EVENTS_GONE = -32010
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
+
+#: The largest sequence number (seq counts records at Kafka's int64 offsets).
+MAX_SEQ = 2**63 - 1
 
 
 class RpcError(Exception):
@@ -134,8 +147,32 @@ class TasksUpdateParams(TaskIdParams):
     input_responses: dict[str, Any] = Field(alias="inputResponses")
 
 
+def _seq_value(value: Any) -> int:
+    """A sequence number: a JSON integer from 0 to :data:`MAX_SEQ`.
+
+    An integral JSON number written with a fraction or exponent (``1.0``, ``1e0``) is that
+    integer, as JSON Schema's ``"type": "integer"`` (SEP-2694's ``after``) defines it. Seq counts
+    Kafka records, so no seq reaches 2**63: a larger value names no event and is refused.
+    """
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise ValueError("a sequence number is an integer from 0 to 2**63-1")
+    return value
+
+
+SeqValue = Annotated[int, PlainValidator(_seq_value)]
+
+
 class TasksStreamParams(TaskIdParams):
-    after: StrictInt | None = Field(default=None, ge=0)
+    after: SeqValue | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _after_is_not_null(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "after" in data and data["after"] is None:
+            raise ValueError("after: null is not a sequence number")
+        return data
 
 
 class InitializeParams(_Params):
