@@ -83,7 +83,9 @@ async def _verify_partition(
         if task_id is None:
             return
         offsets[task_id].append(record.offset)
-        event = event_from_record(record, prefix=prefix, max_bytes=settings.max_event_bytes)
+        event = event_from_record(
+            record, prefix=prefix, max_bytes=settings.max_event_bytes, types=settings.event_types
+        )
         created, status, identity = lifecycle_of(event, prefix)
         recount.apply(task_id, record.offset, created=created, status=status, identity=identity)
 
