@@ -1,7 +1,10 @@
 """The ``bridge`` command line: local Kafka, topics, serving, and (later) tools around the log.
 
 Each subcommand is a small function taking the parsed arguments and the settings; errors that a
-user can act on are printed as one line on stderr with exit status 2, never as a traceback.
+user can act on are printed as one line on stderr (``bridge <command>: ...``) with exit status 2,
+never as a traceback. Commands that need Kafka check it first (:func:`require_kafka`: it answers,
+the clients accept the settings, the topics exist), so a wrong address, protocol or prefix is
+one line within seconds rather than a client retrying for minutes.
 """
 
 from __future__ import annotations
@@ -12,18 +15,29 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from bridge.config import Settings, load_settings
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from bridge.client import TaskStreamClient
+    from bridge.kafka.topics import TopicReport
+
+__all__ = ["KafkaUnavailable", "UserError", "main"]
 
 log = logging.getLogger("bridge")
+
+#: Bound of the pre-flight's metadata request (the ApiVersions probe before it has its own 5 s).
+KAFKA_METADATA_TIMEOUT_S = 10.0
 
 
 class UserError(Exception):
     """A failure the user can fix; printed without a traceback."""
+
+
+class KafkaUnavailable(UserError):
+    """Kafka cannot be used as configured: unreachable, not Kafka, refused settings, no topics."""
 
 
 def _progress(message: str) -> None:
@@ -43,6 +57,78 @@ def with_kafka(settings: Settings) -> Settings:
             "or run `bridge kafka start` first"
         )
     return settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+
+
+def require_kafka(settings: Settings, topics: Sequence[str] = (), hint: str = "") -> Settings:
+    """``settings`` with a Kafka that answers and holds ``topics``; else :class:`KafkaUnavailable`.
+
+    ``hint`` is a further way out when topics are missing (after `bridge topics create`).
+    """
+    settings = with_kafka(settings)
+    _check_answers(settings)
+    present = asyncio.run(_topic_names(settings))
+    missing = [topic for topic in topics if topic not in present]
+    if missing:
+        raise KafkaUnavailable(
+            f"topics missing on Kafka at {settings.kafka_bootstrap_servers}: "
+            f"{_first_few(missing)}; run `bridge topics create`{hint}, or set "
+            f"BRIDGE_TOPICS__PREFIX if they have another prefix (now {settings.topics.prefix!r})"
+        )
+    return settings
+
+
+def _first_few(names: Sequence[str], few: int = 3) -> str:
+    shown = ", ".join(names[:few])
+    return shown if len(names) <= few else f"{shown} and {len(names) - few} more"
+
+
+def _check_answers(settings: Settings) -> None:
+    from bridge.kafka.broker import KafkaProviderError, check_bootstrap
+
+    assert settings.kafka_bootstrap_servers is not None, "with_kafka filled it"
+    try:
+        check_bootstrap(settings.kafka_bootstrap_servers, settings.kafka_security_protocol)
+    except KafkaProviderError as exc:
+        raise KafkaUnavailable(str(exc)) from exc
+
+
+async def _topic_names(settings: Settings) -> set[str]:
+    """The cluster's topics: proves the clients can connect with the settings and get metadata."""
+    from bridge.kafka.clients import KafkaError, admin_client
+
+    protocol = settings.kafka_security_protocol
+    try:
+        admin = admin_client(settings)
+    except ValueError as exc:  # aiokafka refuses the security settings before connecting
+        raise KafkaUnavailable(
+            f"cannot use BRIDGE_KAFKA_SECURITY_PROTOCOL={protocol}: the Kafka client needs "
+            f"settings the bridge does not pass ({exc}); use a PLAINTEXT listener"
+        ) from exc
+    try:
+        with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
+            async with asyncio.timeout(KAFKA_METADATA_TIMEOUT_S):
+                await admin.start()
+                return set(await admin.list_topics())
+    except (KafkaError, TimeoutError) as exc:
+        reason = str(exc) or f"no metadata within {KAFKA_METADATA_TIMEOUT_S:g} s"
+        raise KafkaUnavailable(
+            f"Kafka at {settings.kafka_bootstrap_servers} answers, but its metadata could not "
+            f"be read ({reason}); check that BRIDGE_KAFKA_SECURITY_PROTOCOL ({protocol}) "
+            "matches its listener and that its advertised listeners are reachable from here"
+        ) from exc
+    finally:
+        await admin.close()
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 # --- kafka -----------------------------------------------------------------------------------
@@ -69,26 +155,47 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
 # --- topics ----------------------------------------------------------------------------------
 
 
-async def create_topics(settings: Settings) -> list[str]:
-    """Create/check the topic layout; returns one line per topic."""
-    from bridge.kafka.clients import admin_client
-    from bridge.kafka.topics import TopicLayoutError, ensure_topics
+def catalog_job_topics(settings: Settings) -> list[str]:
+    """The job topics of the tools the bridge serves."""
     from bridge.server.app import tool_catalog
 
-    jobs = [tool.job_topic or settings.topics.jobs(tool.name) for tool in tool_catalog(settings)]
+    return [tool.job_topic or settings.topics.jobs(tool.name) for tool in tool_catalog(settings)]
+
+
+def layout_topics(settings: Settings) -> list[str]:
+    """Every topic `bridge topics create` makes: what `bridge serve` needs."""
+    from bridge.kafka.topics import topic_layout
+
+    return [spec.name for spec in topic_layout(settings, catalog_job_topics(settings))]
+
+
+async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[TopicReport]:
+    """Create/check the topic layout with ``job_topics``; refusals become a :class:`UserError`."""
+    from bridge.kafka.clients import KafkaError, admin_client
+    from bridge.kafka.topics import TopicLayoutError, ensure_topics
+
     admin = admin_client(settings)
     await admin.start()
     try:
-        reports = await ensure_topics(admin, settings, job_topics=jobs)
+        return await ensure_topics(admin, settings, job_topics=job_topics)
     except TopicLayoutError as exc:
         raise UserError(str(exc)) from None
+    except KafkaError as exc:  # e.g. a replication factor above the number of brokers
+        raise UserError(
+            f"Kafka at {settings.kafka_bootstrap_servers} refused the topic layout: {exc}"
+        ) from exc
     finally:
         await admin.close()
+
+
+async def create_topics(settings: Settings) -> list[str]:
+    """Create/check the topic layout; returns one line per topic."""
+    reports = await ensure_layout(settings, catalog_job_topics(settings))
     return [report.describe() for report in reports]
 
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
-    for line in asyncio.run(create_topics(with_kafka(settings))):
+    for line in asyncio.run(create_topics(require_kafka(settings))):
         print(line)
     return 0
 
@@ -117,11 +224,18 @@ async def run_indexer(settings: Settings, flush_interval_s: float) -> None:
     print("indexer stopped after a final flush", flush=True)
 
 
+def _log_topics(settings: Settings) -> list[str]:
+    """The topics the indexer reads and writes."""
+    return [settings.topics.events, settings.topics.index]
+
+
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     from bridge.log.indexer import IndexerError
 
     try:
-        asyncio.run(run_indexer(with_kafka(settings), args.flush_interval))
+        asyncio.run(
+            run_indexer(require_kafka(settings, _log_topics(settings)), args.flush_interval)
+        )
     except IndexerError as exc:
         raise UserError(str(exc)) from None
     return 0
@@ -132,7 +246,8 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from bridge.log.verify import verify_index
 
     try:
-        report = asyncio.run(verify_index(with_kafka(settings), progress=_progress))
+        checked = require_kafka(settings, _log_topics(settings))
+        report = asyncio.run(verify_index(checked, progress=_progress))
     except IndexerError as exc:
         raise UserError(str(exc)) from None
     for line in report.mismatches:
@@ -174,9 +289,12 @@ def serve(settings: Settings, *, with_workers: bool = False) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    settings = with_kafka(settings)
     if settings.auto_create_topics:
+        settings = require_kafka(settings)
         asyncio.run(create_topics(settings))
+    else:
+        hint = ", or set BRIDGE_AUTO_CREATE_TOPICS=true"
+        settings = require_kafka(settings, layout_topics(settings), hint)
     serve(settings, with_workers=args.with_workers)
     return 0
 
@@ -203,7 +321,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     try:
         return asyncio.run(
             demo.replay_command(
-                with_kafka(settings),
+                require_kafka(settings, [settings.topics.events]),
                 args.file,
                 task_id=args.task_id,
                 speed=args.speed,
@@ -238,6 +356,7 @@ async def run_tail(
     store = FileCursorStore(cursor_file) if cursor_file else MemoryCursorStore()
     client = TaskStreamClient(url, token=token, store=store)
     try:
+        await _reach(client, url, task_id)
         async for event in client.stream(task_id, after):
             print(f"{event.seq:>6}  {event.type:<40}  {_summary(event.payload)}", flush=True)
             store.save(task_id, event.seq)  # printed = processed: a resume starts after it
@@ -252,6 +371,20 @@ async def run_tail(
         raise UserError(f"the server refused the stream: {exc}") from None
     print("-- end of stream (the task is finished)", file=sys.stderr)
     return 0
+
+
+async def _reach(client: TaskStreamClient, url: str, task_id: str) -> None:
+    """One tasks/get first: the stream retries a connection for minutes, this fails at once."""
+    import httpx
+
+    try:
+        await client.call("tasks/get", {"taskId": task_id}, task_id)
+    except httpx.TransportError as exc:
+        reason = str(exc) or type(exc).__name__
+        raise UserError(
+            f"cannot reach the bridge at {url} ({reason}); pass --url, or set BRIDGE_HTTP_HOST "
+            "and BRIDGE_HTTP_PORT to where `bridge serve` listens"
+        ) from exc
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
@@ -274,8 +407,6 @@ async def run_workers(
     """Run the handlers of ``packs`` until SIGINT/SIGTERM; jobs in flight then go to others."""
     import signal
 
-    from bridge.kafka.clients import admin_client
-    from bridge.kafka.topics import TopicLayoutError, ensure_topics
     from bridge.workers.packs import UnknownPack, pack_handlers, pack_tools
     from bridge.workers.sdk import Worker
 
@@ -287,14 +418,7 @@ async def run_workers(
     job_topics = {s.name: s.job_topic or settings.topics.jobs(s.name) for s in specs}
     # The job topics must exist before the group subscribes: a consumer notices topics created
     # later only at its next metadata refresh (minutes).
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings, job_topics=job_topics.values())
-    except TopicLayoutError as exc:
-        raise UserError(str(exc)) from None
-    finally:
-        await admin.close()
+    await ensure_layout(settings, job_topics.values())
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -327,7 +451,8 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1:
         raise UserError("--concurrency must be at least 1")
     packs = args.pack or settings.tool_packs
-    asyncio.run(run_workers(with_kafka(settings), packs, args.concurrency, args.session_timeout_ms))
+    settings = require_kafka(settings)
+    asyncio.run(run_workers(settings, packs, args.concurrency, args.session_timeout_ms))
     return 0
 
 
@@ -435,10 +560,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     func: Callable[[argparse.Namespace, Settings], int] = args.func
+    prog = " ".join(["bridge", args.command, *([args.action] if "action" in args else [])])
     try:
         return func(args, settings)
     except UserError as exc:
-        print(f"bridge: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -446,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bridge.kafka.broker import KafkaProviderError
 
         if isinstance(exc, KafkaProviderError):
-            print(f"bridge: {exc}", file=sys.stderr)
+            print(f"{prog}: {exc}", file=sys.stderr)
             return 2
         raise
 
