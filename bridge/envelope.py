@@ -10,8 +10,10 @@ id. The value is either
   pipelines without Avro can attach. ``_meta`` and ``timestamp`` may be left out.
 
 A ``content-type`` record header names the format; without it the first bytes decide. Decoding
-never raises anything but :class:`EnvelopeError` subclasses. This module knows nothing of seq,
-Kafka clients or MCP.
+never raises anything but :class:`EnvelopeError` subclasses. ``payload`` and ``_meta`` are parsed
+with the wire's rules (:mod:`bridge.strictjson`): a record the bridge could not write back out
+(``1e999``, a lone surrogate, nesting past ``MAX_DEPTH``) is refused here, as malformed, instead
+of failing every stream that replays it. This module knows nothing of seq, Kafka clients or MCP.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any, Literal
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
+
+from bridge import strictjson
 
 __all__ = [
     "AVRO_CONTENT_TYPE",
@@ -53,6 +57,8 @@ _SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 _SCHEMA_FILE = "task_event.avsc"
 #: 9999-12-31T23:59:59.999Z: the last instant Avro tools can represent as a timestamp-millis.
 MAX_TIMESTAMP_MS = 253_402_300_799_999
+#: Error messages end up in placeholder events on the wire: keep them short.
+_MAX_MESSAGE_CHARS = 300
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -63,11 +69,19 @@ class EnvelopeError(Exception):
     reason = "malformed"
 
     def __init__(self, message: str) -> None:
+        message = _wire_safe(message)
         super().__init__(message)
         self.message = message
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
+
+
+def _wire_safe(message: str) -> str:
+    """Bounded, and encodable as UTF-8 even when it quotes a record's lone surrogates."""
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class MalformedEnvelope(EnvelopeError):
@@ -158,11 +172,17 @@ def _known_schemas() -> dict[bytes, _Schema]:
 # --- encode --------------------------------------------------------------------------------------
 
 
-def _json_text(value: Mapping[str, Any]) -> str:
+def _max_depth(envelope: bool) -> int:
+    # The JSON envelope is one object level around payload and _meta: both formats allow
+    # the same nesting inside them.
+    return strictjson.MAX_DEPTH + 1 if envelope else strictjson.MAX_DEPTH
+
+
+def _json_text(value: Mapping[str, Any], *, envelope: bool = False) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise MalformedEnvelope(f"not JSON-serialisable: {exc}") from None
+        return strictjson.dumps(value, max_depth=_max_depth(envelope))
+    except strictjson.NotWireJson as exc:
+        raise MalformedEnvelope(str(exc)) from None
 
 
 def encode_event(
@@ -176,7 +196,9 @@ def encode_event(
         if event.meta is not None:
             body["_meta"] = event.meta
         body["timestamp"] = event.timestamp_ms
-        return _json_text(body).encode("utf-8"), [(CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE.encode())]
+        return _json_text(body, envelope=True).encode("utf-8"), [
+            (CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE.encode())
+        ]
     schema = _writer_schema()
     record = {
         "type": event.type,
@@ -194,14 +216,10 @@ def encode_event(
 # --- decode --------------------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _parse_json(text: str | bytes, what: str) -> Any:
+def _parse_json(text: str | bytes, what: str, *, envelope: bool = False) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+        return strictjson.loads(text, max_depth=_max_depth(envelope))
+    except strictjson.NotWireJson as exc:
         raise MalformedEnvelope(f"{what} is not valid JSON: {exc}") from None
 
 
@@ -294,7 +312,7 @@ def _decode_avro(value: bytes) -> TaskEvent:
 
 
 def _decode_json(value: bytes, record_timestamp_ms: int | None) -> TaskEvent:
-    doc = _parse_json(value, "record value")
+    doc = _parse_json(value, "record value", envelope=True)
     if not isinstance(doc, dict):
         raise MalformedEnvelope("JSON envelope must be an object")
     unknown = set(doc) - {"type", "payload", "_meta", "timestamp"}

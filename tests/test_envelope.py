@@ -166,3 +166,151 @@ def test_the_schema_ships_inside_the_package_too():
 
     packaged = Path(bridge.__file__).resolve().parent / "schemas" / "task_event.avsc"
     assert packaged.read_bytes() == SCHEMA.read_bytes()
+
+
+# --- records the bridge could not write back out: strict decoding with the wire's rules --------
+
+from test_strictjson import (  # noqa: E402
+    HOSTILE_TOKENS,
+    as_bytes,
+    careless_strings,
+    hostile_json_texts,
+    nested,
+    wire_bytes,
+)
+
+from bridge.strictjson import MAX_DEPTH  # noqa: E402
+
+
+def _avro_long(n: int) -> bytes:
+    zigzag, out = (n << 1) ^ (n >> 63), bytearray()
+    while zigzag > 0x7F:
+        out.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    return bytes([*out, zigzag])
+
+
+def _avro_string(text: str) -> bytes:
+    data = as_bytes(text)
+    return _avro_long(len(data)) + data
+
+
+def avro_record(type_: str, payload_text: str, meta_text: str | None, ts: int = 1) -> bytes:
+    """An Avro record around JSON texts as a careless producer might write them (unchecked)."""
+    fingerprint = encode_event(TaskEvent("a.b", {}))[0][2:10]
+    meta = b"\x00" if meta_text is None else b"\x02" + _avro_string(meta_text)
+    body = _avro_string(type_) + _avro_string(payload_text) + meta + _avro_long(ts)
+    return b"\xc3\x01" + fingerprint + body
+
+
+def json_record(type_: str, payload_text: str, meta_text: str | None) -> bytes:
+    """A plain JSON envelope around JSON texts, written without any check."""
+    fields = [f'"type":{json.dumps(type_)}', f'"payload":{payload_text}']
+    if meta_text is not None:
+        fields.append(f'"_meta":{meta_text}')
+    return as_bytes("{" + ",".join(fields) + "}")
+
+
+def record(fmt: str, type_: str, payload_text: str, meta_text: str | None) -> bytes:
+    build = avro_record if fmt == "avro" else json_record
+    return build(type_, payload_text, meta_text)
+
+
+def assert_wire_event_or_envelope_error(value: bytes | None, headers=None) -> TaskEvent | None:
+    """decode_event's contract: an event the wire can write, or EnvelopeError, nothing else."""
+    try:
+        event = decode_event(value, headers)
+    except EnvelopeError as exc:
+        wire_bytes({"reason": exc.reason, "error": exc.message})
+        assert len(exc.message) <= 300
+        return None
+    wire_bytes(event.payload)
+    wire_bytes(event.meta)
+    wire_bytes(event.type)
+    return event
+
+
+in_an_object = hostile_json_texts.map(lambda text: '{"v":' + text + "}")
+
+
+@given(in_an_object | hostile_json_texts, st.none() | in_an_object, st.booleans())
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_hostile_json_in_payload_or_meta_decodes_to_wire_json_or_an_envelope_error(
+    fmt, payload_text, meta_text, labelled
+):
+    value = record(fmt, "com.example.careless", payload_text, meta_text)
+    content_type = AVRO_CONTENT_TYPE if fmt == "avro" else JSON_CONTENT_TYPE
+    assert_wire_event_or_envelope_error(
+        value, [(CONTENT_TYPE_HEADER, content_type.encode())] if labelled else None
+    )
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "1e999",
+        "-1e999",
+        '"\\ud800"',
+        '"partial delta cut by UTF-16 code unit \\ud83d"',
+        "1" * 5000,
+        nested("1", MAX_DEPTH),
+        nested("1", 500),
+        nested("1", 5000),
+        "NaN",
+    ],
+)
+@pytest.mark.parametrize("where", ["payload", "_meta"])
+def test_records_the_bridge_could_not_write_back_are_malformed(fmt, hostile, where):
+    text = '{"v":' + hostile + "}"
+    payload, meta = (text, None) if where == "payload" else ("{}", text)
+    with pytest.raises(MalformedEnvelope):
+        decode_event(record(fmt, "com.example.careless", payload, meta))
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_payload_and_meta_may_nest_to_the_same_depth_in_both_formats(fmt):
+    deepest = '{"v":' + nested("1", MAX_DEPTH - 1) + "}"
+    event = decode_event(record(fmt, "com.example.deep", deepest, deepest))
+    assert event.payload == event.meta == json.loads(deepest)
+    assert decode_event(*encode_event(event, fmt=fmt)) == event
+    with pytest.raises(MalformedEnvelope):
+        encode_event(TaskEvent("com.example.deep", {"v": [event.payload]}), fmt=fmt)
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_ordinary_text():
+    payload = '{"emoji": "\\ud83d\\ude00", "path": "C:\\\\ud800"}'
+    event = decode_event(record("json", "com.example.text", payload, None))
+    assert event.payload == {"emoji": "\U0001f600", "path": "C:\\ud800"}
+
+
+@given(st.binary(max_size=200), st.sampled_from([None, AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE]))
+def test_arbitrary_record_bytes_decode_to_wire_json_or_an_envelope_error(data, content_type):
+    headers = None if content_type is None else [(CONTENT_TYPE_HEADER, content_type.encode())]
+    prefix = encode_event(TaskEvent("a.b", {}))[0][:10]
+    for value in (data, b"\xc3\x01" + data, prefix + data):
+        assert_wire_event_or_envelope_error(value, headers)
+
+
+@given(careless_strings, st.integers(0, 5000))
+def test_envelope_error_text_is_bounded_and_encodable_whatever_it_quotes(quoted, repeat):
+    error = MalformedEnvelope(f"unknown JSON envelope fields: {[quoted] * repeat} {quoted}")
+    assert len(error.message) <= 300
+    wire_bytes({"error": error.message, "str": str(error)})
+    assert MalformedEnvelope("short and plain").message == "short and plain"
+
+
+def test_the_unknown_fields_error_of_a_huge_envelope_stays_short():
+    fields = ",".join(f'"f{i}":{i}' for i in range(5000))
+    with pytest.raises(MalformedEnvelope) as info:
+        decode_event(('{"type":"a.b","payload":{},' + fields + "}").encode())
+    assert len(info.value.message) <= 300
+
+
+def test_every_hostile_token_is_either_refused_or_kept_exactly():
+    for token in HOSTILE_TOKENS:
+        event = assert_wire_event_or_envelope_error(
+            record("avro", "com.example.t", '{"v":' + token + "}", None)
+        )
+        if event is not None:
+            assert event.payload == {"v": json.loads(token)}

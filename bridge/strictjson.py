@@ -1,0 +1,146 @@
+"""JSON under the wire's rules: parse only what can be written back out as the wire's JSON.
+
+The bridge sends every value as ``json.dumps(..., ensure_ascii=False, allow_nan=False)`` encoded
+to UTF-8. Python's own parser accepts more than that writer can emit, and a value let in on
+parse then fails later, far from its origin, on every replay: ``NaN`` / ``Infinity``, numbers
+that overflow to a non-finite float (``1e999``), lone UTF-16 surrogates (``"\\ud800"``, which
+JavaScript producers that cut strings by code unit emit), nesting deep enough to exhaust the
+stack when re-serialised. :func:`loads` refuses all of these with one error,
+:class:`NotWireJson`, at the edge where the text comes in; :func:`dumps` is its writer.
+
+The checks cost little on the common path: the expensive walks run only when a cheap look at
+the text says they might find something. Used by the envelope codec (every record the indexer
+decodes) and the MCP endpoint's request body parser. Knows nothing of events or JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "loads"]
+
+#: How deeply arrays and objects may nest (``[]`` is depth 1). Far beyond any real event, and
+#: far enough below the interpreter's recursion limit (1000) that a value accepted here can be
+#: serialised from deep inside a server's call stack, wrapped in a few envelope levels.
+MAX_DEPTH = 128
+
+#: ``\uD800``-``\uDFFF`` escapes: the only way a lone surrogate gets into decoded UTF-8 text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class NotWireJson(ValueError):
+    """Text that is not JSON, or JSON the wire could not carry; the message says which."""
+
+
+def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse ``text`` like :func:`json.loads`, refusing what :func:`dumps` could not write.
+
+    Bytes are decoded strictly (UTF-8, or UTF-16/32 as JSON allows), so they cannot carry
+    surrogates. Raises :class:`NotWireJson` and nothing else.
+    """
+    if isinstance(text, bytes | bytearray):
+        text = _decode(text)
+    elif _has_raw_surrogate(text):
+        raise NotWireJson("text contains a lone UTF-16 surrogate")
+    value = _parse(text)
+    if _may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
+        raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        _check_encodable(value)
+    return value
+
+
+def dumps(value: Any, *, max_depth: int = MAX_DEPTH) -> str:
+    """Compact wire JSON of ``value``; :class:`NotWireJson` for what :func:`loads` would refuse."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotWireJson(f"not JSON-serialisable: {exc}") from None
+    if _has_raw_surrogate(text):
+        raise NotWireJson("a string contains a lone UTF-16 surrogate")
+    if _may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
+        raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
+    return text
+
+
+def _decode(data: bytes | bytearray) -> str:
+    try:
+        return data.decode(json.detect_encoding(data))
+    except UnicodeDecodeError as exc:
+        raise NotWireJson(str(exc)) from None
+
+
+def _has_raw_surrogate(text: str) -> bool:
+    # isascii() is O(1) on CPython strings; encoding beats a regex scan for the rest.
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _reject_constant(name: str) -> Any:
+    raise NotWireJson(f"non-standard constant {name}")
+
+
+def _finite_float(literal: str) -> float:
+    number = float(literal)
+    if not math.isfinite(number):
+        raise NotWireJson(f"number {literal[:40]} is out of the range of a double")
+    return number
+
+
+#: One decoder for all calls: json.loads with options would build a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def _parse(text: str) -> Any:
+    try:
+        return _DECODER.decode(text)
+    except NotWireJson:
+        raise
+    except RecursionError:
+        raise NotWireJson("arrays and objects nest too deeply to parse") from None
+    except json.JSONDecodeError as exc:
+        raise NotWireJson(str(exc)) from None
+    except ValueError:  # the only other one json.loads raises: int()'s digit limit
+        limit = sys.get_int_max_str_digits()
+        raise NotWireJson(f"an integer has more than {limit} digits") from None
+
+
+def _may_nest_deeper(text: str, max_depth: int) -> bool:
+    """Cheap necessary condition: deeper nesting needs more than ``max_depth`` openers."""
+    return len(text) > 2 * max_depth and text.count("[") + text.count("{") > max_depth
+
+
+def _children(node: Any) -> Iterable[Any]:
+    if isinstance(node, dict):
+        return node.values()
+    return node if isinstance(node, list | tuple) else ()
+
+
+def _nests_deeper(value: Any, max_depth: int) -> bool:
+    # Level by level, not recursively: the value may be nested almost to the recursion limit.
+    level = [value]
+    for _ in range(max_depth):
+        level = [child for node in level for child in _children(node)]
+        if not level:
+            return False
+    return any(isinstance(node, dict | list | tuple) for node in level)
+
+
+def _check_encodable(value: Any) -> None:
+    """The wire's own test, run only on text with surrogate escapes (pairs are fine)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotWireJson("a string contains a lone UTF-16 surrogate") from None
+    except RecursionError:  # only with a max_depth near the recursion limit
+        raise NotWireJson("arrays and objects nest too deeply to write") from None
