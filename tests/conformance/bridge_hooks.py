@@ -9,9 +9,13 @@
   (every other one with a ``_meta`` whose related-task names another task: the bridge must
   still name the streamed task);
 * ``emit_careless``: raw Kafka records, as kcat or a foreign pipeline could write them: the
-  reserved unprefixed types ``content.partial`` and ``tool.started``, a list payload, and bytes
-  that are no envelope;
-* ``finish``: ``tasks/cancel``;
+  reserved unprefixed types ``content.partial`` and ``tool.started`` (and names that only look
+  prefixed, ``tool.call.started``, ``content.partial.delta``), a list payload, and bytes that
+  are no envelope;
+* ``emit_raw``: the given record values, byte for byte, on the events topic (a plain producer);
+* ``finish``: ``tasks/cancel`` for ``cancelled`` (or any outcome); for ``completed`` and
+  ``failed`` the terminal status event a worker writes when its job ends (with a result, or an
+  error), then the control messages that make the worker drop the job without a second status;
 * ``delete_before``: Kafka ``DeleteRecords`` on the task's events partition, at the offset of the
   task's record with that seq (the bridge's seq of a record is the number of earlier committed
   records with the same key in the partition, so the offset is found by counting).
@@ -24,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka.admin import RecordsToDelete
 
 from bridge.config import Settings, load_settings
+from bridge.constants import EventSuffix
 from bridge.kafka.clients import (
     TopicPartition,
     admin_client,
@@ -38,8 +43,9 @@ from bridge.kafka.clients import (
     partition_for_key,
 )
 from bridge.log.publisher import TaskEventPublisher
+from bridge.tasks.messages import ControlMessage, StatusPayload
 
-from .hooks import Hooks, ServerUnderTest
+from .hooks import Hooks, NotSupported, ServerUnderTest
 from .wire import McpClient
 
 __all__ = ["EVENT_TYPE", "KNOWN_FAILURES", "BridgeHooks", "make_hooks"]
@@ -48,13 +54,28 @@ EVENT_TYPE = "org.example.conformance.tick"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 BOUND = 30.0
 _JSON = [("content-type", b"application/json")]
+Headers = Sequence[tuple[str, bytes]]
 #: What a careless producer might write: (value, headers).
-CARELESS_RECORDS: list[tuple[bytes, list[tuple[str, bytes]]]] = [
+CARELESS_RECORDS: list[tuple[bytes, Headers]] = [
     (b'{"type": "content.partial", "payload": {"content": []}}', _JSON),
     (b'{"type": "tool.started", "payload": {"name": "x"}}', _JSON),
+    (b'{"type": "tool.call.started", "payload": {"name": "x"}}', _JSON),
+    (b'{"type": "content.partial.delta", "payload": {"text": "x"}}', _JSON),
     (b'{"type": "org.example.conformance.list", "payload": [1, 2, 3]}', _JSON),
     (b"\xff\x00 this is not a task event", []),
 ]
+#: The status a worker writes when its job ends, per outcome ``finish`` can be asked for.
+_ENDINGS = {
+    "completed": StatusPayload(
+        status="completed",
+        result={"content": [{"type": "text", "text": "finished by the conformance hooks"}]},
+    ),
+    "failed": StatusPayload(
+        status="failed",
+        status_message="failed by the conformance hooks",
+        error={"code": -32603, "message": "failed by the conformance hooks"},
+    ),
+}
 
 #: Tests that fail against our bridge because of a known bridge bug (xfail; once a bug is fixed
 #: the report shows XPASS for its clause: remove the entry then).
@@ -62,8 +83,6 @@ KNOWN_FAILURES: dict[str, str] = {}
 
 
 class BridgeHooks(Hooks):
-    connection_scope = "principal"  # docs: "connection" on stateless HTTP is the principal
-
     def __init__(self, server: ServerUnderTest) -> None:
         super().__init__(server)
         settings = server.details.get("settings")
@@ -120,24 +139,51 @@ class BridgeHooks(Hooks):
         n = payload.get("n")
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
-    async def emit_careless(self, task_id: str) -> None:
-        producer = idempotent_producer(self.settings, role="conformance-careless")
+    async def _produce(
+        self, topic: str, task_id: str, records: Sequence[tuple[bytes, Headers]]
+    ) -> None:
+        """Write the records in order with a plain producer, as kcat or a pipeline would."""
+        producer = idempotent_producer(self.settings, role="conformance-raw")
         async with asyncio.timeout(BOUND):
             await producer.start()
             try:
-                for value, headers in CARELESS_RECORDS:
-                    await producer.send_and_wait(
-                        self.settings.topics.events,
-                        key=task_id.encode(),
-                        value=value,
-                        headers=headers,
-                    )
+                sent = [
+                    await producer.send(topic, key=task_id.encode(), value=value, headers=list(h))
+                    for value, h in records
+                ]
+                for where in await asyncio.gather(*sent):
+                    if topic == self.settings.topics.events:
+                        self._partition[task_id] = where.partition
             finally:
                 await producer.stop()
 
-    async def finish(self, task_id: str) -> None:
-        reply = await self.client.call("tasks/cancel", {"taskId": task_id})
-        assert reply.error is None, f"tasks/cancel failed: {reply}"
+    async def emit_careless(self, task_id: str) -> None:
+        await self._produce(self.settings.topics.events, task_id, CARELESS_RECORDS)
+
+    async def emit_raw(
+        self, task_id: str, values: Sequence[bytes], headers: Headers = _JSON
+    ) -> None:
+        records = [(value, headers) for value in values]
+        await self._produce(self.settings.topics.events, task_id, records)
+
+    async def finish(self, task_id: str, outcome: str | None = None) -> None:
+        if outcome in (None, "cancelled"):
+            reply = await self.client.call("tasks/cancel", {"taskId": task_id})
+            assert reply.error is None, f"tasks/cancel failed: {reply}"
+            return
+        ending = _ENDINGS.get(outcome or "")
+        if ending is None:
+            raise NotSupported(f"our hooks cannot end a task as {outcome!r}")
+        status_type = f"{self.settings.event_type_prefix}.{EventSuffix.STATUS}"
+        async with asyncio.timeout(BOUND):
+            await self.publisher.publish(task_id, status_type, ending.payload())
+        # The worker still runs the job: "finished" says its outcome is written (so it writes
+        # no second one), then "cancel" stops the job.
+        control = [
+            (ControlMessage(type=kind, task_id=task_id).to_bytes(), _JSON)
+            for kind in ("finished", "cancel")
+        ]
+        await self._produce(self.settings.topics.control, task_id, control)
 
     async def delete_before(self, task_id: str, seq: int) -> None:
         partition = self._partition.get(task_id)

@@ -1,13 +1,18 @@
 """The clauses of SEP-2694 (Resumable Task Event Streams) the suite reports on, in spec order.
 
 Every MUST / MUST NOT / SHOULD of the SEP is listed, plus the few normative statements written
-without a keyword (tagged ``NORMATIVE``) and two that follow from a MUST (tagged ``DERIVED``).
-Each test carries ``@clause(key)``; the session report prints one row per entry here, so a
-clause without a test (or whose tests were deselected) shows up as ``NOT RUN``.
+without a keyword (tagged ``NORMATIVE``) and consequences of its rules that a review found
+servers getting wrong (tagged ``DERIVED``: many viewers of one task, a cursor ahead of the
+head, records that keep their seq, ...). Each test carries ``@clause(key)``; the session report
+prints one row per entry here, so a clause without a test (or whose tests were deselected)
+shows up as ``NOT RUN``.
 
 Clauses a server cannot be checked against black-box (client obligations, documentation,
 deployment limits) carry the reason in ``not_checkable`` and are reported as N/A, so the report
-still names them without a skipped test in every run.
+still names them without a skipped test in every run. Some of them can still be checked when
+the suite runs our own bridge (it chose the limits; the client duties are checked against the
+shipped client, ``bridge.client``): their tests skip for a foreign server, and the clause is then
+N/A; against our bridge they run like any other.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ class Clause:
     key: str
     text: str  # "<LEVEL>: <the clause, quoted or closely paraphrased>"
     section: str
-    #: Why no server test can check it (client duties, documentation, deployment limits); such
-    #: clauses are reported as N/A with this reason instead of as a skipped test.
+    #: Why no black-box test of a server can check it (client duties, documentation, deployment
+    #: limits); such a clause is N/A when it has no test, or when all its tests were skipped
+    #: (those that run only against our own bridge).
     not_checkable: str = ""
 
     @property
@@ -106,13 +112,24 @@ _LIST = [
     Clause(
         "one-active-stream",
         "MUST: A receiver MUST allow at most one active tasks/stream request per task per "
-        "connection",
+        "connection (on HTTP/1.1 an open stream occupies its TCP connection: a second request "
+        "pipelined on it is read only once the first response ended, so the rule holds by "
+        "construction; checked by pipelining two requests on one connection)",
         "tasks/stream",
     ),
     Clause(
         "second-stream-32602",
         "MUST: If a client sends a second tasks/stream for a task that already has an active "
-        "stream on the same connection, the receiver MUST return -32602 (Invalid params)",
+        "stream on the same connection, the receiver MUST return -32602 (Invalid params) (on "
+        "HTTP/1.1 the second request of a connection is answered after the first response "
+        "ended, or with -32602; never as a second stream interleaved with the first)",
+        "tasks/stream",
+    ),
+    Clause(
+        "per-connection",
+        "DERIVED: The one-stream rule is per connection, not per client or credentials: streams "
+        "of the same task on other connections (another client, a late joiner, a dashboard, a "
+        "second tab, with the same credentials) are admitted and each gets every event in order",
         "tasks/stream",
     ),
     Clause(
@@ -120,6 +137,13 @@ _LIST = [
         "SHOULD: Clients that want to change the cursor SHOULD cancel the active stream first, "
         "then open a new one (server side: the new stream is accepted once the old one is "
         "cancelled)",
+        "tasks/stream",
+    ),
+    Clause(
+        "cancel-notification",
+        "NORMATIVE: Clients cancel an active stream with the normal MCP cancellation mechanism "
+        "for the tasks/stream request (notifications/cancelled naming its request id): the "
+        "stream's delivery stops and its response ends without a result",
         "tasks/stream",
     ),
     Clause(
@@ -157,12 +181,21 @@ _LIST = [
         "after-client-valid",
         "MUST: The after parameter MUST be a non-negative integer (client obligation)",
         "Resume and Replay",
-        not_checkable="client requirement: not checkable against a server (see after-invalid-32602)",
+        not_checkable="client requirement: checked against the shipped client (bridge.client) "
+        "when the suite runs our bridge",
     ),
     Clause(
         "after-invalid-32602",
         "MUST: Receivers MUST return -32602 (Invalid params) if after is negative, not an "
         "integer, or otherwise not a valid sequence number value",
+        "Resume and Replay",
+    ),
+    Clause(
+        "cursor-ahead",
+        "DERIVED: An after at or beyond the task's next seq names no event the task had: the "
+        "receiver answers -32602 (not a valid sequence number value) or streams from there and "
+        "ends at the task's terminal status; it never hangs. after = the last event is valid "
+        "and the stream ends with the result once the task finishes",
         "Resume and Replay",
     ),
     Clause(
@@ -220,14 +253,24 @@ _LIST = [
         "SHOULD: Clients SHOULD persist the latest sequence number only after fully processing "
         "that event, and pass it as after on reconnect",
         "Resume and Replay",
-        not_checkable="client requirement: not checkable against a server",
+        not_checkable="client requirement: checked against the shipped client (bridge.client) "
+        "when the suite runs our bridge",
     ),
     Clause(
         "client-duplicates",
         "MUST: Clients MUST tolerate duplicate delivery after reconnect and SHOULD de-duplicate "
         "events by (taskId, seq)",
         "Resume and Replay",
-        not_checkable="client requirement (duplicate tolerance, de-duplication): not server-checkable",
+        not_checkable="client requirement: checked against the shipped client (bridge.client) "
+        "when the suite runs our bridge",
+    ),
+    Clause(
+        "records-keep-seq",
+        "DERIVED: Every event keeps its seq whatever its producer wrote (content the receiver "
+        "cannot write back as JSON, bytes that are no event): seq 0..n-1 are all delivered, the "
+        "stream still ends with its result, and tasks/get still answers (from seq-plus-one and "
+        "no-silent-skip)",
+        "Resume and Replay",
     ),
     # --- events_gone -----------------------------------------------------------------------
     Clause(
@@ -337,7 +380,8 @@ _LIST = [
         "SHOULD: Receivers SHOULD enforce limits on concurrent streams per client, payload "
         "size, retention duration, events per task and resume attempts",
         "Security Implications",
-        not_checkable="limits are deployment-specific: the suite cannot know the values to expect",
+        not_checkable="limits are deployment-specific: checked only against our bridge, whose "
+        "limits the suite sets when it starts it",
     ),
     Clause(
         "sensitive-retention",

@@ -19,16 +19,26 @@ break their runs); the report then shows the clause as XPASS, and the entry shou
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import pytest
 
-__all__ = ["DEFAULT_HOOKS", "Hooks", "NotSupported", "ServerUnderTest", "load_hooks"]
+__all__ = [
+    "DEFAULT_HOOKS",
+    "OUTCOMES",
+    "Hooks",
+    "NotSupported",
+    "ServerUnderTest",
+    "load_hooks",
+]
 
 #: Our bridge's hooks (module path, as passed to ``--hooks``).
 DEFAULT_HOOKS = "conformance.bridge_hooks"
+
+#: The terminal statuses :meth:`Hooks.finish` can be asked for.
+OUTCOMES = ("completed", "failed", "cancelled")
 
 
 class NotSupported(Exception):
@@ -60,12 +70,6 @@ class Hooks:
     The suite calls the methods from one asyncio event loop (the session's), one test at a time.
     """
 
-    #: How the server maps SEP-2694's "connection" (one active stream per task per connection)
-    #: onto Streamable HTTP, where every request is its own HTTP exchange:
-    #: ``"principal"``: requests with the same credentials are one connection (our bridge);
-    #: ``None``: the server defines no such scope (the one-stream tests are skipped).
-    connection_scope: str | None = "principal"
-
     def __init__(self, server: ServerUnderTest) -> None:
         self.server = server
 
@@ -91,9 +95,11 @@ class Hooks:
         :meth:`emit` produced for its task, else None (the task's own events)."""
         raise NotImplementedError
 
-    async def finish(self, task_id: str) -> None:
-        """Make the task reach a terminal status (completed, failed or cancelled). May return
-        before the status is visible: the suite then polls tasks/get."""
+    async def finish(self, task_id: str, outcome: str | None = None) -> None:
+        """Make the task reach a terminal status: ``outcome`` (one of :data:`OUTCOMES`), or any
+        terminal status when None. Raise :class:`NotSupported` for an outcome the hooks cannot
+        bring about (the tests of that ending are then skipped). May return before the status
+        is visible: the suite then polls tasks/get."""
         raise NotImplementedError
 
     async def delete_before(self, task_id: str, seq: int) -> None:
@@ -108,6 +114,22 @@ class Hooks:
         Whatever the server makes of them, it must deliver only vendor-prefixed types with
         object payloads. Without it that test is skipped."""
         raise NotSupported("this server's hooks cannot write careless events (emit_careless)")
+
+    async def emit_raw(
+        self,
+        task_id: str,
+        values: Sequence[bytes],
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """Write ``values`` as the task's next records, byte for byte, as a producer outside the
+        server could (for our bridge: Kafka records on the events topic, with ``headers``).
+
+        The suite passes JSON envelopes ``{"type": ..., "payload": ...}`` whose JSON parses but
+        cannot be written back (``1e999``, a lone surrogate escape, 5000 nested arrays, a
+        5000-digit integer), records larger than the server's limit, and arbitrary bytes; hooks
+        of a server with another record format may translate the envelopes. Each value must
+        become one event of the task (one seq), whatever the server makes of its content."""
+        raise NotSupported("this server's hooks cannot write raw records (emit_raw)")
 
     async def create_quiet_task(self) -> str:
         """Like :meth:`create_task`, but the task emits nothing by itself once this returns

@@ -14,12 +14,16 @@ being waited for and what had arrived so far.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable
+import re
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -29,6 +33,8 @@ __all__ = [
     "TASKS_EXTENSION",
     "VERSION",
     "McpClient",
+    "RawHttpConnection",
+    "RawJson",
     "Reply",
     "SseEvent",
     "SseParser",
@@ -65,6 +71,38 @@ class _Omit:
 OMIT: Any = _Omit()
 
 _ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """A JSON value sent exactly as written: ``1e0`` or ``1.0`` where ``json.dumps`` would not."""
+
+    text: str
+
+
+def encode(message: Any) -> bytes:
+    """``message`` as JSON, with every :class:`RawJson` spliced in verbatim."""
+    raws: list[str] = []
+
+    def splice(value: Any) -> str:
+        if not isinstance(value, RawJson):
+            raise TypeError(f"not JSON serialisable: {value!r}")
+        raws.append(value.text)
+        return f"\0raw{len(raws) - 1}\0"
+
+    text = json.dumps(message, default=splice)
+    for i, raw in enumerate(raws):
+        text = text.replace(json.dumps(f"\0raw{i}\0"), raw)
+    return text.encode()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str | bytes) -> Any:
+    """Strict JSON: ``NaN`` and ``Infinity`` (which Python's json accepts) are refused."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 # --- Server-Sent Events ---------------------------------------------------------------------
@@ -161,11 +199,23 @@ class Reply:
         )
 
 
+class ResponseBody(Protocol):
+    """What :class:`TaskStream` reads: an ``httpx.Response`` or a :class:`RawResponse`."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    def aiter_lines(self) -> AsyncIterator[str]: ...
+    async def aread(self) -> bytes: ...
+    async def aclose(self) -> None: ...
+
+
 class TaskStream:
     """One open ``tasks/stream`` request: its messages are read on demand, each wait bounded."""
 
     def __init__(
-        self, reply: httpx.Response, request_id: int | str, task_id: str, bound: float
+        self, reply: ResponseBody, request_id: int | str, task_id: str, bound: float
     ) -> None:
         self.reply = reply
         self.request_id = request_id
@@ -232,14 +282,15 @@ class TaskStream:
 
     # reading ------------------------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Begin reading: an SSE body is then read on demand, any other body at once."""
         if self.is_sse:
             self._sse = iter_sse(self.reply.aiter_lines(), self.comments)
             return
         body = (await self.reply.aread()).decode("utf-8", errors="replace")
         self.eof = True
         try:
-            message = json.loads(body)
+            message = loads(body)
         except ValueError:
             return
         if isinstance(message, dict):
@@ -261,10 +312,15 @@ class TaskStream:
         except StopAsyncIteration:
             self.eof = True
             return None
-        except httpx.HTTPError:
+        except (httpx.HTTPError, OSError, EOFError):  # EOFError: a raw body cut short
             self.eof = True
             raise
-        message = json.loads(event.data)
+        try:
+            message = loads(event.data)
+        except ValueError as exc:
+            raise AssertionError(
+                f"an SSE event that is not JSON ({exc}): {event.data[:300]!r}"
+            ) from None
         assert isinstance(message, dict), f"an SSE event that is not a JSON object: {event.data!r}"
         self._take(message, event.id)
         return message
@@ -298,13 +354,29 @@ class TaskStream:
 
 
 class McpClient:
-    """Requests to one MCP endpoint with one (optional) bearer token."""
+    """Requests to one MCP endpoint with one (optional) bearer token.
 
-    def __init__(self, url: str, token: str | None = None, *, bound: float = 30.0) -> None:
+    Each client has its own connection pool: two clients never share a TCP connection, so two
+    streams opened through two clients are two transport connections. ``receive_buffer`` sets
+    ``SO_RCVBUF`` on its sockets: a client that stops reading then holds up the server quickly.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        bound: float = 30.0,
+        receive_buffer: int | None = None,
+    ) -> None:
         self.url = url
         self.token = token
         self.bound = bound
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(bound, connect=10.0))
+        options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)] if receive_buffer else []
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(bound, connect=10.0),
+            transport=httpx.AsyncHTTPTransport(socket_options=options),
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -316,8 +388,9 @@ class McpClient:
         *,
         request_id: int | str | None = None,
         meta: dict[str, Any] | None = None,
+        notification: bool = False,
     ) -> tuple[dict[str, str], dict[str, Any]]:
-        """Headers and body of one request, routing headers filled from the params."""
+        """Headers and body of one request (or notification), routing headers filled in."""
         params = dict(params or {})
         params["_meta"] = {
             PROTOCOL_VERSION_META: VERSION,
@@ -335,8 +408,18 @@ class McpClient:
             headers["Mcp-Name"] = params[name]
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        rid = next(_ids) if request_id is None else request_id
-        return headers, {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+        if not notification:
+            body["id"] = next(_ids) if request_id is None else request_id
+        return headers, body
+
+    async def _post(self, what: str, headers: dict[str, str], body: Any, bound: float) -> Reply:
+        try:
+            async with asyncio.timeout(bound):
+                reply = await self.http.post(self.url, content=encode(body), headers=headers)
+        except TimeoutError:
+            raise AssertionError(f"{what}: no complete reply within {bound:g} s") from None
+        return _reply(reply)
 
     async def call(
         self,
@@ -349,14 +432,15 @@ class McpClient:
         """One request, read to its end (JSON or SSE body), bounded."""
         headers, body = self.build(method, params, meta=meta)
         limit = self.bound if bound is None else bound
-        try:
-            async with asyncio.timeout(limit):
-                reply = await self.http.post(self.url, json=body, headers=headers)
-        except TimeoutError:
-            raise AssertionError(
-                f"{method} {_describe(params)}: no complete reply within {limit:g} s"
-            ) from None
-        return _reply(reply)
+        return await self._post(f"{method} {_describe(params)}", headers, body, limit)
+
+    async def notify(
+        self, method: str, params: dict[str, Any] | None = None, *, bound: float | None = None
+    ) -> Reply:
+        """One JSON-RPC notification (no id); the reply is the bare HTTP answer (202)."""
+        headers, body = self.build(method, params, notification=True)
+        limit = self.bound if bound is None else bound
+        return await self._post(f"{method} {_describe(params)}", headers, body, limit)
 
     async def resume_get(self, last_event_id: str, *, bound: float | None = None) -> Reply:
         """Transport-level resume: ``GET`` with ``Last-Event-ID``, read to its end, bounded."""
@@ -382,6 +466,15 @@ class McpClient:
         assert reply.result is not None, f"{method} failed: {reply}"
         return reply.result
 
+    def stream_request(
+        self, task_id: str, after: Any = OMIT, *, meta: dict[str, Any] | None = None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """Headers and body of a ``tasks/stream`` request (``after`` may be a :class:`RawJson`)."""
+        params: dict[str, Any] = {"taskId": task_id}
+        if after is not OMIT:
+            params["after"] = after
+        return self.build("tasks/stream", params, meta=meta)
+
     @contextlib.asynccontextmanager
     async def stream(
         self,
@@ -392,51 +485,22 @@ class McpClient:
         bound: float | None = None,
     ) -> AsyncIterator[TaskStream]:
         """Open ``tasks/stream``; leaving the block closes the HTTP stream (cancels it)."""
-        params: dict[str, Any] = {"taskId": task_id}
-        if after is not OMIT:
-            params["after"] = after
-        headers, body = self.build("tasks/stream", params, meta=meta)
+        headers, body = self.stream_request(task_id, after, meta=meta)
         limit = self.bound if bound is None else bound
         try:
             async with asyncio.timeout(limit):
-                request = self.http.build_request("POST", self.url, json=body, headers=headers)
+                request = self.http.build_request(
+                    "POST", self.url, content=encode(body), headers=headers
+                )
                 reply = await self.http.send(request, stream=True)
         except TimeoutError:
             raise AssertionError(f"tasks/stream: no response headers within {limit:g} s") from None
         try:
             stream = TaskStream(reply, body["id"], task_id, limit)
-            await stream._start()
+            await stream.start()
             yield stream
         finally:
             await reply.aclose()
-
-    @contextlib.asynccontextmanager
-    async def stream_when_free(
-        self, task_id: str, after: Any = OMIT, *, bound: float | None = None
-    ) -> AsyncIterator[TaskStream]:
-        """Like :meth:`stream`, retried while the server still counts a just-closed stream.
-
-        A client that closed a stream cannot know when the server noticed (HTTP gives no
-        acknowledgement), so a new stream for the same task may briefly be refused with
-        -32602. This retries such an immediate refusal (a JSON reply) with a short backoff,
-        within ``bound``; any other reply is yielded as it is.
-        """
-        limit = self.bound if bound is None else bound
-        delay = 0.02
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit
-        while True:
-            async with self.stream(task_id, after, bound=limit) as stream:
-                busy = (
-                    not stream.is_sse
-                    and stream.error is not None
-                    and stream.error.get("code") == -32602
-                )
-                if not busy or loop.time() + delay > deadline:
-                    yield stream
-                    return
-            await asyncio.sleep(delay)  # backoff of a bounded retry, not a synchronisation
-            delay = min(delay * 2, 0.5)
 
 
 def _reply(reply: httpx.Response) -> Reply:
@@ -446,10 +510,10 @@ def _reply(reply: httpx.Response) -> Reply:
     if "text/event-stream" in content_type:
         for event in _sse_events(reply.text):
             with contextlib.suppress(ValueError):
-                messages.append(json.loads(event.data))
+                messages.append(loads(event.data))
     else:
         with contextlib.suppress(ValueError):
-            messages = [reply.json()]
+            messages = [loads(reply.content)]
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -464,3 +528,131 @@ def _sse_events(text: str) -> list[SseEvent]:
     parser = SseParser()
     events = [parser.feed(line) for line in [*text.splitlines(), ""]]
     return [event for event in events if event is not None]
+
+
+# --- HTTP/1.1 by hand (pipelining) --------------------------------------------------------
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class RawResponse:
+    """One HTTP/1.1 response read off a :class:`RawHttpConnection` (chunked or sized body)."""
+
+    def __init__(self, reader: asyncio.StreamReader, status: int, headers: dict[str, str]):
+        self._reader = reader
+        self.status_code = status
+        self.headers = headers
+        self._left = int(headers.get("content-length", "0") or 0)
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.complete = False
+
+    async def _next_chunk(self) -> bytes:
+        """The next piece of the body; b"" once it is complete."""
+        if self.complete:
+            return b""
+        if not self._chunked:
+            data = await self._reader.readexactly(self._left)
+            self.complete = True
+            return data
+        size = int((await self._reader.readline()).split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            while (await self._reader.readline()).strip():  # trailers, then the blank line
+                pass
+            self.complete = True
+            return b""
+        data = await self._reader.readexactly(size)
+        await self._reader.readexactly(2)  # the CRLF after the chunk
+        return data
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = ""
+        while chunk := await self._next_chunk():
+            text = pending + decoder.decode(chunk)
+            held = "\r" if text.endswith("\r") else ""  # maybe half a CRLF: wait for more
+            *lines, pending = _LINE_BREAK.split(text.removesuffix(held) if held else text)
+            pending += held
+            for line in lines:
+                yield line
+        if pending:
+            yield pending.removesuffix("\r")
+
+    async def aread(self) -> bytes:
+        body = bytearray()
+        while chunk := await self._next_chunk():
+            body += chunk
+        return bytes(body)
+
+    async def aclose(self) -> None:
+        """Nothing to do: the connection outlives its responses (see RawHttpConnection.aclose)."""
+
+
+class RawHttpConnection:
+    """One TCP connection, HTTP/1.1 written by hand: requests can be sent back to back
+    (pipelining) and the responses are then read in order from the same connection."""
+
+    def __init__(self, url: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.url = urlsplit(url)
+        self.reader = reader
+        self.writer = writer
+        self._current: RawResponse | None = None
+
+    @classmethod
+    async def open(cls, url: str) -> RawHttpConnection:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        ssl = parts.scheme == "https"
+        reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=ssl or None)
+        return cls(url, reader, writer)
+
+    def request_bytes(self, headers: Mapping[str, str], body: Any) -> bytes:
+        content = encode(body)
+        target = self.url.path or "/"
+        if self.url.query:
+            target += f"?{self.url.query}"
+        lines = [f"POST {target} HTTP/1.1", f"Host: {self.url.netloc}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines.append(f"Content-Length: {len(content)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + content
+
+    async def send(self, *requests: tuple[Mapping[str, str], Any]) -> None:
+        """Write the requests in one go, without waiting for any response."""
+        self.writer.write(b"".join(self.request_bytes(h, b) for h, b in requests))
+        await self.writer.drain()
+
+    async def response(self, bound: float) -> RawResponse:
+        """The status line and headers of the next response on the connection, bounded.
+
+        What the previous response still had (a stream read up to its JSON-RPC response stops
+        before the body's end) is read and dropped first.
+        """
+        try:
+            async with asyncio.timeout(bound):
+                if self._current is not None:
+                    await self._current.aread()
+                status_line = await self.reader.readline()
+                if not status_line:
+                    raise ConnectionError("the server closed the connection")
+                version, _, rest = status_line.decode("latin-1").partition(" ")
+                assert version.startswith("HTTP/1."), f"not a status line: {status_line!r}"
+                status = int(rest.split()[0])
+                headers: dict[str, str] = {}
+                while line := (await self.reader.readline()).strip():
+                    name, _, value = line.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+        except TimeoutError:
+            raise AssertionError(f"no response headers within {bound:g} s") from None
+        self._current = RawResponse(self.reader, status, headers)
+        return self._current
+
+    async def stream(self, request: tuple[Mapping[str, str], Any], bound: float) -> TaskStream:
+        """The next response, read as the ``tasks/stream`` of ``request`` (headers, body)."""
+        body = request[1]
+        stream = TaskStream(await self.response(bound), body["id"], body["params"]["taskId"], bound)
+        await stream.start()
+        return stream
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
