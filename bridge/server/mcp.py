@@ -18,7 +18,6 @@ import base64
 import binascii
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +30,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from bridge import __version__
+from bridge import __version__, strictjson
 from bridge.config import Settings, ToolSpec
 from bridge.constants import EventSuffix
 from bridge.server.admission import Caller, Ticket, connection_of
@@ -195,20 +194,16 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_json(body: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, no lone surrogates (they could not be passed on as UTF-8)."""
+    """The request body under the wire's rules (:mod:`bridge.strictjson`): what could not be
+    written back out (NaN, non-finite numbers, lone surrogates, nesting past its bound) is a
+    parse error, like text that is not JSON at all."""
     try:
-        message = json.loads(body, parse_constant=_reject_constant)
-        json.dumps(message, ensure_ascii=False).encode("utf-8")
-    except (ValueError, RecursionError, UnicodeEncodeError):
+        return strictjson.loads(body)
+    except strictjson.NotWireJson:
         raise RpcError(
             PARSE_ERROR, "Parse error: the body is not valid JSON", http_status=400
         ) from None
-    return message
 
 
 def _header_text(value: Any) -> str | None:
