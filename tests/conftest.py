@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -109,7 +110,7 @@ from bridge.kafka.topics import ensure_topics  # noqa: E402
 
 def make_settings(bootstrap: str, prefix: str, **overrides: object) -> Settings:
     """Small, test-sized settings: 3 events partitions, checkpoints every 4 events."""
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "kafka_bootstrap_servers": bootstrap,
         "topics": {
             "prefix": prefix,
