@@ -19,7 +19,6 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "loads"]
@@ -29,6 +28,7 @@ __all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "loads"]
 #: serialised from deep inside a server's call stack, wrapped in a few envelope levels.
 MAX_DEPTH = 128
 
+_CONTAINERS = (dict, list, tuple)
 #: ``\uD800``-``\uDFFF`` escapes: the only way a lone surrogate gets into decoded UTF-8 text.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
@@ -120,20 +120,21 @@ def _may_nest_deeper(text: str, max_depth: int) -> bool:
     return len(text) > 2 * max_depth and text.count("[") + text.count("{") > max_depth
 
 
-def _children(node: Any) -> Iterable[Any]:
-    if isinstance(node, dict):
-        return node.values()
-    return node if isinstance(node, list | tuple) else ()
-
-
 def _nests_deeper(value: Any, max_depth: int) -> bool:
     # Level by level, not recursively: the value may be nested almost to the recursion limit.
-    level = [value]
+    # Only containers are kept from one level to the next, tested inline: this is the slow path
+    # of large events (more than max_depth brackets), so no call per node.
+    level = [value] if isinstance(value, _CONTAINERS) else []
     for _ in range(max_depth):
-        level = [child for node in level for child in _children(node)]
         if not level:
             return False
-    return any(isinstance(node, dict | list | tuple) for node in level)
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, _CONTAINERS)
+        ]
+    return bool(level)
 
 
 def _check_encodable(value: Any) -> None:
