@@ -1,4 +1,4 @@
-"""The Kafka provider (bridge.kafka.broker) against real brokers and real processes."""
+"""The Kafka provider (bridge.devkafka) against real brokers and real processes."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bridge.config import Settings, load_settings, running_in_ci
-from bridge.kafka.broker import (
+from bridge.devkafka import (
     Broker,
     KafkaProviderError,
     LocalBroker,
@@ -230,7 +230,7 @@ def test_local_broker_stop_leaves_nothing_behind() -> None:
 _CHILD = """
 import json, os, signal, sys, time
 from bridge.config import load_settings
-from bridge.kafka.broker import provide_broker
+from bridge.devkafka import provide_broker
 base = load_settings()
 settings = base.model_copy(update={"kafka_bootstrap_servers": None,
     "local_kafka": base.local_kafka.model_copy(update={"use_docker": False})})

@@ -1,0 +1,45 @@
+"""Development Kafka: where the CLI, the demo, the tests and the benches get a broker from.
+
+Not part of the runtime: the server, log, tasks and workers packages never start brokers and
+never import this package (only :mod:`bridge.cli` and :mod:`bridge.demo` do), and it uses no
+Kafka client library (its one probe is a raw-socket ApiVersions request).
+
+Along the way a broker is found or made:
+
+- :mod:`~bridge.devkafka.provider` chooses: the configured cluster, else Docker, else local jars;
+- :mod:`~bridge.devkafka.probe` asks whether an address answers as Kafka;
+- :mod:`~bridge.devkafka.docker` runs Kafka in a testcontainers container;
+- :mod:`~bridge.devkafka.jars` fetches the Kafka jars with Maven and checks the Java;
+- :mod:`~bridge.devkafka.kraft` writes a single-node KRaft broker's files and formats its storage;
+- :mod:`~bridge.devkafka.local` runs a throwaway broker owned by this process;
+- :mod:`~bridge.devkafka.detached` runs the long-lived broker of ``bridge kafka start|stop``;
+- :mod:`~bridge.devkafka.process` and :mod:`~bridge.devkafka.files` hold the process, lock and
+  file plumbing under them; :mod:`~bridge.devkafka.broker` the handle types they all return.
+"""
+
+from bridge.devkafka.broker import Broker, BrokerInfo, KafkaProviderError
+from bridge.devkafka.detached import local_status, start_local_detached, stop_local_detached
+from bridge.devkafka.docker import DOCKER_IMAGE, DockerBroker, DockerProbe, detect_docker
+from bridge.devkafka.jars import ensure_kafka_jars
+from bridge.devkafka.local import LocalBroker, start_local
+from bridge.devkafka.probe import check_bootstrap
+from bridge.devkafka.provider import ExternalBroker, provide_broker
+
+__all__ = [
+    "DOCKER_IMAGE",
+    "Broker",
+    "BrokerInfo",
+    "DockerBroker",
+    "DockerProbe",
+    "ExternalBroker",
+    "KafkaProviderError",
+    "LocalBroker",
+    "check_bootstrap",
+    "detect_docker",
+    "ensure_kafka_jars",
+    "local_status",
+    "provide_broker",
+    "start_local",
+    "start_local_detached",
+    "stop_local_detached",
+]

@@ -1,0 +1,64 @@
+"""One Kafka provider for the CLI, the demo, the tests and the benches.
+
+:func:`provide_broker` hands out a running broker, trying in order
+
+1. the cluster named by ``settings.kafka_bootstrap_servers`` (checked with an ApiVersions
+   request; :meth:`Broker.stop` leaves it alone),
+2. a Docker engine, if ``settings.local_kafka.use_docker`` and one answers within ~1.5 s
+   (testcontainers' ``KafkaContainer`` in KRaft mode, :mod:`bridge.devkafka.docker`),
+3. a single-node KRaft broker run from the Maven Central jars of
+   ``org.apache.kafka:kafka_2.13:<settings.local_kafka.version>`` in a fresh temporary
+   directory, killed (process group) on :meth:`Broker.stop` and at interpreter exit
+   (:mod:`bridge.devkafka.local`).
+
+This module only chooses; how each broker is started lives in the module named above.
+"""
+
+from __future__ import annotations
+
+from bridge.config import Settings
+from bridge.devkafka.broker import (
+    Broker,
+    BrokerInfo,
+    KafkaProviderError,
+    Progress,
+    _stderr_progress,
+)
+from bridge.devkafka.docker import _start_docker, detect_docker
+from bridge.devkafka.local import start_local
+from bridge.devkafka.probe import EXTERNAL_PROBE_TIMEOUT_S, check_bootstrap
+
+
+class ExternalBroker(Broker):
+    """A cluster somebody else runs: :meth:`stop` does nothing."""
+
+    def stop(self) -> None:
+        return None
+
+
+def provide_broker(settings: Settings, *, progress: Progress | None = None) -> Broker:
+    """A running broker: the configured cluster, else Docker, else local jars (see module doc)."""
+    say = progress or _stderr_progress
+    if settings.kafka_bootstrap_servers:
+        addr = check_bootstrap(
+            settings.kafka_bootstrap_servers,
+            settings.kafka_security_protocol,
+            timeout_s=EXTERNAL_PROBE_TIMEOUT_S,
+        )
+        return ExternalBroker(
+            BrokerInfo(
+                settings.kafka_bootstrap_servers,
+                "external",
+                f"configured cluster ({settings.kafka_security_protocol}); {addr} answered",
+            )
+        )
+    if settings.local_kafka.use_docker:
+        probe = detect_docker()
+        if probe.available:
+            try:
+                return _start_docker(settings, say)
+            except KafkaProviderError as exc:
+                say(f"Docker Kafka failed, falling back to local jars: {exc}")
+        else:
+            say(f"{probe.reason}; using local Kafka jars")
+    return start_local(settings, progress=say)
