@@ -56,7 +56,7 @@ from common import (
 )
 
 from bridge.config import Settings, load_settings
-from bridge.kafka.broker import Broker, provide_broker
+from bridge.devkafka import Broker, provide_broker
 from bridge.kafka.clients import admin_client, committed_consumer
 from bridge.kafka.topics import ensure_topics
 from bridge.log.indexer import Indexer, load_index, topic_partitions

@@ -73,8 +73,8 @@ from common import (
 )
 
 from bridge.config import Settings, load_settings
+from bridge.devkafka import Broker, provide_broker
 from bridge.envelope import decode_event
-from bridge.kafka.broker import Broker, provide_broker
 from bridge.kafka.clients import admin_client, committed_consumer
 from bridge.kafka.topics import ensure_topics
 from bridge.log.publisher import TaskEventPublisher

@@ -48,7 +48,7 @@ def with_kafka(settings: Settings) -> Settings:
     """``settings`` with bootstrap servers filled from the running local broker if unset."""
     if settings.kafka_bootstrap_servers:
         return settings
-    from bridge.kafka.broker import local_status
+    from bridge.devkafka import local_status
 
     info = local_status(settings)
     if info is None:
@@ -83,7 +83,7 @@ def _first_few(names: Sequence[str], few: int = 3) -> str:
 
 
 def _check_answers(settings: Settings) -> None:
-    from bridge.kafka.broker import KafkaProviderError, check_bootstrap
+    from bridge.devkafka import KafkaProviderError, check_bootstrap
 
     assert settings.kafka_bootstrap_servers is not None, "with_kafka filled it"
     try:
@@ -135,7 +135,7 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 
 def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
-    from bridge.kafka import broker
+    from bridge import devkafka as broker
 
     if args.action == "start":
         info = broker.start_local_detached(settings, progress=_progress)
@@ -569,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        from bridge.kafka.broker import KafkaProviderError
+        from bridge.devkafka import KafkaProviderError
 
         if isinstance(exc, KafkaProviderError):
             print(f"{prog}: {exc}", file=sys.stderr)

@@ -338,7 +338,7 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
             f"unset BRIDGE_AUTH__MODE (it is {settings.auth.mode!r})"
         )
     if not settings.kafka_bootstrap_servers:
-        from bridge.kafka.broker import start_local_detached
+        from bridge.devkafka import start_local_detached
 
         progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
         info = start_local_detached(settings, progress=progress)

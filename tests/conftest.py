@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bridge.config import load_settings, running_in_ci
-from bridge.kafka.broker import Broker, KafkaProviderError, provide_broker
+from bridge.devkafka import Broker, KafkaProviderError, provide_broker
 
 # =============================================================================================
 # Kafka broker (bridge.kafka.broker)
