@@ -43,8 +43,6 @@ from bridge.devkafka.process import _cmdline, _pdeathsig_preexec, _pid_alive, _t
 
 #: Grace between SIGTERM and SIGKILL when stopping an in-process (throwaway) broker.
 EPHEMERAL_STOP_GRACE_S = 10.0
-
-
 _TMP_PREFIX = "bridge-kafka-"
 
 
