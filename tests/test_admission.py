@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
@@ -135,6 +135,8 @@ def log_of(n: int) -> list[Ev]:
     return [Ev(i, 10 * i, TaskEvent("com.example.e", {"i": i}, None, 0)) for i in range(n)]
 
 
+# No deadline: an example makes hundreds of draws, and timing is not what this checks.
+@settings(deadline=None)
 @given(
     n=st.integers(1, 40),
     data=st.data(),
