@@ -75,10 +75,11 @@ from common import (
 from bridge.config import Settings, load_settings
 from bridge.devkafka import Broker, provide_broker
 from bridge.envelope import decode_event
+from bridge.events import CreatedPayload
 from bridge.kafka.clients import admin_client, committed_consumer
 from bridge.kafka.topics import ensure_topics
 from bridge.log.publisher import TaskEventPublisher
-from bridge.tasks.messages import CreatedPayload, new_task_id, owner_digest
+from bridge.tasks.messages import new_task_id, owner_digest
 
 # --- targets ------------------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from bridge.events import INTERNAL_ERROR
+
 __all__ = [
     "CursorStore",
     "EventsGone",
@@ -219,7 +221,7 @@ class TaskStreamClient:
                 self.reconnects += 1
                 if attempts > self.max_reconnects:
                     raise StreamError(
-                        -32603, f"gave up after {attempts - 1} reconnects: {exc}"
+                        INTERNAL_ERROR, f"gave up after {attempts - 1} reconnects: {exc}"
                     ) from exc
                 await asyncio.sleep(min(self.backoff_s * attempts, 5.0))  # reconnect backoff
             except StreamError as exc:
@@ -283,7 +285,7 @@ def _last_message(reply: httpx.Response) -> dict[str, Any]:
     try:
         parsed = reply.json()
     except ValueError:
-        return {"error": {"code": -32603, "message": f"HTTP {reply.status_code}: not JSON"}}
+        return {"error": {"code": INTERNAL_ERROR, "message": f"HTTP {reply.status_code}: not JSON"}}
     return parsed if isinstance(parsed, dict) else {}
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from bridge.constants import EventTypeRule
+from bridge.events import EventTypeRule, TaskEventTypes
 
 __all__ = [
     "AuthSettings",
@@ -213,7 +213,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _vendor_prefix(self) -> Self:
-        if not self.event_types.is_namespace(self.event_type_prefix):
+        if not self.type_rule.is_namespace(self.event_type_prefix):
             raise ValueError(
                 f"event_type_prefix {self.event_type_prefix!r} is not a vendor prefix: use "
                 "reverse-DNS under a real top-level domain (e.g. 'com.example') or list it in "
@@ -222,9 +222,14 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def event_types(self) -> EventTypeRule:
+    def type_rule(self) -> EventTypeRule:
         """The rule for vendor-prefixed event types, with ``accepted_event_prefixes``."""
         return _event_type_rule(tuple(self.accepted_event_prefixes))
+
+    @property
+    def own_types(self) -> TaskEventTypes:
+        """The bridge's own event types under ``event_type_prefix``."""
+        return TaskEventTypes.of(self.event_type_prefix)
 
 
 @lru_cache(maxsize=16)

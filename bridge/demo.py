@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from bridge.config import Settings
-from bridge.constants import EventSuffix, is_prefixed_type
+from bridge.events import TERMINAL_WIRE, CreatedPayload, StatusPayload, is_prefixed_type
 from bridge.log.publisher import Published, TaskEventPublisher
 
 __all__ = [
@@ -162,7 +162,7 @@ async def create_task(
     :meth:`bridge.tasks.service.TaskService.create`); no job is queued, the caller writes the
     task's events and its terminal status itself.
     """
-    from bridge.tasks.messages import CreatedPayload, new_task_id, owner_digest
+    from bridge.tasks.messages import new_task_id, owner_digest
 
     task_id = task_id or new_task_id()
     now = _now_ms()
@@ -175,7 +175,7 @@ async def create_task(
     )
     where = await publisher.publish(
         task_id,
-        f"{settings.event_type_prefix}.{EventSuffix.CREATED}",
+        settings.own_types.created,
         created.to_dict(),
         timestamp_ms=now,
     )
@@ -241,12 +241,9 @@ async def finish_task(
     message: str = "finished",
 ) -> Published:
     """Write the task's terminal status ``completed`` with ``result`` (what tasks/get returns)."""
-    from bridge.tasks.messages import StatusPayload
 
     status = StatusPayload(status="completed", status_message=message, result=result)
-    return await publisher.publish(
-        task_id, f"{settings.event_type_prefix}.{EventSuffix.STATUS}", status.payload()
-    )
+    return await publisher.publish(task_id, settings.own_types.status, status.payload())
 
 
 def _err(text: str) -> None:
@@ -271,7 +268,7 @@ async def _check_existing(url: str, token: str | None, task_id: str) -> None:
             "running? (--task-id appends to an existing task, which the bridge must know)"
         ) from None
     status = view.get("status")
-    if status in ("completed", "failed", "cancelled"):
+    if status in TERMINAL_WIRE:
         raise DemoError(
             f"task {task_id} is {status}: its streams have ended, so appended events would "
             "never be delivered live"
@@ -634,11 +631,11 @@ class _Walkthrough:
 
     @property
     def created_type(self) -> str:
-        return f"{self.settings.event_type_prefix}.{EventSuffix.CREATED}"
+        return self.settings.own_types.created
 
     @property
     def status_type(self) -> str:
-        return f"{self.settings.event_type_prefix}.{EventSuffix.STATUS}"
+        return self.settings.own_types.status
 
     def matches_file(self, seen: list[_Seen], first_index: int = 0) -> bool:
         """Whether ``seen`` are the session's events from ``first_index`` on, in order."""

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bridge.constants import TaskStatus
+from bridge.events import TaskStatus
 
 if TYPE_CHECKING:
     from bridge.log.indexer import Indexer

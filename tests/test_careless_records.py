@@ -28,7 +28,6 @@ from test_strictjson import HOSTILE_TOKENS, json_strings, nested
 
 from bridge.client import TaskStreamClient
 from bridge.config import Settings
-from bridge.constants import EventSuffix
 from bridge.envelope import (
     AVRO_CONTENT_TYPE,
     CONTENT_TYPE_HEADER,
@@ -38,6 +37,7 @@ from bridge.envelope import (
     decode_event,
     encode_event,
 )
+from bridge.events import EventSuffix
 from bridge.kafka.clients import idempotent_producer
 
 pytestmark = pytest.mark.kafka

@@ -67,15 +67,15 @@ def test_the_event_type_prefix_must_be_reverse_dns_under_a_real_tld_or_an_accept
     accepted = load_settings(
         event_type_prefix="acme.internal", accepted_event_prefixes=["acme.internal"]
     )
-    assert accepted.event_types.is_prefixed("acme.internal.task.created")
+    assert accepted.type_rule.is_prefixed("acme.internal.task.created")
 
 
 def test_accepted_event_prefixes_come_from_the_environment_and_must_be_dns_labels(monkeypatch):
     monkeypatch.setenv("BRIDGE_ACCEPTED_EVENT_PREFIXES", '["acme.internal", "corp"]')
     settings = load_settings()
     assert settings.accepted_event_prefixes == ["acme.internal", "corp"]
-    assert settings.event_types.is_prefixed("corp.build.finished")
-    assert not settings.event_types.is_prefixed("tool.call.started")
+    assert settings.type_rule.is_prefixed("corp.build.finished")
+    assert not settings.type_rule.is_prefixed("tool.call.started")
     with pytest.raises(ValidationError, match="DNS labels"):
         load_settings(accepted_event_prefixes=["acme..internal"])
 
@@ -83,5 +83,5 @@ def test_accepted_event_prefixes_come_from_the_environment_and_must_be_dns_label
 def test_a_copy_with_other_accepted_prefixes_gets_their_rule():
     settings = load_settings()
     copy = settings.model_copy(update={"accepted_event_prefixes": ["corp"]})
-    assert copy.event_types.is_prefixed("corp.x")
-    assert not settings.event_types.is_prefixed("corp.x")
+    assert copy.type_rule.is_prefixed("corp.x")
+    assert not settings.type_rule.is_prefixed("corp.x")

@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaProducer
 from conftest import make_settings
 
 from bridge.config import Settings
-from bridge.constants import EventSuffix, EventTypeRule, is_prefixed_type, is_top_level_domain
+from bridge.events import EventSuffix, EventTypeRule, is_prefixed_type, is_top_level_domain
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher, UnprefixedEventType
 from bridge.log.reader import Reader

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import RecordsToDelete
 from aiokafka.structs import TopicPartition
 
-from bridge.constants import TaskStatus
+from bridge.events import TaskStatus
 from bridge.kafka.clients import admin_client, partition_for_key
 from bridge.kafka.topics import ensure_topics, topic_partition_ids
 from bridge.log.indexer import Indexer, load_index

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.constants import EventSuffix, TaskStatus
 from bridge.envelope import TaskEvent
+from bridge.events import EventSuffix, TaskStatus
 from bridge.log.records import lifecycle_of
 from bridge.log.seqindex import (
     IndexRecordError,

@@ -20,7 +20,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from bridge.config import Settings, ToolSpec
-from bridge.constants import EventSuffix
+from bridge.events import EventSuffix
 from bridge.kafka.clients import admin_client
 from bridge.kafka.topics import ensure_topics
 from bridge.log.indexer import Indexer

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from bridge.config import Settings, ToolSpec
-from bridge.constants import EventSuffix
+from bridge.events import EventSuffix
 from bridge.kafka.clients import admin_client
 from bridge.kafka.topics import ensure_topics
 from bridge.log.indexer import IndexedEvent, Indexer

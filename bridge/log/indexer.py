@@ -317,7 +317,7 @@ class Indexer(Lifecycle):
             record,
             prefix=prefix,
             max_bytes=self.settings.max_event_bytes,
-            types=self.settings.event_types,
+            types=self.settings.type_rule,
         )
         created, status, identity = lifecycle_of(event, prefix)
         seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)

@@ -75,7 +75,7 @@ class TaskEventPublisher(Lifecycle):
         timestamp_ms: int | None = None,
     ) -> tuple[bytes, list[tuple[str, bytes]]]:
         """Validate and encode one event (raises before anything is sent)."""
-        if not self.settings.event_types.is_prefixed(event_type):
+        if not self.settings.type_rule.is_prefixed(event_type):
             raise UnprefixedEventType(event_type)
         event = (
             TaskEvent(event_type, payload, meta)

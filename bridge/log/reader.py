@@ -274,7 +274,7 @@ class Reader(Lifecycle):
         if not records or records[0].offset != offset:
             return None
         prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
-        types = self.settings.event_types
+        types = self.settings.type_rule
         return event_from_record(records[0], prefix=prefix, max_bytes=limit, types=types)
 
     async def record_timestamp(self, partition: int, offset: int) -> int | None:
@@ -348,7 +348,7 @@ class Reader(Lifecycle):
             return
         tp = TopicPartition(self.settings.topics.events, snap.partition)
         prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
-        types = self.settings.event_types
+        types = self.settings.type_rule
         while True:
             seq, offset = snap.at_or_before(target)
             log_start = await self._log_start(tp)

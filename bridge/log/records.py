@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from bridge.constants import REVERSE_DNS_ONLY, EventSuffix, EventTypeRule, TaskStatus
 from bridge.envelope import EnvelopeError, EnvelopeTooLarge, TaskEvent, decode_event
+from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 from bridge.kafka.clients import ConsumerRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
 
@@ -42,7 +42,7 @@ def event_from_record(
 ) -> TaskEvent:
     """Decode the record's event, or describe why it cannot be decoded (never raises).
 
-    ``types`` decides which types are vendor-prefixed: pass ``settings.event_types`` so the
+    ``types`` decides which types are vendor-prefixed: pass ``settings.type_rule`` so the
     configured ``accepted_event_prefixes`` count; the default knows reverse-DNS types only.
     """
     try:
@@ -56,17 +56,18 @@ def event_from_record(
             # A foreign producer's unprefixed type: SEP-2694 forbids emitting it, so it is
             # delivered under our prefix with the original type inside; it keeps its seq.
             payload: dict[str, Any] = {"type": event.type, "payload": event.payload}
-            return TaskEvent(
-                f"{prefix}.{EventSuffix.UNPREFIXED}", payload, event.meta, event.timestamp_ms
-            )
+            unprefixed = TaskEventTypes.of(prefix).unprefixed
+            return TaskEvent(unprefixed, payload, event.meta, event.timestamp_ms)
         return event
     except EnvelopeTooLarge:
         size = len(record.value or b"")
         payload = {"offset": record.offset, "bytes": size, "limitBytes": max_bytes}
-        return TaskEvent(f"{prefix}.{EventSuffix.OVERSIZED}", payload, None, record.timestamp)
+        oversized = TaskEventTypes.of(prefix).oversized
+        return TaskEvent(oversized, payload, None, record.timestamp)
     except EnvelopeError as exc:
         payload = {"offset": record.offset, "reason": exc.reason, "error": exc.message}
-        return TaskEvent(f"{prefix}.{EventSuffix.UNDECODABLE}", payload, None, record.timestamp)
+        undecodable = TaskEventTypes.of(prefix).undecodable
+        return TaskEvent(undecodable, payload, None, record.timestamp)
 
 
 def lifecycle_of(
@@ -76,9 +77,10 @@ def lifecycle_of(
 
     The status is None unless the payload names one by its exact wire name.
     """
-    if event.type == f"{prefix}.{EventSuffix.CREATED}":
+    types = TaskEventTypes.of(prefix)
+    if event.type == types.created:
         return True, None, _identity(event.payload)
-    if event.type == f"{prefix}.{EventSuffix.STATUS}":
+    if event.type == types.status:
         return False, TaskStatus.from_wire(event.payload.get("status")), None
     return False, None, None
 

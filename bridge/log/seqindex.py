@@ -26,7 +26,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bridge.constants import TERMINAL_STATUSES, TaskStatus
+from bridge.events import TERMINAL_STATUSES, TaskStatus
 
 __all__ = [
     "FLAG_UNTRUSTED",

@@ -84,7 +84,7 @@ async def _verify_partition(
             return
         offsets[task_id].append(record.offset)
         event = event_from_record(
-            record, prefix=prefix, max_bytes=settings.max_event_bytes, types=settings.event_types
+            record, prefix=prefix, max_bytes=settings.max_event_bytes, types=settings.type_rule
         )
         created, status, identity = lifecycle_of(event, prefix)
         recount.apply(task_id, record.offset, created=created, status=status, identity=identity)

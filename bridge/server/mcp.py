@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bridge import __version__, strictjson
 from bridge.config import Settings, ToolSpec
-from bridge.constants import EventSuffix
+from bridge.events import TERMINAL_WIRE
 from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.streams import StreamHub, cursor_prefix, decode_cursor, renderer
@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "mcp-kafka-bridge"
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
-_SETTLED = frozenset({"completed", "failed", "cancelled", "input_required"})
+_SETTLED = TERMINAL_WIRE | {"input_required"}
 #: Methods whose ``Mcp-Name`` header must equal a param.
 _NAME_PARAM = {
     "tools/call": "name",
@@ -665,8 +665,8 @@ class McpEndpoint:
     async def _direct_stream(
         self, call: Call, task_id: str, start: Awaitable[Any], token: Any
     ) -> AsyncIterator[dict[str, Any]]:
-        progress_type = f"{self.settings.event_type_prefix}.{EventSuffix.PROGRESS}"
-        status_type = f"{self.settings.event_type_prefix}.{EventSuffix.STATUS}"
+        progress_type = self.settings.own_types.progress
+        status_type = self.settings.own_types.status
         timeout = self.settings.direct_result_timeout_s
         with self.service.watch(task_id) as events:
             await start

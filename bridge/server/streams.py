@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
 from bridge.config import Settings
-from bridge.constants import EventSuffix
 from bridge.envelope import TaskEvent
+from bridge.events import TaskEventTypes
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import EventsGone, Reader, SeqUntrusted
 from bridge.metrics import Metrics
@@ -235,7 +235,7 @@ class StreamHub:
                 streams_total=settings.max_streams,
             )
         )
-        self._status_type = f"{settings.event_type_prefix}.{EventSuffix.STATUS}"
+        self._status_type = settings.own_types.status
         indexer.add_listener(self._on_event)
 
     def drain(self) -> None:
@@ -434,7 +434,7 @@ def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
     task_json = dumps(task_id)
     related = {"taskId": task_id}
     plain_meta = dumps({RELATED_TASK_META: related})
-    placeholder = dumps(f"{prefix}.{EventSuffix.UNDECODABLE}")
+    placeholder = dumps(TaskEventTypes.of(prefix).undecodable)
     unencodable = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
 
     def render(seq: int, event: TaskEvent) -> str:

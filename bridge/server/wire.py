@@ -21,6 +21,18 @@ from pydantic import (
     model_validator,
 )
 
+from bridge.events import (
+    EVENTS_GONE,
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_CAPABILITY,
+    PARSE_ERROR,
+    UNSUPPORTED_VERSION,
+)
+
 __all__ = [
     "CLIENT_CAPS_META",
     "CLIENT_INFO_META",
@@ -67,16 +79,6 @@ CLIENT_INFO_META = "io.modelcontextprotocol/clientInfo"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-#: SEP-2694's events_gone; it sits in the legacy -32000..-32019 band (see docs/).
-EVENTS_GONE = -32010
-HEADER_MISMATCH = -32020
-MISSING_CAPABILITY = -32021
-UNSUPPORTED_VERSION = -32022
 
 #: The largest sequence number (seq counts records at Kafka's int64 offsets).
 MAX_SEQ = 2**63 - 1

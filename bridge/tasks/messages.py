@@ -1,12 +1,11 @@
-"""Messages between the bridge and job pipelines, and the payloads of lifecycle events.
+"""Messages between the bridge and job pipelines, and the task's identifiers.
 
 * Job requests (``<prefix>.jobs.<tool>``, key = task id): what tools/call hands to a worker.
 * Control messages (``<prefix>.task-control``, key = task id): cancel requests and input
   answers from clients, and the worker's own "finished" mark that stops a retried job early.
-* Lifecycle events (in the task's own event log): ``<prefix>.task.created`` is every task's
-  seq 0; ``<prefix>.task.status`` carries each status change with what tasks/get shows.
 
-All are JSON, so any language can implement a worker.
+All are JSON, so any language can implement a worker. The payloads of the task's own
+``task.created`` and status events live in :mod:`bridge.events`.
 """
 
 from __future__ import annotations
@@ -21,9 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ControlMessage",
-    "CreatedPayload",
     "JobRequest",
-    "StatusPayload",
     "iso_ms",
     "new_task_id",
     "owner_digest",
@@ -73,22 +70,3 @@ class ControlMessage(_Message):
     type: Literal["cancel", "input", "finished"]
     task_id: str = Field(alias="taskId")
     input_responses: dict[str, Any] | None = Field(default=None, alias="inputResponses")
-
-
-class CreatedPayload(_Message):
-    tool: str
-    owner: str
-    created_ms: int = Field(alias="createdMs")
-    ttl_ms: int | None = Field(alias="ttlMs")
-    poll_interval_ms: int = Field(alias="pollIntervalMs")
-
-
-class StatusPayload(_Message):
-    status: Literal["working", "input_required", "completed", "failed", "cancelled"]
-    status_message: str | None = Field(default=None, alias="statusMessage")
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
-
-    def payload(self) -> dict[str, Any]:
-        return self.to_dict()

@@ -27,8 +27,14 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from bridge.config import Settings, ToolSpec
-from bridge.constants import EventSuffix, TaskStatus
 from bridge.envelope import TaskEvent
+from bridge.events import (
+    INTERNAL_ERROR,
+    TERMINAL_WIRE,
+    CreatedPayload,
+    StatusPayload,
+    TaskStatus,
+)
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.publisher import TaskEventPublisher
@@ -36,9 +42,7 @@ from bridge.log.reader import Reader
 from bridge.log.seqindex import owner_key
 from bridge.tasks.messages import (
     ControlMessage,
-    CreatedPayload,
     JobRequest,
-    StatusPayload,
     iso_ms,
     new_task_id,
     owner_digest,
@@ -51,7 +55,6 @@ log = logging.getLogger(__name__)
 #: How long a replica that does not know a task id catches up before saying "not found".
 _CATCH_UP_S = 5.0
 _WRITE_VISIBLE_S = 30.0
-TERMINAL_WIRE = frozenset({"completed", "failed", "cancelled"})
 
 
 class TaskNotFound(LookupError):
@@ -86,7 +89,7 @@ class TaskView:
 
     @property
     def terminal(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in TERMINAL_WIRE
 
     def task_fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -153,9 +156,7 @@ class TaskService:
         self.tools = tools
         self.publisher = TaskEventPublisher(settings)
         self._producer: AIOKafkaProducer | None = None
-        self._prefix = settings.event_type_prefix
-        self._created_type = f"{self._prefix}.{EventSuffix.CREATED}"
-        self._status_type = f"{self._prefix}.{EventSuffix.STATUS}"
+        self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._owners = _Owners()
         self._watchers: dict[str, list[asyncio.Queue[IndexedEvent]]] = defaultdict(list)
@@ -178,9 +179,9 @@ class TaskService:
         for queue in self._watchers.get(indexed.task_id, ()):
             queue.put_nowait(indexed)
         event_type = indexed.event.type
-        if event_type == self._created_type and indexed.seq == 0:
+        if event_type == self._types.created and indexed.seq == 0:
             self._track_owner(indexed.task_id)
-        elif event_type == self._status_type:
+        elif event_type == self._types.status:
             found = self.indexer.lookup(indexed.task_id)
             if found is not None and found[1].terminal:
                 self._owners.finish(indexed.task_id)
@@ -237,7 +238,7 @@ class TaskService:
             poll_interval_ms=tool.poll_interval_ms,
         )
         where = await self.publisher.publish(
-            task_id, self._created_type, created.to_dict(), timestamp_ms=now
+            task_id, self._types.created, created.to_dict(), timestamp_ms=now
         )
         async with asyncio.timeout(_WRITE_VISIBLE_S):
             await self.indexer.wait_indexed(where.partition, where.offset)
@@ -256,12 +257,8 @@ class TaskService:
             await self._producer.send_and_wait(topic, key=task_id.encode(), value=job.to_bytes())
         except Exception:
             log.exception("could not hand task %s to the %s workers", task_id, tool.name)
-            failed = StatusPayload(
-                status="failed",
-                status_message="the job could not be queued",
-                error={"code": -32603, "message": "the job could not be queued"},
-            )
-            await self._publish_status(task_id, failed)
+            why = "the job could not be queued"
+            await self._publish_status(task_id, StatusPayload.failed(why, why))
         return TaskView(
             task_id=task_id,
             status="working",
@@ -272,7 +269,7 @@ class TaskService:
         )
 
     async def _publish_status(self, task_id: str, status: StatusPayload) -> None:
-        where = await self.publisher.publish(task_id, self._status_type, status.payload())
+        where = await self.publisher.publish(task_id, self._types.status, status.payload())
         async with asyncio.timeout(_WRITE_VISIBLE_S):
             await self.indexer.wait_indexed(where.partition, where.offset)
 
@@ -342,7 +339,7 @@ class TaskService:
         if status.status == "completed":
             view.result = status.result or {"content": []}
         elif status.status == "failed":
-            view.error = status.error or {"code": -32603, "message": "the job failed"}
+            view.error = status.error or {"code": INTERNAL_ERROR, "message": "the job failed"}
         elif status.status == "input_required":
             view.input_requests = status.input_requests or {}
 
@@ -352,7 +349,7 @@ class TaskService:
             view = await self.get(task_id, principal)
             while view.status not in statuses:
                 event = await events.get()
-                if event.event.type == self._status_type:
+                if event.event.type == self._types.status:
                     view = await self.get(task_id, principal)
             return view
 

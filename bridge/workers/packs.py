@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from bridge.config import ToolSpec
+from bridge.events import INTERNAL_ERROR
 from bridge.workers.sdk import Handler, JobContext, JobError
 
 __all__ = ["PACKS", "UnknownPack", "pack_handlers", "pack_tools"]
@@ -200,7 +201,7 @@ async def failing_job(ctx: JobContext) -> dict[str, Any]:
 
 
 async def protocol_error_job(ctx: JobContext) -> dict[str, Any]:
-    raise JobError(-32603, "protocol_error_job always fails with an internal error")
+    raise JobError(INTERNAL_ERROR, "protocol_error_job always fails with an internal error")
 
 
 async def confirm_delete(ctx: JobContext) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from pydantic import ValidationError
 
 from bridge.config import Settings
-from bridge.constants import EventSuffix
+from bridge.events import METHOD_NOT_FOUND, StatusPayload
 from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
@@ -42,7 +42,7 @@ from bridge.kafka.clients import (
 from bridge.kafka.topics import topic_partition_ids
 from bridge.lifecycle import Lifecycle
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
-from bridge.tasks.messages import ControlMessage, JobRequest, StatusPayload
+from bridge.tasks.messages import ControlMessage, JobRequest
 
 __all__ = ["Handler", "JobContext", "JobError", "Worker"]
 
@@ -120,9 +120,7 @@ class JobContext:
             payload["total"] = total
         if message is not None:
             payload["message"] = message
-        await self.emit(
-            f"{self._worker.settings.event_type_prefix}.{EventSuffix.PROGRESS}", payload
-        )
+        await self.emit(self._worker.settings.own_types.progress, payload)
 
     async def status(self, message: str) -> None:
         """Set the task's status message (the task stays ``working``)."""
@@ -304,9 +302,7 @@ class Worker(Lifecycle):
     # --- jobs ----------------------------------------------------------------------------
 
     async def publish_status(self, task_id: str, status: StatusPayload) -> None:
-        await self.publisher.publish(
-            task_id, f"{self.settings.event_type_prefix}.{EventSuffix.STATUS}", status.payload()
-        )
+        await self.publisher.publish(task_id, self.settings.own_types.status, status.payload())
 
     async def run(self) -> None:
         """Take jobs until cancelled.
@@ -397,15 +393,12 @@ class Worker(Lifecycle):
             log.error(
                 "unreadable job request at %s offset %d (task %s)", tp, record.offset, task_id
             )
+            why = "the job request could not be read"
             if task_id:
                 # Never leave the task working for ever: it fails with a clear error.
                 await self._finish(
                     task_id,
-                    StatusPayload(
-                        status="failed",
-                        status_message="the job request could not be read",
-                        error={"code": -32603, "message": "the job request could not be read"},
-                    ),
+                    StatusPayload.failed(why, why),
                 )
         if job is not None:
             # Cancellation (the worker stopping) leaves the job unfinished: not marked done,
@@ -428,10 +421,7 @@ class Worker(Lifecycle):
             return
         handler = self.handlers.get(job.tool)
         if handler is None:
-            outcome = StatusPayload(
-                status="failed",
-                error={"code": -32601, "message": f"no handler for tool {job.tool}"},
-            )
+            outcome = StatusPayload.failed(f"no handler for tool {job.tool}", code=METHOD_NOT_FOUND)
         elif control.cancelled:
             outcome = StatusPayload(
                 status="cancelled", status_message="cancelled before it started"
@@ -462,11 +452,7 @@ class Worker(Lifecycle):
                     try:
                         await self.publish_status(task_id, outcome)
                     except EventTooLarge as exc:
-                        outcome = StatusPayload(
-                            status="failed",
-                            status_message="the tool's result is too large",
-                            error={"code": -32603, "message": str(exc)},
-                        )
+                        outcome = StatusPayload.failed(str(exc), "the tool's result is too large")
                         continue
                     status_written = True
                 await self._producer.send_and_wait(
@@ -495,18 +481,11 @@ class Worker(Lifecycle):
             return StatusPayload(status="failed", status_message=exc.message, error=exc.error())
         except Exception:
             log.exception("tool %s failed on task %s", ctx.tool, ctx.task_id)
-            return StatusPayload(
-                status="failed",
-                status_message="the tool failed",
-                error={"code": -32603, "message": f"internal error in tool {ctx.tool}"},
-            )
+            return StatusPayload.failed(f"internal error in tool {ctx.tool}", "the tool failed")
         finally:
             self._running.pop(ctx.task_id, None)
         if not isinstance(result, dict):
-            return StatusPayload(
-                status="failed",
-                error={"code": -32603, "message": "the tool returned no result object"},
-            )
+            return StatusPayload.failed("the tool returned no result object")
         return StatusPayload(status="completed", result=result)
 
 

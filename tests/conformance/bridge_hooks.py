@@ -34,7 +34,7 @@ from typing import Any
 from aiokafka.admin import RecordsToDelete
 
 from bridge.config import Settings, load_settings
-from bridge.constants import EventSuffix
+from bridge.events import EventSuffix, StatusPayload
 from bridge.kafka.clients import (
     TopicPartition,
     admin_client,
@@ -43,7 +43,7 @@ from bridge.kafka.clients import (
     partition_for_key,
 )
 from bridge.log.publisher import TaskEventPublisher
-from bridge.tasks.messages import ControlMessage, StatusPayload
+from bridge.tasks.messages import ControlMessage
 
 from .hooks import Hooks, NotSupported, ServerUnderTest
 from .wire import McpClient

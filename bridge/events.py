@@ -1,33 +1,72 @@
-"""Names shared across the package: event type suffixes, task statuses, index record keys.
+"""The task-event vocabulary: one home for what producers, the log side and the server share.
 
-The bridge's own event types are ``<event_type_prefix>.<suffix>`` with the configurable vendor
-prefix of :class:`bridge.config.Settings`; the suffixes live here so that producer, indexer and
-server agree on them, and so does the rule (:class:`EventTypeRule`) that tells a vendor-prefixed
-event type from one SEP-2694 reserves for MCP.
+* the bridge's own event types, ``<event_type_prefix>.<suffix>`` (:class:`TaskEventTypes`);
+* task statuses (:class:`TaskStatus`: the wire name, and the int the index stores);
+* the payloads of ``task.created`` and status events (:class:`CreatedPayload`,
+  :class:`StatusPayload`), which workers write and the index and tasks/get read;
+* the JSON-RPC error codes those payloads and the wire carry;
+* the rule (:class:`EventTypeRule`) that tells a vendor-prefixed event type from one SEP-2694
+  reserves for MCP.
+
+``bridge.log`` and ``bridge.tasks`` both import it; nothing else spells these names. It knows
+nothing of Kafka, HTTP or JSON-RPC messages (:mod:`bridge.server.wire` has those).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache, lru_cache
+from typing import Any, Literal
 
 from publicsuffixlist import PublicSuffixList
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "EVENTS_GONE",
+    "HEADER_MISMATCH",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "MISSING_CAPABILITY",
+    "PARSE_ERROR",
     "REVERSE_DNS_ONLY",
     "TERMINAL_STATUSES",
+    "TERMINAL_WIRE",
+    "UNSUPPORTED_VERSION",
+    "CreatedPayload",
     "EventSuffix",
     "EventTypeRule",
+    "StatusPayload",
+    "StatusWire",
+    "TaskEventTypes",
     "TaskStatus",
     "is_prefixed_type",
     "is_top_level_domain",
 ]
 
+# --- JSON-RPC error codes ----------------------------------------------------------------------
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+#: SEP-2694's events_gone; it sits in the legacy -32000..-32019 band (see docs/).
+EVENTS_GONE = -32010
+HEADER_MISMATCH = -32020
+MISSING_CAPABILITY = -32021
+UNSUPPORTED_VERSION = -32022
+
+
+# --- event types -------------------------------------------------------------------------------
+
 
 class EventSuffix:
-    """Suffixes of the bridge's own event types (prefix them with the vendor prefix)."""
+    """Suffixes of the bridge's own event types (:class:`TaskEventTypes` prefixes them)."""
 
     CREATED = "task.created"
     STATUS = "task.status"
@@ -35,6 +74,42 @@ class EventSuffix:
     UNDECODABLE = "event.undecodable"
     OVERSIZED = "event.oversized"
     UNPREFIXED = "event.unprefixed"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEventTypes:
+    """The bridge's own event types under one vendor prefix: ``types.status`` is
+    ``io.mcpbridge.task.status`` for the default prefix. Get one with :meth:`of`."""
+
+    prefix: str
+    created: str
+    status: str
+    progress: str
+    undecodable: str
+    oversized: str
+    unprefixed: str
+
+    @staticmethod
+    @cache
+    def of(prefix: str) -> TaskEventTypes:
+        s = EventSuffix
+        return TaskEventTypes(
+            prefix,
+            *(
+                f"{prefix}.{suffix}"
+                for suffix in (
+                    s.CREATED,
+                    s.STATUS,
+                    s.PROGRESS,
+                    s.UNDECODABLE,
+                    s.OVERSIZED,
+                    s.UNPREFIXED,
+                )
+            ),
+        )
+
+
+# --- task status -------------------------------------------------------------------------------
 
 
 class TaskStatus(IntEnum):
@@ -64,6 +139,61 @@ class TaskStatus(IntEnum):
 _BY_WIRE = {status.wire: status for status in TaskStatus if status is not TaskStatus.UNKNOWN}
 
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+#: The wire names of the terminal statuses.
+TERMINAL_WIRE = frozenset(status.wire for status in TERMINAL_STATUSES)
+
+#: A status as the wire and the status event payload spell it.
+StatusWire = Literal["working", "input_required", "completed", "failed", "cancelled"]
+
+
+# --- lifecycle payloads ------------------------------------------------------------------------
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        dumped: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True)
+        return dumped
+
+
+class CreatedPayload(_Payload):
+    """``<prefix>.task.created``: every task's seq 0, written by the bridge's create path."""
+
+    tool: str
+    owner: str
+    created_ms: int = Field(alias="createdMs")
+    ttl_ms: int | None = Field(alias="ttlMs")
+    poll_interval_ms: int = Field(alias="pollIntervalMs")
+
+
+class StatusPayload(_Payload):
+    """``<prefix>.task.status``: a status change with what tasks/get shows."""
+
+    status: StatusWire
+    status_message: str | None = Field(default=None, alias="statusMessage")
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
+
+    def payload(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    @property
+    def terminal(self) -> bool:
+        return TaskStatus.from_wire(self.status) in TERMINAL_STATUSES
+
+    @classmethod
+    def failed(
+        cls, message: str, status_message: str | None = None, *, code: int = INTERNAL_ERROR
+    ) -> StatusPayload:
+        """A ``failed`` status whose error is ``{code, message}`` (an internal error by default)."""
+        error = {"code": code, "message": message}
+        return cls(status="failed", status_message=status_message, error=error)
+
+
+# --- the vendor-prefix rule --------------------------------------------------------------------
 
 #: Dot-separated DNS labels (RFC 1035 / 1123): letters, digits and inner hyphens, at most 63
 #: characters each. One pattern for the whole name: it runs for every record indexed.
