@@ -147,7 +147,7 @@ TERMINAL_WIRE = frozenset(status.wire for status in TERMINAL_STATUSES)
 StatusWire = Literal["working", "input_required", "completed", "failed", "cancelled"]
 
 
-# --- lifecycle payloads ------------------------------------------------------------------------
+# --- the task.created and status payloads -----------------------------------------------------
 
 
 class _Payload(BaseModel):

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.kafka.clients import (
@@ -43,8 +44,7 @@ from bridge.kafka.clients import (
     transactional_producer,
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
-from bridge.lifecycle import Lifecycle
-from bridge.log.records import event_from_record, lifecycle_of, task_id_of
+from bridge.log.records import event_from_record, task_facts_of, task_id_of
 from bridge.log.seqindex import (
     IndexRecordError,
     MarkerRecord,
@@ -159,7 +159,7 @@ async def load_index(settings: Settings, partitions: list[int]) -> dict[int, Par
     return index
 
 
-class Indexer(Lifecycle):
+class Indexer(Component):
     """Derives seq for every committed record of the events topic; optionally persists it."""
 
     def __init__(
@@ -186,7 +186,7 @@ class Indexer(Lifecycle):
         self.restore_seconds = 0.0
         self.last_flush_records = 0
 
-    # --- lifecycle -----------------------------------------------------------------------
+    # --- start and stop -----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Restore the index, reconcile with retention, and start tailing (and persisting)."""
@@ -319,7 +319,7 @@ class Indexer(Lifecycle):
             max_bytes=self.settings.max_event_bytes,
             types=self.settings.type_rule,
         )
-        created, status, identity = lifecycle_of(event, prefix)
+        created, status, identity = task_facts_of(event, prefix)
         seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)
         if seq is None:
             return

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
-from bridge.lifecycle import Lifecycle
 
 __all__ = ["EventTooLarge", "Published", "TaskEventPublisher", "UnprefixedEventType"]
 
@@ -50,7 +50,7 @@ class Published:
     offset: int
 
 
-class TaskEventPublisher(Lifecycle):
+class TaskEventPublisher(Component):
     """Publishes task events; use as ``async with TaskEventPublisher(settings) as pub``."""
 
     def __init__(self, settings: Settings, *, fmt: Literal["avro", "json"] = "avro") -> None:

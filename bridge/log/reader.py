@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.kafka.clients import (
@@ -27,7 +28,6 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
-from bridge.lifecycle import Lifecycle
 from bridge.log.indexer import Indexer
 from bridge.log.records import event_from_record
 from bridge.log.seqindex import TaskEntry
@@ -104,7 +104,7 @@ class _Snapshot:
         return self.entry.checkpoint_after_offset(offset)
 
 
-class Reader(Lifecycle):
+class Reader(Component):
     """Reads retained task events through a small pool of ``read_committed`` consumers."""
 
     def __init__(

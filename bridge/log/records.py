@@ -4,7 +4,7 @@ A record that does not decode still occupies its seq: it becomes a placeholder e
 bridge's own prefixed type (``<prefix>.event.undecodable`` or ``<prefix>.event.oversized``)
 describing why, so no event is ever dropped and no bad record can crash a reader.
 
-:func:`lifecycle_of` reads what a record may say of its task's lifecycle. Anyone who can write
+:func:`task_facts_of` reads the facts a record may state about its task (created, a status). Anyone who can write
 to the events topic writes records, so it is strict: a status counts only under its exact wire
 name, and an identity only from a well-formed ``task.created`` payload (the index then takes
 it only from the task's seq 0).
@@ -19,7 +19,7 @@ from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskS
 from bridge.kafka.clients import ConsumerRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
 
-__all__ = ["event_from_record", "lifecycle_of", "task_id_of"]
+__all__ = ["event_from_record", "task_facts_of", "task_id_of"]
 
 
 def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
@@ -70,7 +70,7 @@ def event_from_record(
         return TaskEvent(undecodable, payload, None, record.timestamp)
 
 
-def lifecycle_of(
+def task_facts_of(
     event: TaskEvent, prefix: str
 ) -> tuple[bool, TaskStatus | None, TaskIdentity | None]:
     """``(is task.created, announced status, the created task's identity)`` of an event.

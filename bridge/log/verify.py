@@ -22,7 +22,7 @@ from bridge.kafka.clients import (
     committed_consumer,
 )
 from bridge.log.indexer import load_index, read_to_end, topic_partitions
-from bridge.log.records import event_from_record, lifecycle_of, task_id_of
+from bridge.log.records import event_from_record, task_facts_of, task_id_of
 from bridge.log.seqindex import PartitionIndex
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -86,7 +86,7 @@ async def _verify_partition(
         event = event_from_record(
             record, prefix=prefix, max_bytes=settings.max_event_bytes, types=settings.type_rule
         )
-        created, status, identity = lifecycle_of(event, prefix)
+        created, status, identity = task_facts_of(event, prefix)
         recount.apply(task_id, record.offset, created=created, status=status, identity=identity)
 
     await read_to_end(consumer, [tp], count)

@@ -28,6 +28,7 @@ from typing import Any
 from aiokafka.abc import ConsumerRebalanceListener
 from pydantic import ValidationError
 
+from bridge.component import Component
 from bridge.config import Settings
 from bridge.events import METHOD_NOT_FOUND, StatusPayload
 from bridge.kafka.clients import (
@@ -40,7 +41,6 @@ from bridge.kafka.clients import (
     idempotent_producer,
 )
 from bridge.kafka.topics import topic_partition_ids
-from bridge.lifecycle import Lifecycle
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest
 
@@ -154,7 +154,7 @@ class JobContext:
 Handler = Callable[[JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
 
-class Worker(Lifecycle):
+class Worker(Component):
     """Runs the handlers' jobs; ``async with Worker(settings, handlers) as w: await w.run()``.
 
     Cancel the task running :meth:`run` before leaving the ``async with`` block (or calling
