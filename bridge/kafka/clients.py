@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError, ProducerFenced
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
@@ -20,11 +21,13 @@ from bridge.config import Settings
 __all__ = [
     "AIOKafkaConsumer",
     "AIOKafkaProducer",
+    "ConsumerRebalanceListener",
     "ConsumerRecord",
     "KafkaError",
     "OffsetOutOfRangeError",
     "ProducerFenced",
     "RecordMetadata",
+    "RecordsToDelete",
     "TopicPartition",
     "admin_client",
     "bootstrap",

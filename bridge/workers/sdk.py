@@ -25,7 +25,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka.abc import ConsumerRebalanceListener
 from pydantic import ValidationError
 
 from bridge.component import Component
@@ -34,6 +33,7 @@ from bridge.events import METHOD_NOT_FOUND, StatusPayload
 from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
+    ConsumerRebalanceListener,
     ConsumerRecord,
     KafkaError,
     TopicPartition,
