@@ -31,7 +31,6 @@ from bridge.envelope import TaskEvent
 from bridge.events import (
     INTERNAL_ERROR,
     TERMINAL_WIRE,
-    CreatedPayload,
     StatusPayload,
     TaskStatus,
 )
@@ -40,6 +39,7 @@ from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader
 from bridge.log.seqindex import owner_key
+from bridge.tasks.create import publish_created
 from bridge.tasks.messages import (
     ControlMessage,
     JobRequest,
@@ -230,16 +230,7 @@ class TaskService:
         if self._owners.count(owner_key(owner), now) >= limit:
             raise TooManyTasks(limit)
         task_id = task_id or new_task_id()
-        created = CreatedPayload(
-            tool=tool.name,
-            owner=owner,
-            created_ms=now,
-            ttl_ms=tool.ttl_ms,
-            poll_interval_ms=tool.poll_interval_ms,
-        )
-        where = await self.publisher.publish(
-            task_id, self._types.created, created.to_dict(), timestamp_ms=now
-        )
+        where = await publish_created(self.publisher, self._types, tool, principal, task_id, now)
         async with asyncio.timeout(_WRITE_VISIBLE_S):
             await self.indexer.wait_indexed(where.partition, where.offset)
         job = JobRequest(

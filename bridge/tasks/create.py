@@ -1,0 +1,51 @@
+"""Creating a task in the log: its ``task.created`` record, the one fact that makes it a task.
+
+A task exists once its seq 0 is the bridge's own ``<prefix>.task.created`` event: the index
+takes the task's owner, creation time, ttl and poll interval from that record, and nothing
+written later changes them. Both ways of creating a task write it here, so they cannot drift
+apart: :meth:`bridge.tasks.service.TaskService.create` (tools/call, then a job for a worker)
+and :mod:`bridge.replay` (a recorded session, whose events the caller publishes itself).
+
+This module queues no job and waits for no indexer; the callers do what comes next.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bridge.config import ToolSpec
+from bridge.events import CreatedPayload, TaskEventTypes
+from bridge.log.publisher import Published, TaskEventPublisher
+from bridge.tasks.messages import owner_digest
+
+__all__ = ["now_ms", "publish_created"]
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: the task's ``createdMs`` and its record's timestamp."""
+    return time.time_ns() // 1_000_000
+
+
+async def publish_created(
+    publisher: TaskEventPublisher,
+    types: TaskEventTypes,
+    tool: ToolSpec,
+    principal: str,
+    task_id: str,
+    created_ms: int,
+) -> Published:
+    """Write ``task_id``'s ``task.created`` for ``tool``, owned by ``principal``.
+
+    Returns once Kafka acknowledged it on all in-sync replicas. The record's timestamp is
+    ``created_ms`` too, so the log and tasks/get agree on when the task began.
+    """
+    created = CreatedPayload(
+        tool=tool.name,
+        owner=owner_digest(principal),
+        created_ms=created_ms,
+        ttl_ms=tool.ttl_ms,
+        poll_interval_ms=tool.poll_interval_ms,
+    )
+    return await publisher.publish(
+        task_id, types.created, created.to_dict(), timestamp_ms=created_ms
+    )
