@@ -94,21 +94,19 @@ def _check_answers(settings: Settings) -> None:
 
 async def _topic_names(settings: Settings) -> set[str]:
     """The cluster's topics: proves the clients can connect with the settings and get metadata."""
-    from bridge.kafka.clients import KafkaError, admin_client
+    from bridge.kafka.admin import kafka_admin
+    from bridge.kafka.clients import KafkaError
 
     protocol = settings.kafka_security_protocol
     try:
-        admin = admin_client(settings)
+        with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
+            async with asyncio.timeout(KAFKA_METADATA_TIMEOUT_S), kafka_admin(settings) as admin:
+                return set(await admin.list_topics())
     except ValueError as exc:  # aiokafka refuses the security settings before connecting
         raise KafkaUnavailable(
             f"cannot use BRIDGE_KAFKA_SECURITY_PROTOCOL={protocol}: the Kafka client needs "
             f"settings the bridge does not pass ({exc}); use a PLAINTEXT listener"
         ) from exc
-    try:
-        with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
-            async with asyncio.timeout(KAFKA_METADATA_TIMEOUT_S):
-                await admin.start()
-                return set(await admin.list_topics())
     except (KafkaError, TimeoutError) as exc:
         reason = str(exc) or f"no metadata within {KAFKA_METADATA_TIMEOUT_S:g} s"
         raise KafkaUnavailable(
@@ -116,8 +114,6 @@ async def _topic_names(settings: Settings) -> set[str]:
             f"be read ({reason}); check that BRIDGE_KAFKA_SECURITY_PROTOCOL ({protocol}) "
             "matches its listener and that its advertised listeners are reachable from here"
         ) from exc
-    finally:
-        await admin.close()
 
 
 @contextlib.contextmanager
@@ -171,21 +167,17 @@ def layout_topics(settings: Settings) -> list[str]:
 
 async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[TopicReport]:
     """Create/check the topic layout with ``job_topics``; refusals become a :class:`UserError`."""
-    from bridge.kafka.clients import KafkaError, admin_client
-    from bridge.kafka.topics import TopicLayoutError, ensure_topics
+    from bridge.kafka.clients import KafkaError
+    from bridge.kafka.topics import TopicLayoutError, create_layout
 
-    admin = admin_client(settings)
-    await admin.start()
     try:
-        return await ensure_topics(admin, settings, job_topics=job_topics)
+        return await create_layout(settings, job_topics)
     except TopicLayoutError as exc:
         raise UserError(str(exc)) from None
     except KafkaError as exc:  # e.g. a replication factor above the number of brokers
         raise UserError(
             f"Kafka at {settings.kafka_bootstrap_servers} refused the topic layout: {exc}"
         ) from exc
-    finally:
-        await admin.close()
 
 
 async def create_topics(settings: Settings) -> list[str]:
@@ -268,12 +260,14 @@ def serve(settings: Settings, *, with_workers: bool = False) -> None:
     import uvicorn
 
     from bridge.server.app import create_app
+    from bridge.workers.inprocess import run_workers_in_process
 
-    app = create_app(settings, with_workers=with_workers)
+    app = create_app(settings, companions=[run_workers_in_process] if with_workers else [])
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            hub = app.state.components.get("hub")
+            components = app.state.components
+            hub = components.hub if components is not None else None
             if hub is not None:
                 hub.drain()
             super().handle_exit(sig, frame)
@@ -451,6 +445,11 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1:
         raise UserError("--concurrency must be at least 1")
     packs = args.pack or settings.tool_packs
+    if not packs:
+        raise UserError(
+            "no worker packs to run: pass --pack NAME (built in: conformance, demo) or set "
+            "BRIDGE_TOOL_PACKS"
+        )
     settings = require_kafka(settings)
     asyncio.run(run_workers(settings, packs, args.concurrency, args.session_timeout_ms))
     return 0

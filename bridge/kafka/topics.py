@@ -1,11 +1,11 @@
-"""Topics as code: the layout of DESIGN.md, created idempotently and checked for safety.
+"""Topics as code: the layout of docs/architecture.md, created idempotently and checked for safety.
 
-``ensure_topics`` creates what is missing and inspects what exists. It refuses (raises
-:class:`TopicLayoutError`) when an existing topic would break the seq guarantee: an events topic
-whose ``cleanup.policy`` includes ``compact`` (compaction deletes records out of order, so counted
-seq would no longer match the log), or an index topic that is not compacted (retention would
-delete the durable seq counts). Other differences from the configured values are reported, never
-changed silently.
+``ensure_topics`` creates what is missing and inspects what exists; ``create_layout`` does it
+with an admin client of its own. It refuses (raises :class:`TopicLayoutError`) when an existing
+topic would break the seq guarantee: an events topic whose ``cleanup.policy`` includes
+``compact`` (compaction deletes records out of order, so counted seq would no longer match the
+log), or an index topic that is not compacted (retention would delete the durable seq counts).
+Other differences from the configured values are reported, never changed silently.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
 
 from bridge.config import Settings
+from bridge.kafka.admin import kafka_admin
 
 __all__ = [
     "TopicLayoutError",
     "TopicReport",
     "TopicSpec",
+    "create_layout",
     "describe_topic_configs",
     "ensure_topics",
     "topic_layout",
@@ -162,14 +164,8 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
 
 async def topic_partition_ids(settings: Settings, topic: str) -> list[int]:
     """The partition ids of ``topic``; :class:`TopicLayoutError` if it does not exist."""
-    from bridge.kafka.clients import admin_client
-
-    admin = admin_client(settings)
-    await admin.start()
-    try:
+    async with kafka_admin(settings) as admin:
         described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
     for entry in described:
         if _field(entry, "topic") == topic and not _field(entry, "error_code"):
             ids = sorted(_field(p, "partition") for p in _field(entry, "partitions"))
@@ -239,6 +235,12 @@ async def ensure_topics(
             report.differences = _differences(spec, configs.get(spec.name, {}), report.partitions)
         reports.append(report)
     return reports
+
+
+async def create_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[TopicReport]:
+    """:func:`ensure_topics` through an admin client of its own: one report per topic."""
+    async with kafka_admin(settings) as admin:
+        return await ensure_topics(admin, settings, job_topics)
 
 
 def _differences(spec: TopicSpec, actual: dict[str, str], partitions: int) -> list[str]:

@@ -1,0 +1,39 @@
+"""Kafka admin operations with the bridge's settings: one client per operation, always closed.
+
+Sits beside :mod:`bridge.kafka.clients` (which builds the admin client) and below
+:mod:`bridge.kafka.topics` (the topic layout, created through :func:`kafka_admin`). It knows
+topics and partitions, not tasks, seq or the layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+from bridge.config import Settings
+from bridge.kafka.clients import TopicPartition, admin_client
+
+__all__ = ["delete_records_before", "kafka_admin"]
+
+
+@contextlib.asynccontextmanager
+async def kafka_admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client, closed on the way out (also when starting it failed).
+
+    Building the client may raise ``ValueError`` (security settings aiokafka refuses) before
+    anything connects.
+    """
+    admin = admin_client(settings)
+    try:
+        await admin.start()  # inside try: a failed bootstrap still releases its connections
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def delete_records_before(settings: Settings, tp: TopicPartition, offset: int) -> None:
+    """Kafka ``DeleteRecords``: the log start of ``tp`` moves to ``offset`` (what retention does)."""
+    async with kafka_admin(settings) as admin:
+        await admin.delete_records({tp: RecordsToDelete(offset)}, timeout_ms=30_000)
