@@ -156,7 +156,7 @@ class Settings(BaseSettings):
 
     #: Tools declared here, plus those of the named built-in packs (see bridge.workers.packs).
     tools: list[ToolSpec] = Field(default_factory=list)
-    tool_packs: list[str] = Field(default_factory=lambda: ["conformance"])
+    tool_packs: list[str] = Field(default_factory=list)
     #: Non-terminal tasks one principal may have at once.
     max_active_tasks_per_principal: int = Field(100, ge=1)
     #: How long a client without the tasks extension waits for an optional-task tool's result.

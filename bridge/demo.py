@@ -366,8 +366,9 @@ class _Server:
         import uvicorn
 
         from bridge.server.app import create_app
+        from bridge.workers.inprocess import run_workers_in_process
 
-        self.app = create_app(settings, with_workers=True)
+        self.app = create_app(settings, companions=[run_workers_in_process])
         self.sock = sock
         config = uvicorn.Config(
             self.app,
@@ -400,7 +401,8 @@ class _Server:
                 await asyncio.sleep(0.2)  # poll interval of the bounded readiness wait
 
     async def stop(self) -> None:
-        hub = self.app.state.components.get("hub")
+        components = self.app.state.components
+        hub = components.hub if components is not None else None
         if hub is not None:
             hub.drain()  # open streams end now; their clients would resume elsewhere
         self.server.should_exit = True

@@ -120,6 +120,8 @@ def make_settings(bootstrap: str, prefix: str, **overrides: object) -> Settings:
         },
         "checkpoint_interval": 4,
         "max_event_bytes": 4096,
+        # Production offers no built-in tools by default; the tests opt in to the fixtures.
+        "tool_packs": ["conformance"],
     }
     values.update(overrides)
     return load_settings(**values)
@@ -147,6 +149,7 @@ async def topics(settings: Settings) -> Settings:
 # =============================================================================================
 
 import contextlib  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -174,6 +177,7 @@ def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
         BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(t.min_insync_replicas),
         BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
         BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
+        BRIDGE_TOOL_PACKS=json.dumps(settings.tool_packs),
         BRIDGE_LOG_LEVEL="INFO",
         PYTHONUNBUFFERED="1",
     )

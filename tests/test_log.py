@@ -20,7 +20,7 @@ from bridge.kafka.clients import admin_client, partition_for_key
 from bridge.kafka.topics import ensure_topics, topic_partition_ids
 from bridge.log.indexer import Indexer, load_index
 from bridge.log.publisher import TaskEventPublisher
-from bridge.log.reader import EventsGone, Reader, UnknownTask
+from bridge.log.reader import NotRetained, Reader, UnknownTask
 from bridge.log.verify import verify_index
 
 pytestmark = pytest.mark.kafka
@@ -211,7 +211,7 @@ async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries
         # checkpoints sit at seq 0, 4, 8: delete into the middle of an interval (seq 5 first kept)
         await _delete_before(settings, partition, offsets[5])
         assert await reader.earliest_seq(task) == 5
-        with pytest.raises(EventsGone) as gone:
+        with pytest.raises(NotRetained) as gone:
             await collect(reader, task, after=3)
         assert gone.value.earliest_seq == 5
         assert [s for s, _, _ in await collect(reader, task, after=4)] == list(range(5, 11))
@@ -222,7 +222,7 @@ async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries
         # everything of the task gone: earliest is its next seq
         await _delete_before(settings, partition, offsets[9] + 100 if False else offsets[9] + 3)
         assert await reader.earliest_seq(task) == 11
-        with pytest.raises(EventsGone) as gone:
+        with pytest.raises(NotRetained) as gone:
             await collect(reader, task, after=9)
         assert gone.value.earliest_seq == 11
         assert await collect(reader, task, after=10) == []
@@ -258,7 +258,7 @@ async def test_time_based_retention_moves_earliest_seq(kafka_bootstrap, topic_pr
                         0.5
                     )  # poll interval of a bounded wait on the broker's cleaner
             assert await reader.earliest_seq(task) == 5
-            with pytest.raises(EventsGone) as gone:
+            with pytest.raises(NotRetained) as gone:
                 await collect(reader, task, after=1)
             assert gone.value.earliest_seq == 5
 

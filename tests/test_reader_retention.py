@@ -16,7 +16,7 @@ from bridge.config import Settings
 from bridge.kafka.clients import admin_client
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher
-from bridge.log.reader import EventsGone, Reader
+from bridge.log.reader import NotRetained, Reader
 
 pytestmark = pytest.mark.kafka
 
@@ -90,7 +90,7 @@ async def test_a_cursor_overtaken_while_earliest_seq_is_computed_gets_events_gon
     async with reader_over(settings) as reader:
         await delete_before(settings, partition, offsets[1])
         delete_after_first_lookup(reader, lambda: delete_before(settings, partition, offsets[6]))
-        with pytest.raises(EventsGone) as gone:
+        with pytest.raises(NotRetained) as gone:
             async with asyncio.timeout(BOUND):
                 _ = [event async for event in reader.read(TASK, after=1)]
         assert gone.value.earliest_seq == 6

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
 from bridge.events import EventSuffix, TaskStatus
-from bridge.log.records import lifecycle_of
+from bridge.log.records import task_facts_of
 from bridge.log.seqindex import (
     IndexRecordError,
     MarkerRecord,
@@ -111,7 +111,7 @@ def test_marker_and_task_records_round_trip_and_bad_ones_are_refused():
 
 # --- records never change a task's identity ----------------------------------------------------
 #
-# Records go through the indexer's own path (lifecycle_of, then apply), so the strict parsing of
+# Records go through the indexer's own path (task_facts_of, then apply), so the strict parsing of
 # status values is checked together with the rule of the index.
 
 PREFIX = "io.mcpbridge"
@@ -121,7 +121,7 @@ ATTACKER = "b" * 32
 
 def _feed(idx: PartitionIndex, offset: int, suffix: str, payload: dict) -> int | None:
     event = TaskEvent(f"{PREFIX}.{suffix}", payload, None, 0)
-    created, status, identity = lifecycle_of(event, PREFIX)
+    created, status, identity = task_facts_of(event, PREFIX)
     return idx.apply("t", offset, created=created, status=status, identity=identity)
 
 

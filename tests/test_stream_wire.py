@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
-from bridge.server.streams import decode_cursor, encode_cursor, notification, renderer
-from bridge.server.wire import dumps
+from bridge.server.cursor import decode_cursor, encode_cursor
+from bridge.server.wire import dumps, notification, renderer
 
 texts = st.text(max_size=20)
 metas = st.none() | st.dictionaries(texts, st.integers() | texts, max_size=3)

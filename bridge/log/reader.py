@@ -9,7 +9,7 @@ Retention: ``earliestSeq`` is the seq of the task's first record at or after the
 log start offset. When the checkpoint below that point was deleted, the records from the log
 start to the next checkpoint (or the head) are counted and subtracted from that checkpoint's
 seq; when retention moves the log start during that count, it is redone from the new one. A
-cursor older than that raises :class:`EventsGone`; nothing is skipped silently.
+cursor older than that raises :class:`NotRetained`; nothing is skipped silently.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from bridge.log.indexer import Indexer
 from bridge.log.records import event_from_record
 from bridge.log.seqindex import TaskEntry
 
-__all__ = ["EventsGone", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
+__all__ = ["NotRetained", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
 
 #: Counts of a task's records from the log start before an OffsetOutOfRangeError is let
 #: through: retention would have to move the log start this many times during one count.
@@ -47,7 +47,7 @@ class UnknownTask(LookupError):
         self.task_id = task_id
 
 
-class EventsGone(Exception):
+class NotRetained(Exception):
     """The cursor is older than what retention kept; ``earliest_seq`` is the oldest retained."""
 
     def __init__(self, task_id: str, earliest_seq: int) -> None:
@@ -327,7 +327,7 @@ class Reader(Component):
     async def read(self, task_id: str, after: int | None = None) -> AsyncIterator[ReadEvent]:
         """Retained events with seq > ``after`` (all retained when None), up to the indexed head.
 
-        Raises :class:`EventsGone` when ``after + 1`` is older than the earliest retained seq,
+        Raises :class:`NotRetained` when ``after + 1`` is older than the earliest retained seq,
         :class:`UnknownTask` and :class:`SeqUntrusted` as named.
         """
         async for batch in self.read_batches(task_id, after):
@@ -355,7 +355,7 @@ class Reader(Component):
             if offset < log_start:
                 earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)
                 if after is not None and target < earliest:
-                    raise EventsGone(task_id, earliest)
+                    raise NotRetained(task_id, earliest)
                 if earliest_offset is None:
                     return
                 seq, offset, target = earliest, earliest_offset, max(target, earliest)

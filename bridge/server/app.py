@@ -1,8 +1,9 @@
 """The ASGI application: routes, and the lifespan that owns the Kafka-side components.
 
-Start order: indexer (restores the seq index, then tails; the index writer if configured) →
-reader → task service → (optionally) in-process workers → HTTP. ``/healthz`` answers while the
-process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
+Start order (:func:`start_components`): indexer (restores the seq index, then tails; the index
+writer if configured) → reader → the fan-out of live events → task service → stream hub → the
+MCP endpoint → companions (in-process workers, when asked) → catch-up. ``/healthz`` answers while
+the process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
 the log as it was at start (readiness), so a replica never serves a stale view.
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -20,88 +21,106 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bridge.component import cancel_and_wait
 from bridge.config import Settings, ToolSpec
+from bridge.log.fanout import Fanout
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator
-from bridge.server.mcp import McpEndpoint
+from bridge.server.handlers import MethodHandlers
+from bridge.server.http import McpHttp
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
+from bridge.tasks.tools import tool_catalog
 
-__all__ = ["create_app", "tool_catalog"]
+__all__ = ["Companion", "Components", "create_app", "start_components", "tool_catalog"]
 
 log = logging.getLogger(__name__)
 
-
-def tool_catalog(settings: Settings) -> list[ToolSpec]:
-    """The tools of the configured packs, then those declared in the settings."""
-    from bridge.workers.packs import pack_tools
-
-    tools: dict[str, ToolSpec] = {}
-    for tool in [*pack_tools(settings.tool_packs), *settings.tools]:
-        tools[tool.name] = tool
-    return list(tools.values())
+#: Something that runs beside the server in its process (the in-process workers), started
+#: after the server's components and stopped before them through the exit stack.
+Companion = Callable[[Settings, contextlib.AsyncExitStack], Awaitable[None]]
 
 
-def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
-    """Build the bridge's ASGI app; ``with_workers`` also runs the packs' workers in-process."""
-    auth = Authenticator(settings.auth)
+@dataclass(frozen=True)
+class Components:
+    """What a running bridge is made of (one per process)."""
+
+    settings: Settings
+    metrics: Metrics
+    indexer: Indexer
+    reader: Reader
+    service: TaskService
+    hub: StreamHub
+    endpoint: McpHttp
+
+
+async def start_components(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    *,
+    metrics: Metrics,
+    companions: Sequence[Companion] = (),
+) -> Components:
+    """Start everything the server needs, registering each stop on ``stack``; returns once
+    the indexer has caught up with the log (bounded), so the replica is ready."""
     tools = tool_catalog(settings)
-    retention = settings.topics.retention_ms
-    for tool in tools:
-        if retention > 0 and (tool.ttl_ms is None or tool.ttl_ms >= retention):
-            log.warning(
-                "tool %s: ttl_ms %s is not below the events topic's retention.ms %d; a task could "
-                "outlive its task.created event, after which replicas may disagree on it",
-                tool.name,
-                tool.ttl_ms,
-                retention,
-            )
-    state: dict[str, object] = {"ready": False}
-    holder: dict[str, Any] = {}
+    _warn_ttl_beyond_retention(settings, tools)
+    auth = Authenticator(settings.auth)
+    indexer = Indexer(settings, persist=settings.index_writer)
+    await indexer.start()
+    stack.push_async_callback(indexer.stop)
+    reader = Reader(settings, indexer)
+    stack.push_async_callback(reader.close)
+    fanout = Fanout(indexer, on_overflow=metrics.slow_fallbacks.inc)
+    service = TaskService(settings, indexer, reader, {t.name: t for t in tools}, fanout)
+    await service.start()
+    stack.push_async_callback(service.stop)
+    metrics.attach(indexer)
+    hub = StreamHub(settings, indexer, reader, fanout, metrics)
+    handlers = MethodHandlers(settings, service, tools, hub)
+    endpoint = McpHttp(settings, auth, handlers, metrics, on_cancelled=hub.cancel)
+    for companion in companions:
+        await companion(settings, stack)
+    async with asyncio.timeout(300):
+        await indexer.catch_up()
+    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
+    stack.push_async_callback(cancel_and_wait, refresher)
+    log.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
+    return Components(settings, metrics, indexer, reader, service, hub, endpoint)
+
+
+def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> Starlette:
+    """The bridge's ASGI app; ``app.state.components`` is set while it runs (None before)."""
     metrics = Metrics()
-    holder["metrics"] = metrics
+    Authenticator(settings.auth)  # refuse bad auth settings now, not at the first request
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            indexer = Indexer(settings, persist=settings.index_writer)
-            await indexer.start()
-            stack.push_async_callback(indexer.stop)
-            holder["indexer"] = indexer
-            reader = Reader(settings, indexer)
-            stack.push_async_callback(reader.close)
-            service = TaskService(settings, indexer, reader, {t.name: t for t in tools})
-            await service.start()
-            stack.push_async_callback(service.stop)
-            metrics.attach(indexer)
-            hub = StreamHub(settings, indexer, reader, metrics)
-            holder["hub"] = hub
-            holder["mcp"] = McpEndpoint(settings, service, tools, auth, hub)
-            if with_workers:
-                await _start_workers(settings, stack)
-            async with asyncio.timeout(300):
-                await indexer.catch_up()
-            refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
-            stack.push_async_callback(_cancel, refresher)
-            state["ready"] = True
-            log.info(
-                "bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers
+            app.state.components = await start_components(
+                settings, stack, metrics=metrics, companions=companions
             )
             try:
                 yield
             finally:
-                state["ready"] = False
+                app.state.components = None
+
+    def running(request: Request) -> Components:
+        components: Components | None = request.app.state.components
+        if components is None:
+            raise RuntimeError("the bridge's components are not started")
+        return components
 
     async def mcp_post(request: Request) -> Response:
-        return await holder["mcp"].post(request)  # type: ignore[no-any-return]
+        return await running(request).endpoint.post(request)
 
     async def mcp_get(request: Request) -> Response:
-        return await holder["mcp"].get(request)  # type: ignore[no-any-return]
+        return await running(request).endpoint.get(request)
 
     async def mcp_delete(request: Request) -> Response:
-        return await holder["mcp"].not_allowed(request)  # type: ignore[no-any-return]
+        return await running(request).endpoint.not_allowed(request)
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -110,7 +129,7 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
         # Operations drills (pausing the indexer to watch the lag alerts fire); off by default.
         if not settings.admin_endpoints:
             return JSONResponse({"error": "admin endpoints are disabled"}, 404)
-        indexer = holder["indexer"]
+        indexer = running(request).indexer
         action = request.path_params["action"]
         if action == "pause":
             indexer.pause()
@@ -124,7 +143,7 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> JSONResponse:
-        ready = bool(state["ready"])
+        ready = request.app.state.components is not None
         return JSONResponse({"status": "ready" if ready else "starting"}, 200 if ready else 503)
 
     app = Starlette(
@@ -139,14 +158,21 @@ def create_app(settings: Settings, *, with_workers: bool = False) -> Starlette:
         ],
         lifespan=lifespan,
     )
-    app.state.components = holder
+    app.state.components = None
     return app
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> None:
+    retention = settings.topics.retention_ms
+    for tool in tools:
+        if retention > 0 and (tool.ttl_ms is None or tool.ttl_ms >= retention):
+            log.warning(
+                "tool %s: ttl_ms %s is not below the events topic's retention.ms %d; a task could "
+                "outlive its task.created event, after which replicas may disagree on it",
+                tool.name,
+                tool.ttl_ms,
+                retention,
+            )
 
 
 async def _refresh_gauges(
@@ -158,20 +184,3 @@ async def _refresh_gauges(
         except Exception:
             log.exception("could not refresh the Kafka gauges")
         await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation
-
-
-async def _start_workers(settings: Settings, stack: contextlib.AsyncExitStack) -> None:
-    from bridge.workers.packs import pack_handlers
-    from bridge.workers.sdk import Worker
-
-    worker = Worker(settings, pack_handlers(settings.tool_packs))
-    await worker.start()
-    stack.push_async_callback(worker.stop)
-    runner = asyncio.create_task(worker.run(), name="in-process-workers")
-
-    async def stop_runner() -> None:
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner
-
-    stack.push_async_callback(stop_runner)

@@ -1,12 +1,12 @@
 """tasks/stream (SEP-2694): resumable, gap-free task event streams served from Kafka.
 
-The :class:`StreamHub` is one listener on the process's indexer, whose tail is the only Kafka
-reader of live events: every indexed event is offered to the streams of its task through a
-bounded queue, never blocking the tail. A stream first registers for live events, then reads
-history through the :class:`~bridge.log.reader.Reader` (checkpoint seek), then drains its
-queue; it delivers exactly ``last + 1`` each time, so nothing is skipped or repeated across the
-hand-off. A stream whose queue overflows (its client reads slowly) drops back to catch-up
-reads from Kafka until it is level again; no event is lost for anyone.
+The :class:`StreamHub` serves each stream from a subscription to the process's fan-out of live
+events (:mod:`bridge.log.fanout`, one Kafka tail for every stream): a stream first subscribes,
+then reads history through the :class:`~bridge.log.reader.Reader` (checkpoint seek), then takes
+what its bounded buffer collected. One rule (:func:`take_next`) delivers exactly ``last + 1``
+each time, so nothing is skipped or repeated across the hand-off. A stream whose buffer
+overflows (its client reads slowly) drops back to catch-up reads from Kafka until it is level
+again; no event is lost for anyone.
 
 A stream ends with the empty result once the task's terminal status event (the first one, as
 the index folds it) has been delivered. Closing the HTTP stream ends only the stream; the task
@@ -18,147 +18,31 @@ cancels the request (``notifications/cancelled``) or the process drains.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import enum
 import functools
 import logging
 import time
-from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
-from bridge.events import TaskEventTypes
-from bridge.log.indexer import IndexedEvent, Indexer
-from bridge.log.reader import EventsGone, Reader, SeqUntrusted
+from bridge.log.fanout import Fanout, Subscription
+from bridge.log.indexer import Indexer
+from bridge.log.reader import NotRetained, Reader, SeqUntrusted
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.wire import (
-    EVENTS_GONE,
     INTERNAL_ERROR,
-    INVALID_PARAMS,
-    RELATED_TASK_META,
     RpcError,
-    dumps,
+    cursor_ahead_error,
+    events_gone_error,
+    seq_untrusted_error,
 )
 
-__all__ = [
-    "Step",
-    "StreamHub",
-    "cursor_ahead_error",
-    "cursor_prefix",
-    "decode_cursor",
-    "encode_cursor",
-    "events_gone_error",
-    "notification",
-    "renderer",
-    "take_next",
-]
+__all__ = ["Step", "StreamHub", "take_next"]
 
 log = logging.getLogger(__name__)
-
-_CURSOR_PREFIX = "v1."
-
-
-def cursor_prefix(request_id: str | int, task_id: str) -> str:
-    """The part of a stream's cursors that names the request and the task (one per stream)."""
-    raw = f"{type(request_id).__name__[0]}{request_id}\x00{task_id}".encode()
-    return _CURSOR_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=") + "."
-
-
-def encode_cursor(request_id: str | int, task_id: str, seq: int) -> str:
-    """The SSE ``id`` of an event: opaque to clients, it names the request, task and seq."""
-    return f"{cursor_prefix(request_id, task_id)}{seq}"
-
-
-def decode_cursor(cursor: str) -> tuple[str | int, str, int]:
-    """``(request id, task id, seq)``; ValueError for anything that is not our cursor."""
-    if not cursor.startswith(_CURSOR_PREFIX):
-        raise ValueError("not a stream cursor")
-    body, _, seq_text = cursor[len(_CURSOR_PREFIX) :].rpartition(".")
-    try:
-        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
-        rid, task_id = raw.split("\x00")
-        if not seq_text.isdigit():
-            raise ValueError(seq_text)
-        seq = int(seq_text)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise ValueError("not a stream cursor") from None
-    if not task_id or not rid or rid[0] not in "is":
-        raise ValueError("not a stream cursor")
-    request_id: str | int = int(rid[1:]) if rid[0] == "i" else rid[1:]
-    return request_id, task_id, seq
-
-
-def cursor_ahead_error(task_id: str, next_seq: int) -> RpcError:
-    return RpcError(
-        INVALID_PARAMS,
-        f"after names a seq this task never had (its next seq is {next_seq})",
-        {"reason": "cursor_ahead", "taskId": task_id, "nextSeq": next_seq},
-    )
-
-
-def seq_untrusted_error(exc: SeqUntrusted) -> RpcError:
-    return RpcError(INVALID_PARAMS, str(exc), {"reason": "seq_untrusted", "taskId": exc.task_id})
-
-
-def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200) -> RpcError:
-    return RpcError(
-        EVENTS_GONE,
-        "Task events are no longer available",
-        {"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest_seq},
-        http_status=http_status,
-    )
-
-
-class _Subscription:
-    """One stream's place in the fan-out: a bounded buffer the tail appends to, never waiting."""
-
-    __slots__ = ("buffer", "closed", "limit", "overflowed", "partition", "task_id", "waiter")
-
-    def __init__(self, task_id: str, partition: int, limit: int) -> None:
-        self.task_id = task_id
-        self.partition = partition
-        self.limit = limit
-        self.buffer: deque[IndexedEvent] = deque()
-        self.overflowed = False
-        self.closed = False  # the process is draining
-        self.waiter: asyncio.Future[None] | None = None
-
-    def offer(self, indexed: IndexedEvent) -> bool:
-        """Buffer a live event; False (and overflowed) when the stream is too far behind."""
-        if len(self.buffer) >= self.limit:
-            self.overflowed = True
-            self.buffer.clear()
-        else:
-            self.buffer.append(indexed)
-        self._wake()
-        return not self.overflowed
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def wait(self, idle_s: float) -> bool:
-        """Wait up to ``idle_s`` seconds for something to do; False when idle that long."""
-        if self.buffer or self.overflowed or self.closed:
-            return True
-        self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(idle_s):
-                await self.waiter
-        except TimeoutError:
-            return False
-        finally:
-            self.waiter = None
-        return True
-
 
 Batch = list[tuple[int, TaskEvent]]
 
@@ -220,14 +104,19 @@ class StreamHub:
     """Fans the indexer's live events out to the active streams of this process."""
 
     def __init__(
-        self, settings: Settings, indexer: Indexer, reader: Reader, metrics: Metrics
+        self,
+        settings: Settings,
+        indexer: Indexer,
+        reader: Reader,
+        fanout: Fanout,
+        metrics: Metrics,
     ) -> None:
         self.settings = settings
         self.indexer = indexer
         self.reader = reader
+        self.fanout = fanout
         self.metrics = metrics
         self.draining = asyncio.Event()
-        self._subs: dict[str, set[_Subscription]] = defaultdict(set)
         self.admission = Admission(
             Limits(
                 streams_per_client=settings.max_streams_per_principal,
@@ -236,24 +125,15 @@ class StreamHub:
             )
         )
         self._status_type = settings.own_types.status
-        indexer.add_listener(self._on_event)
 
     def drain(self) -> None:
         """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
         self.draining.set()
-        for subs in self._subs.values():
-            for sub in subs:
-                sub.close()
+        self.fanout.close_all()
 
     @property
     def active_streams(self) -> int:
         return self.admission.active
-
-    def _on_event(self, indexed: IndexedEvent) -> None:
-        for sub in self._subs.get(indexed.task_id, ()):
-            if not sub.overflowed and not sub.offer(indexed):
-                # The stream re-reads from Kafka; the tail never waits for a slow client.
-                self.metrics.slow_fallbacks.inc()
 
     # --- admission -----------------------------------------------------------------------
 
@@ -268,6 +148,10 @@ class StreamHub:
         if not ticket.released:
             self.metrics.streams_active.dec()
         self.admission.release(ticket)
+
+    def count_gone(self) -> None:
+        """A stream refused with events_gone before it started."""
+        self.metrics.stream_opens.labels("gone").inc()
 
     def cancel(self, client: str, request_id: str | int) -> int:
         """``notifications/cancelled``: end the client's streams of that request id."""
@@ -294,7 +178,7 @@ class StreamHub:
                     raise cursor_ahead_error(task_id, head)
             earliest = await self.reader.earliest_seq(task_id)
         except SeqUntrusted as exc:
-            raise seq_untrusted_error(exc) from None
+            raise seq_untrusted_error(exc.task_id, str(exc)) from None
         if after + 1 < earliest:
             raise events_gone_error(task_id, earliest)
 
@@ -318,17 +202,10 @@ class StreamHub:
         task_id = ticket.task_id
         self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
         partition = self.indexer.partition_of(task_id)
-        sub = _Subscription(task_id, partition, self.settings.stream_queue_size)
-        ticket.on_cancel.append(sub.close)
-        self._subs[task_id].add(sub)
-        try:
-            async for item in self._run(sub, task_id, after):
+        with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
+            ticket.on_cancel.append(sub.close)
+            async for item in self._run(sub, partition, after):
                 yield item
-        finally:
-            subs = self._subs[task_id]
-            subs.discard(sub)
-            if not subs:
-                del self._subs[task_id]
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
@@ -337,8 +214,9 @@ class StreamHub:
         return found[1].status_offset
 
     async def _run(
-        self, sub: _Subscription, task_id: str, after: int | None
+        self, sub: Subscription, partition: int, after: int | None
     ) -> AsyncIterator[Batch | None]:
+        task_id = sub.task_id
         last = -1 if after is None else after
         any_first = after is None  # without a cursor the earliest retained seq comes first
         keepalive = self.settings.stream_keepalive_s
@@ -347,8 +225,7 @@ class StreamHub:
             if sub.closed or self.draining.is_set():
                 return
             # Catch up from Kafka: history, or what the buffer dropped while the client was slow.
-            sub.overflowed = False
-            sub.buffer.clear()
+            sub.reset()
             self.metrics.catchup_reads.inc()
             # Terminal before the read: the read reaches the head, past the terminal event (or
             # that event is gone with retention), so nothing can follow it live.
@@ -366,21 +243,21 @@ class StreamHub:
                             {"taskId": task_id},
                         )
                     if batch:
-                        self._delivered(sub, batch, live=False)
+                        self._delivered(task_id, partition, batch, live=False)
                         yield batch
                     if step is Step.ENDED:
                         return
-            except EventsGone as exc:
+            except NotRetained as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:
-                raise seq_untrusted_error(exc) from None
+                raise seq_untrusted_error(exc.task_id, str(exc)) from None
             if any_first:
                 # Nothing retained: the next event is the task's earliest retained seq (its
                 # head when everything is gone), whatever arrives live from here.
                 try:
                     last = await self.reader.earliest_seq(task_id) - 1
                 except SeqUntrusted as exc:
-                    raise seq_untrusted_error(exc) from None
+                    raise seq_untrusted_error(exc.task_id, str(exc)) from None
                 any_first = False
             if terminal_before:
                 return  # a finished task: everything retained after the cursor was replayed
@@ -393,22 +270,20 @@ class StreamHub:
                     return
                 if sub.overflowed:
                     break  # fell behind: catch up from Kafka
-                pending = list(sub.buffer)
-                sub.buffer.clear()
-                batch, last, step = take_next(pending, last, ends, any_first=False)
+                batch, last, step = take_next(sub.take(), last, ends)
                 if batch:
-                    self._delivered(sub, batch, live=True)
+                    self._delivered(task_id, partition, batch, live=True)
                     yield batch
                 if step is Step.ENDED:
                     return
                 if step is Step.GAP:
                     break  # something is missing from the buffer: re-read from Kafka
 
-    def _delivered(self, sub: _Subscription, batch: Batch, *, live: bool) -> None:
+    def _delivered(self, task_id: str, partition: int, batch: Batch, *, live: bool) -> None:
         """Count a batch about to be written: one backlog and one latency sample per write."""
         m = self.metrics
         m.events_delivered.inc(len(batch))
-        head = self.indexer.partitions[sub.partition].next_seq_of(sub.task_id)
+        head = self.indexer.partitions[partition].next_seq_of(task_id)
         if head is not None:
             m.backlog.observe(max(0, head - 1 - batch[-1][0]))
         if live:  # the oldest event of the batch waited longest
@@ -416,53 +291,3 @@ class StreamHub:
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset
-
-
-# --- wire ----------------------------------------------------------------------------------
-
-
-def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
-    """A function rendering one notification as single-line JSON, for one stream.
-
-    The same JSON as ``dumps(notification(...))``; the parts fixed for the stream (the task id,
-    the related-task ``_meta``) are serialised once instead of for every event. An event whose
-    content cannot be written as JSON (the decoder refuses such records, so this is the last
-    line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder with its seq:
-    one record can never fail a stream.
-    """
-    head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
-    task_json = dumps(task_id)
-    related = {"taskId": task_id}
-    plain_meta = dumps({RELATED_TASK_META: related})
-    placeholder = dumps(TaskEventTypes.of(prefix).undecodable)
-    unencodable = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
-
-    def render(seq: int, event: TaskEvent) -> str:
-        try:
-            meta = (
-                plain_meta if not event.meta else dumps({**event.meta, RELATED_TASK_META: related})
-            )
-            type_, payload = dumps(event.type), dumps(event.payload)
-        except (ValueError, TypeError, RecursionError):
-            log.warning("task %s seq %d: unencodable content sent as a placeholder", task_id, seq)
-            meta, type_, payload = plain_meta, placeholder, unencodable
-        return f'{head}{seq},"taskId":{task_json},"type":{type_},"payload":{payload},"_meta":{meta}}}}}'
-
-    return render
-
-
-def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
-    """One ``notifications/tasks/event`` message (what :func:`renderer` writes, as a dict)."""
-    meta = dict(event.meta or {})
-    meta[RELATED_TASK_META] = {"taskId": task_id}
-    return {
-        "jsonrpc": "2.0",
-        "method": "notifications/tasks/event",
-        "params": {
-            "seq": seq,
-            "taskId": task_id,
-            "type": event.type,
-            "payload": event.payload,
-            "_meta": meta,
-        },
-    }

@@ -1,14 +1,20 @@
 """The wire: JSON-RPC 2.0 and MCP shapes, error codes, and the one error type the server raises.
 
-Only this module knows JSON-RPC message shapes. Handlers raise :class:`RpcError` (or domain
-exceptions that :func:`bridge.server.mcp` maps once at the boundary); pydantic validation
-errors become -32602 without library text on the wire.
+Only this module knows JSON-RPC message shapes: requests and their params, responses, the
+errors tasks/stream answers with, and the ``notifications/tasks/event`` message (rendered fast,
+:func:`renderer`). Handlers raise :class:`RpcError` (or domain exceptions that
+:mod:`bridge.server.handlers` maps once at the boundary); pydantic validation errors become
+-32602 without library text on the wire. The error codes themselves live in
+:mod:`bridge.events`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import (
@@ -21,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from bridge.envelope import TaskEvent
 from bridge.events import (
     EVENTS_GONE,
     HEADER_MISMATCH,
@@ -31,6 +38,7 @@ from bridge.events import (
     MISSING_CAPABILITY,
     PARSE_ERROR,
     UNSUPPORTED_VERSION,
+    TaskEventTypes,
 )
 
 __all__ = [
@@ -53,6 +61,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TASKS_EXTENSION",
     "UNSUPPORTED_VERSION",
+    "Frame",
     "InitializeParams",
     "JsonRpcRequest",
     "RpcError",
@@ -60,13 +69,20 @@ __all__ = [
     "TasksStreamParams",
     "TasksUpdateParams",
     "ToolsCallParams",
+    "cursor_ahead_error",
     "dumps",
     "error_response",
+    "events_gone_error",
     "has_capability",
     "missing_capability",
+    "notification",
+    "renderer",
     "result_response",
+    "seq_untrusted_error",
     "tasks_capability",
 ]
+
+log = logging.getLogger(__name__)
 
 LATEST_VERSION = "2026-07-28"
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
@@ -115,6 +131,18 @@ class JsonRpcRequest(BaseModel):
     id: StrictStr | StrictInt | None = None
     method: StrictStr
     params: dict[str, Any] | None = None
+
+
+@dataclass
+class Frame:
+    """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive.
+
+    ``data`` is the message already rendered as one line of JSON (the hot path), if given.
+    """
+
+    message: dict[str, Any] | None
+    event_id: str | None = None
+    data: str | None = None
 
 
 def result_response(request_id: str | int | None, result: dict[str, Any]) -> dict[str, Any]:
@@ -211,3 +239,77 @@ def has_capability(client_caps: dict[str, Any], required: dict[str, Any]) -> boo
         if any(not isinstance(declared.get(ext), dict) for ext in wanted):
             return False
     return True
+
+
+# --- tasks/stream errors --------------------------------------------------------------------
+
+
+def cursor_ahead_error(task_id: str, next_seq: int) -> RpcError:
+    return RpcError(
+        INVALID_PARAMS,
+        f"after names a seq this task never had (its next seq is {next_seq})",
+        {"reason": "cursor_ahead", "taskId": task_id, "nextSeq": next_seq},
+    )
+
+
+def seq_untrusted_error(task_id: str, message: str) -> RpcError:
+    return RpcError(INVALID_PARAMS, message, {"reason": "seq_untrusted", "taskId": task_id})
+
+
+def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200) -> RpcError:
+    return RpcError(
+        EVENTS_GONE,
+        "Task events are no longer available",
+        {"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest_seq},
+        http_status=http_status,
+    )
+
+
+# --- notifications/tasks/event -----------------------------------------------------------
+
+
+def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
+    """A function rendering one notification as single-line JSON, for one stream.
+
+    The same JSON as ``dumps(notification(...))``; the parts fixed for the stream (the task id,
+    the related-task ``_meta``) are serialised once instead of for every event. An event whose
+    content cannot be written as JSON (the decoder refuses such records, so this is the last
+    line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder with its seq:
+    one record can never fail a stream.
+    """
+    head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+    task_json = dumps(task_id)
+    related = {"taskId": task_id}
+    plain_meta = dumps({RELATED_TASK_META: related})
+    placeholder = dumps(TaskEventTypes.of(prefix).undecodable)
+    unencodable = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
+
+    def render(seq: int, event: TaskEvent) -> str:
+        try:
+            meta = (
+                plain_meta if not event.meta else dumps({**event.meta, RELATED_TASK_META: related})
+            )
+            type_, payload = dumps(event.type), dumps(event.payload)
+        except (ValueError, TypeError, RecursionError):
+            log.warning("task %s seq %d: unencodable content sent as a placeholder", task_id, seq)
+            meta, type_, payload = plain_meta, placeholder, unencodable
+        return f'{head}{seq},"taskId":{task_json},"type":{type_},"payload":{payload},"_meta":{meta}}}}}'
+
+    return render
+
+
+def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
+    """One ``notifications/tasks/event`` message (what :func:`renderer` writes, as a dict)."""
+    meta = dict(event.meta or {})
+    meta[RELATED_TASK_META] = {"taskId": task_id}
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/tasks/event",
+        "params": {
+            "seq": seq,
+            "taskId": task_id,
+            "type": event.type,
+            "payload": event.payload,
+            "_meta": meta,
+        },
+    }

@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from bridge.events import (
     TaskStatus,
 )
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: How long a replica that does not know a task id catches up before saying "not found".
 _CATCH_UP_S = 5.0
 _WRITE_VISIBLE_S = 30.0
+#: Events a waiting call buffers before it falls back to re-reading the task's state.
+_WATCH_BUFFER = 256
 
 
 class TaskNotFound(LookupError):
@@ -148,18 +150,24 @@ class TaskService:
     """Creates tasks and answers the tasks/* operations from the log."""
 
     def __init__(
-        self, settings: Settings, indexer: Indexer, reader: Reader, tools: dict[str, ToolSpec]
+        self,
+        settings: Settings,
+        indexer: Indexer,
+        reader: Reader,
+        tools: dict[str, ToolSpec],
+        fanout: Fanout | None = None,
     ) -> None:
         self.settings = settings
         self.indexer = indexer
         self.reader = reader
+        #: Events of one task from now on (shared with the stream hub when the app builds both).
+        self.fanout = fanout or Fanout(indexer)
         self.tools = tools
         self.publisher = TaskEventPublisher(settings)
         self._producer: AIOKafkaProducer | None = None
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._owners = _Owners()
-        self._watchers: dict[str, list[asyncio.Queue[IndexedEvent]]] = defaultdict(list)
         indexer.add_listener(self._on_event)
 
     async def start(self) -> None:
@@ -176,8 +184,6 @@ class TaskService:
     # --- the indexer's view, kept current -------------------------------------------------
 
     def _on_event(self, indexed: IndexedEvent) -> None:
-        for queue in self._watchers.get(indexed.task_id, ()):
-            queue.put_nowait(indexed)
         event_type = indexed.event.type
         if event_type == self._types.created and indexed.seq == 0:
             self._track_owner(indexed.task_id)
@@ -198,18 +204,13 @@ class TaskService:
 
     # --- create --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def watch(self, task_id: str) -> Iterator[asyncio.Queue[IndexedEvent]]:
-        """Every event of ``task_id`` indexed from now on, in seq order, while in the block."""
-        queue: asyncio.Queue[IndexedEvent] = asyncio.Queue()
-        self._watchers[task_id].append(queue)
-        try:
-            yield queue
-        finally:
-            watchers = self._watchers[task_id]
-            watchers.remove(queue)
-            if not watchers:
-                del self._watchers[task_id]
+    def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]:
+        """Events of ``task_id`` indexed from now on, in a bounded buffer, while in the block.
+
+        On overflow the subscription says so and drops what it held: re-read the task's state
+        (:meth:`get`) rather than rely on every event.
+        """
+        return self.fanout.subscribe(task_id, _WATCH_BUFFER)
 
     async def create(
         self,
@@ -336,13 +337,19 @@ class TaskService:
 
     async def wait_until(self, task_id: str, principal: str, statuses: frozenset[str]) -> TaskView:
         """Wait until the task's status is one of ``statuses`` (the caller bounds the wait)."""
-        with self.watch(task_id) as events:
+        with self.watch(task_id) as sub:
             view = await self.get(task_id, principal)
             while view.status not in statuses:
-                event = await events.get()
-                if event.event.type == self._types.status:
+                await sub.wait()
+                if self.status_changed(sub):
                     view = await self.get(task_id, principal)
             return view
+
+    def status_changed(self, sub: Subscription) -> bool:
+        """Take what ``sub`` buffered: True when a status event (or an overflow) was among it."""
+        changed = sub.overflowed or any(e.event.type == self._types.status for e in sub.take())
+        sub.reset()
+        return changed
 
     async def wait_terminal(self, task_id: str, principal: str) -> TaskView:
         """Wait until the task is completed, failed or cancelled (the caller bounds it)."""

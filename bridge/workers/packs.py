@@ -20,7 +20,7 @@ from typing import Any
 
 from bridge.config import ToolSpec
 from bridge.events import INTERNAL_ERROR
-from bridge.workers.sdk import Handler, JobContext, JobError
+from bridge.workers.sdk import JobHandler, JobContext, JobError
 
 __all__ = ["PACKS", "UnknownPack", "pack_handlers", "pack_tools"]
 
@@ -278,7 +278,7 @@ def _spec(name: str, description: str, **fields: Any) -> ToolSpec:
     return ToolSpec(name=name, description=description, **fields)
 
 
-_CONFORMANCE: list[tuple[ToolSpec, Handler]] = [
+_CONFORMANCE: list[tuple[ToolSpec, JobHandler]] = [
     (_spec("test_simple_text", "Returns a simple text response."), simple_text),
     (_spec("test_image_content", "Returns a 1x1 PNG image."), image_content),
     (_spec("test_audio_content", "Returns a short WAV audio clip."), audio_content),
@@ -478,7 +478,7 @@ async def agent_run(ctx: JobContext) -> dict[str, Any]:
     )
 
 
-_DEMO: list[tuple[ToolSpec, Handler]] = [
+_DEMO: list[tuple[ToolSpec, JobHandler]] = [
     (
         ToolSpec(
             name="agent_run",
@@ -500,11 +500,11 @@ _DEMO: list[tuple[ToolSpec, Handler]] = [
 
 
 #: The built-in packs, each a list of (spec, handler) in listing order.
-PACKS: dict[str, list[tuple[ToolSpec, Handler]]] = {"conformance": _CONFORMANCE, "demo": _DEMO}
+PACKS: dict[str, list[tuple[ToolSpec, JobHandler]]] = {"conformance": _CONFORMANCE, "demo": _DEMO}
 
 
-def _selected(names: Iterable[str]) -> list[tuple[ToolSpec, Handler]]:
-    chosen: list[tuple[ToolSpec, Handler]] = []
+def _selected(names: Iterable[str]) -> list[tuple[ToolSpec, JobHandler]]:
+    chosen: list[tuple[ToolSpec, JobHandler]] = []
     seen: set[str] = set()
     for name in dict.fromkeys(names):  # each pack once, in the order given
         pack = PACKS.get(name)
@@ -523,6 +523,6 @@ def pack_tools(names: Iterable[str]) -> list[ToolSpec]:
     return [spec.model_copy(deep=True) for spec, _ in _selected(names)]
 
 
-def pack_handlers(names: Iterable[str]) -> dict[str, Handler]:
+def pack_handlers(names: Iterable[str]) -> dict[str, JobHandler]:
     """The handlers of the named packs by tool name."""
     return {spec.name: handler for spec, handler in _selected(names)}

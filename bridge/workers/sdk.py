@@ -44,7 +44,7 @@ from bridge.kafka.topics import topic_partition_ids
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest
 
-__all__ = ["Handler", "JobContext", "JobError", "Worker"]
+__all__ = ["JobHandler", "JobContext", "JobError", "Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class JobContext:
         return {k: self._control.answers[k] for k in requests}
 
 
-Handler = Callable[[JobContext], Coroutine[Any, Any, dict[str, Any]]]
+JobHandler = Callable[[JobContext], Coroutine[Any, Any, dict[str, Any]]]
 
 
 class Worker(Component):
@@ -165,7 +165,7 @@ class Worker(Component):
     def __init__(
         self,
         settings: Settings,
-        handlers: dict[str, Handler],
+        handlers: dict[str, JobHandler],
         *,
         group_id: str | None = None,
         concurrency: int = 32,
@@ -465,7 +465,7 @@ class Worker(Component):
             delay = min(delay * 2, 30.0)
 
     async def _outcome(
-        self, handler: Handler, ctx: JobContext, control: _TaskControl
+        self, handler: JobHandler, ctx: JobContext, control: _TaskControl
     ) -> StatusPayload:
         run = asyncio.create_task(handler(ctx))
         self._running[ctx.task_id] = (run, ctx)

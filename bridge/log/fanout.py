@@ -1,0 +1,114 @@
+"""Events of one task from now on: the indexer's live events fanned out to bounded buffers.
+
+One :class:`Fanout` listens on the process's indexer (whose tail is the only Kafka reader of live
+events) and offers every indexed event to the subscriptions of its task, never waiting: a
+:class:`Subscription` is a bounded buffer that, when it overflows, drops what it holds and says
+so (``overflowed``). Its owner then re-reads from Kafka (a stream) or re-reads the task's state
+(a call waiting for a status): no reader is ever slowed by a slow consumer, and nothing is
+lost, because the log still has it.
+
+The stream hub and the task service both subscribe here; this module knows nothing of either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+
+from bridge.log.indexer import IndexedEvent, Indexer
+
+__all__ = ["Fanout", "Subscription"]
+
+
+class Subscription:
+    """One subscriber's place in the fan-out: a bounded buffer the tail appends to."""
+
+    __slots__ = ("buffer", "closed", "limit", "overflowed", "task_id", "waiter")
+
+    def __init__(self, task_id: str, limit: int) -> None:
+        self.task_id = task_id
+        self.limit = limit
+        self.buffer: deque[IndexedEvent] = deque()
+        self.overflowed = False
+        self.closed = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def offer(self, indexed: IndexedEvent) -> bool:
+        """Buffer a live event; False (and overflowed) when the subscriber is too far behind."""
+        if len(self.buffer) >= self.limit:
+            self.overflowed = True
+            self.buffer.clear()
+        else:
+            self.buffer.append(indexed)
+        self._wake()
+        return not self.overflowed
+
+    def take(self) -> list[IndexedEvent]:
+        """Everything buffered, oldest first; the buffer is empty afterwards."""
+        taken = list(self.buffer)
+        self.buffer.clear()
+        return taken
+
+    def reset(self) -> None:
+        """Forget the buffer and the overflow (the owner is about to re-read from Kafka)."""
+        self.overflowed = False
+        self.buffer.clear()
+
+    def close(self) -> None:
+        """End the subscription from outside (drain, cancellation): its waiter wakes."""
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self, idle_s: float | None = None) -> bool:
+        """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
+        idle that long."""
+        if self.buffer or self.overflowed or self.closed:
+            return True
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(idle_s):
+                await self.waiter
+        except TimeoutError:
+            return False
+        finally:
+            self.waiter = None
+        return True
+
+
+class Fanout:
+    """Offers each indexed event to the subscriptions of its task, never blocking the tail."""
+
+    def __init__(self, indexer: Indexer, on_overflow: Callable[[], None] | None = None) -> None:
+        self._subs: dict[str, set[Subscription]] = defaultdict(set)
+        self._on_overflow = on_overflow
+        indexer.add_listener(self._on_event)
+
+    @contextlib.contextmanager
+    def subscribe(self, task_id: str, limit: int) -> Iterator[Subscription]:
+        """Events of ``task_id`` indexed from now on, while in the block."""
+        sub = Subscription(task_id, limit)
+        self._subs[task_id].add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subs[task_id]
+            subs.discard(sub)
+            if not subs:
+                del self._subs[task_id]
+
+    def close_all(self) -> None:
+        """Close every subscription (the process is draining)."""
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.close()
+
+    def _on_event(self, indexed: IndexedEvent) -> None:
+        for sub in self._subs.get(indexed.task_id, ()):
+            if not sub.overflowed and not sub.offer(indexed) and self._on_overflow is not None:
+                self._on_overflow()

@@ -1,0 +1,552 @@
+"""The MCP methods: what each request means for tools and tasks, with no transport in sight.
+
+:class:`MethodHandlers` answers a classified request (:class:`Call`) with a result dict or a
+:class:`Streamed` response, written against two interfaces: :class:`Tasks` (the task service:
+create, get, update, cancel, watch) and :class:`Streams` (the stream hub: admission, cursor
+checks, events). Domain errors become JSON-RPC errors here, once (:meth:`MethodHandlers.dispatch`).
+It knows nothing of HTTP (:mod:`bridge.server.http`) or of how requests were classified
+(:mod:`bridge.server.classify`), so every method is tested in-process with fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import jsonschema
+from pydantic import ValidationError
+
+from bridge import __version__
+from bridge.config import Settings, ToolSpec
+from bridge.events import TERMINAL_WIRE
+from bridge.log.fanout import Subscription
+from bridge.server.admission import Caller, Ticket
+from bridge.server.classify import decode_header_value
+from bridge.server.cursor import cursor_prefix
+from bridge.server.wire import (
+    CLIENT_CAPS_META,
+    EVENTS_GONE,
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    LATEST_VERSION,
+    LEGACY_VERSIONS,
+    MAX_SEQ,
+    METHOD_NOT_FOUND,
+    SERVER_INFO_META,
+    SUPPORTED_VERSIONS,
+    TASKS_EXTENSION,
+    Frame,
+    InitializeParams,
+    JsonRpcRequest,
+    RpcError,
+    TaskIdParams,
+    TasksStreamParams,
+    TasksUpdateParams,
+    ToolsCallParams,
+    has_capability,
+    missing_capability,
+    renderer,
+    result_response,
+    tasks_capability,
+)
+from bridge.tasks.messages import new_task_id
+from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
+
+__all__ = ["Call", "MethodHandlers", "Streamed", "Streams", "Tasks", "progress_notification"]
+
+SERVER_NAME = "mcp-kafka-bridge"
+_SETTLED = TERMINAL_WIRE | {"input_required"}
+
+
+@dataclass
+class Streamed:
+    """A response sent as ``text/event-stream``: each yielded item is one SSE event."""
+
+    messages: AsyncIterator[dict[str, Any] | Frame | list[Frame]]
+    request_id: str | int | None = None
+    #: Called once the response has ended, however it ended (even if it never started).
+    on_close: Callable[[], None] | None = None
+
+
+Outcome = dict[str, Any] | Streamed
+
+
+@dataclass
+class Call:
+    """One JSON-RPC request being served."""
+
+    rpc: JsonRpcRequest
+    caller: Caller
+    legacy: bool
+    params: dict[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def principal(self) -> str:
+        return self.caller.principal
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        meta = self.params.get("_meta")
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def client_caps(self) -> dict[str, Any]:
+        caps = self.meta.get(CLIENT_CAPS_META)
+        return caps if isinstance(caps, dict) else {}
+
+    @property
+    def accepts_sse(self) -> bool:
+        return "text/event-stream" in self.headers.get("accept", "")
+
+
+MethodHandler = Callable[[Call], Awaitable[Outcome]]
+
+
+class Tasks(Protocol):
+    """What the handlers need of the task service (:class:`bridge.tasks.service.TaskService`)."""
+
+    async def create(
+        self,
+        tool: ToolSpec,
+        arguments: dict[str, Any],
+        principal: str,
+        *,
+        task_id: str | None = None,
+        input_responses: dict[str, Any] | None = None,
+    ) -> TaskView: ...
+
+    async def get(self, task_id: str, principal: str) -> TaskView: ...
+
+    async def update(self, task_id: str, principal: str, responses: dict[str, Any]) -> None: ...
+
+    async def cancel(self, task_id: str, principal: str) -> None: ...
+
+    def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]: ...
+
+
+class Streams(Protocol):
+    """What the handlers need of the stream hub (:class:`bridge.server.streams.StreamHub`)."""
+
+    draining: asyncio.Event
+
+    def admit(self, caller: Caller, task_id: str, request_id: str | int | None) -> Ticket: ...
+
+    def release(self, ticket: Ticket) -> None: ...
+
+    async def check_cursor(self, task_id: str, after: int | None) -> None: ...
+
+    def events(
+        self, ticket: Ticket, after: int | None
+    ) -> AsyncIterator[list[tuple[int, Any]] | None]: ...
+
+    def count_gone(self) -> None: ...
+
+
+class MethodHandlers:
+    """Every MCP method the bridge serves, on both wire eras."""
+
+    def __init__(
+        self, settings: Settings, service: Tasks, tools: list[ToolSpec], streams: Streams
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.streams = streams
+        self.tools = {tool.name: tool for tool in tools}
+        self.tool_order = [tool.name for tool in tools]
+        self._validators = {
+            tool.name: jsonschema.validators.validator_for(
+                tool.input_schema, default=jsonschema.Draft202012Validator
+            )(tool.input_schema)
+            for tool in tools
+        }
+        self.modern: dict[str, MethodHandler] = {
+            "server/discover": self.discover,
+            "tools/list": self.tools_list,
+            "tools/call": self.tools_call,
+            "prompts/list": self.prompts_list,
+            "prompts/get": self.prompts_get,
+            "resources/list": self.resources_list,
+            "resources/templates/list": self.resource_templates_list,
+            "resources/read": self.resources_read,
+            "tasks/get": self.tasks_get,
+            "tasks/update": self.tasks_update,
+            "tasks/cancel": self.tasks_cancel,
+            "tasks/stream": self.tasks_stream,
+        }
+        self.legacy: dict[str, MethodHandler] = {
+            "initialize": self.initialize,
+            "ping": self.ping,
+            "tools/list": self.tools_list,
+            "tools/call": self.tools_call,
+            "prompts/list": self.prompts_list,
+            "resources/list": self.resources_list,
+            "resources/templates/list": self.resource_templates_list,
+        }
+
+    async def dispatch(self, call: Call) -> Outcome:
+        """Run the method; domain errors become JSON-RPC errors here and only here."""
+        handler = (self.legacy if call.legacy else self.modern).get(call.rpc.method)
+        if handler is None:
+            raise RpcError(
+                METHOD_NOT_FOUND, f"Method not found: {call.rpc.method}", http_status=404
+            )
+        try:
+            outcome = await handler(call)
+        except ValidationError:
+            raise RpcError(INVALID_PARAMS, f"Invalid params for {call.rpc.method}") from None
+        except TaskNotFound as exc:
+            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
+        except TooManyTasks as exc:
+            raise RpcError(
+                INVALID_REQUEST,
+                str(exc),
+                {"reason": "too_many_tasks", "limit": exc.limit},
+                http_status=429,
+            ) from None
+        if isinstance(outcome, dict) and not call.legacy:
+            outcome.setdefault("resultType", "complete")
+        return outcome
+
+    # --- discovery and lists -------------------------------------------------------------
+
+    def _server_info(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__}
+
+    async def discover(self, call: Call) -> Outcome:
+        return {
+            "supportedVersions": list(SUPPORTED_VERSIONS),
+            "capabilities": {
+                "tools": {},
+                "prompts": {},
+                "resources": {},
+                "extensions": {TASKS_EXTENSION: {}},
+            },
+            "ttlMs": 0,
+            "cacheScope": "private",
+            "_meta": {SERVER_INFO_META: self._server_info()},
+        }
+
+    async def initialize(self, call: Call) -> Outcome:
+        params = InitializeParams.model_validate(call.params)
+        version = (
+            params.protocol_version
+            if params.protocol_version in LEGACY_VERSIONS
+            else LEGACY_VERSIONS[0]
+        )
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
+            "serverInfo": self._server_info(),
+        }
+
+    async def ping(self, call: Call) -> Outcome:
+        return {}
+
+    def _cache_hints(self, call: Call, result: dict[str, Any]) -> dict[str, Any]:
+        if not call.legacy:
+            result.update(ttlMs=0, cacheScope="private")
+        return result
+
+    async def tools_list(self, call: Call) -> Outcome:
+        tools = []
+        for name in self.tool_order:
+            tool = self.tools[name]
+            entry: dict[str, Any] = {
+                "name": tool.name,
+                "description": tool.description or tool.name,
+            }
+            if tool.title:
+                entry["title"] = tool.title
+            entry["inputSchema"] = tool.input_schema
+            if tool.output_schema is not None:
+                entry["outputSchema"] = tool.output_schema
+            entry["execution"] = {"taskSupport": tool.task}
+            tools.append(entry)
+        return self._cache_hints(call, {"tools": tools})
+
+    async def prompts_list(self, call: Call) -> Outcome:
+        return self._cache_hints(call, {"prompts": []})
+
+    async def prompts_get(self, call: Call) -> Outcome:
+        raise RpcError(INVALID_PARAMS, f"Unknown prompt: {call.params.get('name')!r}")
+
+    async def resources_list(self, call: Call) -> Outcome:
+        return self._cache_hints(call, {"resources": []})
+
+    async def resource_templates_list(self, call: Call) -> Outcome:
+        return self._cache_hints(call, {"resourceTemplates": []})
+
+    async def resources_read(self, call: Call) -> Outcome:
+        raise RpcError(INVALID_PARAMS, "Resource not found", {"uri": call.params.get("uri")})
+
+    # --- tools/call ----------------------------------------------------------------------
+
+    def _validate_arguments(self, tool: ToolSpec, arguments: dict[str, Any]) -> None:
+        error = jsonschema.exceptions.best_match(self._validators[tool.name].iter_errors(arguments))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            raise RpcError(
+                INVALID_PARAMS,
+                f"Invalid arguments for tool {tool.name}: {where} fails the '{error.validator}' rule",
+            )
+
+    async def tools_call(self, call: Call) -> Outcome:
+        params = ToolsCallParams.model_validate(call.params)
+        tool = self.tools.get(params.name)
+        if tool is None:
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {params.name}")
+        caps = call.client_caps
+        if tool.requires and not call.legacy and not has_capability(caps, tool.requires):
+            raise missing_capability(tool.requires)
+        arguments = params.arguments or {}
+        self._validate_arguments(tool, arguments)
+        _check_param_headers(call, tool, arguments)
+        declares = not call.legacy and has_capability(caps, tasks_capability())
+        if tool.task == "required" and not declares:
+            raise missing_capability(tasks_capability())
+        if params.request_state is not None:
+            return await self._resume_direct(call, tool, params)
+        answers = params.input_responses or {}
+        if tool.input_before:
+            if call.legacy:
+                raise RpcError(
+                    INVALID_REQUEST, f"tool {tool.name} needs input; use protocol {LATEST_VERSION}"
+                )
+            missing = {k: v for k, v in tool.input_before.items() if k not in answers}
+            if missing:
+                return {"resultType": "input_required", "inputRequests": missing}
+            answers = {k: answers[k] for k in tool.input_before}
+        else:
+            answers = {}
+        if tool.task == "required" or (tool.task == "optional" and declares):
+            view = await self.service.create(
+                tool, arguments, call.principal, input_responses=answers or None
+            )
+            return {"resultType": "task", **view.task_fields()}
+        task_id = new_task_id()
+        return await self._direct(
+            call,
+            tool,
+            task_id,
+            self.service.create(
+                tool, arguments, call.principal, task_id=task_id, input_responses=answers or None
+            ),
+        )
+
+    async def _resume_direct(self, call: Call, tool: ToolSpec, params: ToolsCallParams) -> Outcome:
+        """A retry of a direct call that returned input_required: answer, then wait again."""
+        task_id = params.request_state or ""
+        try:
+            view = await self.service.get(task_id, call.principal)
+        except TaskNotFound:
+            raise RpcError(INVALID_PARAMS, "requestState does not name a pending call") from None
+        if view.status != "input_required":
+            raise RpcError(INVALID_PARAMS, "requestState does not name a call waiting for input")
+        return await self._direct(
+            call,
+            tool,
+            task_id,
+            self.service.update(task_id, call.principal, params.input_responses or {}),
+        )
+
+    async def _direct(
+        self, call: Call, tool: ToolSpec, task_id: str, start: Awaitable[Any]
+    ) -> Outcome:
+        """Run the job on a worker and answer with its result (streaming progress if asked)."""
+        token = call.meta.get("progressToken")
+        if token is not None and call.accepts_sse:
+            return Streamed(self._direct_stream(call, task_id, start, token))
+        last: dict[str, Any] = {}
+        async for message in self._direct_stream(call, task_id, start, None):
+            last = message  # without a token the only message is the response
+        return dict(last["result"])
+
+    async def _direct_stream(
+        self, call: Call, task_id: str, start: Awaitable[Any], token: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        progress_type = self.settings.own_types.progress
+        status_type = self.settings.own_types.status
+        timeout = self.settings.direct_result_timeout_s
+        with self.service.watch(task_id) as sub:
+            await start
+            view = await self.service.get(task_id, call.principal)
+            try:
+                async with asyncio.timeout(timeout):
+                    while view.status not in _SETTLED:
+                        await sub.wait()
+                        # Progress is best effort: what an overflow dropped is not re-sent.
+                        changed = sub.overflowed
+                        for indexed in sub.take():
+                            event = indexed.event
+                            if event.type == progress_type and token is not None:
+                                yield progress_notification(token, event.payload)
+                            changed = changed or event.type == status_type
+                        sub.reset()
+                        if changed:
+                            view = await self.service.get(task_id, call.principal)
+            except TimeoutError:
+                with contextlib.suppress(Exception):
+                    await self.service.cancel(task_id, call.principal)
+                raise RpcError(
+                    INTERNAL_ERROR, f"the tool did not finish within {timeout:g} s"
+                ) from None
+        yield result_response(call.rpc.id, self._direct_result(call, view, task_id))
+
+    def _direct_result(self, call: Call, view: TaskView, task_id: str) -> dict[str, Any]:
+        if view.status == "completed":
+            result = dict(view.result or {"content": []})
+            if not call.legacy:
+                result.setdefault("resultType", "complete")
+            return result
+        if view.status == "input_required" and not call.legacy:
+            return {
+                "resultType": "input_required",
+                "inputRequests": view.input_requests or {},
+                "requestState": task_id,
+            }
+        if view.status == "failed":
+            error = view.error or {}
+            raw_code = error.get("code")
+            code = (
+                raw_code
+                if isinstance(raw_code, int) and not isinstance(raw_code, bool)
+                else INTERNAL_ERROR
+            )
+            raise RpcError(code, str(error.get("message", "the tool failed")), error.get("data"))
+        raise RpcError(INTERNAL_ERROR, f"the tool call ended {view.status}")
+
+    # --- tasks ---------------------------------------------------------------------------
+
+    def _require_tasks(self, call: Call) -> None:
+        if not has_capability(call.client_caps, tasks_capability()):
+            raise missing_capability(tasks_capability())
+
+    async def tasks_get(self, call: Call) -> Outcome:
+        self._require_tasks(call)
+        params = TaskIdParams.model_validate(call.params)
+        view = await self.service.get(params.task_id, call.principal)
+        result = view.task_fields()
+        if view.status == "completed":
+            result["result"] = view.result or {"content": []}
+        elif view.status == "failed":
+            result["error"] = view.error or {"code": INTERNAL_ERROR, "message": "the job failed"}
+        elif view.status == "input_required":
+            result["inputRequests"] = view.input_requests or {}
+        return result
+
+    async def tasks_update(self, call: Call) -> Outcome:
+        self._require_tasks(call)
+        params = TasksUpdateParams.model_validate(call.params)
+        await self.service.update(params.task_id, call.principal, params.input_responses)
+        return {}
+
+    async def tasks_stream(self, call: Call) -> Outcome:
+        self._require_tasks(call)
+        try:
+            params = TasksStreamParams.model_validate(call.params)
+        except ValidationError:
+            raise RpcError(
+                INVALID_PARAMS,
+                "tasks/stream needs a taskId string and, optionally, after: an integer from 0 to "
+                f"{MAX_SEQ}",
+            ) from None
+        request_id = call.rpc.id if call.rpc.id is not None else ""  # handlers see requests only
+        return await self.open_stream(call.caller, request_id, params.task_id, params.after)
+
+    async def open_stream(
+        self, caller: Caller, request_id: str | int, task_id: str, after: int | None
+    ) -> Streamed:
+        """Authorize, admit and check the cursor, in that order, before any byte is sent.
+
+        Authorization first (a foreign task is unknown, whatever else); then the connection
+        rule and the limits (a second stream on one connection is -32602 even when its cursor
+        is bad too); then the cursor. The slot taken is given back when the response ends.
+        """
+        await self.service.get(task_id, caller.principal)  # same authorization as tasks/get
+        ticket = self.streams.admit(caller, task_id, request_id)
+        try:
+            await self.streams.check_cursor(task_id, after)
+        except BaseException as exc:
+            self.streams.release(ticket)
+            if isinstance(exc, RpcError) and exc.code == EVENTS_GONE:
+                self.streams.count_gone()
+            raise
+        return Streamed(
+            self._stream_frames(ticket, request_id, after),
+            request_id,
+            on_close=functools.partial(self.streams.release, ticket),
+        )
+
+    async def _stream_frames(
+        self, ticket: Ticket, request_id: str | int, after: int | None
+    ) -> AsyncIterator[Frame | list[Frame]]:
+        task_id = ticket.task_id
+        render = renderer(task_id, self.settings.event_type_prefix)
+        cursor = cursor_prefix(request_id, task_id)
+        async for batch in self.streams.events(ticket, after):
+            if batch is None:
+                yield Frame(None)
+                continue
+            yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
+        # A cancelled request gets no response (MCP cancellation); a drained one resumes elsewhere.
+        if not ticket.cancelled and not self.streams.draining.is_set():
+            yield Frame(result_response(request_id, {"resultType": "complete"}))
+
+    async def tasks_cancel(self, call: Call) -> Outcome:
+        self._require_tasks(call)
+        params = TaskIdParams.model_validate(call.params)
+        await self.service.cancel(params.task_id, call.principal)
+        return {}
+
+
+def progress_notification(token: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """``notifications/progress`` for a direct call's progress event."""
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": token, **_progress_fields(payload)},
+    }
+
+
+def _progress_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("progress", "total", "message"):
+        if key in payload:
+            out[key] = payload[key]
+    out.setdefault("progress", 0)
+    return out
+
+
+def _header_text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return None
+
+
+def _check_param_headers(call: Call, tool: ToolSpec, arguments: dict[str, Any]) -> None:
+    """Each ``x-mcp-header`` argument must be echoed in its ``Mcp-Param-*`` header (-32020)."""
+    properties = tool.input_schema.get("properties")
+    if call.legacy or not isinstance(properties, dict):
+        return
+    for prop, schema in properties.items():
+        header = schema.get("x-mcp-header") if isinstance(schema, dict) else None
+        if not isinstance(header, str):
+            continue
+        raw = call.headers.get(f"mcp-param-{header}")
+        expected = _header_text(arguments.get(prop)) if prop in arguments else None
+        given = None if raw is None else decode_header_value(raw)
+        if given != expected:
+            raise RpcError(
+                HEADER_MISMATCH,
+                f"Mcp-Param-{header} header does not match arguments.{prop}",
+                http_status=400,
+            )

@@ -1,0 +1,238 @@
+"""The MCP endpoint's HTTP transport: ``POST /mcp``, the ``GET`` resume, and SSE framing.
+
+Per request: the gate (Host/Origin against DNS rebinding, then authentication → a
+:class:`~bridge.server.admission.Caller`), the body limit, classification
+(:mod:`bridge.server.classify`), the handlers (:mod:`bridge.server.handlers`), and the response:
+JSON, or ``text/event-stream`` whose writes are batched and whose admission slot is released
+however the response ends. It knows no method's meaning; metrics are injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from bridge.config import Settings
+from bridge.metrics import Metrics
+from bridge.server.admission import Caller, connection_of
+from bridge.server.auth import Authenticator, Unauthorized
+from bridge.server.classify import Inbound, Methods, Rejected, classify
+from bridge.server.cursor import decode_cursor
+from bridge.server.handlers import Call, MethodHandlers, Streamed
+from bridge.server.wire import (
+    EVENTS_GONE,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    Frame,
+    RpcError,
+    dumps,
+    error_response,
+    result_response,
+)
+from bridge.tasks.service import TaskNotFound
+
+__all__ = ["McpHttp"]
+
+log = logging.getLogger(__name__)
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+class SseResponse(StreamingResponse):
+    """A streamed response that always runs its ``on_close`` (the stream's admission slot is
+    given back even when the client is gone before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+
+def _utf8(text: str) -> bytes:
+    """UTF-8 for the wire. A lone surrogate can only stand inside a JSON string here, where
+    ``backslashreplace`` writes it as the JSON escape ``\\udXXX``: one bad character never
+    fails a stream (the decoder refuses such records; this is the last line of defence)."""
+    return text.encode("utf-8", "backslashreplace")
+
+
+def _sse_frame(frame: Frame) -> str:
+    if frame.data is None and frame.message is None:
+        return ": keep-alive\n\n"
+    data = frame.data if frame.data is not None else dumps(frame.message or {})
+    if frame.event_id is not None:
+        return f"id: {frame.event_id}\nevent: message\ndata: {data}\n\n"
+    return f"event: message\ndata: {data}\n\n"
+
+
+class McpHttp:
+    """Serves ``/mcp``: one instance per app."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        auth: Authenticator,
+        handlers: MethodHandlers,
+        metrics: Metrics,
+        on_cancelled: Callable[[str, str | int], Any],
+    ) -> None:
+        self.settings = settings
+        self.auth = auth
+        self.handlers = handlers
+        self.metrics = metrics
+        self._on_cancelled = on_cancelled
+        self._methods = Methods(modern=handlers.modern.keys(), legacy=handlers.legacy.keys())
+        self._allowed_hosts = {h.lower() for h in settings.allowed_hosts} | _LOOPBACK
+        if settings.http_host not in ("0.0.0.0", "::", ""):
+            self._allowed_hosts.add(settings.http_host.lower())
+
+    def _origin_allowed(self, request: Request) -> bool:
+        if "*" in self._allowed_hosts:
+            return True
+        host = request.headers.get("host", "").strip().lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") and host.count(":") == 1 else host
+        if host.startswith("[") and "]" in host:
+            name = host[: host.index("]") + 1]
+        if name not in self._allowed_hosts:
+            return False
+        origin = request.headers.get("origin")
+        if origin is None:
+            return True
+        if origin in self.settings.allowed_origins:
+            return True
+        origin_host = (urlsplit(origin).hostname or "").lower()
+        return origin_host in self._allowed_hosts or f"[{origin_host}]" in self._allowed_hosts
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)
+        return bytes(body)
+
+    def _gate(self, request: Request) -> Caller | Response:
+        """Who is calling, or the 403/401 response that refuses the request."""
+        if not self._origin_allowed(request):
+            return JSONResponse({"error": "forbidden host or origin"}, status_code=403)
+        try:
+            principal = self.auth.principal(request)
+        except Unauthorized as exc:
+            return JSONResponse(
+                {"error": str(exc)},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
+            )
+        # Limits count an authenticated principal; anonymous callers are told apart by address.
+        client = principal
+        if not self.auth.authenticates:
+            client = f"{principal}@{request.client.host if request.client else 'unknown'}"
+        return Caller(principal, client, connection_of(request.scope))
+
+    async def post(self, request: Request) -> Response:
+        caller = self._gate(request)
+        if isinstance(caller, Response):
+            return caller
+        started = time.perf_counter()
+        method, request_id = "invalid", None
+        try:
+            inbound = classify(request.headers, await self._read_body(request), self._methods)
+            if inbound.is_notification:
+                self._notification(caller, inbound)
+                return Response(status_code=202)  # notifications need no answer
+            method, request_id = inbound.rpc.method, inbound.rpc.id
+            call = Call(inbound.rpc, caller, inbound.legacy, inbound.params, request.headers)
+            outcome = await self.handlers.dispatch(call)
+        except Rejected as exc:
+            return self._refuse(exc.method or method, exc.request_id, exc.error, started)
+        except RpcError as exc:
+            return self._refuse(method, request_id, exc, started)
+        except Exception:
+            log.exception("internal error serving an MCP request")
+            self.metrics.rpc(method, INTERNAL_ERROR, time.perf_counter() - started)
+            error = RpcError(INTERNAL_ERROR, "Internal error")
+            return self._json(error_response(request_id, error), 500)
+        self.metrics.rpc(method, "ok", time.perf_counter() - started)
+        if isinstance(outcome, Streamed):
+            return SseResponse(self._sse(outcome, request_id), outcome.on_close)
+        return self._json(result_response(request_id, outcome), 200)
+
+    def _refuse(
+        self, method: str, request_id: str | int | None, error: RpcError, started: float
+    ) -> Response:
+        self.metrics.rpc(method, error.code, time.perf_counter() - started)
+        return self._json(error_response(request_id, error), error.http_status)
+
+    def _notification(self, caller: Caller, inbound: Inbound) -> None:
+        """``notifications/cancelled`` ends the caller's stream of that request; others are
+        accepted and ignored (this server has no use for them)."""
+        if inbound.rpc.method != "notifications/cancelled":
+            return
+        request_id = inbound.params.get("requestId")
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            self._on_cancelled(caller.client, request_id)
+
+    @staticmethod
+    def _json(message: dict[str, Any], status: int) -> Response:
+        return Response(dumps(message), status_code=status, media_type="application/json")
+
+    async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[bytes]:
+        try:
+            async for item in outcome.messages:
+                if isinstance(item, list):  # a batch: one write for what was at hand
+                    yield _utf8("".join(_sse_frame(frame) for frame in item))
+                else:
+                    yield _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
+        except RpcError as exc:
+            yield _utf8(_sse_frame(Frame(error_response(request_id, exc))))
+        except Exception:
+            log.exception("internal error in a streamed MCP response")
+            error = RpcError(INTERNAL_ERROR, "Internal error")
+            yield _utf8(_sse_frame(Frame(error_response(request_id, error))))
+
+    async def not_allowed(self, request: Request) -> Response:
+        return Response(status_code=405, headers={"Allow": "POST"})
+
+    async def get(self, request: Request) -> Response:
+        """Transport-level resume: ``GET /mcp`` with ``Last-Event-ID`` continues a tasks/stream."""
+        cursor = request.headers.get("last-event-id")
+        if cursor is None:
+            return Response(status_code=405, headers={"Allow": "POST"})
+        caller = self._gate(request)
+        if isinstance(caller, Response):
+            return caller
+        try:
+            request_id, task_id, seq = decode_cursor(cursor.strip())
+        except ValueError:
+            error = RpcError(INVALID_PARAMS, "Last-Event-ID is not a stream cursor")
+            return self._json(error_response(None, error), 400)
+        try:
+            outcome = await self.handlers.open_stream(caller, request_id, task_id, seq)
+        except TaskNotFound as exc:
+            error = RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
+            return self._json(error_response(request_id, error), 404)
+        except RpcError as exc:
+            # The transport's own statuses: 410 for events_gone, else the error's (400 at least).
+            status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
+            return self._json(error_response(request_id, exc), status)
+        return SseResponse(self._sse(outcome, request_id), outcome.on_close)
