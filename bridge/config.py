@@ -36,7 +36,7 @@ _DEFAULT_CACHE = Path.home() / ".cache" / "mcp-kafka-bridge"
 
 
 class TopicSettings(BaseModel):
-    """The topic layout of DESIGN.md: names derive from one prefix."""
+    """The topic layout (docs/architecture.md): names derive from one prefix."""
 
     prefix: str = Field("mcpbridge", pattern=r"^[A-Za-z0-9._-]{1,120}$")
     partitions: int = Field(6, ge=1, le=10_000)

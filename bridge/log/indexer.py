@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.component import Component
+from bridge.component import Component, NotStarted
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.kafka.clients import (
@@ -263,12 +263,17 @@ class Indexer(Component):
 
     def pause(self) -> None:
         """Stop fetching (operations drills); the lag metrics then grow."""
-        assert self._consumer is not None, "indexer not started"
-        self._consumer.pause(*self._consumer.assignment())
+        consumer = self._started_consumer()
+        consumer.pause(*consumer.assignment())
 
     def resume(self) -> None:
-        assert self._consumer is not None, "indexer not started"
-        self._consumer.resume(*self._consumer.assignment())
+        consumer = self._started_consumer()
+        consumer.resume(*consumer.assignment())
+
+    def _started_consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise NotStarted("the indexer")
+        return self._consumer
 
     def head(self, task_id: str) -> int | None:
         """The task's next seq (the number of its events indexed so far), or None."""
@@ -284,9 +289,9 @@ class Indexer(Component):
 
     async def end_offsets(self) -> dict[int, int]:
         """The current end (last stable offset) of every events partition."""
-        assert self._consumer is not None, "indexer not started"
+        consumer = self._started_consumer()
         tps = [TopicPartition(self.settings.topics.events, p) for p in self.partitions]
-        ends = await self._consumer.end_offsets(tps)
+        ends = await consumer.end_offsets(tps)
         return {tp.partition: off for tp, off in ends.items()}
 
     async def catch_up(self) -> None:
@@ -331,8 +336,7 @@ class Indexer(Component):
                 log.exception("indexer listener failed")
 
     async def _tail(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
+        consumer = self._started_consumer()
         tps = list(consumer.assignment())
         while True:
             try:

@@ -96,9 +96,8 @@ class _Snapshot:
         return 0, self.entry.first_offset
 
     def at_or_before(self, seq: int) -> tuple[int, int]:
-        found = self.entry.checkpoint_at_or_before(seq)
-        assert found is not None, "every indexed task has checkpoint 0"
-        return found
+        # Every indexed task has checkpoint 0, so there is always one at or before ``seq``.
+        return self.entry.checkpoint_at_or_before(seq) or (0, self.entry.first_offset)
 
     def first_at_or_after_offset(self, offset: int) -> tuple[int, int] | None:
         return self.entry.checkpoint_after_offset(offset)

@@ -1,8 +1,8 @@
 """The seq index: per-task counts and checkpoints derived from one events partition.
 
 This module is pure data: no Kafka, no I/O. :meth:`PartitionIndex.apply` is the one rule of
-DESIGN.md — a record's seq is the number of earlier committed records with its key in the
-partition — made idempotent: a record at or below a task's ``last_offset`` was already
+the design (docs/architecture.md): a record's seq is the number of earlier committed records
+with its key in the partition, made idempotent: a record at or below a task's ``last_offset`` was already
 counted and is ignored, so replaying from any older position derives the same seq again.
 
 Per task it keeps ``next_seq``, ``last_offset``, a sparse list of ``(seq, offset)`` checkpoints

@@ -86,7 +86,8 @@ class Authenticator:
             if algorithm not in s.jwt_algorithms:
                 raise Unauthorized("token algorithm not accepted")
             if algorithm == "HS256":
-                assert s.jwt_secret is not None
+                if s.jwt_secret is None:  # refused at start-up; never HMAC with another key
+                    raise Unauthorized("token algorithm not accepted")
                 key: Any = s.jwt_secret.get_secret_value()
             else:
                 kid = header.get("kid")

@@ -51,6 +51,7 @@ from bridge.server.wire import (
     ToolsCallParams,
     has_capability,
     missing_capability,
+    progress_notification,
     renderer,
     result_response,
     tasks_capability,
@@ -58,7 +59,7 @@ from bridge.server.wire import (
 from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
 
-__all__ = ["Call", "MethodHandlers", "Streamed", "Streams", "Tasks", "progress_notification"]
+__all__ = ["Call", "MethodHandlers", "Streamed", "Streams", "Tasks"]
 
 SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
@@ -504,24 +505,6 @@ class MethodHandlers:
         params = TaskIdParams.model_validate(call.params)
         await self.service.cancel(params.task_id, call.principal)
         return {}
-
-
-def progress_notification(token: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    """``notifications/progress`` for a direct call's progress event."""
-    return {
-        "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": token, **_progress_fields(payload)},
-    }
-
-
-def _progress_fields(payload: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in ("progress", "total", "message"):
-        if key in payload:
-            out[key] = payload[key]
-    out.setdefault("progress", 0)
-    return out
 
 
 def _header_text(value: Any) -> str | None:

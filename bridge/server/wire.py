@@ -76,6 +76,7 @@ __all__ = [
     "has_capability",
     "missing_capability",
     "notification",
+    "progress_notification",
     "renderer",
     "result_response",
     "seq_untrusted_error",
@@ -313,3 +314,24 @@ def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
             "_meta": meta,
         },
     }
+
+
+# --- notifications/progress (a direct tools/call) ------------------------------------------
+
+
+def progress_notification(token: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """``notifications/progress`` for a direct call's progress event."""
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": token, **_progress_fields(payload)},
+    }
+
+
+def _progress_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("progress", "total", "message"):
+        if key in payload:
+            out[key] = payload[key]
+    out.setdefault("progress", 0)
+    return out

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
 from bridge.events import (
@@ -175,6 +176,11 @@ class TaskService:
         self._producer = idempotent_producer(self.settings, role="tasks")
         await self._producer.start()
 
+    def _started_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise NotStarted("the task service")
+        return self._producer
+
     async def stop(self) -> None:
         await self.publisher.stop()
         if self._producer is not None:
@@ -243,10 +249,10 @@ class TaskService:
             partition=where.partition,
             offset=where.offset,
         )
+        producer = self._started_producer()
         try:
-            assert self._producer is not None, "task service not started"
             topic = tool.job_topic or self.settings.topics.jobs(tool.name)
-            await self._producer.send_and_wait(topic, key=task_id.encode(), value=job.to_bytes())
+            await producer.send_and_wait(topic, key=task_id.encode(), value=job.to_bytes())
         except Exception:
             log.exception("could not hand task %s to the %s workers", task_id, tool.name)
             why = "the job could not be queued"
@@ -358,8 +364,7 @@ class TaskService:
     # --- update / cancel -----------------------------------------------------------------
 
     async def _control(self, message: ControlMessage) -> None:
-        assert self._producer is not None, "task service not started"
-        await self._producer.send_and_wait(
+        await self._started_producer().send_and_wait(
             self.settings.topics.control, key=message.task_id.encode(), value=message.to_bytes()
         )
 

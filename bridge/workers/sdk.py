@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bridge.component import Component
+from bridge.component import Component, NotStarted
 from bridge.config import Settings
 from bridge.events import METHOD_NOT_FOUND, StatusPayload
 from bridge.kafka.clients import (
@@ -44,7 +44,7 @@ from bridge.kafka.topics import topic_partition_ids
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest
 
-__all__ = ["JobHandler", "JobContext", "JobError", "Worker"]
+__all__ = ["JobContext", "JobError", "JobHandler", "Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,8 @@ class Worker(Component):
         jobs wait a long time (for input, say) and hand its jobs to another worker.
         """
         consumer = self._jobs
-        assert consumer is not None, "worker not started"
+        if consumer is None:
+            raise NotStarted("the worker")
         while True:
             self._start_queued()
             assigned = consumer.assignment()
@@ -442,7 +443,8 @@ class Worker(Component):
         committed and the task would stay ``working`` for ever), so Kafka errors are retried
         with backoff until the write succeeds or the worker stops.
         """
-        assert self._producer is not None
+        if self._producer is None:
+            raise NotStarted("the worker")
         finished = ControlMessage(type="finished", task_id=task_id)
         status_written = False
         delay = 0.5
