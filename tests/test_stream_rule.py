@@ -1,0 +1,137 @@
+"""A stream's delivery under generated interleavings, in-process: the real stream hub and
+fan-out over a fake log, with history reads in random chunks, live events arriving while the
+stream reads, overflows of a tiny buffer, and the terminal status at a random point.
+
+Whatever the interleaving, a stream delivers exactly the events after its cursor up to the
+terminal one, each once and in order, and then ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.config import load_settings
+from bridge.envelope import TaskEvent
+from bridge.log.fanout import Fanout
+from bridge.log.indexer import IndexedEvent
+from bridge.metrics import Metrics
+from bridge.server.admission import Caller
+from bridge.server.streams import StreamHub
+
+TASK = "task-1"
+CONFIG = load_settings(
+    kafka_bootstrap_servers="127.0.0.1:1", stream_queue_size=3, stream_keepalive_s=60
+)
+STATUS = CONFIG.own_types.status
+
+
+@dataclass(frozen=True)
+class Read:
+    seq: int
+    offset: int
+    event: TaskEvent
+
+
+class FakeLog:
+    """One task's committed events as the indexer sees them, and its listeners."""
+
+    def __init__(self, chunks: Callable[[], int]) -> None:
+        self.events: list[Read] = []
+        self.terminal_offset: int | None = None
+        self.listeners: list[Callable[[IndexedEvent], None]] = []
+        self.chunks = chunks  # how many events the next history fetch returns
+        self.partitions = {0: SimpleNamespace(next_seq_of=lambda task_id: len(self.events))}
+
+    # the indexer's side
+    def add_listener(self, listener: Callable[[IndexedEvent], None]) -> None:
+        self.listeners.append(listener)
+
+    def partition_of(self, task_id: str) -> int:
+        return 0
+
+    def lookup(self, task_id: str) -> tuple[int, Any]:
+        entry = SimpleNamespace(
+            terminal=self.terminal_offset is not None, status_offset=self.terminal_offset
+        )
+        return 0, entry
+
+    async def catch_up(self) -> None:
+        return None
+
+    def append(self, terminal: bool = False) -> None:
+        seq = len(self.events)
+        offset = 10 * seq
+        if terminal:
+            event = TaskEvent(STATUS, {"status": "completed"}, None, 0)
+            self.terminal_offset = offset
+        else:
+            event = TaskEvent("com.example.step", {"i": seq}, None, 0)
+        self.events.append(Read(seq, offset, event))
+        for listener in self.listeners:
+            listener(IndexedEvent(TASK, 0, offset, seq, event))
+
+    # the reader's side
+    async def read_batches(self, task_id: str, after: int | None) -> AsyncIterator[list[Read]]:
+        head = len(self.events)  # a read goes up to the head at its start, like the real one
+        position = 0 if after is None else after + 1
+        while position < head:
+            await asyncio.sleep(0)  # a fetch: other tasks (the tail) run meanwhile
+            size = self.chunks()
+            yield self.events[position : min(head, position + size)]
+            position += size
+
+    async def earliest_seq(self, task_id: str) -> int:
+        return 0
+
+    async def head(self, task_id: str) -> int:
+        return len(self.events)
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.data())
+def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
+    data: st.DataObject,
+) -> None:
+    history = data.draw(st.integers(0, 12), label="events before the stream opens")
+    after = data.draw(st.one_of(st.none(), st.integers(0, max(0, history - 1))), label="after")
+    if history == 0:
+        after = None
+    bursts = data.draw(st.lists(st.integers(0, 8), max_size=6), label="live bursts")
+    yields = data.draw(st.lists(st.integers(0, 6), min_size=len(bursts), max_size=len(bursts)))
+    log = FakeLog(lambda: data.draw(st.integers(1, 5)))
+    for _ in range(history):
+        log.append()
+
+    async def scenario() -> list[int]:
+        hub = StreamHub(CONFIG, log, log, Fanout(log), Metrics())  # type: ignore[arg-type]
+        ticket = hub.admit(Caller("p", "p", None), TASK, 1)
+        delivered: list[int] = []
+
+        async def consume() -> None:
+            async for batch in hub.events(ticket, after):
+                delivered.extend(seq for seq, _ in batch or [])
+
+        stream = asyncio.create_task(consume())
+        for burst, pause in zip(bursts, yields, strict=True):
+            for _ in range(burst):
+                log.append()
+            for _ in range(pause):  # let the stream run some steps, or none
+                await asyncio.sleep(0)
+        log.append(terminal=True)
+        for _ in range(3):
+            log.append()  # events after the terminal one belong to no stream opened before it
+        async with asyncio.timeout(5):
+            await stream
+        return delivered
+
+    delivered = asyncio.run(scenario())
+    terminal = next(e.seq for e in log.events if e.offset == log.terminal_offset)
+    first = 0 if after is None else after + 1
+    assert delivered == list(range(first, terminal + 1))
