@@ -44,6 +44,7 @@ __all__ = [
     "StatusWire",
     "TaskEventTypes",
     "TaskStatus",
+    "error_object",
     "is_prefixed_type",
     "is_top_level_domain",
 ]
@@ -60,6 +61,14 @@ EVENTS_GONE = -32010
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
+
+
+def error_object(code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error object ``{code, message, data?}`` (the wire, and failed statuses)."""
+    out: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        out["data"] = data
+    return out
 
 
 # --- event types -------------------------------------------------------------------------------
@@ -189,8 +198,9 @@ class StatusPayload(_Payload):
         cls, message: str, status_message: str | None = None, *, code: int = INTERNAL_ERROR
     ) -> StatusPayload:
         """A ``failed`` status whose error is ``{code, message}`` (an internal error by default)."""
-        error = {"code": code, "message": message}
-        return cls(status="failed", status_message=status_message, error=error)
+        return cls(
+            status="failed", status_message=status_message, error=error_object(code, message)
+        )
 
 
 # --- the vendor-prefix rule --------------------------------------------------------------------

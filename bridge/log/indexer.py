@@ -209,12 +209,7 @@ class Indexer(Component):
                 idx.track_dirty = self.persist
             tps = [TopicPartition(topic, p) for p in parts]
             consumer.assign(tps)
-            begins = await consumer.beginning_offsets(tps)
-            for tp in tps:
-                idx = self.partitions[tp.partition]
-                if idx.through < begins[tp]:
-                    self._lost(idx, begins[tp])
-                consumer.seek(tp, idx.through)
+            await self._reconcile_with_retention(consumer, tps, seek_all=True)
         except BaseException:
             await self.stop()
             raise
@@ -342,7 +337,7 @@ class Indexer(Component):
             try:
                 batches = await consumer.getmany(timeout_ms=200, max_records=5000)
             except OffsetOutOfRangeError:
-                await self._recover_out_of_range(consumer, tps)
+                await self._reconcile_with_retention(consumer, tps, seek_all=False)
                 continue
             for tp, records in batches.items():
                 idx = self.partitions[tp.partition]
@@ -354,14 +349,18 @@ class Indexer(Component):
             self._progress.set()
             self._progress = asyncio.Event()
 
-    async def _recover_out_of_range(
-        self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+    async def _reconcile_with_retention(
+        self, consumer: AIOKafkaConsumer, tps: list[TopicPartition], *, seek_all: bool
     ) -> None:
+        """Mark partitions whose uncounted records retention deleted as lost, and seek where
+        counting goes on (every partition at start, only the lost ones after an out-of-range)."""
         begins = await consumer.beginning_offsets(tps)
         for tp in tps:
             idx = self.partitions[tp.partition]
-            if idx.through < begins[tp]:
+            lost = idx.through < begins[tp]
+            if lost:
                 self._lost(idx, begins[tp])
+            if lost or seek_all:
                 consumer.seek(tp, idx.through)
 
     # --- persisting ----------------------------------------------------------------------

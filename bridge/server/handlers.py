@@ -1,9 +1,9 @@
 """The MCP methods: what each request means for tools and tasks, with no transport in sight.
 
 :class:`MethodHandlers` answers a classified request (:class:`Call`) with a result dict or a
-:class:`Streamed` response, written against two interfaces: :class:`Tasks` (the task service:
-create, get, update, cancel, watch) and :class:`Streams` (the stream hub: admission, cursor
-checks, events). Domain errors become JSON-RPC errors here, once (:meth:`MethodHandlers.dispatch`).
+:class:`Streamed` response, written against two interfaces: the task service's public methods
+(create, get, update, cancel, watch) and :class:`Streams` (the stream hub: admission, cursor
+checks, events); tests pass fakes of both. Domain errors become JSON-RPC errors here, once (:meth:`MethodHandlers.dispatch`).
 It knows nothing of HTTP (:mod:`bridge.server.http`) or of how requests were classified
 (:mod:`bridge.server.classify`), so every method is tested in-process with fakes.
 """
@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from bridge import __version__
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
-from bridge.log.fanout import Subscription
 from bridge.server.admission import Caller, Ticket
 from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
@@ -57,9 +56,9 @@ from bridge.server.wire import (
     tasks_capability,
 )
 from bridge.tasks.messages import new_task_id
-from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
+from bridge.tasks.service import TaskNotFound, TaskService, TaskView, TooManyTasks
 
-__all__ = ["Call", "MethodHandlers", "Streamed", "Streams", "Tasks"]
+__all__ = ["Call", "MethodHandlers", "Streamed", "Streams"]
 
 SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
@@ -110,28 +109,6 @@ class Call:
 MethodHandler = Callable[[Call], Awaitable[Outcome]]
 
 
-class Tasks(Protocol):
-    """What the handlers need of the task service (:class:`bridge.tasks.service.TaskService`)."""
-
-    async def create(
-        self,
-        tool: ToolSpec,
-        arguments: dict[str, Any],
-        principal: str,
-        *,
-        task_id: str | None = None,
-        input_responses: dict[str, Any] | None = None,
-    ) -> TaskView: ...
-
-    async def get(self, task_id: str, principal: str) -> TaskView: ...
-
-    async def update(self, task_id: str, principal: str, responses: dict[str, Any]) -> None: ...
-
-    async def cancel(self, task_id: str, principal: str) -> None: ...
-
-    def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]: ...
-
-
 class Streams(Protocol):
     """What the handlers need of the stream hub (:class:`bridge.server.streams.StreamHub`)."""
 
@@ -154,7 +131,7 @@ class MethodHandlers:
     """Every MCP method the bridge serves, on both wire eras."""
 
     def __init__(
-        self, settings: Settings, service: Tasks, tools: list[ToolSpec], streams: Streams
+        self, settings: Settings, service: TaskService, tools: list[ToolSpec], streams: Streams
     ) -> None:
         self.settings = settings
         self.service = service

@@ -39,6 +39,7 @@ from bridge.events import (
     PARSE_ERROR,
     UNSUPPORTED_VERSION,
     TaskEventTypes,
+    error_object,
 )
 
 __all__ = [
@@ -114,10 +115,7 @@ class RpcError(Exception):
         self.http_status = http_status
 
     def error(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            out["data"] = self.data
-        return out
+        return error_object(self.code, self.message, self.data)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

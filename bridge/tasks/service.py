@@ -28,12 +28,7 @@ from pydantic import ValidationError
 from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
-from bridge.events import (
-    INTERNAL_ERROR,
-    TERMINAL_WIRE,
-    StatusPayload,
-    TaskStatus,
-)
+from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
 from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import IndexedEvent, Indexer
@@ -41,13 +36,7 @@ from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader
 from bridge.log.seqindex import owner_key
 from bridge.tasks.create import publish_created
-from bridge.tasks.messages import (
-    ControlMessage,
-    JobRequest,
-    iso_ms,
-    new_task_id,
-    owner_digest,
-)
+from bridge.tasks.messages import ControlMessage, JobRequest, iso_ms, new_task_id, owner_digest
 
 __all__ = ["TaskNotFound", "TaskService", "TaskView", "TooManyTasks"]
 

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
-from bridge.events import METHOD_NOT_FOUND, StatusPayload
+from bridge.events import METHOD_NOT_FOUND, StatusPayload, error_object
 from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
@@ -59,10 +59,7 @@ class JobError(Exception):
         self.data = data
 
     def error(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            out["data"] = self.data
-        return out
+        return error_object(self.code, self.message, self.data)
 
 
 @dataclass
