@@ -20,7 +20,7 @@ from typing import Any
 
 from bridge.config import ToolSpec
 from bridge.events import INTERNAL_ERROR
-from bridge.workers.sdk import JobHandler, JobContext, JobError
+from bridge.workers.sdk import JobContext, JobError, JobHandler
 
 __all__ = ["PACKS", "UnknownPack", "pack_handlers", "pack_tools"]
 
