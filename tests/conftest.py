@@ -6,10 +6,8 @@ own below the existing ones.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -17,7 +15,7 @@ from bridge.config import load_settings, running_in_ci
 from bridge.devkafka import Broker, KafkaProviderError, provide_broker
 
 # =============================================================================================
-# Kafka broker (bridge.kafka.broker)
+# Kafka broker (bridge.devkafka)
 #
 # `kafka_broker` (session): the one broker of the test run, from `provide_broker` — the cluster
 # in BRIDGE_KAFKA_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS if set, else Docker, else a local
@@ -76,12 +74,6 @@ def kafka_bootstrap(kafka_broker: Broker) -> str:
     return kafka_broker.info.bootstrap_servers
 
 
-@pytest.fixture
-def topic_prefix() -> str:
-    """A fresh prefix per test (``t-<12 hex>``) so tests never share topics."""
-    return f"t-{secrets.token_hex(6)}"
-
-
 @pytest.fixture(autouse=True)
 def _kafka_marker_gets_broker(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("kafka") is not None:
@@ -100,31 +92,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 # =============================================================================================
-# The log side (bridge.log): settings pointing at the test broker, topics created per test.
+# Topics and bridges for tests (helpers in tests/support; the names below stay importable from
+# conftest for the test modules that import them from here).
 # =============================================================================================
 
+from support.layout import create_topics, fresh_prefix, make_settings  # noqa: E402
+from support.procs import Bridge, bridge_env, free_port, running_bridge  # noqa: E402
+
 from bridge.config import Settings  # noqa: E402
-from bridge.kafka.clients import admin_client  # noqa: E402
-from bridge.kafka.topics import ensure_topics  # noqa: E402
+
+__all__ = ["Bridge", "bridge_env", "free_port", "make_settings", "running_bridge"]
 
 
-def make_settings(bootstrap: str, prefix: str, **overrides: object) -> Settings:
-    """Small, test-sized settings: 3 events partitions, checkpoints every 4 events."""
-    values: dict[str, Any] = {
-        "kafka_bootstrap_servers": bootstrap,
-        "topics": {
-            "prefix": prefix,
-            "partitions": 3,
-            "index_partitions": 2,
-            "min_insync_replicas": 1,
-        },
-        "checkpoint_interval": 4,
-        "max_event_bytes": 4096,
-        # Production offers no built-in tools by default; the tests opt in to the fixtures.
-        "tool_packs": ["conformance"],
-    }
-    values.update(overrides)
-    return load_settings(**values)
+@pytest.fixture
+def topic_prefix() -> str:
+    """A fresh prefix per test (``t-<12 hex>``) so tests never share topics."""
+    return fresh_prefix()
 
 
 @pytest.fixture
@@ -135,191 +118,12 @@ def settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
 @pytest.fixture
 async def topics(settings: Settings) -> Settings:
     """``settings`` with its topic layout created on the broker."""
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings)
-    finally:
-        await admin.close()
-    return settings
-
-
-# =============================================================================================
-# A real bridge (`bridge serve`) and real workers (`bridge workers`) as subprocesses.
-# =============================================================================================
-
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import urllib.request  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """Environment that makes a `bridge` subprocess use ``settings``' broker and topics."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
-    t = settings.topics
-    env.update(
-        BRIDGE_KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers or "",
-        BRIDGE_TOPICS__PREFIX=t.prefix,
-        BRIDGE_TOPICS__PARTITIONS=str(t.partitions),
-        BRIDGE_TOPICS__INDEX_PARTITIONS=str(t.index_partitions),
-        BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(t.min_insync_replicas),
-        BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
-        BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
-        BRIDGE_TOOL_PACKS=json.dumps(settings.tool_packs),
-        BRIDGE_LOG_LEVEL="INFO",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Proc:
-    """A `bridge` subprocess whose output goes to a log file (shown when a test fails)."""
-
-    name: str
-    args: list[str]
-    env: dict[str, str]
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Proc:
-        log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "bridge.cli", *self.args],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        return self
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(timeout=30)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-@dataclass
-class Bridge:
-    """A running bridge (and its workers) for one test module."""
-
-    settings: Settings
-    port: int
-    env: dict[str, str]
-    logs: Path
-    server: Proc | None = None
-    workers: list[Proc] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start_server(self) -> Proc:
-        self.server = Proc(
-            "bridge", ["serve", "--port", str(self.port)], self.env, self.logs / "bridge.log"
-        ).start()
-        self.wait_ready()
-        return self.server
-
-    def start_worker(self, *packs: str) -> Proc:
-        args = ["workers"] + [a for p in packs for a in ("--pack", p)]
-        proc = Proc(
-            f"worker{len(self.workers)}",
-            args,
-            self.env,
-            self.logs / f"worker{len(self.workers)}.log",
-        )
-        self.workers.append(proc.start())
-        return proc
-
-    def wait_ready(self, bound: float = 90.0) -> None:
-        deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
-            assert self.server is not None and self.server.alive(), (
-                f"bridge exited:\n{self.server.tail() if self.server else ''}"
-            )
-            url = f"http://127.0.0.1:{self.port}/readyz"
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
-                if reply.status == 200:
-                    return
-            time.sleep(0.1)  # poll interval of a bounded wait for a subprocess to listen
-        raise AssertionError(
-            f"bridge not ready within {bound}s:\n{self.server.tail() if self.server else ''}"
-        )
-
-    def stop(self) -> None:
-        for proc in [*self.workers, *([self.server] if self.server else [])]:
-            proc.stop()
-
-
-async def ensure_layout(settings: Settings) -> None:
-    """Create the topics, the job topics of every pack tool included."""
-    from bridge.server.app import tool_catalog
-
-    jobs = [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings, job_topics=jobs)
-    finally:
-        await admin.close()
-
-
-@contextlib.contextmanager
-def running_bridge(
-    settings: Settings, logs: Path, *, workers: int = 1, **env: str
-) -> Iterator[Bridge]:
-    import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:  # callable from inside a running event loop too
-        pool.submit(asyncio.run, ensure_layout(settings)).result()
-    bridge = Bridge(settings, free_port(), bridge_env(settings, **env), logs)
-    try:
-        for _ in range(workers):
-            bridge.start_worker()
-        bridge.start_server()
-        yield bridge
-    finally:
-        bridge.stop()
+    return await create_topics(settings)
 
 
 @pytest.fixture(scope="module")
 def bridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     """A bridge with one conformance-pack worker, on topics of its own, for a test module."""
-    prefix = f"m-{secrets.token_hex(6)}"
-    settings = make_settings(kafka_bootstrap, prefix)
+    settings = make_settings(kafka_bootstrap, fresh_prefix("m"))
     with running_bridge(settings, tmp_path_factory.mktemp("bridge")) as running:
         yield running

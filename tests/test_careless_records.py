@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from mcp_http import create_task, result
+from support.layout import fresh_prefix, make_settings
+from support.mcp import create_task, read_stream, result
+from support.procs import Bridge, running_bridge
+from support.waits import BOUND
 from test_envelope import in_an_object, record
-from test_streams import read_stream, seqs
 from test_strictjson import HOSTILE_TOKENS, json_strings, nested
 
 from bridge.client import TaskStreamClient
@@ -42,7 +42,6 @@ from bridge.kafka.clients import idempotent_producer
 
 pytestmark = pytest.mark.kafka
 
-BOUND = 60
 PREFIX = "io.mcpbridge"  # the default event type prefix of the bridge under test
 STATUS = f"{PREFIX}.{EventSuffix.STATUS}"
 #: Room for the 5000-digit and deeply nested records, so that they are decoded, not oversized.
@@ -58,26 +57,12 @@ TERMINAL: Record = encode_event(TaskEvent(STATUS, {"status": "completed", "resul
 @pytest.fixture(scope="module")
 def careless_bridge(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
+) -> Iterator[Bridge]:
     """One `bridge serve --with-workers` for every example (starting one costs seconds)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from conftest import Bridge, Proc, bridge_env, ensure_layout, free_port, make_settings
-
-    settings = make_settings(
-        kafka_bootstrap, f"c-{secrets.token_hex(5)}", max_event_bytes=MAX_EVENT_BYTES
-    )
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, ensure_layout(settings)).result()
-    logs: Path = tmp_path_factory.mktemp("careless")
-    bridge = Bridge(settings, free_port(), bridge_env(settings), logs)
-    args = ["serve", "--with-workers", "--port", str(bridge.port)]
-    bridge.server = Proc("bridge", args, bridge.env, logs / "bridge.log").start()
-    try:
-        bridge.wait_ready()
+    settings = make_settings(kafka_bootstrap, fresh_prefix("c"), max_event_bytes=MAX_EVENT_BYTES)
+    logs = tmp_path_factory.mktemp("careless")
+    with running_bridge(settings, logs, workers=0, with_workers=True) as bridge:
         yield bridge
-    finally:
-        bridge.stop()
 
 
 # --- what careless producers write ---------------------------------------------------------------
@@ -173,7 +158,7 @@ async def _tasks_get(url: str, task_id: str) -> dict[str, Any]:
         return await result(http, url, "tasks/get", {"taskId": task_id})
 
 
-async def _replay_is_complete(bridge: Any, values: list[Record]) -> None:
+async def _replay_is_complete(bridge: Bridge, values: list[Record]) -> None:
     url = bridge.url
     async with httpx.AsyncClient(timeout=BOUND) as http:
         task_id = await create_task(http, url, "confirm_delete", {"filename": "careless.txt"})
@@ -185,11 +170,11 @@ async def _replay_is_complete(bridge: Any, values: list[Record]) -> None:
     async with asyncio.timeout(BOUND):
         out = await read_stream(url, task_id)
     n = asked + 1 + len(values) + 1
-    assert out["error"] is None, out["error"]
-    assert seqs(out) == list(range(n)), (seqs(out), n)
-    assert out["result"] == {"resultType": "complete"}
+    assert out.error is None, out.error
+    assert out.seqs == list(range(n)), (out.seqs, n)
+    assert out.result == {"resultType": "complete"}
     for written, event, offset in zip(
-        [*values, TERMINAL], out["events"][asked + 1 :], offsets, strict=True
+        [*values, TERMINAL], out.events[asked + 1 :], offsets, strict=True
     ):
         _assert_delivered_as_written(written, event, offset)
     # ... and after the terminal status

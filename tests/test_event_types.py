@@ -7,7 +7,7 @@ import json
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from conftest import make_settings
+from support.layout import make_settings
 
 from bridge.config import Settings
 from bridge.events import EventSuffix, EventTypeRule, is_prefixed_type, is_top_level_domain

@@ -24,20 +24,23 @@ import socket
 import subprocess
 import textwrap
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from aiokafka.admin import RecordsToDelete
-from aiokafka.structs import TopicPartition
-from mcp_http import call, create_task, request, result, sse_messages
 from prometheus_client.parser import text_string_to_metric_families
+from support.layout import fresh_prefix, make_settings
+from support.mcp import StreamRead, call, cancel, create_task, read_stream, request, result
+from support.procs import free_port, running_bridge
+from support.waits import BOUND, wait_until, wait_until_sync
 
 from bridge.config import Settings, running_in_ci
-from bridge.kafka.clients import admin_client, idempotent_producer
+from bridge.events import EVENTS_GONE
+from bridge.kafka.admin import delete_records_before
+from bridge.kafka.clients import TopicPartition, idempotent_producer
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.metrics import Metrics
 
@@ -59,7 +62,8 @@ ALERTS = {
 JOB = "mcp-kafka-bridge"
 #: Grafana's variables, as concrete values: windows long enough to cover the whole test run.
 GRAFANA_VALUES = {"$__rate_interval": "2m", "$__interval": "1m", "$__range": "5m", "$job": ".+"}
-BOUND = 60.0
+#: Poll interval of the waits on Prometheus and the gauges (scraped and evaluated every second).
+POLL_S = 0.2
 
 
 # --- the files -----------------------------------------------------------------------------
@@ -382,8 +386,6 @@ class Observed:
 @contextlib.contextmanager
 def running_prometheus(workdir: Path, target_port: int) -> Iterator[str]:
     """A real Prometheus with the PrometheusRule's rules, scraping one bridge every second."""
-    from conftest import free_port
-
     binary = require_tool("prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "rules.yaml").write_text(rules_spec())
@@ -410,15 +412,15 @@ def running_prometheus(workdir: Path, target_port: int) -> Iterator[str]:
             start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, f"prometheus exited:\n{log_path.read_text()[-3000:]}"
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{base}/-/ready", timeout=2).status_code == 200
+        return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"prometheus exited:\n{log_path.read_text()[-3000:]}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/-/ready", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "prometheus not ready within 30 s"
-            time.sleep(0.1)  # poll interval of a bounded wait for a subprocess to listen
+        wait_until_sync(ready, 30, what="prometheus is ready")
         yield base
     finally:
         proc.terminate()
@@ -433,13 +435,9 @@ def running_prometheus(workdir: Path, target_port: int) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def observed(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
-    from conftest import make_settings, running_bridge
-
     require_tool("prometheus")
     # Large events let a client that stops reading fill the socket buffers (MBs) quickly.
-    settings = make_settings(
-        kafka_bootstrap, f"o-{secrets.token_hex(5)}", max_event_bytes=256 * 1024
-    )
+    settings = make_settings(kafka_bootstrap, fresh_prefix("o"), max_event_bytes=256 * 1024)
     env = {
         "BRIDGE_ADMIN_ENDPOINTS": "true",
         "BRIDGE_METRICS_REFRESH_S": "1",
@@ -454,24 +452,10 @@ def observed(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
         base = f"http://127.0.0.1:{bridge.port}"
         running = Observed(settings, base, bridge.url, prometheus)
         up = f'up{{job="{JOB}"}} == 1'
-        wait_sync(lambda: bool(query_sync(prometheus, up)), "Prometheus scrapes the bridge")
+        wait_until_sync(
+            lambda: query_sync(prometheus, up), what="Prometheus scrapes the bridge", poll_s=POLL_S
+        )
         yield running
-
-
-def wait_sync(condition: Callable[[], bool], what: str, bound: float = BOUND) -> None:
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {bound} s waiting until {what}"
-        time.sleep(0.2)  # poll interval of a bounded wait
-
-
-async def wait_until(
-    condition: Callable[[], Awaitable[bool]], what: str, bound: float = BOUND
-) -> None:
-    deadline = time.monotonic() + bound
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out after {bound} s waiting until {what}"
-        await asyncio.sleep(0.2)  # poll interval of a bounded wait
 
 
 def query_sync(prometheus: str, expr: str) -> list[dict[str, Any]]:
@@ -518,38 +502,6 @@ async def new_task(obs: Observed, seconds: float = 120, label: str = "obs") -> s
         )
 
 
-async def cancel(obs: Observed, task_id: str) -> None:
-    async with httpx.AsyncClient(timeout=BOUND) as http:
-        await result(http, obs.url, "tasks/cancel", {"taskId": task_id})
-
-
-async def stream(
-    obs: Observed, task_id: str, after: int | None = None, started: asyncio.Event | None = None
-) -> tuple[list[int], dict[str, Any] | None]:
-    """Read a tasks/stream to its end: the seqs delivered and the final JSON-RPC message."""
-    params: dict[str, Any] = {"taskId": task_id}
-    if after is not None:
-        params["after"] = after
-    headers, body = request("tasks/stream", params)
-    seqs: list[int] = []
-    final = None
-    async with (
-        httpx.AsyncClient(timeout=BOUND) as http,
-        http.stream("POST", obs.url, json=body, headers=headers) as reply,
-    ):
-        async for line in reply.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            message = sse_messages(line)[0]
-            if message.get("method") == "notifications/tasks/event":
-                seqs.append(message["params"]["seq"])
-                if started is not None:
-                    started.set()
-            else:
-                final = message
-    return seqs, final
-
-
 async def publish(obs: Observed, task_id: str, n: int, blob: str = "") -> list[Published]:
     async with TaskEventPublisher(obs.settings) as pub:
         return [
@@ -566,34 +518,31 @@ async def wait_indexed(obs: Observed, where: Published) -> None:
         end = m[("bridge_log_end_offset", (("partition", p),))]
         return end > where.offset and m[("bridge_indexer_lag_records", (("partition", p),))] == 0
 
-    await wait_until(indexed, f"partition {p} is indexed past offset {where.offset}")
+    await wait_until(
+        indexed, what=f"partition {p} is indexed past offset {where.offset}", poll_s=POLL_S
+    )
 
 
 async def delete_records(obs: Observed, where: Published) -> None:
     """deleteRecords: the log start of ``where``'s partition moves to ``where.offset``."""
     tp = TopicPartition(obs.settings.topics.events, where.partition)
-    admin = admin_client(obs.settings)
-    await admin.start()
-    try:
-        await admin.delete_records({tp: RecordsToDelete(where.offset)})
-    finally:
-        await admin.close()
+    await delete_records_before(obs.settings, tp, where.offset)
 
 
 async def live_stream_and_resume(obs: Observed) -> None:
     """A fresh stream that receives live events, then a resume of the same task."""
     task = await new_task(obs)
-    started = asyncio.Event()
-    reader = asyncio.create_task(stream(obs, task, started=started))
+    live = StreamRead()
+    reader = asyncio.create_task(read_stream(obs.url, task, into=live))
     async with asyncio.timeout(BOUND):
-        await started.wait()
+        await wait_until(lambda: live.events, what="the live stream's first event")
         await publish(obs, task, 30)
-        await cancel(obs, task)
-        seqs, final = await reader
-    assert seqs == list(range(len(seqs))) and len(seqs) >= 32
-    assert final is not None and "result" in final
-    resumed, _ = await stream(obs, task, after=3)
-    assert resumed == seqs[4:]
+        await cancel(obs.url, task)
+        await reader
+    assert live.seqs == list(range(len(live.seqs))) and len(live.seqs) >= 32
+    assert live.result is not None
+    resumed = await read_stream(obs.url, task, after=3)
+    assert resumed.seqs == live.seqs[4:]
 
 
 async def slow_consumer(obs: Observed) -> None:
@@ -625,7 +574,7 @@ async def slow_consumer(obs: Observed) -> None:
         assert (await scrape(obs))[key] > before, "no slow-consumer fallback"
     finally:
         sock.close()
-    await cancel(obs, task)
+    await cancel(obs.url, task)
 
 
 async def gone_open(obs: Observed) -> None:
@@ -639,8 +588,8 @@ async def gone_open(obs: Observed) -> None:
         await wait_indexed(obs, published[-1])
         await delete_records(obs, published[-1])
         gone = await call(http, obs.url, "tasks/stream", {"taskId": task, "after": 0})
-    assert gone["error"]["code"] == -32010, gone
-    await cancel(obs, task)
+    assert gone["error"]["code"] == EVENTS_GONE, gone
+    await cancel(obs.url, task)
 
 
 async def put_load(obs: Observed) -> None:
@@ -670,7 +619,7 @@ async def test_every_dashboard_panel_returns_data_from_a_bridge_under_load(obser
         return not pending
 
     with contextlib.suppress(AssertionError):
-        await wait_until(all_have_data, "every panel has data", bound=30)
+        await wait_until(all_have_data, 30, what="every panel has data", poll_s=POLL_S)
     assert not pending, "\n".join(f"{t}: {e} -> {last.get(e)}" for e, t in pending.items())
     opens = await query(observed.prometheus, "sum by (mode) (bridge_stream_opens_total)")
     assert {s["metric"]["mode"] for s in opens} == {"fresh", "resume", "gone"}
@@ -702,9 +651,13 @@ async def test_indexer_lag_rises_while_paused_and_returns_to_zero_on_resume(obse
                 seen.append(seconds)
                 return records >= 20 and seconds > 0 and seconds > seen[0] + 1
 
-            await wait_until(lag_rises, f"the lag of partition {p} rises")
+            await wait_until(lag_rises, what=f"the lag of partition {p} rises", poll_s=POLL_S)
             in_prometheus = f'bridge_indexer_lag_records{{partition="{p}"}} >= 20'
-            await wait_until(lambda: _nonempty(observed, in_prometheus), "Prometheus sees the lag")
+            await wait_until(
+                lambda: _nonempty(observed, in_prometheus),
+                what="Prometheus sees the lag",
+                poll_s=POLL_S,
+            )
         finally:
             resumed = await http.post(f"{observed.base}/admin/indexer/resume")
         assert resumed.json() == {"indexer": "resume"}
@@ -714,8 +667,8 @@ async def test_indexer_lag_rises_while_paused_and_returns_to_zero_on_resume(obse
         lags = [v for (n, _), v in m.items() if n.startswith("bridge_indexer_lag_")]
         return bool(lags) and all(v == 0 for v in lags)
 
-    await wait_until(caught_up, "every lag gauge is back to 0")
-    await cancel(observed, task)
+    await wait_until(caught_up, what="every lag gauge is back to 0", poll_s=POLL_S)
+    await cancel(observed.url, task)
 
 
 async def _nonempty(obs: Observed, expr: str) -> bool:
@@ -753,16 +706,24 @@ async def test_retention_headroom_drops_when_records_are_deleted(observed):
             low <= headroom <= high
         )
 
-    await wait_until(lambda: headroom_is(7000, 7400, old.offset), "headroom is two hours")
+    await wait_until(
+        lambda: headroom_is(7000, 7400, old.offset), what="headroom is two hours", poll_s=POLL_S
+    )
     fresh = (await publish(observed, task, 1))[0]
     await wait_indexed(observed, fresh)
     await delete_records(observed, fresh)
-    await wait_until(lambda: headroom_is(0, 60, fresh.offset), "headroom drops to seconds")
+    await wait_until(
+        lambda: headroom_is(0, 60, fresh.offset), what="headroom drops to seconds", poll_s=POLL_S
+    )
     # the alert sees it too: records were deleted and the oldest retained event is seconds old
     pending = (
         f'ALERTS{{alertname="BridgeRetentionHeadroomLow", partition="{p}", alertstate="pending"}}'
     )
-    await wait_until(lambda: _nonempty(observed, pending), "BridgeRetentionHeadroomLow is pending")
+    await wait_until(
+        lambda: _nonempty(observed, pending),
+        what="BridgeRetentionHeadroomLow is pending",
+        poll_s=POLL_S,
+    )
 
 
 @pytest.mark.kafka
@@ -778,7 +739,7 @@ async def test_alert_rules_load_into_prometheus_evaluate_cleanly_and_canaries_st
         rules[:] = [r for g in groups["groups"] for r in g["rules"]]
         return bool(rules) and all(r["health"] == "ok" for r in rules)
 
-    await wait_until(evaluated, "every rule was evaluated without error", bound=30)
+    await wait_until(evaluated, 30, what="every rule was evaluated without error", poll_s=POLL_S)
     assert {r["name"]: r["labels"]["severity"] for r in rules} == ALERTS
     doc_anchors = anchors(OPERATIONS.read_text())
     for rule in rules:

@@ -3,95 +3,48 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any
 
 import httpx
 import pytest
-from aiokafka.admin import RecordsToDelete
-from aiokafka.structs import TopicPartition
-from mcp_http import call, create_task, request, result, sse_messages
+from support.layout import fresh_prefix, make_settings
+from support.mcp import (
+    StreamRead,
+    call,
+    cancel,
+    create_task,
+    long_task,
+    read_stream,
+    request,
+    result,
+)
+from support.procs import running_bridge
+from support.sse import sse_messages
+from support.waits import BOUND, wait_until
 
 from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
-from bridge.kafka.clients import admin_client, partition_for_key
+from bridge.events import EVENTS_GONE, INVALID_PARAMS
+from bridge.kafka.admin import delete_records_before
+from bridge.kafka.clients import TopicPartition, committed_consumer, partition_for_key
 from bridge.log.publisher import TaskEventPublisher
 
 pytestmark = pytest.mark.kafka
 
-BOUND = 60
+#: The sbridge's keep-alive period: an idle stream gets a comment line every KEEPALIVE_S.
+KEEPALIVE_S = 0.5
 
 
 @pytest.fixture(scope="module")
 def sbridge(kafka_bootstrap, tmp_path_factory):
-    import secrets
-
-    from conftest import make_settings, running_bridge
-
-    settings = make_settings(kafka_bootstrap, f"s-{secrets.token_hex(5)}")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("s"))
     env = {
-        "BRIDGE_STREAM_KEEPALIVE_S": "0.5",
+        "BRIDGE_STREAM_KEEPALIVE_S": str(KEEPALIVE_S),
         "BRIDGE_STREAM_QUEUE_SIZE": "16",
         "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": "64",
     }
     with running_bridge(settings, tmp_path_factory.mktemp("sbridge"), **env) as running:
         yield running
-
-
-async def read_stream(
-    url: str,
-    task_id: str,
-    after: int | None = None,
-    *,
-    stop_after: int | None = None,
-    started: asyncio.Event | None = None,
-) -> dict[str, Any]:
-    """Open tasks/stream and collect it; ``stop_after`` closes it after that many events."""
-    params: dict[str, Any] = {"taskId": task_id}
-    if after is not None:
-        params["after"] = after
-    headers, body = request("tasks/stream", params)
-    out: dict[str, Any] = {"events": [], "ids": [], "result": None, "error": None, "keepalives": 0}
-    async with (
-        httpx.AsyncClient(timeout=httpx.Timeout(BOUND)) as http,
-        http.stream("POST", url, json=body, headers=headers) as reply,
-    ):
-        out["status"] = reply.status_code
-        event_id = None
-        async for line in reply.aiter_lines():
-            if line.startswith(": keep-alive"):
-                out["keepalives"] += 1
-            elif line.startswith("id:"):
-                event_id = line[3:].strip()
-            elif line.startswith("data:"):
-                message = sse_messages(line)[0]
-                if message.get("method") == "notifications/tasks/event":
-                    out["events"].append(message["params"])
-                    out["ids"].append(event_id)
-                    if started is not None:
-                        started.set()
-                    if stop_after is not None and len(out["events"]) >= stop_after:
-                        return out
-                elif "result" in message:
-                    out["result"] = message["result"]
-                elif "error" in message:
-                    out["error"] = message["error"]
-    return out
-
-
-def seqs(out: dict[str, Any]) -> list[int]:
-    return [e["seq"] for e in out["events"]]
-
-
-async def long_task(url: str) -> str:
-    async with httpx.AsyncClient(timeout=BOUND) as http:
-        return await create_task(http, url, "slow_compute", {"seconds": 120, "label": "long"})
-
-
-async def cancel(url: str, task_id: str) -> None:
-    async with httpx.AsyncClient(timeout=BOUND) as http:
-        assert await result(http, url, "tasks/cancel", {"taskId": task_id}) == {
-            "resultType": "complete"
-        }
 
 
 async def test_replay_then_live_across_the_hand_off_is_gap_free_while_producers_write(sbridge):
@@ -112,16 +65,16 @@ async def test_replay_then_live_across_the_hand_off_is_gap_free_while_producers_
         await writers
         await cancel(url, task)
         out = await reader
-    assert out["result"] == {"resultType": "complete"}
-    assert seqs(out) == list(range(len(out["events"])))
-    assert out["events"][0]["type"] == "io.mcpbridge.task.created"
-    assert out["events"][-1]["type"] == "io.mcpbridge.task.status"
-    assert out["events"][-1]["payload"]["status"] == "cancelled"
+    assert out.result == {"resultType": "complete"}
+    assert out.seqs == list(range(len(out.events)))
+    assert out.events[0]["type"] == "io.mcpbridge.task.created"
+    assert out.events[-1]["type"] == "io.mcpbridge.task.status"
+    assert out.events[-1]["payload"]["status"] == "cancelled"
     for name in ("a", "b"):
         assert [
-            e["payload"]["i"] for e in out["events"] if e["payload"].get("writer") == name
+            e["payload"]["i"] for e in out.events if e["payload"].get("writer") == name
         ] == list(range(200))
-    for event in out["events"]:
+    for event in out.events:
         assert event["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task}
 
 
@@ -133,12 +86,12 @@ async def test_resume_from_every_cursor_gives_exactly_the_remaining_events(sbrid
     await cancel(url, task)
     async with asyncio.timeout(BOUND):
         full = await read_stream(url, task)
-        total = len(full["events"])
-        assert seqs(full) == list(range(total)) and total >= 14
+        total = len(full.events)
+        assert full.seqs == list(range(total)) and total >= 14
         for after in range(total):
             out = await read_stream(url, task, after)
-            assert seqs(out) == list(range(after + 1, total)), after
-            assert out["result"] == {
+            assert out.seqs == list(range(after + 1, total)), after
+            assert out.result == {
                 "resultType": "complete"
             }  # terminal: immediate result when nothing is left
 
@@ -149,9 +102,9 @@ async def test_bad_cursors_get_invalid_params(sbridge):
         for bad in (-1, 1.5, "3", True, None, 2**63, 10**30, 10**400, float("1e300")):
             params = {"taskId": task, "after": bad}
             message = await call(http, url, "tasks/stream", params)
-            assert message["error"]["code"] == -32602, (bad, message)
+            assert message["error"]["code"] == INVALID_PARAMS, (bad, message)
         unknown = await call(http, url, "tasks/stream", {"taskId": "no-such-task"})
-        assert unknown["error"]["code"] == -32602
+        assert unknown["error"]["code"] == INVALID_PARAMS
     await cancel(url, task)
 
 
@@ -159,10 +112,10 @@ async def test_clients_on_their_own_connections_stream_one_task_at_once(sbridge)
     """The one-stream rule is per connection: a late joiner and a dashboard beside the agent
     (same credentials, here anonymous) are all admitted and all get every event."""
     url, task = sbridge.url, await long_task(sbridge.url)
-    started = asyncio.Event()
-    first = asyncio.create_task(read_stream(url, task, started=started))
+    seen = StreamRead()
+    first = asyncio.create_task(read_stream(url, task, into=seen))
     async with asyncio.timeout(BOUND):
-        await started.wait()  # the first stream is active (its first event arrived)
+        await wait_until(lambda: seen.events, what="the first stream delivers its first event")
         second = asyncio.create_task(read_stream(url, task))
         resumed = asyncio.create_task(read_stream(url, task, after=0))
         async with TaskEventPublisher(sbridge.settings) as pub:
@@ -170,18 +123,18 @@ async def test_clients_on_their_own_connections_stream_one_task_at_once(sbridge)
                 await pub.publish(task, "com.example.test.tick", {"i": i})
         await cancel(url, task)
         outs = await asyncio.gather(first, second, resumed)
-    head = seqs(outs[0])
+    head = outs[0].seqs
     assert head == list(range(len(head))) and len(head) >= 7  # created, 5 ticks, cancelled
-    assert seqs(outs[1]) == head
-    assert seqs(outs[2]) == head[1:]
-    assert all(out["result"] == {"resultType": "complete"} for out in outs)
+    assert outs[1].seqs == head
+    assert outs[2].seqs == head[1:]
+    assert all(out.result == {"resultType": "complete"} for out in outs)
 
 
 async def test_a_cursor_ahead_of_the_head_is_refused_and_the_last_seq_waits_for_more(sbridge):
     url, task = sbridge.url, await long_task(sbridge.url)
     async with httpx.AsyncClient(timeout=BOUND) as http:
         ahead = await call(http, url, "tasks/stream", {"taskId": task, "after": 1_000_000})
-    assert ahead["error"]["code"] == -32602
+    assert ahead["error"]["code"] == INVALID_PARAMS
     data = ahead["error"]["data"]
     assert data["reason"] == "cursor_ahead" and data["taskId"] == task and data["nextSeq"] >= 1
     last = data["nextSeq"] - 1  # the last event there is: a legitimate cursor, never refused
@@ -191,7 +144,7 @@ async def test_a_cursor_ahead_of_the_head_is_refused_and_the_last_seq_waits_for_
             await pub.publish(task, "com.example.test.tick", {"i": 0})
         await cancel(url, task)
         out = await at_head
-    assert seqs(out)[0] == last + 1 and out["result"] == {"resultType": "complete"}
+    assert out.seqs[0] == last + 1 and out.result == {"resultType": "complete"}
 
 
 async def test_an_integral_json_number_is_an_integer_cursor(sbridge):
@@ -202,7 +155,7 @@ async def test_an_integral_json_number_is_an_integer_cursor(sbridge):
     await cancel(url, task)
     async with asyncio.timeout(BOUND):
         out = await read_stream(url, task, after=1.0)  # type: ignore[arg-type]
-    assert seqs(out)[0] == 2 and out["result"] == {"resultType": "complete"}
+    assert out.seqs[0] == 2 and out.result == {"resultType": "complete"}
 
 
 async def test_notifications_cancelled_ends_the_stream_without_a_result(sbridge):
@@ -236,24 +189,42 @@ async def test_notifications_cancelled_ends_the_stream_without_a_result(sbridge)
 
 
 async def test_closing_a_stream_does_not_cancel_the_task_and_idle_streams_get_keepalives(sbridge):
-    url, task = sbridge.url, await long_task(sbridge.url)
+    """A task waiting for input writes nothing: its open stream gets keep-alive comments (one
+    every KEEPALIVE_S) and stays open; the client closing it leaves the task as it was."""
+    url = sbridge.url
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        task = await create_task(http, url, "confirm_delete", {"filename": "idle.txt"})
+    idle = StreamRead()
+    reading = asyncio.create_task(read_stream(url, task, into=idle))
+
+    def parked() -> bool:
+        return any(e["payload"].get("status") == "input_required" for e in idle.events)
+
+    def keepalives_since(count: int) -> bool:
+        assert not reading.done(), f"the idle stream ended: {idle}"
+        return idle.keepalives >= count + 2  # two: they keep coming, not one at the start
+
+    try:
+        await wait_until(parked, what="the task asks for input (then it writes nothing more)")
+        seen = idle.keepalives
+        await wait_until(
+            lambda: keepalives_since(seen),
+            20 * KEEPALIVE_S,
+            what=f"two keep-alives on the idle stream after seq {idle.seqs[-1]}",
+        )
+    finally:
+        reading.cancel()  # the client closes the stream
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        view = await result(http, url, "tasks/get", {"taskId": task})
+    assert view["status"] == "input_required"  # closing the stream never cancels the task
+    assert idle.result is None and idle.error is None
+    await cancel(url, task)
     async with asyncio.timeout(BOUND):
-        out = await read_stream(url, task, stop_after=1)
-        assert seqs(out) == [0]
-        async with httpx.AsyncClient(timeout=BOUND) as http:
-            view = await result(http, url, "tasks/get", {"taskId": task})
-        assert view["status"] == "working"
-        idle = asyncio.create_task(read_stream(url, task, after=0))
-        # the task is idle (slow_compute reports once a second at most): keep-alives flow
-        async with TaskEventPublisher(sbridge.settings) as pub:
-            while not idle.done():
-                await asyncio.sleep(1.2)  # longer than two keep-alive periods of 0.5 s
-                await cancel(url, task)
-                break
-        out = await idle
-    assert out["keepalives"] >= 1
-    assert out["result"] == {"resultType": "complete"}
-    assert pub is not None
+        rest = await read_stream(url, task, after=idle.seqs[-1])
+    assert rest.seqs[0] == idle.seqs[-1] + 1 and rest.events[-1]["payload"]["status"] == "cancelled"
+    assert rest.result == {"resultType": "complete"}
 
 
 async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
@@ -265,37 +236,27 @@ async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
             offsets.append(where)
     async with asyncio.timeout(BOUND):
         full = await read_stream(url, task, stop_after=11)
-        while not any(e["payload"].get("i") == 9 for e in full["events"]):
-            full = await read_stream(url, task, stop_after=len(full["events"]) + 1)
-        assert seqs(full) == list(range(len(full["events"])))
+        while not any(e["payload"].get("i") == 9 for e in full.events):
+            full = await read_stream(url, task, stop_after=len(full.events) + 1)
+        assert full.seqs == list(range(len(full.events)))
         seq_of = {
-            e["payload"]["i"]: e["seq"] for e in full["events"] if e["type"] == "com.example.step"
+            e["payload"]["i"]: e["seq"] for e in full.events if e["type"] == "com.example.step"
         }
         cut = offsets[5]  # the step event i=5: the first record kept
-        admin = admin_client(sbridge.settings)
-        await admin.start()
-        try:
-            await admin.delete_records(
-                {
-                    TopicPartition(sbridge.settings.topics.events, cut.partition): RecordsToDelete(
-                        cut.offset
-                    )
-                }
-            )
-        finally:
-            await admin.close()
+        events = TopicPartition(sbridge.settings.topics.events, cut.partition)
+        await delete_records_before(sbridge.settings, events, cut.offset)
         async with httpx.AsyncClient(timeout=BOUND) as http:
             gone = await call(http, url, "tasks/stream", {"taskId": task, "after": 3})
         assert gone["error"] == {
-            "code": -32010,
+            "code": EVENTS_GONE,
             "message": "Task events are no longer available",
             "data": {"reason": "events_gone", "taskId": task, "earliestSeq": seq_of[5]},
         }
         earliest = seq_of[5]
         resumed = await read_stream(url, task, after=earliest - 1, stop_after=3)
-        assert seqs(resumed) == [earliest, earliest + 1, earliest + 2]
+        assert resumed.seqs == [earliest, earliest + 1, earliest + 2]
         replay = await read_stream(url, task, stop_after=3)
-        assert seqs(replay) == [
+        assert replay.seqs == [
             earliest,
             earliest + 1,
             earliest + 2,
@@ -307,7 +268,7 @@ async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
         assert info.value.earliest_seq == earliest
         # transport-level resume with a cursor past retention maps to HTTP 410
         async with httpx.AsyncClient(timeout=BOUND) as http:
-            old = full["ids"][2]
+            old = full.ids[2]
             reply = await http.get(
                 url, headers={"Last-Event-ID": old, "Accept": "text/event-stream"}
             )
@@ -323,11 +284,11 @@ async def test_last_event_id_resumes_the_same_stream_over_get(sbridge):
             await pub.publish(task, "com.example.step", {"i": i})
     async with asyncio.timeout(BOUND):
         first = await read_stream(url, task, stop_after=3)
-        assert seqs(first) == [0, 1, 2]
+        assert first.seqs == [0, 1, 2]
         await cancel(url, task)
         async with httpx.AsyncClient(timeout=BOUND) as http:
             reply = await http.get(
-                url, headers={"Last-Event-ID": first["ids"][-1], "Accept": "text/event-stream"}
+                url, headers={"Last-Event-ID": first.ids[-1], "Accept": "text/event-stream"}
             )
         messages = sse_messages(reply.text)
         events = [
@@ -360,7 +321,7 @@ async def test_a_slow_client_neither_delays_a_fast_one_nor_loses_events(sbridge)
                 latencies.append(sent)
         async with asyncio.timeout(BOUND):
             out = await fast
-        assert seqs(out) == list(range(n + 1))
+        assert out.seqs == list(range(n + 1))
         # now the slow client reads everything it was sent, and nothing is missing
         got = []
         async with asyncio.timeout(BOUND):
@@ -379,11 +340,7 @@ async def test_a_slow_client_neither_delays_a_fast_one_nor_loses_events(sbridge)
 async def test_sigkill_of_the_bridge_mid_stream_loses_and_repeats_nothing(
     kafka_bootstrap, tmp_path
 ):
-    import secrets
-
-    from conftest import make_settings, running_bridge
-
-    settings = make_settings(kafka_bootstrap, f"k-{secrets.token_hex(5)}")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("k"))
     with running_bridge(settings, tmp_path) as bridge:
         url, task = bridge.url, await long_task(bridge.url)
         n = 300
@@ -425,36 +382,32 @@ async def test_sigkill_of_the_bridge_mid_stream_loses_and_repeats_nothing(
 async def test_sigterm_drains_open_streams_promptly_and_the_client_resumes_after_restart(
     kafka_bootstrap, tmp_path
 ):
-    import secrets
-
-    from conftest import make_settings, running_bridge
-
-    settings = make_settings(kafka_bootstrap, f"d-{secrets.token_hex(5)}")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("d"))
     with running_bridge(settings, tmp_path) as bridge:
         url, task = bridge.url, await long_task(bridge.url)
         async with TaskEventPublisher(settings) as pub:
             for i in range(3):
                 await pub.publish(task, "com.example.step", {"i": i})
-        started = asyncio.Event()
+        seen = StreamRead()
         async with asyncio.timeout(BOUND):
-            open_stream = asyncio.create_task(read_stream(url, task, started=started))
-            await started.wait()
+            open_stream = asyncio.create_task(read_stream(url, task, into=seen))
+            await wait_until(lambda: seen.events, what="the stream delivers its first event")
             drained_at = time.monotonic()
             bridge.server.popen.terminate()  # SIGTERM
             out = await open_stream
             took = time.monotonic() - drained_at
             exit_code = await asyncio.to_thread(bridge.server.popen.wait, BOUND)
-        assert out["result"] is None and out["error"] is None  # ended without its result: resume
+        assert out.result is None and out.error is None  # ended without its result: resume
         assert took < 9  # well inside the 10 s graceful shutdown: streams end at once
         # uvicorn re-raises the signal once its graceful shutdown is done
         assert exit_code in (0, -15)
         assert "Finished server process" in bridge.server.tail(200)
-        seen = seqs(out)
+        seen = out.seqs
         bridge.start_server()
         await cancel(url, task)
         rest = await read_stream(url, task, after=seen[-1])
-        assert seqs(rest) == list(range(seen[-1] + 1, seen[-1] + 1 + len(rest["events"])))
-        assert rest["result"] == {"resultType": "complete"}
+        assert rest.seqs == list(range(seen[-1] + 1, seen[-1] + 1 + len(rest.events)))
+        assert rest.result == {"resultType": "complete"}
 
 
 async def test_a_finished_task_whose_events_are_all_gone_ends_at_once_without_a_cursor(sbridge):
@@ -462,47 +415,35 @@ async def test_a_finished_task_whose_events_are_all_gone_ends_at_once_without_a_
     await cancel(url, task)
     async with asyncio.timeout(BOUND):
         out = await read_stream(url, task)  # everything, up to the cancelled status
-    assert out["result"] == {"resultType": "complete"} and out["events"]
-    admin = admin_client(sbridge.settings)
-    await admin.start()
-    try:
-        # delete everything of the partition the task lives in, up to its end
-        partition = partition_for_key(task.encode(), sbridge.settings.topics.partitions)
-        ends = await _end_offsets(sbridge.settings, partition)
-        await admin.delete_records(
-            {TopicPartition(sbridge.settings.topics.events, partition): RecordsToDelete(ends)}
-        )
-    finally:
-        await admin.close()
+    assert out.result == {"resultType": "complete"} and out.events
+    # delete everything of the partition the task lives in, up to its end
+    partition = partition_for_key(task.encode(), sbridge.settings.topics.partitions)
+    events = TopicPartition(sbridge.settings.topics.events, partition)
+    await delete_records_before(
+        sbridge.settings, events, await _end_offset(sbridge.settings, events)
+    )
     async with asyncio.timeout(BOUND):
         gone = await read_stream(url, task)
-    assert gone["events"] == [] and gone["result"] == {"resultType": "complete"}
+    assert gone.events == [] and gone.result == {"resultType": "complete"}
 
 
-async def _end_offsets(settings, partition: int) -> int:
-    from bridge.kafka.clients import committed_consumer
-
+async def _end_offset(settings, tp: TopicPartition) -> int:
     consumer = committed_consumer(settings, role="probe")
     await consumer.start()
     try:
-        tp = TopicPartition(settings.topics.events, partition)
         return int((await consumer.end_offsets([tp]))[tp])
     finally:
         await consumer.stop()
 
 
 async def test_stream_opens_are_rate_limited_per_client(kafka_bootstrap, tmp_path):
-    import secrets
-
-    from conftest import make_settings, running_bridge
-
-    settings = make_settings(kafka_bootstrap, f"r-{secrets.token_hex(5)}")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("r"))
     with running_bridge(settings, tmp_path, BRIDGE_MAX_STREAM_OPENS_PER_MINUTE="3") as bridge:
         url, task = bridge.url, await long_task(bridge.url)
         await cancel(url, task)
         async with asyncio.timeout(BOUND):
             for _ in range(3):
-                assert (await read_stream(url, task))["result"] == {"resultType": "complete"}
+                assert (await read_stream(url, task)).result == {"resultType": "complete"}
             async with httpx.AsyncClient(timeout=BOUND) as http:
                 headers, body = request("tasks/stream", {"taskId": task})
                 refused = await http.post(url, json=body, headers=headers)

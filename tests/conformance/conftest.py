@@ -19,7 +19,6 @@ or deselected test is enough for it not to (the worst outcome is shown, see :dat
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,13 +155,14 @@ def server_under_test(
         )
         return
     # Our bridge, on the test Kafka, with bearer auth and two principals.
-    from conftest import make_settings, running_bridge  # tests/conftest.py
+    from support.layout import fresh_prefix, make_settings  # tests/support
+    from support.procs import running_bridge
 
     bootstrap = request.getfixturevalue("kafka_bootstrap")
     root = tmp_path_factory.mktemp("conformance")
     tokens = root / "tokens.json"
     tokens.write_text(json.dumps(_TOKENS))
-    settings = make_settings(bootstrap, f"c-{secrets.token_hex(5)}", **SUITE_LIMITS)
+    settings = make_settings(bootstrap, fresh_prefix("c"), **SUITE_LIMITS)
     env = {"BRIDGE_AUTH__MODE": "bearer", "BRIDGE_AUTH__TOKENS_FILE": str(tokens)}
     env.update({f"BRIDGE_{name.upper()}": str(value) for name, value in SUITE_LIMITS.items()})
     with running_bridge(settings, root, workers=1, **env) as bridge:
@@ -190,22 +190,17 @@ async def hooks(
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def client(server_under_test: ServerUnderTest) -> AsyncIterator[McpClient]:
-    mcp = McpClient(server_under_test.url, server_under_test.auth_token, bound=BOUND)
-    try:
+    async with McpClient(server_under_test.url, server_under_test.auth_token, bound=BOUND) as mcp:
         yield mcp
-    finally:
-        await mcp.aclose()
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def other_client(server_under_test: ServerUnderTest) -> AsyncIterator[McpClient]:
     if server_under_test.other_auth_token is None:
         server_under_test.not_applicable("no --other-auth-token: a second principal is needed")
-    mcp = McpClient(server_under_test.url, server_under_test.other_auth_token, bound=BOUND)
-    try:
+    token = server_under_test.other_auth_token
+    async with McpClient(server_under_test.url, token, bound=BOUND) as mcp:
         yield mcp
-    finally:
-        await mcp.aclose()
 
 
 @pytest_asyncio.fixture(loop_scope="package")

@@ -1,0 +1,176 @@
+"""`bridge serve` and `bridge workers` as subprocesses of a test, on the test's own topics.
+
+Output goes to a log file per process (its tail is shown when a test fails); a process still
+running when its test ends is stopped with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.config import Settings
+
+from .layout import create_served_topics
+from .waits import wait_until_sync
+
+__all__ = ["Bridge", "Proc", "bridge_env", "free_port", "running_bridge"]
+
+#: Seconds a bridge may take to answer /readyz (it restores the index and checks Kafka first).
+READY_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """Environment that makes a `bridge` subprocess use ``settings``' broker, topics and tools."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    t = settings.topics
+    env.update(
+        BRIDGE_KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers or "",
+        BRIDGE_TOPICS__PREFIX=t.prefix,
+        BRIDGE_TOPICS__PARTITIONS=str(t.partitions),
+        BRIDGE_TOPICS__INDEX_PARTITIONS=str(t.index_partitions),
+        BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(t.min_insync_replicas),
+        BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
+        BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
+        BRIDGE_TOOL_PACKS=json.dumps(settings.tool_packs),
+        BRIDGE_LOG_LEVEL="INFO",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Proc:
+    """A `bridge` subprocess whose output goes to a log file (shown when a test fails)."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "bridge.cli", *self.args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.popen is not None
+            self.popen.kill()
+            self.popen.wait(timeout=30)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if not self.alive():
+            return
+        assert self.popen is not None
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@dataclass
+class Bridge:
+    """A running bridge (and its workers) for a test or a test module."""
+
+    settings: Settings
+    port: int
+    env: dict[str, str]
+    logs: Path
+    #: Serve with ``--with-workers`` (the tools run in the server process).
+    with_workers: bool = False
+    server: Proc | None = None
+    workers: list[Proc] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start_server(self) -> Proc:
+        args = ["serve", "--port", str(self.port)]
+        args += ["--with-workers"] if self.with_workers else []
+        self.server = Proc("bridge", args, self.env, self.logs / "bridge.log").start()
+        self.wait_ready()
+        return self.server
+
+    def start_worker(self, *packs: str) -> Proc:
+        args = ["workers"] + [a for p in packs for a in ("--pack", p)]
+        name = f"worker{len(self.workers)}"
+        proc = Proc(name, args, self.env, self.logs / f"{name}.log")
+        self.workers.append(proc.start())
+        return proc
+
+    def _ready(self) -> bool:
+        server = self.server
+        assert server is not None and server.alive(), f"bridge exited:\n{self._tail()}"
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as reply,
+        ):
+            return bool(reply.status == 200)
+        return False
+
+    def _tail(self) -> str:
+        return self.server.tail() if self.server else ""
+
+    def wait_ready(self, bound: float = READY_S) -> None:
+        wait_until_sync(self._ready, bound, what=lambda: f"the bridge is ready:\n{self._tail()}")
+
+    def stop(self) -> None:
+        for proc in [*self.workers, *([self.server] if self.server else [])]:
+            proc.stop()
+
+
+@contextlib.contextmanager
+def running_bridge(
+    settings: Settings,
+    logs: Path,
+    *,
+    workers: int = 1,
+    with_workers: bool = False,
+    **env: str,
+) -> Iterator[Bridge]:
+    """`bridge serve` (and ``workers`` `bridge workers` processes) on ``settings``' topics,
+    created first; ``with_workers``: the tools run in the server process instead.
+    ``env`` adds to (or overrides) the subprocesses' environment."""
+    create_served_topics(settings)
+    bridge = Bridge(settings, free_port(), bridge_env(settings, **env), logs, with_workers)
+    try:
+        for _ in range(workers):
+            bridge.start_worker()
+        bridge.start_server()
+        yield bridge
+    finally:
+        bridge.stop()
