@@ -197,14 +197,10 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 
 async def run_indexer(settings: Settings, flush_interval_s: float) -> None:
     """Run the persisting indexer until cancelled (SIGINT/SIGTERM)."""
-    import signal
-
+    from bridge.component import stop_signal
     from bridge.log.indexer import Indexer
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_signal()
     async with Indexer(settings, persist=True, flush_interval_s=flush_interval_s) as indexer:
         tasks = sum(len(i) for i in indexer.partitions.values())
         print(
@@ -257,29 +253,11 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 def serve(settings: Settings, *, with_workers: bool = False) -> None:
     """Run the HTTP server until SIGINT/SIGTERM; streams are drained first (clients resume)."""
-    import uvicorn
-
-    from bridge.server.app import create_app
+    from bridge.server.runner import bridge_server
     from bridge.workers.inprocess import run_workers_in_process
 
-    app = create_app(settings, companions=[run_workers_in_process] if with_workers else [])
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            components = app.state.components
-            hub = components.hub if components is not None else None
-            if hub is not None:
-                hub.drain()
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(
-        app,
-        host=settings.http_host,
-        port=settings.http_port,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=10,
-    )
-    Server(config).run()
+    companions = [run_workers_in_process] if with_workers else []
+    bridge_server(settings, companions=companions).run()
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -294,14 +272,20 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The reviewer demo (bridge/demo.py): Kafka, topics, the bridge, a narrated walkthrough."""
-    from bridge import demo
+    """The reviewer demo (bridge/demo/): Kafka, topics, the bridge, a narrated walkthrough."""
+    from bridge.demo import DemoError, demo_command
+    from bridge.replay import ReplayError
 
     try:
-        return demo.demo_command(
-            settings, exit_after=args.exit, speed=args.speed, data=args.data, progress=_progress
+        return demo_command(
+            settings,
+            exit_after=args.exit,
+            speed=args.speed,
+            data=args.data,
+            progress=_progress,
+            create_topics=create_topics,
         )
-    except demo.DemoError as exc:
+    except (DemoError, ReplayError) as exc:
         raise UserError(str(exc)) from None
 
 
@@ -309,22 +293,23 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from bridge import demo
+    from bridge.replay import ReplayError, replay_command
 
     url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
     try:
         return asyncio.run(
-            demo.replay_command(
+            replay_command(
                 require_kafka(settings, [settings.topics.events]),
                 args.file,
                 task_id=args.task_id,
                 speed=args.speed,
                 url=url,
                 keep_open=args.keep_open,
+                progress=_progress,
                 principal=args.principal,
             )
         )
-    except demo.DemoError as exc:
+    except ReplayError as exc:
         raise UserError(str(exc)) from None
 
 
@@ -399,8 +384,7 @@ async def run_workers(
     settings: Settings, packs: list[str], concurrency: int, session_timeout_ms: int | None
 ) -> None:
     """Run the handlers of ``packs`` until SIGINT/SIGTERM; jobs in flight then go to others."""
-    import signal
-
+    from bridge.component import cancel_and_wait, stop_signal
     from bridge.workers.packs import UnknownPack, pack_handlers, pack_tools
     from bridge.workers.sdk import Worker
 
@@ -414,10 +398,7 @@ async def run_workers(
     # later only at its next metadata refresh (minutes).
     await ensure_layout(settings, job_topics.values())
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_signal()
     worker = Worker(
         settings,
         handlers,
@@ -434,7 +415,7 @@ async def run_workers(
             flush=True,
         )
         await asyncio.wait({runner, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
+        await cancel_and_wait(stopping)
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await runner  # re-raises if the worker itself failed

@@ -1,7 +1,8 @@
 """The reviewer demo (`bridge demo --exit`) and `bridge replay` of the shipped data set.
 
-The data set checks need nothing; the rest run real `bridge` subprocesses on the test broker,
-each on topics of its own.
+The data set checks and the demo's way of running the server (bridge.server.runner, in this
+event loop on a socket bound up front) need nothing; the rest run real `bridge` subprocesses
+on the test broker, each on topics of its own.
 """
 
 from __future__ import annotations
@@ -10,15 +11,25 @@ import asyncio
 import json
 import re
 import secrets
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 from bridge.client import StreamEvent, TaskStreamClient
-from bridge.demo import DEFAULT_SESSION, DemoError, load_session
+from bridge.demo import DEFAULT_SESSION
+from bridge.replay import REPLAY_TOOL, ReplayError, load_session
+from bridge.server.runner import AppServer
 from bridge.tasks.messages import owner_digest
 
 BOUND = 120
@@ -88,7 +99,7 @@ def test_a_bad_session_line_is_named(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     good = '{"offset_ms": 2, "type": "com.example.a.b", "payload": {}}'
     path.write_text(f"{good}\n\n{line}\n", encoding="utf-8")
-    with pytest.raises(DemoError, match=re.escape(message)) as info:
+    with pytest.raises(ReplayError, match=re.escape(message)) as info:
         load_session(path)
     assert f"{path}:3" in str(info.value)
 
@@ -96,8 +107,63 @@ def test_a_bad_session_line_is_named(tmp_path, line, message):
 def test_an_empty_session_is_refused(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n", encoding="utf-8")
-    with pytest.raises(DemoError, match="no events"):
+    with pytest.raises(ReplayError, match="no events"):
         load_session(path)
+
+
+# --- the server, run in this event loop (bridge.server.runner) ---------------------------------
+
+
+def streaming_app(release: asyncio.Event) -> Starlette:
+    """An app whose one response stays open until ``release`` is set, as a live tasks/stream."""
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"open\n"
+        await release.wait()
+        yield b"drained\n"
+
+    async def endpoint(request: Request) -> StreamingResponse:
+        return StreamingResponse(body())
+
+    return Starlette(routes=[Route("/stream", endpoint)])
+
+
+async def test_the_server_runs_in_this_loop_on_a_bound_socket_and_on_stop_ends_open_responses_first():
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    def on_stop() -> None:  # what the bridge does here: drain its open streams
+        calls.append("on_stop")
+        release.set()
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/stream"
+    graceful_s = 5
+    server = AppServer(
+        streaming_app(release),
+        sock=sock,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=graceful_s,
+        on_stop=on_stop,
+        handle_signals=False,
+    )
+    async with asyncio.timeout(BOUND):
+        await server.start()
+        async with httpx.AsyncClient() as http, http.stream("GET", url) as response:
+            chunks = response.aiter_raw()
+            assert await anext(chunks) == b"open\n"
+            began = time.monotonic()
+            server.stop()
+            server.stop()  # asked twice (a second signal): on_stop runs once
+            rest = b"".join([chunk async for chunk in chunks])
+        await server.close()
+        took = time.monotonic() - began
+    assert rest == b"drained\n"  # the open response ended by itself, not cut off at the bound
+    assert calls == ["on_stop"]
+    assert took < graceful_s
+    assert server.task is not None and server.task.done()
 
 
 # --- bridge replay -----------------------------------------------------------------------------
@@ -149,7 +215,14 @@ async def test_replay_at_speed_0_streams_exactly_the_files_events_in_order(rbrid
     prefix = rbridge.settings.event_type_prefix
     assert [e.seq for e in events] == list(range(len(session) + 2))
     assert events[0].type == f"{prefix}.task.created"
-    assert events[0].payload["owner"] == owner_digest("anonymous")
+    created = events[0].payload
+    assert created == {  # the task service's task.created (bridge.tasks.create), tool "replay"
+        "tool": "replay",
+        "owner": owner_digest("anonymous"),
+        "createdMs": created["createdMs"],
+        "ttlMs": REPLAY_TOOL.ttl_ms,
+        "pollIntervalMs": REPLAY_TOOL.poll_interval_ms,
+    }
     assert [(e.type, e.payload) for e in events[1:-1]] == [(s.type, s.payload) for s in session]
     final = events[-1]
     assert final.type == f"{prefix}.task.status"
@@ -158,6 +231,7 @@ async def test_replay_at_speed_0_streams_exactly_the_files_events_in_order(rbrid
     view = await TaskStreamClient(rbridge.url).call("tasks/get", {"taskId": task_id}, task_id)
     assert view["status"] == "completed"
     assert view["result"] == final.payload["result"]
+    assert (view["ttlMs"], view["pollIntervalMs"]) == (24 * 3600 * 1000, 500)
 
 
 @pytest.mark.kafka

@@ -1,0 +1,193 @@
+"""Running the bridge's HTTP server under uvicorn: the one place the package does it.
+
+Two uses, one class (:class:`AppServer`):
+
+* ``bridge serve`` runs the app as the process's main (:meth:`AppServer.run`): uvicorn's own
+  event loop, and uvicorn's handling of SIGINT/SIGTERM;
+* ``bridge demo`` runs it beside its own work in the current event loop (:meth:`AppServer.start`,
+  :meth:`AppServer.close`), on a socket it bound up front so that a busy port is a clear error
+  rather than a uvicorn exit, and handles the signals itself.
+
+Whatever asks for the stop (a signal, or the caller), it takes one path: ``on_stop`` first, then
+uvicorn's graceful shutdown (bounded by ``timeout_graceful_shutdown``), then the app's lifespan
+shutdown. The bridge drains its open streams in ``on_stop`` (:func:`bridge_server`): an open
+``tasks/stream`` never ends by itself, so without the drain every viewer would hold the shutdown
+until its bound, and then be cut off instead of told to resume. A second SIGINT forces the exit,
+as in uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from bridge.component import cancel_and_wait
+from bridge.config import Settings
+from bridge.server.app import Companion, create_app
+
+__all__ = ["AppServer", "ServerExited", "bridge_server"]
+
+log = logging.getLogger(__name__)
+
+#: Bound of uvicorn's graceful shutdown (requests in flight); streams are drained before it.
+GRACEFUL_SHUTDOWN_S = 10
+
+
+class ServerExited(RuntimeError):
+    """The server ended before it served (see its log: the app's startup failed)."""
+
+    def __init__(self) -> None:
+        super().__init__("the HTTP server stopped before it started serving")
+
+
+class AppServer:
+    """An ASGI app under uvicorn, stopped the same way whoever asks.
+
+    ``sock``: serve on this bound socket instead of ``host``/``port``. ``on_stop``: called once,
+    when the stop begins, before uvicorn stops accepting connections. ``handle_signals``: let
+    uvicorn turn SIGINT/SIGTERM into a stop (False when the caller handles them itself and
+    calls :meth:`stop`).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        sock: socket.socket | None = None,
+        log_level: str = "info",
+        access_log: bool = True,
+        timeout_graceful_shutdown: int = GRACEFUL_SHUTDOWN_S,
+        on_stop: Callable[[], None] | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=access_log,
+            timeout_graceful_shutdown=timeout_graceful_shutdown,
+            lifespan="on",
+        )
+        self._server = _Uvicorn(config, self, handle_signals)
+        self._sockets = [sock] if sock is not None else None
+        self._on_stop = on_stop
+        self._stopping = False
+        self._started = asyncio.Event()
+        #: The serving task once :meth:`start` ran (done when the server has stopped).
+        self.task: asyncio.Task[None] | None = None
+
+    def run(self) -> None:
+        """Serve as the process's main until SIGINT/SIGTERM (blocks, in uvicorn's own loop)."""
+        self._server.run(sockets=self._sockets)
+
+    async def start(self) -> None:
+        """Serve in the background of the running loop; returns once the app's lifespan startup
+        is complete and the socket accepts connections (the caller bounds the wait).
+
+        Raises :class:`ServerExited` when the server ended first.
+        """
+        self.task = asyncio.create_task(self._server.serve(sockets=self._sockets), name="http")
+        started = asyncio.create_task(self._started.wait())
+        try:
+            await asyncio.wait({self.task, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait(started)
+        if not self._started.is_set():
+            raise ServerExited()
+
+    def stop(self) -> None:
+        """Begin the graceful stop: ``on_stop``, then uvicorn's shutdown. Safe to call again."""
+        self._before_stop()
+        self._server.should_exit = True
+
+    async def close(self, bound_s: float = 3.0 * GRACEFUL_SHUTDOWN_S) -> None:
+        """:meth:`stop`, then wait for the server to end; past ``bound_s`` it is cancelled.
+
+        The serving task's own failure, if it had one, is raised.
+        """
+        self.stop()
+        if self.task is None:
+            return
+        done, _ = await asyncio.wait({self.task}, timeout=bound_s)
+        if done:
+            await self.task
+        else:
+            log.warning("the HTTP server did not stop within %.0f s: cancelled", bound_s)
+            await cancel_and_wait(self.task)
+
+    def _before_stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            if self._on_stop is not None:
+                self._on_stop()
+
+    def _mark_started(self) -> None:
+        self._started.set()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, reporting its start and the stop signals to its :class:`AppServer`."""
+
+    def __init__(self, config: uvicorn.Config, owner: AppServer, handle_signals: bool) -> None:
+        super().__init__(config)
+        self._owner = owner
+        self._handle_signals = handle_signals
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self._owner._mark_started()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if not self._handle_signals:
+            yield  # the owner's caller handles SIGINT/SIGTERM and calls stop()
+            return
+        with super().capture_signals():
+            yield
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._owner._before_stop()
+        super().handle_exit(sig, frame)
+
+
+def bridge_server(
+    settings: Settings,
+    *,
+    companions: Sequence[Companion] = (),
+    sock: socket.socket | None = None,
+    quiet: bool = False,
+    handle_signals: bool = True,
+) -> AppServer:
+    """The bridge's app (:func:`~bridge.server.app.create_app`, with ``companions``) under
+    uvicorn at the settings' host and port (or on ``sock``); its open streams are drained when
+    it stops.
+
+    ``quiet``: only uvicorn's warnings, no access log (the demo's narration is its output).
+    """
+    app = create_app(settings, companions=companions)
+
+    def drain_streams() -> None:
+        components = app.state.components
+        if components is not None:  # None until the lifespan has started them
+            components.hub.drain()  # open streams end now; clients resume elsewhere or later
+
+    return AppServer(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        sock=sock,
+        log_level="warning" if quiet else settings.log_level.lower(),
+        access_log=not quiet,
+        on_stop=drain_streams,
+        handle_signals=handle_signals,
+    )

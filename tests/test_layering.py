@@ -1,0 +1,150 @@
+"""The layering of bridge/: who may import what, read from the source (no broker needed).
+
+A small AST scan, not an import of the modules: it sees the imports inside functions too (the
+CLI imports its commands lazily), so a cycle hidden from start-up time still shows.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import bridge
+
+BRIDGE = Path(bridge.__file__).parent
+#: The Kafka client layer: the only place that knows aiokafka.
+KAFKA_LAYER = BRIDGE / "kafka"
+
+
+def module_name(path: Path) -> str:
+    """``bridge/demo/__init__.py`` -> ``bridge.demo``; ``bridge/cli.py`` -> ``bridge.cli``."""
+    parts = path.relative_to(BRIDGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(source: str, module: str, is_package: bool) -> set[str]:
+    """Every dotted name ``source`` imports, relative imports resolved; ``from m import n``
+    gives both ``m`` and ``m.n`` (``n`` may be a submodule or a name inside ``m``)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def bridge_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(BRIDGE.rglob("*.py"))}
+
+
+def imports_of(path: Path) -> set[str]:
+    name = module_name(path)
+    return imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of bridge/ it imports (a name imported from a module is an edge to
+    that module; importing ``a.b`` is not counted as importing the package ``a``)."""
+    return {
+        name: {other for other in imports_of(path) if other in modules and other != name}
+        for name, path in modules.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = list(_pop_until(stack, on_stack, node))
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _pop_until(stack: list[str], on_stack: set[str], node: str) -> Iterator[str]:
+    while True:
+        top = stack.pop()
+        on_stack.discard(top)
+        yield top
+        if top == node:
+            return
+
+
+def importers_of(roots: Iterable[str], modules: dict[str, Path]) -> set[str]:
+    """The modules of bridge/ that import one of ``roots`` or anything below them."""
+    prefixes = tuple(roots)
+    return {
+        name
+        for name, path in modules.items()
+        if any(i == r or i.startswith(r + ".") for i in imports_of(path) for r in prefixes)
+    }
+
+
+# --- the scanner itself ------------------------------------------------------------------------
+
+
+def test_the_cycle_finder_names_every_module_of_a_cycle_and_nothing_else():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_scan_resolves_relative_imports_and_imports_inside_functions():
+    source = "from .narrator import Narrator\ndef f():\n    from bridge import cli\n"
+    names = imported_names(source, "bridge.demo.walkthrough", is_package=False)
+    assert {"bridge.demo.narrator", "bridge.cli"} <= names
+    names = imported_names("from . import walkthrough\n", "bridge.demo", is_package=True)
+    assert "bridge.demo.walkthrough" in names
+
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def test_the_import_graph_of_bridge_has_no_cycle():
+    graph = import_graph(bridge_modules())
+    assert sum(len(edges) for edges in graph.values()) > 50, "the scan found too few imports"
+    assert cycles(graph) == []
+
+
+def test_only_the_kafka_client_layer_imports_aiokafka():
+    modules = bridge_modules()
+    layer = {name for name, path in modules.items() if path.is_relative_to(KAFKA_LAYER)}
+    importers = importers_of(["aiokafka"], modules)
+    assert importers & layer, "bridge.kafka imports aiokafka: the scan must see it"
+    assert sorted(importers - layer) == []
+
+
+def test_the_library_imports_no_application_and_the_applications_do_not_import_the_cli():
+    modules = bridge_modules()
+    graph = import_graph(modules)
+    demo = {name for name in modules if name == "bridge.demo" or name.startswith("bridge.demo.")}
+    applications = {"bridge.cli", "bridge.replay", *demo}
+    assert demo, "the scan must see the demo package"
+    library = set(modules) - applications
+    assert sorted(name for name in library if graph[name] & applications) == []
+    assert sorted(name for name in applications if "bridge.cli" in graph.get(name, set())) == []
