@@ -26,17 +26,19 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from conftest import Bridge, make_settings, running_bridge
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from support.layout import fresh_prefix, make_settings
+from support.mcp import CLIENT_CAPS as TASK_CAPS
+from support.mcp import VERSION as MODERN
+from support.mcp import meta, routing_headers
+from support.procs import Bridge, running_bridge
+from support.waits import wait_until_sync
+
+from bridge.events import INVALID_PARAMS, INVALID_REQUEST
 
 pytestmark = pytest.mark.kafka
 
-MODERN = "2026-07-28"
-TASKS_EXT = "io.modelcontextprotocol/tasks"
-TASK_CAPS: dict[str, Any] = {"extensions": {TASKS_EXT: {}}}
-INVALID_REQUEST = -32600
-INVALID_PARAMS = -32602
 BOUND = 30.0  # seconds any polled condition may take
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-carol": "carol", "tok-dave": "dave"}
@@ -61,20 +63,8 @@ class Client:
         caps: dict[str, Any] | None = None,
         token: str | None = None,
     ) -> httpx.Response:
-        params = dict(params or {})
-        params["_meta"] = {
-            "io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": caps if caps is not None else {},
-        }
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": MODERN,
-            "Mcp-Method": method,
-        }
-        name = params.get("name") if method == "tools/call" else params.get("taskId")
-        if isinstance(name, str):
-            headers["Mcp-Name"] = name
+        params = {**(params or {}), "_meta": meta(caps)}
+        headers = routing_headers(method, params)
         credential = token if token is not None else self.token
         if credential is not None:
             headers["Authorization"] = f"Bearer {credential}"
@@ -101,13 +91,12 @@ class Client:
 
     def wait_status(self, task_id: str, statuses: set[str]) -> dict[str, Any]:
         """Poll tasks/get (bounded) until the task's status is one of ``statuses``."""
-        deadline = time.monotonic() + BOUND
-        while True:
+
+        def reached() -> dict[str, Any] | None:
             task = self.task(task_id)
-            if task["status"] in statuses or time.monotonic() > deadline:
-                assert task["status"] in statuses, task
-                return task
-            time.sleep(0.1)  # the poll interval of a bounded wait on the task's status
+            return task if task["status"] in statuses else None
+
+        return wait_until_sync(reached, BOUND, what=f"task {task_id} is {statuses}", poll_s=0.1)
 
     def cancel(self, task_id: str) -> None:
         self.result("tasks/cancel", {"taskId": task_id}, caps=TASK_CAPS)
@@ -127,12 +116,14 @@ def log_count(bridge: Bridge, needle: str) -> int:
 
 def wait_logged(bridge: Bridge, needle: str, count: int) -> str:
     """The server's log once it holds ``count`` lines with ``needle`` (a bounded poll)."""
-    assert bridge.server is not None
-    deadline = time.monotonic() + BOUND
-    while log_count(bridge, needle) < count:
-        assert time.monotonic() < deadline, bridge.server.tail()
-        time.sleep(0.05)  # the poll interval of a bounded wait for the access log to catch up
-    return bridge.server.log_path.read_text(errors="replace")
+    server = bridge.server
+    assert server is not None
+    wait_until_sync(
+        lambda: log_count(bridge, needle) >= count,
+        BOUND,
+        what=lambda: f"{count} log lines with {needle!r}:\n{server.tail()}",
+    )
+    return server.log_path.read_text(errors="replace")
 
 
 # --- static bearer tokens ---------------------------------------------------------------------
@@ -143,7 +134,7 @@ def bearer(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
     root = tmp_path_factory.mktemp("auth-bearer")
     tokens_file = root / "tokens.json"
     tokens_file.write_text(json.dumps(TOKENS))
-    settings = make_settings(kafka_bootstrap, f"a-{secrets.token_hex(6)}")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("a"))
     with running_bridge(
         settings,
         root,
@@ -354,7 +345,7 @@ def jwt_bridge(
     root = tmp_path_factory.mktemp("auth-jwt")
     jwks = root / "jwks.json"
     write_jwks(jwks, keys.private)
-    settings = make_settings(kafka_bootstrap, f"j-{secrets.token_hex(6)}")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("j"))
     with running_bridge(
         settings,
         root,

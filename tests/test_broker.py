@@ -16,7 +16,8 @@ from typing import TypeVar
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
+from support.waits import wait_until_sync
 
 from bridge.config import Settings, load_settings, running_in_ci
 from bridge.devkafka import (
@@ -31,6 +32,7 @@ from bridge.devkafka import (
     start_local_detached,
     stop_local_detached,
 )
+from bridge.kafka.admin import kafka_admin
 
 T = TypeVar("T")
 
@@ -86,14 +88,6 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def silent_listener() -> Iterator[int]:
     """A TCP port that accepts connections and never answers."""
@@ -113,12 +107,8 @@ def _closed_port() -> int:
 
 
 async def _round_trip(bootstrap: str, topic: str) -> bytes:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with kafka_admin(load_settings(kafka_bootstrap_servers=bootstrap)) as admin:
         await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-    finally:
-        await admin.close()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
     await producer.start()
     try:
@@ -139,12 +129,8 @@ async def _round_trip(bootstrap: str, topic: str) -> bytes:
 
 
 async def _topics(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with kafka_admin(load_settings(kafka_bootstrap_servers=bootstrap)) as admin:
         return set(await admin.list_topics())
-    finally:
-        await admin.close()
 
 
 # --- the provided broker -----------------------------------------------------------------------
@@ -263,7 +249,7 @@ def test_local_broker_dies_with_its_python_process(ending: str) -> None:
             assert _alive(started["pid"])
             child.kill()
         child.wait(timeout=60)
-        _wait_until(lambda: not _alive(started["pid"]), 20, "the broker to die")
+        wait_until_sync(lambda: not _alive(started["pid"]), 20, what="the broker died")
         assert _pids_mentioning(started["root"]) == []
         if ending == "exit":
             assert not Path(started["root"]).exists()

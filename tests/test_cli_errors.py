@@ -23,7 +23,7 @@ BOUND_S = 20.0  # a misconfiguration must be reported within this many seconds
 COMMANDS = {
     "serve": ["serve", "--port", "0"],
     "index": ["index"],
-    "workers": ["workers"],
+    "workers": ["workers", "--pack", "conformance"],  # no packs by default: nothing to run
     "verify": ["verify"],
     "topics create": ["topics", "create"],
     "replay": ["replay", str(SESSION), "--speed", "0"],

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bridge.client import EventsGone, MemoryCursorStore, StreamError, TaskStreamClient
+from bridge.events import EVENTS_GONE
 
 BOUND = 20  # seconds any single wait may take before the test fails
 TASK = "task-1"
@@ -114,7 +115,7 @@ async def test_a_resume_answered_with_plain_json_ends_after_the_events_already_d
 
 async def test_a_plain_json_events_gone_error_raises_events_gone_with_the_earliest_seq() -> None:
     data = {"reason": "events_gone", "taskId": TASK, "earliestSeq": 7}
-    gone = {"code": -32010, "message": "Task events are no longer available", "data": data}
+    gone = {"code": EVENTS_GONE, "message": "Task events are no longer available", "data": data}
 
     async with serving(lambda n, body: json_reply(body, {"error": gone})) as fake:
         client = client_of(fake)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
@@ -12,12 +11,14 @@ import sys
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import RecordsToDelete
 from aiokafka.structs import TopicPartition
+from support.layout import create_topics, delete_events_before, make_settings
+from support.procs import bridge_env
+from support.waits import wait_until
 
 from bridge.events import TaskStatus
-from bridge.kafka.clients import admin_client, partition_for_key
-from bridge.kafka.topics import ensure_topics, topic_partition_ids
+from bridge.kafka.clients import partition_for_key
+from bridge.kafka.topics import topic_partition_ids
 from bridge.log.indexer import Indexer, load_index
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import NotRetained, Reader, UnknownTask
@@ -186,17 +187,6 @@ async def test_undecodable_and_oversized_records_keep_their_seq_as_prefixed_plac
     assert events[2][2]["limitBytes"] == 4096
 
 
-async def _delete_before(settings, partition: int, offset: int) -> None:
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await admin.delete_records(
-            {TopicPartition(settings.topics.events, partition): RecordsToDelete(offset)}
-        )
-    finally:
-        await admin.close()
-
-
 async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries_it(topics):
     settings, task = topics, "task-gone"
     offsets = []
@@ -209,7 +199,7 @@ async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries
         await caught_up(indexer)
         assert await reader.earliest_seq(task) == 0
         # checkpoints sit at seq 0, 4, 8: delete into the middle of an interval (seq 5 first kept)
-        await _delete_before(settings, partition, offsets[5])
+        await delete_events_before(settings, partition, offsets[5])
         assert await reader.earliest_seq(task) == 5
         with pytest.raises(NotRetained) as gone:
             await collect(reader, task, after=3)
@@ -217,10 +207,12 @@ async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries
         assert [s for s, _, _ in await collect(reader, task, after=4)] == list(range(5, 11))
         assert [s for s, _, _ in await collect(reader, task)] == list(range(5, 11))
         # exactly on a checkpoint
-        await _delete_before(settings, partition, offsets[8])
+        await delete_events_before(settings, partition, offsets[8])
         assert await reader.earliest_seq(task) == 8
         # everything of the task gone: earliest is its next seq
-        await _delete_before(settings, partition, offsets[9] + 100 if False else offsets[9] + 3)
+        await delete_events_before(
+            settings, partition, offsets[9] + 100 if False else offsets[9] + 3
+        )
         assert await reader.earliest_seq(task) == 11
         with pytest.raises(NotRetained) as gone:
             await collect(reader, task, after=9)
@@ -230,18 +222,11 @@ async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries
 
 
 async def test_time_based_retention_moves_earliest_seq(kafka_bootstrap, topic_prefix):
-    from conftest import make_settings
-
     settings = make_settings(kafka_bootstrap, topic_prefix, topics={
         "prefix": topic_prefix, "partitions": 1, "index_partitions": 1, "min_insync_replicas": 1,
         "retention_ms": 1000, "segment_ms": 200,
     })  # fmt: skip
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings)
-    finally:
-        await admin.close()
+    await create_topics(settings)
     task = "task-retained"
     async with TaskEventPublisher(settings) as pub:
         for i in range(5):
@@ -290,16 +275,9 @@ async def test_two_indexers_built_independently_agree(topics):
 
 
 def _index_proc(settings) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.update(
-        BRIDGE_KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers,
-        BRIDGE_TOPICS__PREFIX=settings.topics.prefix,
-        BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
-        BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
-    )
     return subprocess.Popen(
         [sys.executable, "-m", "bridge.cli", "index", "--flush-interval", "0.02"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=bridge_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 
@@ -326,6 +304,15 @@ class IndexWrites:
     async def count(self) -> int:
         return sum((await self.consumer.end_offsets(self.tps)).values())
 
+    async def until(self, wanted: int, writer: subprocess.Popen[bytes]) -> None:
+        """Until ``wanted`` records were written by ``writer``, which must keep running."""
+
+        async def written() -> bool:
+            assert writer.poll() is None, writer.stdout.read().decode() if writer.stdout else ""
+            return await self.count() >= wanted
+
+        await wait_until(written, BOUND, what=f"{wanted} index records written", poll_s=0.01)
+
 
 async def test_sigkill_of_the_indexer_while_persisting_never_changes_any_seq(topics):
     settings = topics
@@ -347,14 +334,7 @@ async def test_sigkill_of_the_indexer_while_persisting_never_changes_any_seq(top
                 proc = _index_proc(settings)
                 try:
                     # kill at a random point of persisting: after a random number of index writes
-                    start = await writes.count()
-                    wanted = start + rng.randrange(1, 60)
-                    async with asyncio.timeout(BOUND):
-                        while await writes.count() < wanted:
-                            assert proc.poll() is None, (
-                                proc.stdout.read().decode() if proc.stdout else ""
-                            )
-                            await asyncio.sleep(0.01)  # poll interval of a bounded wait
+                    await writes.until(await writes.count() + rng.randrange(1, 60), proc)
                     proc.send_signal(signal.SIGKILL)
                     kills += 1
                 finally:

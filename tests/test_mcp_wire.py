@@ -4,7 +4,7 @@ Every case posts raw bytes with httpx to ``bridge serve`` (a uvicorn subprocess 
 ``bridge workers`` process on a real Kafka) and checks the HTTP status, the JSON-RPC error
 code and that the request id is echoed whenever the body had one. Nothing here may ever
 answer 500. Expected codes follow docs/dev/conformance-suite-facts.md and the check order in
-bridge/server/mcp.py: unknown method (404) → ``_meta`` (400, -32602) → version header vs
+bridge/server/classify.py: unknown method (404) → ``_meta`` (400, -32602) → version header vs
 ``_meta`` (400, -32020) → supported version (400, -32022) → ``Mcp-Method`` / ``Mcp-Name``
 (400, -32020) → the method's own params (200, -32602).
 """
@@ -19,29 +19,28 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Bridge
+from conformance.wire import CLIENT_CAPS_META as CAPS_META
+from conformance.wire import PROTOCOL_VERSION_META as VERSION_META
+from support.mcp import CLIENT_CAPS as TASK_CAPS
+from support.mcp import TASKS_EXTENSION as TASKS_EXT
+from support.mcp import VERSION as MODERN
+from support.mcp import meta
+from support.mcp import routing_headers as modern_headers
+from support.procs import Bridge
+
+from bridge.events import (
+    HEADER_MISMATCH,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_CAPABILITY,
+    PARSE_ERROR,
+    UNSUPPORTED_VERSION,
+)
 
 pytestmark = pytest.mark.kafka
 
-MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
-VERSION_META = "io.modelcontextprotocol/protocolVersion"
-CAPS_META = "io.modelcontextprotocol/clientCapabilities"
-TASKS_EXT = "io.modelcontextprotocol/tasks"
-TASK_CAPS: dict[str, Any] = {"extensions": {TASKS_EXT: {}}}
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-HEADER_MISMATCH = -32020
-MISSING_CAPABILITY = -32021
-UNSUPPORTED_VERSION = -32022
-
-#: Methods whose Mcp-Name header carries a param (as in bridge/server/mcp.py).
-NAME_PARAM = {"tools/call": "name", "tasks/get": "taskId", "tasks/update": "taskId"}
-NAME_PARAM |= {"tasks/cancel": "taskId", "resources/read": "uri", "prompts/get": "name"}
-_AUTO: Any = object()
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -51,27 +50,6 @@ _AUTO: Any = object()
 def client(bridge: Bridge) -> Iterator[httpx.Client]:
     with httpx.Client(timeout=30.0) as http:
         yield http
-
-
-def meta(caps: dict[str, Any] | None = None, version: str = MODERN) -> dict[str, Any]:
-    return {VERSION_META: version, CAPS_META: caps if caps is not None else {}}
-
-
-def modern_headers(
-    method: str, params: dict[str, Any] | None = None, version: str = MODERN
-) -> dict[str, str]:
-    """The routing headers a correct 2026-07-28 client sends for ``method`` / ``params``."""
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": version,
-        "Mcp-Method": method,
-    }
-    name_param = NAME_PARAM.get(method)
-    value = (params or {}).get(name_param) if name_param else None
-    if isinstance(value, str):
-        headers["Mcp-Name"] = value
-    return headers
 
 
 def post_raw(

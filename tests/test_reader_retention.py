@@ -9,30 +9,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
-from aiokafka.admin import RecordsToDelete
 from aiokafka.structs import TopicPartition
+from support.layout import delete_events_before
+from support.waits import BOUND
 
 from bridge.config import Settings
-from bridge.kafka.clients import admin_client
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import NotRetained, Reader
 
 pytestmark = pytest.mark.kafka
 
-BOUND = 60  # seconds any single wait may take before the test fails
 TASK = "task-raced"
-
-
-async def delete_before(settings: Settings, partition: int, offset: int) -> None:
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await admin.delete_records(
-            {TopicPartition(settings.topics.events, partition): RecordsToDelete(offset)}
-        )
-    finally:
-        await admin.close()
 
 
 async def publish_interleaved(settings: Settings, n: int) -> tuple[int, list[int]]:
@@ -76,8 +64,10 @@ async def test_earliest_seq_counts_again_from_the_new_log_start_when_retention_m
     partition, offsets = await publish_interleaved(settings, 11)
     async with reader_over(settings) as reader:
         # checkpoints at seq 0, 4, 8: a log start inside the first interval makes it count
-        await delete_before(settings, partition, offsets[1])
-        delete_after_first_lookup(reader, lambda: delete_before(settings, partition, offsets[5]))
+        await delete_events_before(settings, partition, offsets[1])
+        delete_after_first_lookup(
+            reader, lambda: delete_events_before(settings, partition, offsets[5])
+        )
         async with asyncio.timeout(BOUND):
             assert await reader.earliest_seq(TASK) == 5
 
@@ -88,8 +78,10 @@ async def test_a_cursor_overtaken_while_earliest_seq_is_computed_gets_events_gon
     settings = topics
     partition, offsets = await publish_interleaved(settings, 11)
     async with reader_over(settings) as reader:
-        await delete_before(settings, partition, offsets[1])
-        delete_after_first_lookup(reader, lambda: delete_before(settings, partition, offsets[6]))
+        await delete_events_before(settings, partition, offsets[1])
+        delete_after_first_lookup(
+            reader, lambda: delete_events_before(settings, partition, offsets[6])
+        )
         with pytest.raises(NotRetained) as gone:
             async with asyncio.timeout(BOUND):
                 _ = [event async for event in reader.read(TASK, after=1)]

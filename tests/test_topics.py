@@ -10,24 +10,26 @@ from aiokafka.admin import NewTopic
 
 from bridge.cli import main
 from bridge.envelope import TaskEvent, decode_event
-from bridge.kafka.clients import admin_client, partition_for_key
-from bridge.kafka.topics import TopicLayoutError, describe_topic_configs, ensure_topics
+from bridge.kafka.admin import kafka_admin
+from bridge.kafka.clients import partition_for_key
+from bridge.kafka.topics import (
+    TopicLayoutError,
+    create_layout,
+    describe_topic_configs,
+    ensure_topics,
+)
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher, UnprefixedEventType
 
 pytestmark = pytest.mark.kafka
 
 
 async def test_topic_creation_is_idempotent_and_sets_the_design_configs(settings):
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        first = await ensure_topics(admin, settings)
+    first = await create_layout(settings)
+    async with kafka_admin(settings) as admin:
         second = await ensure_topics(admin, settings)
         configs = await describe_topic_configs(
             admin, [settings.topics.events, settings.topics.index]
         )
-    finally:
-        await admin.close()
     assert [r.created for r in first] == [True, True, True]
     assert [(r.created, r.differences) for r in second] == [(False, [])] * 3
     events, index = configs[settings.topics.events], configs[settings.topics.index]
@@ -42,14 +44,10 @@ async def test_topic_creation_is_idempotent_and_sets_the_design_configs(settings
 )
 async def test_existing_topics_that_would_break_seq_are_refused(settings, role, policy):
     name = settings.topics.events if role == "events" else settings.topics.index
-    admin = admin_client(settings)
-    await admin.start()
-    try:
+    async with kafka_admin(settings) as admin:
         await admin.create_topics([NewTopic(name, 1, 1, topic_configs={"cleanup.policy": policy})])
-        with pytest.raises(TopicLayoutError, match=f"refusing to use {role} topic"):
-            await ensure_topics(admin, settings)
-    finally:
-        await admin.close()
+    with pytest.raises(TopicLayoutError, match=f"refusing to use {role} topic"):
+        await create_layout(settings)
 
 
 def test_the_cli_creates_topics_and_refuses_a_compacted_events_topic(settings, monkeypatch, capsys):
@@ -61,21 +59,11 @@ def test_the_cli_creates_topics_and_refuses_a_compacted_events_topic(settings, m
     assert f"{settings.topics.events} (events): exists" in capsys.readouterr().out
 
     async def make_compacted() -> None:
-        admin = admin_client(settings)
-        await admin.start()
-        try:
+        name = "c" + settings.topics.prefix + ".task-events"
+        async with kafka_admin(settings) as admin:
             await admin.create_topics(
-                [
-                    NewTopic(
-                        "c" + settings.topics.prefix + ".task-events",
-                        1,
-                        1,
-                        topic_configs={"cleanup.policy": "compact"},
-                    )
-                ]
+                [NewTopic(name, 1, 1, topic_configs={"cleanup.policy": "compact"})]
             )
-        finally:
-            await admin.close()
 
     asyncio.run(make_compacted())
     monkeypatch.setenv("BRIDGE_TOPICS__PREFIX", "c" + settings.topics.prefix)

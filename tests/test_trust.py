@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from support.layout import create_topics
 
 from bridge.config import Settings, ToolSpec
 from bridge.events import EventSuffix
-from bridge.kafka.clients import admin_client
-from bridge.kafka.topics import ensure_topics
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.log.seqindex import owner_key
@@ -45,12 +44,7 @@ class Side:
 
 @contextlib.asynccontextmanager
 async def bridge_side(settings: Settings) -> AsyncIterator[Side]:
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings, job_topics=[settings.topics.jobs(TOOL.name)])
-    finally:
-        await admin.close()
+    await create_topics(settings, [TOOL.name])
     async with Indexer(settings) as indexer:
         reader = Reader(settings, indexer)
         service = TaskService(settings, indexer, reader, {TOOL.name: TOOL})

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import tempfile
@@ -19,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from support.layout import create_topics
+from support.procs import bridge_env
+from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
-from bridge.events import EventSuffix
-from bridge.kafka.clients import admin_client
-from bridge.kafka.topics import ensure_topics
+from bridge.events import INTERNAL_ERROR, EventSuffix
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
 from bridge.tasks.service import TaskNotFound, TaskService, TooManyTasks
@@ -54,13 +54,11 @@ class Seen:
         self._changed.set()
 
     async def wait_for(self, task_id: str, match: Callable[[IndexedEvent], bool]) -> IndexedEvent:
-        async with asyncio.timeout(BOUND):
-            while True:
-                for indexed in self.events[task_id]:
-                    if match(indexed):
-                        return indexed
-                self._changed.clear()
-                await self._changed.wait()
+        def found() -> IndexedEvent | None:
+            return next((e for e in self.events[task_id] if match(e)), None)
+
+        what = f"an event of task {task_id} that matches {match.__qualname__}"
+        return await wait_until(found, BOUND, what=what, wakeup=self._changed)
 
 
 def is_status(prefix: str, status: str) -> Callable[[IndexedEvent], bool]:
@@ -101,15 +99,6 @@ class Bridge:
         return view
 
 
-async def create_topics(settings: Settings, tools: Iterable[str]) -> None:
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings, job_topics=[settings.topics.jobs(t) for t in tools])
-    finally:
-        await admin.close()
-
-
 @contextlib.asynccontextmanager
 async def bridge_side(settings: Settings, tools: Iterable[str]) -> AsyncIterator[Bridge]:
     await create_topics(settings, tools)
@@ -139,10 +128,8 @@ class WatchedWorker(Worker):
         self._reassigned.set()
 
     async def wait_assignments(self, n: int) -> None:
-        async with asyncio.timeout(BOUND):
-            while self.assignments < n:
-                self._reassigned.clear()
-                await self._reassigned.wait()
+        what = f"{n} partition assignments of the worker"
+        await wait_until(lambda: self.assignments >= n, BOUND, what=what, wakeup=self._reassigned)
 
 
 @contextlib.asynccontextmanager
@@ -419,7 +406,7 @@ async def test_protocol_errors_fail_and_tool_errors_complete_with_is_error(
 
         view = await bridge.terminal(broken.task_id)
         assert view.status == "failed" and view.result is None
-        assert view.error is not None and view.error["code"] == -32603
+        assert view.error is not None and view.error["code"] == INTERNAL_ERROR
         assert isinstance(view.error["message"], str) and view.error["message"]
 
         view = await bridge.terminal(failing.task_id)
@@ -473,21 +460,6 @@ async def test_active_tasks_per_principal_are_limited(settings: Settings) -> Non
 # --- a worker crash --------------------------------------------------------------------------
 
 
-def _worker_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        BRIDGE_KAFKA_BOOTSTRAP_SERVERS=str(settings.kafka_bootstrap_servers),
-        BRIDGE_TOPICS__PREFIX=settings.topics.prefix,
-        BRIDGE_TOPICS__PARTITIONS=str(settings.topics.partitions),
-        BRIDGE_TOPICS__INDEX_PARTITIONS=str(settings.topics.index_partitions),
-        BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(settings.topics.min_insync_replicas),
-        BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
-        BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
-        BRIDGE_LOG_LEVEL="WARNING",
-    )
-    return env
-
-
 @contextlib.asynccontextmanager
 async def worker_process(settings: Settings) -> AsyncIterator[asyncio.subprocess.Process]:
     """``python -m bridge.cli workers --pack conformance``, yielded once it says it is running."""
@@ -495,7 +467,7 @@ async def worker_process(settings: Settings) -> AsyncIterator[asyncio.subprocess
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bridge.cli", "workers", "--pack", "conformance",
             "--session-timeout-ms", str(_SESSION_TIMEOUT_MS),
-            env=_worker_env(settings), stdout=asyncio.subprocess.PIPE, stderr=errors,
+            env=bridge_env(settings, BRIDGE_LOG_LEVEL="WARNING"), stdout=asyncio.subprocess.PIPE, stderr=errors,
         )  # fmt: skip
         try:
             assert proc.stdout is not None
@@ -579,14 +551,16 @@ async def test_a_task_past_its_ttl_is_answered_as_unknown(settings: Settings) ->
         task = await service.create(short, {"name": "ttl"}, "alice")
         assert task.ttl_ms == 1500
         assert text_of(await bridge.terminal(task.task_id)) == "Hello, ttl!"
+
         # retrievable for its ttl, then unknown (-32602 on the wire): poll the clock, bounded
-        async with asyncio.timeout(BOUND):
-            while True:
-                try:
-                    await service.get(task.task_id, "alice")
-                except TaskNotFound as exc:
-                    assert str(exc) == "Task has expired"
-                    break
-                await asyncio.sleep(0.1)  # poll interval while the ttl runs out
+        async def expired() -> str | None:
+            try:
+                await service.get(task.task_id, "alice")
+            except TaskNotFound as exc:
+                return str(exc)
+            return None
+
+        what = "the task is unknown once its ttl ran out"
+        assert await wait_until(expired, BOUND, what=what, poll_s=0.1) == "Task has expired"
         with pytest.raises(TaskNotFound):
             await service.cancel(task.task_id, "alice")

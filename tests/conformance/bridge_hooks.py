@@ -31,13 +31,11 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiokafka.admin import RecordsToDelete
-
 from bridge.config import Settings, load_settings
-from bridge.events import EventSuffix, StatusPayload
+from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
+from bridge.kafka.admin import delete_records_before
 from bridge.kafka.clients import (
     TopicPartition,
-    admin_client,
     committed_consumer,
     idempotent_producer,
     partition_for_key,
@@ -73,7 +71,7 @@ _ENDINGS = {
     "failed": StatusPayload(
         status="failed",
         status_message="failed by the conformance hooks",
-        error={"code": -32603, "message": "failed by the conformance hooks"},
+        error={"code": INTERNAL_ERROR, "message": "failed by the conformance hooks"},
     ),
 }
 
@@ -192,12 +190,7 @@ class BridgeHooks(Hooks):
         tp = TopicPartition(self.settings.topics.events, partition)
         async with asyncio.timeout(BOUND):
             cut = await self._offset_of(task_id, tp, seq)
-            admin = admin_client(self.settings)
-            await admin.start()
-            try:
-                await admin.delete_records({tp: RecordsToDelete(cut[1])})
-            finally:
-                await admin.close()
+            await delete_records_before(self.settings, tp, cut[1])
         self._cut[task_id] = cut
 
     async def _offset_of(self, task_id: str, tp: TopicPartition, seq: int) -> tuple[int, int]:
