@@ -15,7 +15,7 @@ import bridge.devkafka as devkafka
 BRIDGE = Path(bridge.__file__).parent
 DEVKAFKA = BRIDGE / "devkafka"
 #: The applications that start brokers for a developer; the runtime packages never do.
-DEVKAFKA_IMPORTERS = ("cli.py", "demo.py", "demo/")
+DEVKAFKA_IMPORTERS = ("cli.py", "demo/")
 KAFKA_CLIENT_LIBRARIES = ("aiokafka", "kafka")
 
 
