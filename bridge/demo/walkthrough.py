@@ -52,8 +52,10 @@ class StepFailed(Exception):
     """A step's check did not hold."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Seen:
+    """One event as the walkthrough's reader saw it, and when."""
+
     seq: int
     type: str
     payload: dict[str, Any]
