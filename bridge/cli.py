@@ -66,6 +66,7 @@ def require_kafka(settings: Settings, topics: Sequence[str] = (), hint: str = ""
     """
     settings = with_kafka(settings)
     _check_answers(settings)
+    _check_credentials(settings)
     present = asyncio.run(_topic_names(settings))
     missing = [topic for topic in topics if topic not in present]
     if missing:
@@ -92,6 +93,30 @@ def _check_answers(settings: Settings) -> None:
         raise KafkaUnavailable(str(exc)) from exc
 
 
+def _check_credentials(settings: Settings) -> None:
+    """TLS and SASL on one connection, so a refused certificate or password is named: the
+    clients would only log it and give up with "unable to bootstrap"."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        return  # nothing to check that the ApiVersions probe did not
+    from bridge.kafka.clients import check_credentials
+    from bridge.kafka.security import explain_connect_failure
+
+    try:
+        with _quiet("aiokafka"):
+            asyncio.run(asyncio.wait_for(check_credentials(settings), KAFKA_METADATA_TIMEOUT_S))
+    except TimeoutError as exc:
+        raise KafkaUnavailable(
+            f"Kafka at {settings.kafka_bootstrap_servers} did not complete the "
+            f"{settings.kafka_security_protocol} handshake within {KAFKA_METADATA_TIMEOUT_S:g} s;"
+            " check that BRIDGE_KAFKA_SECURITY_PROTOCOL matches its listener"
+        ) from exc
+    except Exception as exc:
+        reason = explain_connect_failure(exc, settings)
+        if reason is None:
+            raise
+        raise KafkaUnavailable(reason) from exc
+
+
 async def _topic_names(settings: Settings) -> set[str]:
     """The cluster's topics: proves the clients can connect with the settings and get metadata."""
     from bridge.kafka.admin import kafka_admin
@@ -102,11 +127,6 @@ async def _topic_names(settings: Settings) -> set[str]:
         with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
             async with asyncio.timeout(KAFKA_METADATA_TIMEOUT_S), kafka_admin(settings) as admin:
                 return set(await admin.list_topics())
-    except ValueError as exc:  # aiokafka refuses the security settings before connecting
-        raise KafkaUnavailable(
-            f"cannot use BRIDGE_KAFKA_SECURITY_PROTOCOL={protocol}: the Kafka client needs "
-            f"settings the bridge does not pass ({exc}); use a PLAINTEXT listener"
-        ) from exc
     except (KafkaError, TimeoutError) as exc:
         reason = str(exc) or f"no metadata within {KAFKA_METADATA_TIMEOUT_S:g} s"
         raise KafkaUnavailable(
@@ -526,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    prog = " ".join(["bridge", args.command, *([args.action] if "action" in args else [])])
     overrides: dict[str, Any] = {}
     if getattr(args, "host", None):
         overrides["http_host"] = args.host
@@ -534,13 +555,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config, **overrides)
     except ValueError as exc:
-        print(f"bridge: bad settings: {exc}", file=sys.stderr)
+        print(f"{prog}: bad settings: {_one_line_settings_error(exc)}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     func: Callable[[argparse.Namespace, Settings], int] = args.func
-    prog = " ".join(["bridge", args.command, *([args.action] if "action" in args else [])])
     try:
         return func(args, settings)
     except UserError as exc:
@@ -555,6 +575,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+def _one_line_settings_error(exc: ValueError) -> str:
+    """Each problem as ``where: what``, on one line (pydantic's text spans several)."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        what = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {what}" if where else what)
+    return "; ".join(problems)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bridge.events import EventTypeRule, TaskEventTypes
@@ -25,9 +25,12 @@ from bridge.events import EventTypeRule, TaskEventTypes
 __all__ = [
     "AuthSettings",
     "KafkaLocalSettings",
+    "KafkaSaslSettings",
+    "KafkaTlsSettings",
     "Settings",
     "ToolSpec",
     "TopicSettings",
+    "env_name",
     "load_settings",
     "running_in_ci",
 ]
@@ -65,6 +68,167 @@ class TopicSettings(BaseModel):
 
     def jobs(self, tool: str) -> str:
         return f"{self.prefix}.jobs.{tool}"
+
+
+def env_name(*path: str) -> str:
+    """The environment variable of a setting: ``env_name("kafka_sasl", "password")``."""
+    return "BRIDGE_" + "__".join(part.upper() for part in path)
+
+
+def _existing_file(value: Path | None) -> Path | None:
+    # Checked at load so a wrong mount path is one clear line at start, not a failed handshake.
+    if value is None:
+        return None
+    path = value.expanduser()
+    if not path.is_file():
+        raise ValueError(f"file {path} does not exist (or is not a file)")
+    return path
+
+
+def _read_secret(inline: SecretStr | None, file: Path | None) -> str | None:
+    # The file wins over the inline value and is read on every call, so a rotated Kubernetes
+    # Secret reaches the next client built; its trailing newline (``echo`` into a file, or a
+    # Secret made from one) is not part of the secret.
+    if file is not None:
+        return file.read_text(encoding="utf-8").rstrip("\r\n")
+    return inline.get_secret_value() if inline is not None else None
+
+
+class KafkaTlsSettings(BaseModel):
+    """TLS to Kafka (``SSL`` and ``SASL_SSL``): the CA to trust, and a client certificate (mTLS).
+
+    Without ``ca_file`` the system's CAs are trusted (managed services with public certificates).
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    #: PEM bundle of the CA(s) that signed the brokers' certificates.
+    ca_file: Path | None = None
+    #: PEM client certificate (chain) and its private key, for brokers that require mTLS.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    key_password: SecretStr | None = None
+    key_password_file: Path | None = None
+    #: Verify that the broker's certificate names the host connected to; off for development only.
+    check_hostname: bool = True
+
+    _files = field_validator("ca_file", "cert_file", "key_file", "key_password_file")(
+        _existing_file
+    )
+
+    @model_validator(mode="after")
+    def _certificate_with_key(self) -> Self:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(
+                f"a client certificate needs its key: set both {env_name('kafka_tls', 'cert_file')}"
+                f" and {env_name('kafka_tls', 'key_file')}, or neither"
+            )
+        if self.key_file is None and (self.key_password or self.key_password_file):
+            raise ValueError(
+                f"{env_name('kafka_tls', 'key_password')} is set but there is no "
+                f"{env_name('kafka_tls', 'key_file')}"
+            )
+        return self
+
+    def key_password_value(self) -> str | None:
+        """The private key's password, read now (``key_password_file`` wins)."""
+        return _read_secret(self.key_password, self.key_password_file)
+
+    @property
+    def configured(self) -> bool:
+        """True when any file is given (what only a TLS protocol can use)."""
+        return any(path is not None for path in (self.ca_file, self.cert_file, self.key_file))
+
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+
+class KafkaSaslSettings(BaseModel):
+    """SASL authentication to Kafka (``SASL_SSL`` and ``SASL_PLAINTEXT``).
+
+    PLAIN and SCRAM take ``username`` and ``password`` (or ``password_file``); OAUTHBEARER takes a
+    bearer token from ``oauth_token_file`` (re-read when it changes), or one fetched from an OIDC
+    ``oauth_token_endpoint`` with the client-credentials grant and refreshed before it expires.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    mechanism: SaslMechanism | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    oauth_token_file: Path | None = None
+    oauth_token_endpoint: str | None = Field(None, pattern=r"^https?://\S+$")
+    oauth_client_id: str | None = None
+    oauth_client_secret: SecretStr | None = None
+    oauth_client_secret_file: Path | None = None
+    oauth_scope: str | None = None
+    #: How the client authenticates to the token endpoint (RFC 6749 section 2.3.1): HTTP Basic
+    #: (``client_secret_basic``, what every server must support) or in the form body.
+    oauth_client_auth: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
+
+    _files = field_validator("password_file", "oauth_token_file", "oauth_client_secret_file")(
+        _existing_file
+    )
+
+    @model_validator(mode="after")
+    def _credentials_for_the_mechanism(self) -> Self:
+        if self.mechanism == "OAUTHBEARER":
+            self._check_oauth()
+        elif self.mechanism is not None:
+            self._check_password()
+        return self
+
+    def _check_password(self) -> None:
+        password = env_name("kafka_sasl", "password")
+        missing = [
+            name
+            for name, given in (
+                (env_name("kafka_sasl", "username"), self.username),
+                (f"{password} (or {password}_FILE)", self.password or self.password_file),
+            )
+            if not given
+        ]
+        if missing:
+            raise ValueError(
+                f"{env_name('kafka_sasl', 'mechanism')}={self.mechanism} needs "
+                + " and ".join(missing)
+            )
+
+    def _check_oauth(self) -> None:
+        mechanism = f"{env_name('kafka_sasl', 'mechanism')}=OAUTHBEARER"
+        sources = [self.oauth_token_file, self.oauth_token_endpoint]
+        if all(source is None for source in sources):
+            raise ValueError(
+                f"{mechanism} needs a token: {env_name('kafka_sasl', 'oauth_token_file')} or "
+                f"{env_name('kafka_sasl', 'oauth_token_endpoint')} (with a client id and secret)"
+            )
+        if all(source is not None for source in sources):
+            raise ValueError(
+                f"{mechanism}: set {env_name('kafka_sasl', 'oauth_token_file')} or "
+                f"{env_name('kafka_sasl', 'oauth_token_endpoint')}, not both"
+            )
+        secret = self.oauth_client_secret or self.oauth_client_secret_file
+        if self.oauth_token_endpoint is not None and not (self.oauth_client_id and secret):
+            raise ValueError(
+                f"{env_name('kafka_sasl', 'oauth_token_endpoint')} needs "
+                f"{env_name('kafka_sasl', 'oauth_client_id')} and "
+                f"{env_name('kafka_sasl', 'oauth_client_secret')} (or its _FILE)"
+            )
+
+    def password_value(self) -> str | None:
+        """The PLAIN/SCRAM password, read now (``password_file`` wins)."""
+        return _read_secret(self.password, self.password_file)
+
+    def client_secret_value(self) -> str | None:
+        """The OAuth client secret, read now (``oauth_client_secret_file`` wins)."""
+        return _read_secret(self.oauth_client_secret, self.oauth_client_secret_file)
+
+    @property
+    def configured(self) -> bool:
+        """True when a mechanism is chosen (what only a SASL protocol can use)."""
+        return self.mechanism is not None
 
 
 class KafkaLocalSettings(BaseModel):
@@ -133,11 +297,16 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         validate_default=True,
+        # A failed validation must not print the input: it may hold an inline password.
+        hide_input_in_errors=True,
     )
 
     #: An existing cluster; when unset the local broker provider is used.
     kafka_bootstrap_servers: str | None = None
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    #: TLS (CA, client certificate) for ``SSL`` / ``SASL_SSL``; SASL credentials for ``SASL_*``.
+    kafka_tls: KafkaTlsSettings = KafkaTlsSettings()
+    kafka_sasl: KafkaSaslSettings = KafkaSaslSettings()
     kafka_client_id: str = "mcp-kafka-bridge"
     topics: TopicSettings = TopicSettings()
     local_kafka: KafkaLocalSettings = KafkaLocalSettings()
@@ -218,6 +387,30 @@ class Settings(BaseSettings):
                 f"event_type_prefix {self.event_type_prefix!r} is not a vendor prefix: use "
                 "reverse-DNS under a real top-level domain (e.g. 'com.example') or list it in "
                 "accepted_event_prefixes"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _security_fits_the_protocol(self) -> Self:
+        protocol = self.kafka_security_protocol
+        setting = f"{env_name('kafka_security_protocol')}={protocol}"
+        uses_sasl = protocol.startswith("SASL_")
+        if uses_sasl and not self.kafka_sasl.configured:
+            raise ValueError(
+                f"{setting} needs {env_name('kafka_sasl', 'mechanism')} (PLAIN, SCRAM-SHA-256, "
+                "SCRAM-SHA-512 or OAUTHBEARER) and its credentials"
+            )
+        # Credentials a protocol would ignore are a mistake worth a line: they were meant to
+        # protect something that would otherwise travel without them.
+        if not uses_sasl and self.kafka_sasl.configured:
+            raise ValueError(
+                f"{env_name('kafka_sasl', 'mechanism')} is set but {setting} does not use SASL: "
+                "use SASL_SSL (or SASL_PLAINTEXT)"
+            )
+        if protocol not in ("SSL", "SASL_SSL") and self.kafka_tls.configured:
+            raise ValueError(
+                f"TLS files are set ({env_name('kafka_tls')}__*) but {setting} does not use TLS: "
+                "use SSL or SASL_SSL"
             )
         return self
 

@@ -1,8 +1,11 @@
 """Kafka client factories: the one place that knows how the bridge configures aiokafka.
 
-Every producer is idempotent (acks=all); every consumer reads ``read_committed`` and never
-auto-resets offsets (``auto_offset_reset="none"``), so an out-of-range position is an error we
-handle, not a silent jump. Nothing here knows about tasks or seq.
+Every client is built through ``_common``: bootstrap servers, client id, and the security
+options of :func:`bridge.kafka.security.client_security_options` (TLS, SASL). Every producer is
+idempotent (acks=all) except the pipeline-like :func:`plain_producer`; every consumer reads
+``read_committed`` and never auto-resets offsets (``auto_offset_reset="none"``), so an
+out-of-range position is an error we handle, not a silent jump. Nothing here knows about tasks
+or seq.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError, ProducerFenced
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
 from bridge.config import Settings
+from bridge.kafka.security import client_security_options
 
 __all__ = [
     "AIOKafkaConsumer",
@@ -31,9 +36,11 @@ __all__ = [
     "TopicPartition",
     "admin_client",
     "bootstrap",
+    "check_credentials",
     "committed_consumer",
     "idempotent_producer",
     "partition_for_key",
+    "plain_producer",
     "transactional_producer",
 ]
 
@@ -49,11 +56,36 @@ def bootstrap(settings: Settings) -> str:
 
 
 def _common(settings: Settings, role: str) -> dict[str, Any]:
+    # Built anew for each client: secrets in files are read now, so a rotated one is used.
     return {
         "bootstrap_servers": bootstrap(settings),
         "client_id": f"{settings.kafka_client_id}-{role}",
-        "security_protocol": settings.kafka_security_protocol,
+        **client_security_options(settings),
     }
+
+
+async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None:
+    """Open one connection to a bootstrap server as every client would: TLS, then SASL.
+
+    Raises what the first refused server raised (``ssl.SSLCertVerificationError``,
+    ``SaslAuthenticationFailed``, :class:`~bridge.kafka.security.KafkaSecurityError`, ...),
+    which a client would only have logged before giving up with "unable to bootstrap".
+    """
+    options = _common(settings, "check")
+    del options["bootstrap_servers"]
+    failure: BaseException | None = None
+    for host, port, _family in collect_hosts(bootstrap(settings), randomize=False):
+        try:
+            connection = await create_conn(
+                host, port, request_timeout_ms=int(timeout_s * 1000), **options
+            )
+        except (OSError, KafkaError, TimeoutError) as exc:
+            failure = failure or exc
+            continue
+        connection.close()
+        return
+    assert failure is not None, "collect_hosts gives at least one address"
+    raise failure
 
 
 def admin_client(settings: Settings) -> AIOKafkaAdminClient:
@@ -91,6 +123,11 @@ def committed_consumer(
     }
     options.update(overrides)
     return AIOKafkaConsumer(**options)
+
+
+def plain_producer(settings: Settings, role: str = "pipeline") -> AIOKafkaProducer:
+    """A producer like any other pipeline's (no idempotence, default acks): for examples."""
+    return AIOKafkaProducer(**_common(settings, role))
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
