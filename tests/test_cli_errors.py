@@ -86,6 +86,17 @@ def test_an_unresolvable_host_is_one_line_naming_the_bootstrap_setting(command: 
     assert_one_clear_line(run, command, "cannot resolve", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
 
 
+def listening(handler: type[socketserver.BaseRequestHandler]) -> Iterator[int]:
+    """The port of a local TCP server answering with ``handler``, for as long as it is used."""
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as server:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield int(server.server_address[1])
+        finally:
+            server.shutdown()
+
+
 @pytest.fixture
 def http_listener() -> Iterator[int]:
     """A port where an HTTP server, not Kafka, answers whatever it is sent."""
@@ -95,14 +106,7 @@ def http_listener() -> Iterator[int]:
             self.request.recv(4096)
             self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Answer) as server:
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield int(server.server_address[1])
-        finally:
-            server.shutdown()
+    yield from listening(Answer)
 
 
 def test_a_port_that_is_not_kafka_is_one_line_naming_the_bootstrap_setting(
@@ -126,14 +130,7 @@ def apiversions_only_listener() -> Iterator[int]:
                 answer = struct.pack(">ihi", correlation_id, 0, 2) + apis
                 self.request.sendall(struct.pack(">i", len(answer)) + answer)
 
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Answer) as server:
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield int(server.server_address[1])
-        finally:
-            server.shutdown()
+    yield from listening(Answer)
 
 
 @pytest.mark.parametrize("command", ["serve", "topics create"])

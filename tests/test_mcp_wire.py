@@ -721,32 +721,27 @@ def test_boolean_id_is_not_echoed(client: httpx.Client, bridge: Bridge) -> None:
     expect_error(reply, 400, INVALID_REQUEST, None)
 
 
+def post_slow_compute(client: httpx.Client, bridge: Bridge, arguments: str) -> httpx.Response:
+    """``tools/call slow_compute`` whose ``arguments`` are the JSON text given, as written."""
+    body = (
+        '{"jsonrpc":"2.0","id":"raw","method":"tools/call","params":{"_meta":'
+        + json.dumps(meta(TASK_CAPS))
+        + ',"name":"slow_compute","arguments":'
+        + arguments
+        + "}}"
+    )
+    headers = modern_headers("tools/call", {"name": "slow_compute"})
+    return client.post(bridge.url, content=body.encode(), headers=headers)
+
+
 def test_lone_surrogate_in_arguments_is_rejected_up_front(
     client: httpx.Client, bridge: Bridge
 ) -> None:
-    body = (
-        '{"jsonrpc":"2.0","id":"sur","method":"tools/call","params":{"_meta":'
-        + json.dumps(meta(TASK_CAPS))
-        + ',"name":"slow_compute","arguments":{"seconds":0,"label":"\\ud800"}}}'
-    )
-    reply = client.post(
-        bridge.url,
-        content=body.encode(),
-        headers=modern_headers("tools/call", {"name": "slow_compute"}),
-    )
+    reply = post_slow_compute(client, bridge, '{"seconds":0,"label":"\\ud800"}')
     assert reply.status_code < 500
     assert reply.json().get("error", {}).get("code") in (PARSE_ERROR, INVALID_PARAMS), reply.text
 
 
 def test_non_json_constants_are_parse_errors(client: httpx.Client, bridge: Bridge) -> None:
-    body = (
-        '{"jsonrpc":"2.0","id":"nan","method":"tools/call","params":{"_meta":'
-        + json.dumps(meta(TASK_CAPS))
-        + ',"name":"slow_compute","arguments":{"seconds":NaN}}}'
-    )
-    reply = client.post(
-        bridge.url,
-        content=body.encode(),
-        headers=modern_headers("tools/call", {"name": "slow_compute"}),
-    )
+    reply = post_slow_compute(client, bridge, '{"seconds":NaN}')
     expect_error(reply, 400, PARSE_ERROR, None)

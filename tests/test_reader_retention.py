@@ -5,6 +5,7 @@ events_gone for an overtaken cursor), never an OffsetOutOfRangeError."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -57,17 +58,23 @@ def delete_after_first_lookup(reader: Reader, delete: Callable[[], Awaitable[Non
     reader._log_start = stale_lookup  # type: ignore[method-assign]
 
 
+@asynccontextmanager
+async def retention_racing(settings: Settings, first: int, then: int) -> AsyncIterator[Reader]:
+    """A reader over 11 events of TASK whose log start is at its event ``first`` and moves to
+    its event ``then`` right after the reader's next look at it."""
+    partition, offsets = await publish_interleaved(settings, 11)
+    async with reader_over(settings) as reader:
+        await delete_events_before(settings, partition, offsets[first])
+        later = functools.partial(delete_events_before, settings, partition, offsets[then])
+        delete_after_first_lookup(reader, later)
+        yield reader
+
+
 async def test_earliest_seq_counts_again_from_the_new_log_start_when_retention_moves_mid_count(
     topics: Settings,
 ) -> None:
-    settings = topics
-    partition, offsets = await publish_interleaved(settings, 11)
-    async with reader_over(settings) as reader:
-        # checkpoints at seq 0, 4, 8: a log start inside the first interval makes it count
-        await delete_events_before(settings, partition, offsets[1])
-        delete_after_first_lookup(
-            reader, lambda: delete_events_before(settings, partition, offsets[5])
-        )
+    # checkpoints at seq 0, 4, 8: a log start inside the first interval makes it count
+    async with retention_racing(topics, 1, 5) as reader:
         async with asyncio.timeout(BOUND):
             assert await reader.earliest_seq(TASK) == 5
 
@@ -75,13 +82,7 @@ async def test_earliest_seq_counts_again_from_the_new_log_start_when_retention_m
 async def test_a_cursor_overtaken_while_earliest_seq_is_computed_gets_events_gone(
     topics: Settings,
 ) -> None:
-    settings = topics
-    partition, offsets = await publish_interleaved(settings, 11)
-    async with reader_over(settings) as reader:
-        await delete_events_before(settings, partition, offsets[1])
-        delete_after_first_lookup(
-            reader, lambda: delete_events_before(settings, partition, offsets[6])
-        )
+    async with retention_racing(topics, 1, 6) as reader:
         with pytest.raises(NotRetained) as gone:
             async with asyncio.timeout(BOUND):
                 _ = [event async for event in reader.read(TASK, after=1)]

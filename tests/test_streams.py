@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from support.layout import fresh_prefix, make_settings
+from support.layout import delete_events_before, fresh_prefix, make_settings
 from support.mcp import (
     StreamRead,
     call,
@@ -19,13 +19,12 @@ from support.mcp import (
     request,
     result,
 )
-from support.procs import running_bridge
+from support.procs import Bridge, running_bridge
 from support.sse import sse_messages
 from support.waits import BOUND, wait_until
 
 from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
 from bridge.events import EVENTS_GONE, INVALID_PARAMS
-from bridge.kafka.admin import delete_records_before
 from bridge.kafka.clients import TopicPartition, committed_consumer, partition_for_key
 from bridge.log.publisher import TaskEventPublisher
 
@@ -45,6 +44,18 @@ def sbridge(kafka_bootstrap, tmp_path_factory):
     }
     with running_bridge(settings, tmp_path_factory.mktemp("sbridge"), **env) as running:
         yield running
+
+
+async def task_with_steps(bridge: Bridge, n: int, *, finished: bool = True) -> str:
+    """A long task with ``n`` ``com.example.step`` events ``{"i": i}`` after its task.created;
+    cancelled when ``finished`` (its stream then ends after the cancelled status)."""
+    task = await long_task(bridge.url)
+    async with TaskEventPublisher(bridge.settings) as pub:
+        for i in range(n):
+            await pub.publish(task, "com.example.step", {"i": i})
+    if finished:
+        await cancel(bridge.url, task)
+    return task
 
 
 async def test_replay_then_live_across_the_hand_off_is_gap_free_while_producers_write(sbridge):
@@ -79,11 +90,7 @@ async def test_replay_then_live_across_the_hand_off_is_gap_free_while_producers_
 
 
 async def test_resume_from_every_cursor_gives_exactly_the_remaining_events(sbridge):
-    url, task = sbridge.url, await long_task(sbridge.url)
-    async with TaskEventPublisher(sbridge.settings) as pub:
-        for i in range(12):
-            await pub.publish(task, "com.example.step", {"i": i})
-    await cancel(url, task)
+    url, task = sbridge.url, await task_with_steps(sbridge, 12)
     async with asyncio.timeout(BOUND):
         full = await read_stream(url, task)
         total = len(full.events)
@@ -148,11 +155,7 @@ async def test_a_cursor_ahead_of_the_head_is_refused_and_the_last_seq_waits_for_
 
 
 async def test_an_integral_json_number_is_an_integer_cursor(sbridge):
-    url, task = sbridge.url, await long_task(sbridge.url)
-    async with TaskEventPublisher(sbridge.settings) as pub:
-        for i in range(3):
-            await pub.publish(task, "com.example.test.tick", {"i": i})
-    await cancel(url, task)
+    url, task = sbridge.url, await task_with_steps(sbridge, 3)
     async with asyncio.timeout(BOUND):
         out = await read_stream(url, task, after=1.0)  # type: ignore[arg-type]
     assert out.seqs[0] == 2 and out.result == {"resultType": "complete"}
@@ -243,8 +246,7 @@ async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
             e["payload"]["i"]: e["seq"] for e in full.events if e["type"] == "com.example.step"
         }
         cut = offsets[5]  # the step event i=5: the first record kept
-        events = TopicPartition(sbridge.settings.topics.events, cut.partition)
-        await delete_records_before(sbridge.settings, events, cut.offset)
+        await delete_events_before(sbridge.settings, cut.partition, cut.offset)
         async with httpx.AsyncClient(timeout=BOUND) as http:
             gone = await call(http, url, "tasks/stream", {"taskId": task, "after": 3})
         assert gone["error"] == {
@@ -278,10 +280,7 @@ async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
 
 
 async def test_last_event_id_resumes_the_same_stream_over_get(sbridge):
-    url, task = sbridge.url, await long_task(sbridge.url)
-    async with TaskEventPublisher(sbridge.settings) as pub:
-        for i in range(5):
-            await pub.publish(task, "com.example.step", {"i": i})
+    url, task = sbridge.url, await task_with_steps(sbridge, 5, finished=False)
     async with asyncio.timeout(BOUND):
         first = await read_stream(url, task, stop_after=3)
         assert first.seqs == [0, 1, 2]
@@ -384,10 +383,7 @@ async def test_sigterm_drains_open_streams_promptly_and_the_client_resumes_after
 ):
     settings = make_settings(kafka_bootstrap, fresh_prefix("d"))
     with running_bridge(settings, tmp_path) as bridge:
-        url, task = bridge.url, await long_task(bridge.url)
-        async with TaskEventPublisher(settings) as pub:
-            for i in range(3):
-                await pub.publish(task, "com.example.step", {"i": i})
+        url, task = bridge.url, await task_with_steps(bridge, 3, finished=False)
         seen = StreamRead()
         async with asyncio.timeout(BOUND):
             open_stream = asyncio.create_task(read_stream(url, task, into=seen))
@@ -418,16 +414,15 @@ async def test_a_finished_task_whose_events_are_all_gone_ends_at_once_without_a_
     assert out.result == {"resultType": "complete"} and out.events
     # delete everything of the partition the task lives in, up to its end
     partition = partition_for_key(task.encode(), sbridge.settings.topics.partitions)
-    events = TopicPartition(sbridge.settings.topics.events, partition)
-    await delete_records_before(
-        sbridge.settings, events, await _end_offset(sbridge.settings, events)
-    )
+    end = await _end_offset(sbridge.settings, partition)
+    await delete_events_before(sbridge.settings, partition, end)
     async with asyncio.timeout(BOUND):
         gone = await read_stream(url, task)
     assert gone.events == [] and gone.result == {"resultType": "complete"}
 
 
-async def _end_offset(settings, tp: TopicPartition) -> int:
+async def _end_offset(settings, partition: int) -> int:
+    tp = TopicPartition(settings.topics.events, partition)
     consumer = committed_consumer(settings, role="probe")
     await consumer.start()
     try:
@@ -455,11 +450,7 @@ async def test_bridge_tail_prints_the_timeline_and_resumes_from_its_cursor_file(
     import json
     import sys
 
-    url, task = sbridge.url, await long_task(sbridge.url)
-    async with TaskEventPublisher(sbridge.settings) as pub:
-        for i in range(3):
-            await pub.publish(task, "com.example.step", {"i": i})
-    await cancel(url, task)
+    url, task = sbridge.url, await task_with_steps(sbridge, 3)
     cursor_file = tmp_path / "cursors.json"
 
     async def tail() -> tuple[int, list[str], str]:

@@ -91,6 +91,12 @@ class Bridge:
         async with asyncio.timeout(BOUND):
             return await self.service.wait_terminal(task_id, principal)
 
+    async def started(self, tool: ToolSpec, arguments: dict[str, Any]) -> Any:
+        """A task of alice's, once a worker has started its job (its first progress event)."""
+        task = await self.service.create(tool, arguments, principal="alice")
+        await self.seen.wait_for(task.task_id, is_progress(self.prefix))
+        return task
+
     async def parked(self, task_id: str, principal: str = "alice") -> Any:
         """The task's view once the worker has put it in input_required."""
         await self.seen.wait_for(task_id, is_status(self.prefix, "input_required"))
@@ -510,11 +516,7 @@ async def handed_over(bridge: Bridge, task_id: str, expected_starts: int) -> Any
 async def test_a_job_of_a_killed_worker_is_finished_by_another(settings: Settings) -> None:
     async with bridge_side(settings, ["slow_compute"]) as bridge:
         async with worker_process(settings) as proc:
-            task = await bridge.service.create(
-                TOOLS["slow_compute"], {"seconds": 3, "label": "crash"}, principal="alice"
-            )
-            # Worker A has started the job once its first progress event is in the log.
-            await bridge.seen.wait_for(task.task_id, is_progress(bridge.prefix))
+            task = await bridge.started(TOOLS["slow_compute"], {"seconds": 3, "label": "crash"})
             proc.send_signal(signal.SIGKILL)
             async with asyncio.timeout(BOUND):
                 assert await proc.wait() == -signal.SIGKILL
@@ -527,10 +529,7 @@ async def test_a_job_of_a_killed_worker_is_finished_by_another(settings: Setting
 async def test_a_stopped_worker_leaves_its_job_in_flight_to_another(settings: Settings) -> None:
     async with bridge_side(settings, ["slow_compute"]) as bridge:
         async with worker_process(settings) as proc:
-            task = await bridge.service.create(
-                TOOLS["slow_compute"], {"seconds": 2, "label": "handover"}, principal="alice"
-            )
-            await bridge.seen.wait_for(task.task_id, is_progress(bridge.prefix))
+            task = await bridge.started(TOOLS["slow_compute"], {"seconds": 2, "label": "handover"})
             proc.send_signal(signal.SIGTERM)
             assert proc.stdout is not None
             async with asyncio.timeout(BOUND):

@@ -1196,19 +1196,19 @@ async def test_a_slow_consumer_overtaken_by_retention_gets_every_event_or_events
     # A client that stops reading holds up the server once the socket buffers are full: its
     # own (128 KiB here; smaller than a loopback segment stalls TCP itself) and the server's,
     # which Linux grows up to 4 MiB. 200 events of 30 kB are more than both hold.
-    slow = McpClient(server_under_test.url, server_under_test.auth_token, receive_buffer=1 << 17)
-    try:
-        async with slow.stream(task_id) as stream:
-            await stream.until(has_own(hooks, 0), "emitted event 0")
-            # The client reads nothing while the task produces far more than the buffers hold,
-            # then retention deletes all of it, read or not.
-            await emit_raw(hooks, task_id, bulk(200, 30_000))
-            await delete_before(hooks, task_id, ALL)
-            await hooks.emit(task_id, 1)
-            await tasks.finish(task_id)
-            await stream.to_end(what="the end of the stream (result or events_gone)")
-    finally:
-        await slow.aclose()
+    server, token = server_under_test.url, server_under_test.auth_token
+    async with (
+        McpClient(server, token, receive_buffer=1 << 17) as slow,
+        slow.stream(task_id) as stream,
+    ):
+        await stream.until(has_own(hooks, 0), "emitted event 0")
+        # The client reads nothing while the task produces far more than the buffers hold,
+        # then retention deletes all of it, read or not.
+        await emit_raw(hooks, task_id, bulk(200, 30_000))
+        await delete_before(hooks, task_id, ALL)
+        await hooks.emit(task_id, 1)
+        await tasks.finish(task_id)
+        await stream.to_end(what="the end of the stream (result or events_gone)")
     assert_gone_or_intact(stream, 0, "the slow consumer's stream")
     if stream.error is None:
         assert [k for k, _ in own(hooks, stream.events)] == [0, 1], stream.describe()

@@ -40,6 +40,7 @@ __all__ = [
     "SseParser",
     "TaskStream",
     "iter_sse",
+    "routing_headers",
 ]
 
 VERSION = "2026-07-28"
@@ -60,6 +61,23 @@ NAME_PARAM = {
     "tasks/cancel": "taskId",
     "tasks/stream": "taskId",
 }
+
+
+def routing_headers(
+    method: str, params: Mapping[str, Any] | None = None, version: str = VERSION
+) -> dict[str, str]:
+    """The headers a correct 2026-07-28 client sends for ``method`` with ``params``."""
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": version,
+        "Mcp-Method": method,
+    }
+    name = NAME_PARAM.get(method)
+    value = (params or {}).get(name) if name else None
+    if isinstance(value, str):
+        headers["Mcp-Name"] = value
+    return headers
 
 
 class _Omit:
@@ -167,15 +185,11 @@ def _describe(message: Any) -> str:
 # --- replies --------------------------------------------------------------------------------
 
 
-@dataclass
-class Reply:
-    """The outcome of one request: the HTTP status, the JSON-RPC response and what came before."""
+class _Answer:
+    """What a request got: the JSON-RPC ``response`` (once it came) and the notifications."""
 
-    http_status: int
-    content_type: str
     response: dict[str, Any] | None
-    notifications: list[dict[str, Any]] = field(default_factory=list)
-    body: str = ""
+    notifications: list[dict[str, Any]]
 
     @property
     def result(self) -> dict[str, Any] | None:
@@ -189,7 +203,19 @@ class Reply:
 
     @property
     def events(self) -> list[dict[str, Any]]:
+        """``params`` of every ``notifications/tasks/event`` received, in arrival order."""
         return [n["params"] for n in self.notifications if n.get("method") == EVENT_METHOD]
+
+
+@dataclass
+class Reply(_Answer):
+    """The outcome of one request: the HTTP status, the JSON-RPC response and what came before."""
+
+    http_status: int
+    content_type: str
+    response: dict[str, Any] | None
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+    body: str = ""
 
     def __str__(self) -> str:
         return (
@@ -211,7 +237,7 @@ class ResponseBody(Protocol):
     async def aclose(self) -> None: ...
 
 
-class TaskStream:
+class TaskStream(_Answer):
     """One open ``tasks/stream`` request: its messages are read on demand, each wait bounded."""
 
     def __init__(
@@ -241,11 +267,6 @@ class TaskStream:
         return [m for m in self.messages if "method" in m and "id" not in m]
 
     @property
-    def events(self) -> list[dict[str, Any]]:
-        """``params`` of every ``notifications/tasks/event`` received, in arrival order."""
-        return [m["params"] for m in self.notifications if m.get("method") == EVENT_METHOD]
-
-    @property
     def event_ids(self) -> list[str | None]:
         """The SSE ``id`` in effect for each event of :attr:`events` (None: the server set none)."""
         return [
@@ -257,16 +278,6 @@ class TaskStream:
     @property
     def seqs(self) -> list[Any]:
         return [e.get("seq") for e in self.events]
-
-    @property
-    def result(self) -> dict[str, Any] | None:
-        value = (self.response or {}).get("result")
-        return value if isinstance(value, dict) else None
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        value = (self.response or {}).get("error")
-        return value if isinstance(value, dict) else None
 
     @property
     def done(self) -> bool:
@@ -381,6 +392,12 @@ class McpClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    async def __aenter__(self) -> McpClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def build(
         self,
         method: str,
@@ -397,15 +414,7 @@ class McpClient:
             CLIENT_CAPS_META: CLIENT_CAPS,
             **(meta or {}),
         }
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": VERSION,
-            "Mcp-Method": method,
-        }
-        name = NAME_PARAM.get(method)
-        if name is not None and isinstance(params.get(name), str):
-            headers["Mcp-Name"] = params[name]
+        headers = routing_headers(method, params)
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
         body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}

@@ -4,7 +4,7 @@
 ``MCP-Protocol-Version``/``Mcp-Method``/``Mcp-Name`` headers); ``call`` and ``result`` post it;
 ``read_stream`` reads one ``tasks/stream`` to its end (or a number of events) into a
 :class:`StreamRead` that another task may watch while it fills. The wire's names and the
-methods whose ``Mcp-Name`` carries a param are the conformance suite's.
+routing headers are the conformance suite's.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from conformance.wire import (
     CLIENT_CAPS,
     CLIENT_CAPS_META,
     EVENT_METHOD,
-    NAME_PARAM,
     PROTOCOL_VERSION_META,
     TASKS_EXTENSION,
     VERSION,
     loads,
+    routing_headers,
 )
 
 from .sse import sse_events, sse_messages
@@ -50,23 +50,6 @@ _ids = itertools.count(1)
 def meta(caps: dict[str, Any] | None = None, version: str = VERSION) -> dict[str, Any]:
     """``params._meta`` of a 2026-07-28 request (no capabilities unless given)."""
     return {PROTOCOL_VERSION_META: version, CLIENT_CAPS_META: caps if caps is not None else {}}
-
-
-def routing_headers(
-    method: str, params: dict[str, Any] | None = None, version: str = VERSION
-) -> dict[str, str]:
-    """The headers a correct 2026-07-28 client sends for ``method`` with ``params``."""
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": version,
-        "Mcp-Method": method,
-    }
-    name = NAME_PARAM.get(method)
-    value = (params or {}).get(name) if name else None
-    if isinstance(value, str):
-        headers["Mcp-Name"] = value
-    return headers
 
 
 def request(

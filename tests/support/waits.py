@@ -31,7 +31,7 @@ def _not_reached(what: What, timeout: float, last: object) -> AssertionError:
 
 async def _value(condition: Callable[[], T | Awaitable[T]]) -> T:
     value = condition()
-    return await value if inspect.isawaitable(value) else value  # type: ignore[return-value]
+    return await value if inspect.isawaitable(value) else value
 
 
 async def wait_until(
