@@ -29,36 +29,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import gc
-import json
-import os
-import platform
-import secrets
 import statistics
 import sys
 import time
 import tracemalloc
 import uuid
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import asdict
-from importlib import metadata
-from typing import Any, cast
+from typing import cast
 
 from aiokafka.structs import TopicPartition
 from common import (
     Record,
     Results,
+    bench_settings,
     end_offset,
+    environment,
     produce,
+    report,
     say,
     verdict,
 )
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import Broker, provide_broker
-from bridge.kafka.clients import admin_client, committed_consumer
-from bridge.kafka.topics import ensure_topics
+from bridge.devkafka import provide_broker
+from bridge.kafka.clients import committed_consumer
+from bridge.kafka.topics import create_layout
 from bridge.log.indexer import Indexer, load_index, topic_partitions
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader, ReadEvent
@@ -82,70 +78,7 @@ def sized_verdict(ok: bool, args: argparse.Namespace) -> str:
     return verdict(ok) if args.scale == 1.0 else f"({verdict(ok)} - target is for --scale 1)"
 
 
-# --- environment --------------------------------------------------------------------------------
-
-
-def environment(broker: Broker, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    cpu = platform.processor() or "?"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with (
-        contextlib.suppress(OSError, ValueError, IndexError),
-        open("/proc/meminfo", encoding="utf-8") as fh,
-    ):
-        kb = int(fh.readline().split()[1])
-        mem = f"{kb / 2**20:.1f} GiB"
-    kafka = broker.info.detail
-    if broker.info.provider == "local":
-        kafka = f"Apache Kafka {settings.local_kafka.version} (local KRaft broker from Maven jars, heap {settings.local_kafka.heap})"
-    return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "scale": args.scale,
-        "repeat": args.repeat,
-        "kafka_provider": broker.info.provider,
-        "kafka": kafka,
-        "bootstrap": broker.info.bootstrap_servers,
-        "nproc": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "cpu": cpu,
-        "memory": mem,
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "platform": platform.platform(),
-        "aiokafka": metadata.version("aiokafka"),
-        "checkpoint_interval": settings.checkpoint_interval,
-    }
-
-
 # --- Kafka helpers -------------------------------------------------------------------------------
-
-
-def bench_settings(bootstrap: str, name: str) -> Settings:
-    """Default settings (checkpoint interval 64) on fresh topics with one events partition."""
-    prefix = f"bench-{name}-{secrets.token_hex(4)}"
-    return load_settings(
-        kafka_bootstrap_servers=bootstrap,
-        topics={
-            "prefix": prefix,
-            "partitions": 1,
-            "index_partitions": 1,
-            "replication_factor": 1,
-            "min_insync_replicas": 1,
-        },
-    )
-
-
-async def create_topics(settings: Settings) -> None:
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings)
-    finally:
-        await admin.close()
 
 
 async def build_index(indexer: Indexer, bound_s: float) -> float:
@@ -168,7 +101,7 @@ def encoded_values(settings: Settings, n: int = 16) -> list[tuple[bytes, list[tu
 
 async def bench_resume(bootstrap: str, args: argparse.Namespace, res: Results) -> None:
     settings = bench_settings(bootstrap, "resume")
-    await create_topics(settings)
+    await create_layout(settings)
     n_target = max(1000, int(100_000 * args.scale))
     per_target = 10  # other records after each record of the target task
     n_other = n_target * per_target
@@ -467,7 +400,7 @@ def memory_breakdown(k: int) -> str:
 
 async def bench_restore(bootstrap: str, args: argparse.Namespace, res: Results) -> None:
     settings = bench_settings(bootstrap, "restore")
-    await create_topics(settings)
+    await create_layout(settings)
     n_tasks = max(10_000, int(100_000 * args.scale))
     per_task = 2
     total = n_tasks * per_task
@@ -599,31 +532,20 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     settings = load_settings()
     with provide_broker(settings, progress=say) as broker:
-        res.environment = environment(broker, settings, args)
+        res.environment = environment(broker, settings)
+        res.environment.update(
+            scale=args.scale, repeat=args.repeat, checkpoint_interval=settings.checkpoint_interval
+        )
         say(f"broker: {broker.info.provider} at {broker.info.bootstrap_servers}")
         asyncio.run(run(broker.info.bootstrap_servers, args, res))
-    res.environment["wall_seconds"] = round(time.perf_counter() - wall, 1)
-
     env = res.environment
-    print()
-    print(f"bench_log.py  scale={env['scale']}  repeat={env['repeat']}  {env['date']}")
-    print(f"machine: nproc={env['nproc']}  cpu={env['cpu']}  memory={env['memory']}")
-    print(f"python:  {env['python']}  aiokafka {env['aiokafka']}  ({env['platform']})")
-    print(f"kafka:   {env['kafka']}  provider={env['kafka_provider']}")
-    print(f"checkpoint_interval={env['checkpoint_interval']}  wall time {env['wall_seconds']} s")
-    print()
-    print(res.table())
-    if res.notes:
-        print()
-        for note in res.notes:
-            print(f"note: {note}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {"environment": env, "rows": [asdict(r) for r in res.rows], "notes": res.notes},
-                fh,
-                indent=2,
-            )
+    env["wall_seconds"] = round(time.perf_counter() - wall, 1)
+    report(
+        res,
+        f"bench_log.py  scale={env['scale']}  repeat={env['repeat']}",
+        f"checkpoint_interval={env['checkpoint_interval']}  wall time {env['wall_seconds']} s",
+        json_path=args.json,
+    )
     return 0
 
 

@@ -39,13 +39,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
 import re
 import resource
-import secrets
 import shutil
 import socket
 import statistics
@@ -56,7 +53,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +62,21 @@ from aiokafka.structs import TopicPartition
 from common import (
     Record,
     Results,
+    bench_settings,
     end_offset,
+    environment,
     produce,
+    report,
     say,
     verdict,
 )
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import Broker, provide_broker
+from bridge.devkafka import provide_broker
 from bridge.envelope import decode_event
 from bridge.events import CreatedPayload
-from bridge.kafka.clients import admin_client, committed_consumer
-from bridge.kafka.topics import ensure_topics
+from bridge.kafka.clients import committed_consumer
+from bridge.kafka.topics import create_layout
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.messages import new_task_id, owner_digest
 
@@ -127,68 +126,6 @@ def pct(values: list[float], q: int) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-# --- environment --------------------------------------------------------------------------------
-
-
-def environment(broker: Broker, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    cpu = platform.processor() or "?"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with (
-        contextlib.suppress(OSError, ValueError, IndexError),
-        open("/proc/meminfo", encoding="utf-8") as fh,
-    ):
-        kb = int(fh.readline().split()[1])
-        mem = f"{kb / 2**20:.1f} GiB"
-    kafka = broker.info.detail
-    if broker.info.provider == "local":
-        kafka = (
-            f"Apache Kafka {settings.local_kafka.version} (local KRaft broker from Maven jars, "
-            f"heap {settings.local_kafka.heap})"
-        )
-    commit = "?"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        repo = Path(__file__).resolve().parent.parent
-        commit = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--", "bridge"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        commit += " (bridge/ modified)" if dirty else ""
-    versions = {}
-    for dist in ("aiokafka", "uvicorn", "starlette", "h11"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[dist] = metadata.version(dist)
-    return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": commit,
-        "loadavg_start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "size": "small" if args.small else "full",
-        "kafka_provider": broker.info.provider,
-        "kafka": kafka,
-        "bootstrap": broker.info.bootstrap_servers,
-        "nproc": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "cpu": cpu,
-        "memory": mem,
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "platform": platform.platform(),
-        "versions": versions,
-    }
 
 
 # --- the bridge subprocess ----------------------------------------------------------------------
@@ -689,32 +626,6 @@ def http_post(port: int, method: str, params: dict[str, Any], name: str | None) 
 # --- Kafka helpers -------------------------------------------------------------------------------
 
 
-def bench_settings(bootstrap: str) -> Settings:
-    """Default settings on fresh topics with one events partition."""
-    return load_settings(
-        kafka_bootstrap_servers=bootstrap,
-        topics={
-            "prefix": f"bench-streams-{secrets.token_hex(4)}",
-            "partitions": 1,
-            "index_partitions": 1,
-            "replication_factor": 1,
-            "min_insync_replicas": 1,
-        },
-    )
-
-
-async def create_topics(settings: Settings) -> None:
-    from bridge.server.app import tool_catalog
-
-    jobs = [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
-    admin = admin_client(settings)
-    await admin.start()
-    try:
-        await ensure_topics(admin, settings, job_topics=jobs)
-    finally:
-        await admin.close()
-
-
 def created_record(settings: Settings, pub: TaskEventPublisher, task_id: str) -> Record:
     now = time.time_ns() // 1_000_000
     payload = CreatedPayload(
@@ -948,14 +859,7 @@ async def bench_latency(
     )
     for q, s, k in (("p50", s50, k50), ("p99", s99, k99)):
         ratio = s / k
-        res.add(
-            "latency",
-            f"bridge / Kafka, {q}",
-            ratio,
-            "x",
-            target=f"<= {TARGET_LATENCY_RATIO:.0f}x",
-            status=verdict(ratio <= TARGET_LATENCY_RATIO),
-        )
+        res.add_ratio("latency", f"bridge / Kafka, {q}", ratio, TARGET_LATENCY_RATIO)
 
 
 # --- 2. bytes fetched from Kafka vs number of streams -----------------------------------------------
@@ -1056,14 +960,7 @@ async def bench_bytes(
             await close_streams(streams, bridge, base_sockets)
     last = sizes.fanouts[-1]
     ratio = received_by_n[last] / received_by_n[first]
-    res.add(
-        "bytes",
-        f"ratio N={last:,} / N={first}",
-        ratio,
-        "x",
-        target=f"<= {TARGET_BYTES_FLAT}x",
-        status=verdict(ratio <= TARGET_BYTES_FLAT),
-    )
+    res.add_ratio("bytes", f"ratio N={last:,} / N={first}", ratio, TARGET_BYTES_FLAT)
 
 
 async def bench_gauges(settings: Settings, logs: Path, sizes: Sizes, res: Results) -> None:
@@ -1307,10 +1204,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     logs = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     with provide_broker(settings, progress=say) as broker:
-        res.environment = environment(broker, settings, args)
+        res.environment = environment(broker, settings)
+        res.environment["size"] = "small" if args.small else "full"
         say(f"broker: {broker.info.provider} at {broker.info.bootstrap_servers}")
-        bs = bench_settings(broker.info.bootstrap_servers)
-        asyncio.run(create_topics(bs))
+        bs = bench_settings(broker.info.bootstrap_servers, "streams")
+        asyncio.run(create_layout(bs))  # no tools: tasks are made by writing task.created
         env = {
             "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(max(20_000, sizes.idle_streams + 100)),
             "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "1000000",  # all streams are one principal's
@@ -1344,43 +1242,17 @@ def main(argv: list[str] | None = None) -> int:
             if not bridge.alive():
                 res.note(f"the bridge exited during the run:\n{bridge.tail()}")
             bridge.stop()
-    res.environment["wall_seconds"] = round(time.perf_counter() - wall, 1)
-    res.environment["loadavg_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    env = res.environment
+    env["wall_seconds"] = round(time.perf_counter() - wall, 1)
     if not args.keep_logs:
         shutil.rmtree(logs, ignore_errors=True)
-
-    env_info = res.environment
-    print()
-    print(
-        f"bench_streams.py  size={env_info['size']}  {env_info['date']}  commit {env_info['commit']}"
+    report(
+        res,
+        f"bench_streams.py  size={env['size']}",
+        f"bridge:  pid {env['bridge_pid']}, RLIMIT_NOFILE {env['server_nofile']}, "
+        f"{env['bridge_env']}  wall time {env['wall_seconds']} s",
+        json_path=args.json,
     )
-    print(
-        f"machine: nproc={env_info['nproc']}  cpu={env_info['cpu']}  memory={env_info['memory']}  "
-        f"loadavg {env_info['loadavg_start']} at start, {env_info['loadavg_end']} at end"
-    )
-    print(f"python:  {env_info['python']}  {env_info['versions']}  ({env_info['platform']})")
-    print(f"kafka:   {env_info['kafka']}  provider={env_info['kafka_provider']}")
-    print(
-        f"bridge:  pid {env_info['bridge_pid']}, RLIMIT_NOFILE {env_info['server_nofile']}, "
-        f"{env_info['bridge_env']}  wall time {env_info['wall_seconds']} s"
-    )
-    print()
-    print(res.table())
-    if res.notes:
-        print()
-        for note in res.notes:
-            print(f"note: {note}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {
-                    "environment": env_info,
-                    "rows": [asdict(r) for r in res.ordered()],
-                    "notes": res.notes,
-                },
-                fh,
-                indent=2,
-            )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: progress output, the results table, fast producing.
+"""Shared pieces of the benchmarks: progress output, where a run happened, settings on fresh
+topics, the results table and report, fast producing.
 
 Not a package module: the benchmark scripts import it from their own folder.
 """
@@ -6,17 +7,31 @@ Not a package module: the benchmark scripts import it from their own folder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from bridge.config import Settings
+from bridge.config import Settings, load_settings
+from bridge.devkafka import Broker
 from bridge.kafka.clients import committed_consumer
+
+REPO = Path(__file__).resolve().parent.parent
+#: Libraries whose versions a result depends on.
+VERSIONED = ("aiokafka", "uvicorn", "starlette", "h11")
 
 #: (key, value, headers) of one record.
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
@@ -50,6 +65,11 @@ class Results:
         row = Row(*args, **kwargs)
         self.rows.append(row)
         say(f"{row.bench}: {row.metric} = {_fmt(row.value)} {row.unit} {row.status}".rstrip())
+
+    def add_ratio(self, bench: str, metric: str, ratio: float, at_most: float) -> None:
+        """A row of a ratio whose target is ``at_most``."""
+        ok = verdict(ratio <= at_most)
+        self.add(bench, metric, ratio, "x", target=f"<= {at_most:g}x", status=ok)
 
     def note(self, text: str) -> None:
         say(f"note: {text}")
@@ -85,6 +105,119 @@ def _fmt(value: float | int | str) -> str:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
+
+
+# --- where a run happened -------------------------------------------------------------------------
+
+
+def environment(broker: Broker, settings: Settings) -> dict[str, Any]:
+    """Date, commit, machine, Python and library versions, and the Kafka of a run."""
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "loadavg_start": _loadavg(),
+        "kafka_provider": broker.info.provider,
+        "kafka": _kafka(broker, settings),
+        "bootstrap": broker.info.bootstrap_servers,
+        "nproc": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "cpu": _cpu(),
+        "memory": _memory(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "versions": _versions(),
+    }
+
+
+def _cpu() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def _memory() -> str:
+    with (
+        contextlib.suppress(OSError, ValueError, IndexError),
+        open("/proc/meminfo", encoding="utf-8") as fh,
+    ):
+        return f"{int(fh.readline().split()[1]) / 2**20:.1f} GiB"
+    return "?"
+
+
+def _kafka(broker: Broker, settings: Settings) -> str:
+    if broker.info.provider != "local":
+        return broker.info.detail
+    local = settings.local_kafka
+    return f"Apache Kafka {local.version} (local KRaft broker from Maven jars, heap {local.heap})"
+
+
+def _git(*args: str) -> str:
+    command = ["git", "-C", str(REPO), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+def _commit() -> str:
+    """The checked-out commit, marked when bridge/ has changes not committed."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        dirty = _git("status", "--porcelain", "--", "bridge")
+        return _git("rev-parse", "--short", "HEAD") + (" (bridge/ modified)" if dirty else "")
+    return "?"
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for dist in VERSIONED:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[dist] = metadata.version(dist)
+    return versions
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def bench_settings(bootstrap: str, name: str) -> Settings:
+    """Default settings on fresh topics (``bench-<name>-<8 hex>``) with one events partition."""
+    return load_settings(
+        kafka_bootstrap_servers=bootstrap,
+        topics={
+            "prefix": f"bench-{name}-{secrets.token_hex(4)}",
+            "partitions": 1,
+            "index_partitions": 1,
+            "replication_factor": 1,
+            "min_insync_replicas": 1,
+        },
+    )
+
+
+def report(res: Results, headline: str, *details: str, json_path: str | None = None) -> None:
+    """Print where the run happened, the results table and the notes; ``json_path`` also gets
+    all of it as JSON."""
+    env = res.environment
+    env["loadavg_end"] = _loadavg()
+    print()
+    print(f"{headline}  {env['date']}  commit {env['commit']}")
+    print(
+        f"machine: nproc={env['nproc']}  cpu={env['cpu']}  memory={env['memory']}  "
+        f"loadavg {env['loadavg_start']} at start, {env['loadavg_end']} at end"
+    )
+    print(f"python:  {env['python']}  {env['versions']}  ({env['platform']})")
+    print(f"kafka:   {env['kafka']}  provider={env['kafka_provider']}")
+    for line in details:
+        print(line)
+    print()
+    print(res.table())
+    if res.notes:
+        print()
+        for note in res.notes:
+            print(f"note: {note}")
+    if json_path:
+        rows = [asdict(r) for r in res.ordered()]
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump({"environment": env, "rows": rows, "notes": res.notes}, fh, indent=2)
 
 
 async def produce(settings: Settings, records: Iterable[Record], total: int) -> float:
