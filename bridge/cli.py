@@ -151,20 +151,33 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 
 def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
     from bridge import devkafka as broker
 
-    if args.action == "start":
-        info = broker.start_local_detached(settings, progress=_progress)
-        print(f"kafka running ({info.provider}): {info.bootstrap_servers}  {info.detail}")
-    elif args.action == "stop":
+    if args.write_config and not (args.action == "start" and args.secure):
+        raise UserError("--write-config goes with `bridge kafka start --secure`")
+    if args.action == "stop":
         stopped = broker.stop_local_detached(settings)
         print("kafka stopped" if stopped else "no local kafka was running")
+        return 0
+    if args.action == "start":
+        config = Path(args.write_config) if args.write_config else None
+        info = broker.start_local_detached(
+            settings, progress=_progress, secure=args.secure, client_config=config
+        )
     else:
         status = broker.local_status(settings)
         if status is None:
             print("no local kafka running")
             return 1
-        print(f"kafka running ({status.provider}): {status.bootstrap_servers}  {status.detail}")
+        info = status
+    print(f"kafka running ({info.provider}): {info.bootstrap_servers}  {info.detail}")
+    if isinstance(info, broker.SecureBrokerInfo) and info.client_config is not None:
+        print(
+            f"secured: SASL_SSL, user {info.admin_user} (SCRAM-SHA-512); client settings in "
+            f"{info.client_config}: bridge --config {info.client_config} <command>"
+        )
     return 0
 
 
@@ -466,6 +479,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     kafka = sub.add_parser("kafka", help="the embedded local Kafka broker")
     kafka.add_argument("action", choices=["start", "stop", "status"])
+    kafka.add_argument(
+        "--secure",
+        action="store_true",
+        help="start a SASL_SSL broker under ACLs (development only) and write its client settings",
+    )
+    kafka.add_argument(
+        "--write-config",
+        metavar="PATH",
+        help="with start --secure: the client settings file (default: STATE_DIR/secure-client.toml)",
+    )
     kafka.set_defaults(func=cmd_kafka)
 
     topics = sub.add_parser("topics", help="the topic layout")

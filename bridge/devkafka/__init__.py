@@ -11,17 +11,21 @@ Along the way a broker is found or made:
 - :mod:`~bridge.devkafka.docker` runs Kafka in a testcontainers container;
 - :mod:`~bridge.devkafka.jars` fetches the Kafka jars with Maven and checks the Java;
 - :mod:`~bridge.devkafka.kraft` writes a single-node KRaft broker's files and formats its storage;
-- :mod:`~bridge.devkafka.local` runs a throwaway broker owned by this process;
-- :mod:`~bridge.devkafka.detached` runs the long-lived broker of ``bridge kafka start|stop``;
+- :mod:`~bridge.devkafka.security` secures one: SASL_SSL, a CA made with trustme, SCRAM,
+  PLAIN and OAUTHBEARER users, and the StandardAuthorizer with no ACL meaning no access;
+- :mod:`~bridge.devkafka.local` runs a throwaway broker owned by this process
+  (:func:`start_local`, or :func:`start_secure` for a secured one);
+- :mod:`~bridge.devkafka.detached` runs the long-lived broker of ``bridge kafka start|stop``
+  (``--secure`` also writes a client settings file);
 - :mod:`~bridge.devkafka.process` and :mod:`~bridge.devkafka.files` hold the process, lock and
   file plumbing under them; :mod:`~bridge.devkafka.broker` the handle types they all return.
 """
 
-from bridge.devkafka.broker import Broker, BrokerInfo, KafkaProviderError
+from bridge.devkafka.broker import Broker, BrokerInfo, KafkaProviderError, SecureBrokerInfo
 from bridge.devkafka.detached import local_status, start_local_detached, stop_local_detached
 from bridge.devkafka.docker import DOCKER_IMAGE, DockerBroker, DockerProbe, detect_docker
 from bridge.devkafka.jars import ensure_kafka_jars
-from bridge.devkafka.local import LocalBroker, start_local
+from bridge.devkafka.local import LocalBroker, SecureBroker, start_local, start_secure
 from bridge.devkafka.probe import check_bootstrap
 from bridge.devkafka.provider import ExternalBroker, provide_broker
 
@@ -34,6 +38,8 @@ __all__ = [
     "ExternalBroker",
     "KafkaProviderError",
     "LocalBroker",
+    "SecureBroker",
+    "SecureBrokerInfo",
     "check_bootstrap",
     "detect_docker",
     "ensure_kafka_jars",
@@ -41,5 +47,6 @@ __all__ = [
     "provide_broker",
     "start_local",
     "start_local_detached",
+    "start_secure",
     "stop_local_detached",
 ]

@@ -1,5 +1,6 @@
 """What every provider hands out: a :class:`Broker` handle, its :class:`BrokerInfo`, and the
-one error, :class:`KafkaProviderError`.
+one error, :class:`KafkaProviderError`; a secured broker's handle carries a
+:class:`SecureBrokerInfo`.
 
 The bottom of :mod:`bridge.devkafka`: it imports none of the package's other modules and starts
 nothing. Each handle that owns something to stop lives beside the code that starts it
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import abc
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 Progress = Callable[[str], None]
 
@@ -28,6 +30,29 @@ class BrokerInfo:
     provider: Literal["external", "docker", "local"]
     #: Human text: version, pid, log file, container id...
     detail: str
+
+
+@dataclass(frozen=True)
+class SecureBrokerInfo(BrokerInfo):
+    """A secured local broker: SASL_SSL at ``bootstrap_servers``, the CA its certificate is
+    signed by, and its users (SCRAM-SHA-256/512 and PLAIN, one password each)."""
+
+    ca_file: Path
+    admin_user: str
+    admin_password: str = field(repr=False)
+    #: Every user created with the storage, the admin included: ``{name: password}``.
+    users: Mapping[str, str] = field(repr=False)
+    #: The client settings file of ``bridge kafka start --secure`` (None for other brokers).
+    client_config: Path | None = None
+
+    def client_settings(self, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, Any]:
+        """Settings overrides (``load_settings(**them)``) connecting as ``user``."""
+        return {
+            "kafka_bootstrap_servers": self.bootstrap_servers,
+            "kafka_security_protocol": "SASL_SSL",
+            "kafka_tls": {"ca_file": str(self.ca_file)},
+            "kafka_sasl": {"mechanism": mechanism, "username": user, "password": self.users[user]},
+        }
 
 
 class KafkaProviderError(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -38,66 +39,140 @@ from bridge.devkafka.process import (
     _terminate_group,
     _try_lock,
 )
+from bridge.devkafka.security import (
+    BrokerSecurity,
+    load_security,
+    new_security,
+    write_client_config,
+)
+
+#: The secured broker's directory under ``state_dir``: its own storage, users and certificates.
+_SECURE_ROOT = "secure"
 
 
-def start_local_detached(settings: Settings, progress: Progress | None = None) -> BrokerInfo:
+def start_local_detached(
+    settings: Settings,
+    progress: Progress | None = None,
+    *,
+    secure: bool = False,
+    client_config: Path | None = None,
+) -> BrokerInfo:
     """Start the long-lived local broker in ``state_dir`` (or return the running one's info).
 
     The broker runs in its own session, not as a child of this process, so it outlives the
     CLI. Its data (``state_dir/kraft``) persists across stop/start.
+
+    ``secure``: the broker of :mod:`bridge.devkafka.security` instead (SASL_SSL under ACLs),
+    with its own data in ``state_dir/secure`` (a plaintext broker's storage has no SCRAM
+    users); its info is a :class:`SecureBrokerInfo`, and a client settings file for its admin
+    is written to ``client_config`` (default ``state_dir/secure-client.toml``). One local
+    broker runs at a time: asking for the other kind while one runs is an error.
     """
     say = progress or _stderr_progress
     _heap_bytes(settings.local_kafka.heap)  # a bad setting fails before any slow step
     state_dir = _abs(settings.local_kafka.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     with _file_lock(state_dir / ".lock", say, "another `bridge kafka` command holds the lock"):
-        state = _read_state(state_dir)
-        if state is not None:
-            if _state_process_alive(state_dir, state):
-                if _answers(state):
-                    return _state_info(state)
-                say(f"local Kafka pid {state['pid']} is running but does not answer; restarting it")
-                _terminate_group(int(state["pid"]), 30.0, None)
-            (state_dir / "state.json").unlink(missing_ok=True)
-        libs = ensure_kafka_jars(settings, say)
-        java = _java_command()
-        started = time.monotonic()
-        port, cport = _preferred_ports(state_dir)
-        _write_config(state_dir, port, cport)
-        if not (state_dir / "kraft" / "meta.properties").is_file():
-            say(f"formatting Kafka storage in {state_dir / 'kraft'}")
-            _format_storage(java, libs, state_dir)
-        _rotate_log(state_dir / "server.log")
-        log_offset = _file_size(state_dir / "server.log")
-        say(f"starting local Kafka {settings.local_kafka.version} in the background")
-        pid = _spawn_detached(
-            _broker_command(java, libs, state_dir, settings.local_kafka.heap),
-            state_dir,
-            state_dir / "server.log",
-        )
-        state = {
-            "pid": pid,
-            "bootstrap_servers": f"127.0.0.1:{port}",
-            "port": port,
-            "controller_port": cport,
-            "version": settings.local_kafka.version,
-            "log": str(state_dir / "server.log"),
-            "data_dir": str(state_dir / "kraft"),
-            "config": str(state_dir / "server.properties"),
-            "started_at": time.time(),
-        }
-        _write_atomic(state_dir / "state.json", json.dumps(state, indent=1))
-        _write_atomic(
-            state_dir / "ports.json", json.dumps({"port": port, "controller_port": cport})
-        )
-        try:
-            _wait_ready(pid, state_dir, port, settings.local_kafka.start_timeout_s, log_offset)
-        except KafkaProviderError:
-            _terminate_group(pid, 0.0, None)
-            (state_dir / "state.json").unlink(missing_ok=True)
-            raise
-        say(f"local Kafka ready at 127.0.0.1:{port} in {time.monotonic() - started:.1f} s")
-        return _state_info(state)
+        state = _running_state(state_dir, say)
+        if state is None:
+            state = _start(settings, say, state_dir, secure)
+        elif bool(state.get("secure")) != secure:
+            raise KafkaProviderError(
+                f"a {_kind(state)} local broker is running at {state['bootstrap_servers']}; "
+                "stop it with `bridge kafka stop` first"
+            )
+        if secure:
+            state = _with_client_config(state_dir, state, client_config)
+        return _state_info(state_dir, state)
+
+
+def _running_state(state_dir: Path, say: Progress) -> dict[str, Any] | None:
+    """The state of the broker that runs and answers; a stale or silent one is cleared."""
+    state = _read_state(state_dir)
+    if state is None:
+        return None
+    if _state_process_alive(state_dir, state):
+        if _answers(state_dir, state):
+            return state
+        say(f"local Kafka pid {state['pid']} is running but does not answer; restarting it")
+        _terminate_group(int(state["pid"]), 30.0, None)
+    (state_dir / "state.json").unlink(missing_ok=True)
+    return None
+
+
+def _start(settings: Settings, say: Progress, state_dir: Path, secure: bool) -> dict[str, Any]:
+    libs = ensure_kafka_jars(settings, say)
+    java = _java_command()
+    started = time.monotonic()
+    root = state_dir / _SECURE_ROOT if secure else state_dir
+    security = _security_of(root, say) if secure else None
+    port, cport = _preferred_ports(root)
+    _write_config(root, port, cport, security)
+    if not (root / "kraft" / "meta.properties").is_file():
+        say(f"formatting Kafka storage in {root / 'kraft'}")
+        _format_storage(java, libs, root, security)
+    _rotate_log(root / "server.log")
+    log_offset = _file_size(root / "server.log")
+    say(f"starting local Kafka {settings.local_kafka.version} in the background")
+    pid = _spawn_detached(
+        _broker_command(java, libs, root, settings.local_kafka.heap), root, root / "server.log"
+    )
+    state = {
+        "pid": pid,
+        "bootstrap_servers": f"127.0.0.1:{port}",
+        "port": port,
+        "controller_port": cport,
+        "version": settings.local_kafka.version,
+        "log": str(root / "server.log"),
+        "data_dir": str(root / "kraft"),
+        "config": str(root / "server.properties"),
+        "secure": secure,
+        "started_at": time.time(),
+    }
+    _write_atomic(state_dir / "state.json", json.dumps(state, indent=1))
+    _write_atomic(root / "ports.json", json.dumps({"port": port, "controller_port": cport}))
+    try:
+        tls = security.ssl_context() if security else None
+        _wait_ready(pid, root, port, settings.local_kafka.start_timeout_s, log_offset, tls)
+    except KafkaProviderError:
+        _terminate_group(pid, 0.0, None)
+        (state_dir / "state.json").unlink(missing_ok=True)
+        raise
+    say(f"local Kafka ready at 127.0.0.1:{port} in {time.monotonic() - started:.1f} s")
+    return state
+
+
+def _security_of(root: Path, say: Progress) -> BrokerSecurity:
+    """The users and certificates of the secured broker's directory, made on its first start.
+
+    Its SCRAM users live in the formatted storage: storage without the passwords that made it
+    is of no use, so it is formatted anew.
+    """
+    security = load_security(root)
+    if security is not None:
+        return security
+    if (root / "kraft").exists():
+        say(f"no users file for the secured broker's storage; formatting {root / 'kraft'} anew")
+        shutil.rmtree(root / "kraft")
+    return new_security(root)
+
+
+def _with_client_config(
+    state_dir: Path, state: dict[str, Any], path: Path | None
+) -> dict[str, Any]:
+    """Write the admin's client settings file; the state remembers where (for the status)."""
+    target = _abs(path) if path is not None else state_dir / "secure-client.toml"
+    security = load_security(state_dir / _SECURE_ROOT)
+    if security is None:
+        raise KafkaProviderError(f"the secured broker's users file in {state_dir} is gone")
+    write_client_config(security.info(str(state["bootstrap_servers"]), ""), target)
+    state = {**state, "client_config": str(target)}
+    _write_atomic(state_dir / "state.json", json.dumps(state, indent=1))
+    return state
+
+
+def _kind(state: dict[str, Any]) -> str:
+    return "secured (SASL_SSL)" if state.get("secure") else "plaintext"
 
 
 def stop_local_detached(settings: Settings, timeout_s: float = 30.0) -> bool:
@@ -129,7 +204,7 @@ def local_status(settings: Settings) -> BrokerInfo | None:
                 if again is not None and not _state_process_alive(state_dir, again):
                     (state_dir / "state.json").unlink(missing_ok=True)
         return None
-    return _state_info(state) if _answers(state) else None
+    return _state_info(state_dir, state) if _answers(state_dir, state) else None
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
@@ -144,23 +219,33 @@ def _read_state(state_dir: Path) -> dict[str, Any] | None:
 
 def _state_process_alive(state_dir: Path, state: dict[str, Any]) -> bool:
     pid = int(state["pid"])
-    return _pid_alive(pid) and str(state_dir / "server.properties") in _cmdline(pid)
+    config = str(state.get("config") or state_dir / "server.properties")
+    return _pid_alive(pid) and config in _cmdline(pid)
 
 
-def _answers(state: dict[str, Any]) -> bool:
+def _answers(state_dir: Path, state: dict[str, Any]) -> bool:
+    security = load_security(state_dir / _SECURE_ROOT) if state.get("secure") else None
     try:
-        _api_versions("127.0.0.1", int(state["port"]), 2.0)
+        _api_versions(
+            "127.0.0.1", int(state["port"]), 2.0, security.ssl_context() if security else None
+        )
     except (OSError, ValueError):
         return False
     return True
 
 
-def _state_info(state: dict[str, Any]) -> BrokerInfo:
-    return BrokerInfo(
-        str(state["bootstrap_servers"]),
-        "local",
+def _state_info(state_dir: Path, state: dict[str, Any]) -> BrokerInfo:
+    bootstrap = str(state["bootstrap_servers"])
+    detail = (
         f"Kafka {state.get('version', '?')} from Maven jars, pid {state['pid']}, "
-        f"log {state.get('log', '?')}, data {state.get('data_dir', '?')}",
+        f"log {state.get('log', '?')}, data {state.get('data_dir', '?')}"
+    )
+    security = load_security(state_dir / _SECURE_ROOT) if state.get("secure") else None
+    if security is None:
+        return BrokerInfo(bootstrap, "local", detail)
+    client_config = state.get("client_config")
+    return security.info(
+        bootstrap, detail + ", SASL_SSL under ACLs", Path(client_config) if client_config else None
     )
 
 

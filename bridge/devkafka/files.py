@@ -16,9 +16,13 @@ def _abs(path: Path) -> Path:
     return path.expanduser().absolute()
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str, *, private: bool = False) -> None:
+    """Replace ``path`` by ``text`` at once; ``private``: readable by its owner only (0600)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.unlink(missing_ok=True)  # a leftover would keep its mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
     os.replace(tmp, path)
 
 

@@ -5,6 +5,9 @@ Layout of a broker directory (``root``): ``server.properties``, ``log4j2.propert
 ``server.log`` (the JVM's stdout+stderr; log4j writes INFO there), ``format.log`` and
 ``kraft/`` (Kafka's ``log.dirs``).
 
+Plaintext by default; given a :class:`~bridge.devkafka.security.BrokerSecurity`, the listeners
+are the secured ones it describes and the storage format adds its SCRAM users.
+
 Shared by the throwaway broker (:mod:`bridge.devkafka.local`) and the long-lived one
 (:mod:`bridge.devkafka.detached`); the Docker broker takes its single-node settings from here.
 It fetches no jars and owns no process: the callers spawn the command and stop it.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import base64
 import re
 import socket
+import ssl
 import subprocess
 import time
 import uuid
@@ -24,6 +28,7 @@ from bridge.devkafka.broker import KafkaProviderError
 from bridge.devkafka.files import _tail_file, _write_atomic
 from bridge.devkafka.probe import _api_versions
 from bridge.devkafka.process import _pid_alive
+from bridge.devkafka.security import BrokerSecurity
 
 # Measured on 2 cores (Kafka 4.1.1): serial GC + C1 only starts the broker in ~3.4 s instead of
 # ~6.8 s with the default G1 + C2, and the storage format in ~1.5 s instead of ~3 s.
@@ -92,20 +97,30 @@ def _heap_bytes(heap: str) -> int:
     return int(match.group(1)) * unit
 
 
-def _write_config(root: Path, port: int, cport: int) -> None:
+def _write_config(
+    root: Path, port: int, cport: int, security: BrokerSecurity | None = None
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    _write_atomic(root / "server.properties", _properties_text(_server_config(root, port, cport)))
+    config = _server_config(root, port, cport, security)
+    # a secured broker's properties hold the PLAIN passwords
+    _write_atomic(root / "server.properties", _properties_text(config), private=bool(security))
     _write_atomic(root / "log4j2.properties", _LOG4J2_BROKER)
     _write_atomic(root / "log4j2-tool.properties", _LOG4J2_TOOL)
 
 
-def _server_config(root: Path, port: int, cport: int) -> dict[str, str]:
-    """``server.properties`` of a single-node broker and controller on 127.0.0.1."""
+def _server_config(
+    root: Path, port: int, cport: int, security: BrokerSecurity | None = None
+) -> dict[str, str]:
+    """``server.properties`` of a single-node broker and controller on 127.0.0.1, plaintext
+    unless ``security`` secures it."""
+    listeners = (
+        _listener_config(port, cport) if security is None else security.server_config(port, cport)
+    )
     return {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{cport}",
-        **_listener_config(port, cport),
+        **listeners,
         "log.dirs": str(root / "kraft"),
         "num.partitions": "1",
         **_SINGLE_NODE_CONFIG,
@@ -129,8 +144,12 @@ def _properties_text(config: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _format_storage(java: str, libs: Path, root: Path) -> None:
+def _format_storage(
+    java: str, libs: Path, root: Path, security: BrokerSecurity | None = None
+) -> None:
     cmd = _format_command(java, libs, root)
+    if security is not None:
+        cmd += security.scram_format_args()
     with (root / "format.log").open("wb") as log:
         try:
             done = subprocess.run(
@@ -145,9 +164,11 @@ def _format_storage(java: str, libs: Path, root: Path) -> None:
         except subprocess.TimeoutExpired as exc:
             raise KafkaProviderError("formatting the Kafka storage took over 120 s") from exc
     if done.returncode != 0:
+        # the SCRAM arguments hold the users' passwords: not in an error message
+        shown = _format_command(java, libs, root) + (["--add-scram ..."] if security else [])
         raise KafkaProviderError(
             f"formatting the Kafka storage failed (exit {done.returncode}): "
-            f"{' '.join(cmd)}\n{_tail_file(root / 'format.log', 30)}"
+            f"{' '.join(shown)}\n{_tail_file(root / 'format.log', 30)}"
         )
 
 
@@ -177,8 +198,15 @@ def _cluster_id() -> str:
             return cid
 
 
-def _wait_ready(pid: int, root: Path, port: int, timeout_s: float, log_offset: int) -> None:
-    """Wait until the broker answers ApiVersions on its client ``port``.
+def _wait_ready(
+    pid: int,
+    root: Path,
+    port: int,
+    timeout_s: float,
+    log_offset: int,
+    tls: ssl.SSLContext | None = None,
+) -> None:
+    """Wait until the broker answers ApiVersions on its client ``port`` (over ``tls`` if given).
 
     The broker opens its client listener only at the very end of start-up: on 4.1.1 the first
     answer comes at the same instant as the log line "Kafka Server started". ``log_offset`` is
@@ -188,7 +216,7 @@ def _wait_ready(pid: int, root: Path, port: int, timeout_s: float, log_offset: i
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _api_versions("127.0.0.1", port, 1.0)
+            _api_versions("127.0.0.1", port, 1.0, tls)
             return
         except (OSError, ValueError):
             pass

@@ -1,7 +1,8 @@
 """The throwaway local broker: a single-node KRaft broker from the Maven jars, in a fresh
 temporary directory, owned by this Python process.
 
-:func:`start_local` hands out a :class:`LocalBroker`; stopping it (or this process exiting, or
+:func:`start_local` hands out a :class:`LocalBroker`, :func:`start_secure` a
+:class:`SecureBroker` (SASL_SSL under ACLs, :mod:`bridge.devkafka.security`); stopping it (or this process exiting, or
 dying) kills the broker's process group and deletes its directory, and a later start sweeps
 what a killed owner left. The long-lived broker of ``bridge kafka start`` is
 :mod:`bridge.devkafka.detached`; choosing between providers is :mod:`bridge.devkafka.provider`.
@@ -18,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bridge.config import Settings
@@ -26,6 +28,7 @@ from bridge.devkafka.broker import (
     BrokerInfo,
     KafkaProviderError,
     Progress,
+    SecureBrokerInfo,
     _stderr_progress,
 )
 from bridge.devkafka.files import _file_size, _write_atomic
@@ -40,6 +43,7 @@ from bridge.devkafka.kraft import (
     _write_config,
 )
 from bridge.devkafka.process import _cmdline, _pdeathsig_preexec, _pid_alive, _terminate_group
+from bridge.devkafka.security import BrokerSecurity, new_security
 
 #: Grace between SIGTERM and SIGKILL when stopping an in-process (throwaway) broker.
 EPHEMERAL_STOP_GRACE_S = 10.0
@@ -95,52 +99,114 @@ def _stop_live_brokers() -> None:
 def start_local(settings: Settings, *, progress: Progress | None = None) -> LocalBroker:
     """Start a throwaway single-node broker in a fresh temporary directory."""
     say = progress or _stderr_progress
+    java, libs = _java_and_jars(settings, say)
+    with _temp_root() as root:
+        process, bootstrap = _run_broker(settings, say, java, libs, root, None)
+    return LocalBroker(
+        BrokerInfo(bootstrap, "local", _detail(settings, process, root)), process, root
+    )
+
+
+class SecureBroker(LocalBroker):
+    """A throwaway local broker whose one client listener is SASL_SSL, under ACLs.
+
+    Its :attr:`info` is a :class:`SecureBrokerInfo`: the bootstrap, the CA file, the admin (a
+    super user) and every user created with the storage.
+    """
+
+    info: SecureBrokerInfo
+
+    def __init__(
+        self, info: SecureBrokerInfo, process: subprocess.Popen[bytes], root: Path
+    ) -> None:
+        super().__init__(info, process, root)
+
+
+def start_secure(
+    settings: Settings, *, progress: Progress | None = None, users: Iterable[str] = ()
+) -> SecureBroker:
+    """Start a throwaway broker secured as :mod:`bridge.devkafka.security` describes.
+
+    ``users``: names to create beside ``admin``, with random passwords (in ``info.users``).
+    SCRAM users can only be created with the storage (the Kafka client layer has no call to
+    add them later), so ask for all of them here.
+    """
+    say = progress or _stderr_progress
+    java, libs = _java_and_jars(settings, say)
+    with _temp_root() as root:
+        security = new_security(root, users)
+        process, bootstrap = _run_broker(settings, say, java, libs, root, security)
+    detail = _detail(settings, process, root) + ", SASL_SSL under ACLs"
+    return SecureBroker(security.info(bootstrap, detail), process, root)
+
+
+def _java_and_jars(settings: Settings, say: Progress) -> tuple[str, Path]:
+    """The checks and the fetch before any broker directory exists."""
     _heap_bytes(settings.local_kafka.heap)  # a bad setting fails before any slow step
     libs = ensure_kafka_jars(settings, say)
     java = _java_command()
     _sweep_orphans()
-    started = time.monotonic()
+    return java, libs
+
+
+@contextlib.contextmanager
+def _temp_root() -> Iterator[Path]:
+    """A fresh broker directory, removed if the start fails."""
     root = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX))
     try:
         _write_atomic(root / "owner.json", json.dumps({"owner_pid": os.getpid()}))
-        port, cport = _free_port_pair()
-        _write_config(root, port, cport)
-        say(f"formatting Kafka storage in {root}")
-        _format_storage(java, libs, root)
-        for attempt in (1, 2, 3):
-            say(
-                f"starting local Kafka {settings.local_kafka.version} (heap {settings.local_kafka.heap})"
-            )
-            log_offset = _file_size(root / "server.log")
-            process = _spawn_child(java, libs, root, settings.local_kafka.heap)
-            _write_atomic(
-                root / "owner.json",
-                json.dumps({"owner_pid": os.getpid(), "java_pid": process.pid}),
-            )
-            try:
-                _wait_ready(
-                    process.pid, root, port, settings.local_kafka.start_timeout_s, log_offset
-                )
-                break
-            except KafkaProviderError:
-                _terminate_group(process.pid, 0.0, process)
-                if attempt == 3 or not _port_clash(root, log_offset):
-                    raise
-                port, cport = _free_port_pair()  # someone took a port we picked; new ones
-                _write_config(root, port, cport)
+        yield root
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
+
+
+def _run_broker(
+    settings: Settings,
+    say: Progress,
+    java: str,
+    libs: Path,
+    root: Path,
+    security: BrokerSecurity | None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Format ``root``'s storage and run its broker until it answers: the process, the bootstrap."""
+    started = time.monotonic()
+    port, cport = _free_port_pair()
+    _write_config(root, port, cport, security)
+    say(f"formatting Kafka storage in {root}")
+    _format_storage(java, libs, root, security)
+    tls = security.ssl_context() if security else None
+    for attempt in (1, 2, 3):
+        say(
+            f"starting local Kafka {settings.local_kafka.version} (heap {settings.local_kafka.heap})"
+        )
+        log_offset = _file_size(root / "server.log")
+        process = _spawn_child(java, libs, root, settings.local_kafka.heap)
+        _write_atomic(
+            root / "owner.json", json.dumps({"owner_pid": os.getpid(), "java_pid": process.pid})
+        )
+        try:
+            _wait_ready(
+                process.pid, root, port, settings.local_kafka.start_timeout_s, log_offset, tls
+            )
+            break
+        except KafkaProviderError:
+            _terminate_group(process.pid, 0.0, process)
+            if attempt == 3 or not _port_clash(root, log_offset):
+                raise
+            port, cport = _free_port_pair()  # someone took a port we picked; new ones
+            _write_config(root, port, cport, security)
     bootstrap = f"127.0.0.1:{port}"
     elapsed = time.monotonic() - started
     say(f"local Kafka ready at {bootstrap} in {elapsed:.1f} s (pid {process.pid})")
-    info = BrokerInfo(
-        bootstrap,
-        "local",
+    return process, bootstrap
+
+
+def _detail(settings: Settings, process: subprocess.Popen[bytes], root: Path) -> str:
+    return (
         f"Kafka {settings.local_kafka.version} from Maven jars, pid {process.pid}, "
-        f"log {root / 'server.log'} (temporary)",
+        f"log {root / 'server.log'} (temporary)"
     )
-    return LocalBroker(info, process, root)
 
 
 def _spawn_child(java: str, libs: Path, root: Path, heap: str) -> subprocess.Popen[bytes]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 import struct
 import time
 
@@ -78,16 +79,18 @@ def _parse_bootstrap(bootstrap_servers: str) -> list[tuple[str, int]]:
     return addresses
 
 
-def _api_versions(host: str, port: int, timeout_s: float) -> int:
+def _api_versions(host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None) -> int:
     """Send a Kafka ApiVersions v0 request; returns the number of APIs the broker lists.
 
-    Raises OSError when nothing answers in time, ValueError when the answer is not Kafka's.
+    Over ``tls`` when given (a SASL listener answers ApiVersions before authentication).
+    Raises OSError when nothing answers in time (ssl.SSLError when the TLS handshake fails),
+    ValueError when the answer is not Kafka's.
     """
     deadline = time.monotonic() + timeout_s
     correlation_id = int.from_bytes(os.urandom(3), "big")
     client_id = b"mcp-kafka-bridge-probe"
     request = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
-    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+    with _connect(host, port, timeout_s, tls) as sock:
 
         def remaining() -> float:
             left = deadline - time.monotonic()
@@ -120,6 +123,17 @@ def _api_versions(host: str, port: int, timeout_s: float) -> int:
     if error_code == 0 and len(payload) >= 10:
         return int(struct.unpack(">i", payload[6:10])[0])
     return 0
+
+
+def _connect(host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    if tls is None:
+        return sock
+    try:
+        return tls.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _describe_socket_error(exc: BaseException) -> str:
