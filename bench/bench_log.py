@@ -6,7 +6,7 @@ Run::
     .venv/bin/python bench/bench_log.py --small    # 1/10 size, well under a minute
     .venv/bin/python bench/bench_log.py --scale 0.5 --repeat 3 --json out.json
 
-The broker comes from ``bridge.kafka.broker.provide_broker``: the cluster named by
+The broker comes from ``bridge.devkafka.provide_broker``: the cluster named by
 ``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` / ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Docker, else a
 throwaway local broker from the Maven jars. Every run uses fresh topic prefixes with one events
 partition, so nothing is shared with other runs or with the tests.

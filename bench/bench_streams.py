@@ -6,7 +6,7 @@ Run::
     .venv/bin/python bench/bench_streams.py --small    # smoke run, ~2 minutes
     .venv/bin/python bench/bench_streams.py --only latency --only hot --json out.json
 
-The broker comes from ``bridge.kafka.broker.provide_broker`` (the configured cluster, else
+The broker comes from ``bridge.devkafka.provide_broker`` (the configured cluster, else
 Docker, else a throwaway local KRaft broker from the Maven jars). One ``bridge serve``
 subprocess on fresh topics (``bench-streams-<8 hex>.*``, **one events partition**, auth mode
 none, so every stream belongs to the principal ``anonymous``) serves every part of the run;
