@@ -234,14 +234,17 @@ async def test_time_based_retention_moves_earliest_seq(kafka_bootstrap, topic_pr
         async with Indexer(settings) as indexer, Reader(settings, indexer) as reader:
             await caught_up(indexer)
             assert await reader.earliest_seq(task) == 0
+
             # Retention deletes closed segments older than retention.ms; a segment closes when a
             # record arrives after segment.ms. Keep appending filler until the log start moves.
-            async with asyncio.timeout(BOUND):
-                while await reader.earliest_seq(task) == 0:
-                    await pub.publish("task-filler", "com.example.filler", {})
-                    await asyncio.sleep(
-                        0.5
-                    )  # poll interval of a bounded wait on the broker's cleaner
+            async def log_start_moved() -> bool:
+                if await reader.earliest_seq(task) != 0:
+                    return True
+                await pub.publish("task-filler", "com.example.filler", {})
+                return False
+
+            what = "retention deletes the task's records (the broker's cleaner ran)"
+            await wait_until(log_start_moved, BOUND, what=what, poll_s=0.5)
             assert await reader.earliest_seq(task) == 5
             with pytest.raises(NotRetained) as gone:
                 await collect(reader, task, after=1)

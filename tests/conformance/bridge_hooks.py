@@ -31,6 +31,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from support.waits import wait_until
+
 from bridge.config import Settings, load_settings
 from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
 from bridge.kafka.admin import delete_records_before
@@ -112,14 +114,15 @@ class BridgeHooks(Hooks):
 
     async def create_quiet_task(self) -> str:
         task_id = await self._create("confirm_delete", {"filename": "conformance.txt"})
+
         # Quiet once the worker asked for input (its status event is then in the log).
-        async with asyncio.timeout(BOUND):
-            while True:
-                view = await self.client.result("tasks/get", {"taskId": task_id})
-                if view.get("status") == "input_required":
-                    return task_id
-                assert view.get("status") == "working", view
-                await asyncio.sleep(min(view.get("pollIntervalMs", 100), 200) / 1000)
+        async def parked() -> bool:
+            view = await self.client.result("tasks/get", {"taskId": task_id})
+            assert view.get("status") in ("working", "input_required"), view
+            return view.get("status") == "input_required"
+
+        await wait_until(parked, BOUND, what=f"task {task_id} asks for input", poll_s=0.1)
+        return task_id
 
     async def emit(self, task_id: str, n: int) -> None:
         for _ in range(n):
