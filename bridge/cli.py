@@ -22,6 +22,7 @@ from bridge.config import Settings, load_settings
 
 if TYPE_CHECKING:
     from bridge.client import TaskStreamClient
+    from bridge.kafka.acls import Access
     from bridge.kafka.topics import TopicReport
 
 __all__ = ["KafkaUnavailable", "UserError", "main"]
@@ -30,6 +31,8 @@ log = logging.getLogger("bridge")
 
 #: Bound of the pre-flight's metadata request (the ApiVersions probe before it has its own 5 s).
 KAFKA_METADATA_TIMEOUT_S = 10.0
+#: Bound of the pre-flight's ACL check (a new group coordinator may take a few seconds).
+KAFKA_ACCESS_TIMEOUT_S = 30.0
 
 
 class UserError(Exception):
@@ -59,10 +62,14 @@ def with_kafka(settings: Settings) -> Settings:
     return settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
 
 
-def require_kafka(settings: Settings, topics: Sequence[str] = (), hint: str = "") -> Settings:
+def require_kafka(
+    settings: Settings, topics: Sequence[str] = (), hint: str = "", access: Access | None = None
+) -> Settings:
     """``settings`` with a Kafka that answers and holds ``topics``; else :class:`KafkaUnavailable`.
 
     ``hint`` is a further way out when topics are missing (after `bridge topics create`).
+    ``access``: what the command needs, named instead when a topic looks missing because the
+    principal may not see it.
     """
     settings = with_kafka(settings)
     _check_answers(settings)
@@ -70,6 +77,8 @@ def require_kafka(settings: Settings, topics: Sequence[str] = (), hint: str = ""
     present = asyncio.run(_topic_names(settings))
     missing = [topic for topic in topics if topic not in present]
     if missing:
+        if access is not None:  # under ACLs, a topic the principal may not describe is not listed
+            asyncio.run(_require_access(settings, access, absent_ok=True))
         raise KafkaUnavailable(
             f"topics missing on Kafka at {settings.kafka_bootstrap_servers}: "
             f"{_first_few(missing)}; run `bridge topics create`{hint}, or set "
@@ -134,6 +143,48 @@ async def _topic_names(settings: Settings) -> set[str]:
             f"be read ({reason}); check that BRIDGE_KAFKA_SECURITY_PROTOCOL ({protocol}) "
             "matches its listener and that its advertised listeners are reachable from here"
         ) from exc
+
+
+def require_access(settings: Settings, access: Access) -> None:
+    """The settings' principal holds every ACL of ``access`` and its topics exist; else
+    :class:`KafkaUnavailable` naming the missing ACLs (a missing WRITE would otherwise show only
+    at the first write)."""
+    asyncio.run(_require_access(settings, access))
+
+
+async def _require_access(settings: Settings, access: Access, *, absent_ok: bool = False) -> None:
+    from bridge.kafka.acls import AccessDenied, check_access
+    from bridge.kafka.topics import TopicLayoutError
+
+    try:
+        with _quiet("aiokafka"):
+            async with asyncio.timeout(KAFKA_ACCESS_TIMEOUT_S):
+                await check_access(settings, access)
+    except AccessDenied as exc:
+        raise KafkaUnavailable(str(exc)) from None
+    except TopicLayoutError as exc:
+        if not absent_ok:
+            raise KafkaUnavailable(str(exc)) from None
+    except TimeoutError:
+        raise KafkaUnavailable(
+            f"Kafka at {settings.kafka_bootstrap_servers} did not say within "
+            f"{KAFKA_ACCESS_TIMEOUT_S:g} s what the principal may do"
+        ) from None
+
+
+@contextlib.contextmanager
+def denials_explained(settings: Settings, access: Access) -> Iterator[None]:
+    """A Kafka authorization refusal in the block (a client's, while it starts or runs) becomes
+    one line naming the ACLs of ``access`` it concerns."""
+    from bridge.kafka.acls import explain
+
+    try:
+        yield
+    except Exception as exc:
+        denied = explain(exc, access, settings)
+        if denied is None:
+            raise
+        raise KafkaUnavailable(str(denied)) from None
 
 
 @contextlib.contextmanager
@@ -208,6 +259,15 @@ async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[T
     except TopicLayoutError as exc:
         raise UserError(str(exc)) from None
     except KafkaError as exc:  # e.g. a replication factor above the number of brokers
+        from bridge.kafka.acls import DOC, is_refusal
+
+        if is_refusal(exc):
+            raise KafkaUnavailable(
+                f"Kafka at {settings.kafka_bootstrap_servers} does not let this principal create "
+                f"or check the topic layout ({exc}); under ACLs an operator creates the topics "
+                f"(`bridge topics create` as an admin) and the bridge runs with "
+                f"BRIDGE_AUTO_CREATE_TOPICS=false ({DOC})"
+            ) from exc
         raise UserError(
             f"Kafka at {settings.kafka_bootstrap_servers} refused the topic layout: {exc}"
         ) from exc
@@ -251,24 +311,31 @@ def _log_topics(settings: Settings) -> list[str]:
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge.kafka.acls import Access
     from bridge.log.indexer import IndexerError
 
+    access = Access(("index-writer",))
     try:
-        asyncio.run(
-            run_indexer(require_kafka(settings, _log_topics(settings)), args.flush_interval)
-        )
+        checked = require_kafka(settings, _log_topics(settings), access=access)
+        require_access(checked, access)
+        with denials_explained(checked, access):
+            asyncio.run(run_indexer(checked, args.flush_interval))
     except IndexerError as exc:
         raise UserError(str(exc)) from None
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge.kafka.acls import Access, Operation
     from bridge.log.indexer import IndexerError
     from bridge.log.verify import verify_index
 
+    access = Access(("index-writer",), only=frozenset({Operation.READ}))  # it only reads
     try:
-        checked = require_kafka(settings, _log_topics(settings))
-        report = asyncio.run(verify_index(checked, progress=_progress))
+        checked = require_kafka(settings, _log_topics(settings), access=access)
+        require_access(checked, access)
+        with denials_explained(checked, access):
+            report = asyncio.run(verify_index(checked, progress=_progress))
     except IndexerError as exc:
         raise UserError(str(exc)) from None
     for line in report.mismatches:
@@ -294,12 +361,17 @@ def serve(settings: Settings, *, with_workers: bool = False) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from bridge.kafka.acls import Access
+
+    access = Access.serving(settings, catalog_job_topics(settings), workers=args.with_workers)
     if settings.auto_create_topics:
         settings = require_kafka(settings)
         asyncio.run(create_topics(settings))
     else:
         hint = ", or set BRIDGE_AUTO_CREATE_TOPICS=true"
-        settings = require_kafka(settings, layout_topics(settings), hint)
+        settings = require_kafka(settings, layout_topics(settings), hint, access)
+    # Before uvicorn starts: a refusal is then this one line and the exit, never a ready replica.
+    require_access(settings, access)
     serve(settings, with_workers=args.with_workers)
     return 0
 
@@ -418,6 +490,7 @@ async def run_workers(
 ) -> None:
     """Run the handlers of ``packs`` until SIGINT/SIGTERM; jobs in flight then go to others."""
     from bridge.component import cancel_and_wait, stop_signal
+    from bridge.kafka.acls import Access
     from bridge.workers.packs import UnknownPack, pack_handlers, pack_tools
     from bridge.workers.sdk import Worker
 
@@ -427,9 +500,12 @@ async def run_workers(
     except (UnknownPack, ValueError) as exc:
         raise UserError(str(exc)) from None
     job_topics = {s.name: s.job_topic or settings.topics.jobs(s.name) for s in specs}
-    # The job topics must exist before the group subscribes: a consumer notices topics created
-    # later only at its next metadata refresh (minutes).
-    await ensure_layout(settings, job_topics.values())
+    access = Access(("worker",), tuple(job_topics.values()))
+    if settings.auto_create_topics:  # under ACLs an operator creates them (no CREATE here)
+        # The job topics must exist before the group subscribes: a consumer notices topics
+        # created later only at its next metadata refresh (minutes).
+        await ensure_layout(settings, job_topics.values())
+    await _require_access(settings, access)
 
     stop = stop_signal()
     worker = Worker(
@@ -439,19 +515,20 @@ async def run_workers(
         job_topics=job_topics,
         session_timeout_ms=session_timeout_ms,
     )
-    async with worker:
-        runner = asyncio.create_task(worker.run(), name="worker-run")
-        stopping = asyncio.create_task(stop.wait())
-        print(
-            f"workers running: packs {', '.join(packs)}; {len(handlers)} tools; group "
-            f"{worker.group_id}; concurrency {concurrency}",
-            flush=True,
-        )
-        await asyncio.wait({runner, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        await cancel_and_wait(stopping)
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner  # re-raises if the worker itself failed
+    with denials_explained(settings, access):
+        async with worker:
+            runner = asyncio.create_task(worker.run(), name="worker-run")
+            stopping = asyncio.create_task(stop.wait())
+            print(
+                f"workers running: packs {', '.join(packs)}; {len(handlers)} tools; group "
+                f"{worker.group_id}; concurrency {concurrency}",
+                flush=True,
+            )
+            await asyncio.wait({runner, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await cancel_and_wait(stopping)
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner  # re-raises if the worker itself failed
     print(f"workers stopped after {worker.completed} jobs", flush=True)
 
 

@@ -52,8 +52,10 @@ from bridge.kafka.admin import kafka_admin
 from bridge.kafka.topics import TopicLayoutError
 
 __all__ = [
+    "DOC",
     "ROLES",
     "ROLE_NEEDS",
+    "Access",
     "AccessDenied",
     "Acl",
     "Need",
@@ -66,6 +68,7 @@ __all__ = [
     "describe_acls",
     "explain",
     "indexer_transactional_id",
+    "is_refusal",
     "kafka_acls_commands",
     "markdown_table",
     "missing_acls",
@@ -223,6 +226,31 @@ def roles_acls(
     return list(merged.values())
 
 
+@dataclass(frozen=True)
+class Access:
+    """What one process needs of Kafka: the ACLs of ``roles`` on the job topics it uses, or
+    only those of the ``only`` operations (``bridge verify`` reads)."""
+
+    roles: tuple[Role, ...]
+    job_topics: tuple[str, ...] = ()
+    only: frozenset[Operation] | None = None
+
+    def acls(self, topics: TopicSettings) -> list[Acl]:
+        needed = roles_acls(self.roles, topics, self.job_topics)
+        return [acl for acl in needed if self.only is None or acl.operation in self.only]
+
+    @classmethod
+    def serving(cls, settings: Settings, job_topics: Iterable[str], *, workers: bool) -> Access:
+        """A ``bridge serve`` process: a server, the index writer if it is one, and a worker
+        when it runs the workers in-process."""
+        roles: list[Role] = ["server"]
+        if settings.index_writer:
+            roles.append("index-writer")
+        if workers:
+            roles.append("worker")
+        return cls(tuple(roles), tuple(job_topics))
+
+
 # --- for people: the docs' tables and kafka-acls.sh -----------------------------------------
 
 #: The layout as the docs name it.
@@ -305,15 +333,15 @@ class AccessDenied(Exception):
     def __init__(
         self,
         principal: str,
-        roles: Sequence[Role],
+        roles: Iterable[Role],
         missing: Sequence[Acl],
         refused: str | None = None,
     ) -> None:
-        super().__init__(principal, tuple(roles), tuple(missing), refused)
         self.principal = principal
         self.roles = tuple(roles)
         self.missing = tuple(missing)
         self.refused = refused
+        super().__init__(principal, self.roles, self.missing, refused)
 
     def __str__(self) -> str:
         plural = "s" if len(self.roles) > 1 else ""
@@ -354,43 +382,57 @@ def _refusal(exc: BaseException) -> tuple[BaseException, ResourceType] | None:
     return None
 
 
-def explain(
-    exc: BaseException,
-    roles: Sequence[Role],
-    settings: Settings,
-    job_topics: Iterable[str] = (),
-) -> AccessDenied | None:
-    """``exc`` as an :class:`AccessDenied` for ``roles`` if Kafka refused an authorization;
-    else None (the caller re-raises ``exc``).
+def is_refusal(exc: BaseException) -> bool:
+    """True when Kafka refused an authorization somewhere in ``exc``'s chain."""
+    return _refusal(exc) is not None
+
+
+def explain(exc: BaseException, access: Access, settings: Settings) -> AccessDenied | None:
+    """``exc`` as an :class:`AccessDenied` if Kafka refused an authorization in it; else None
+    (the caller re-raises ``exc``).
 
     aiokafka's errors name the resource type, sometimes the topics, never the operation: the
-    candidates are the roles' ACLs on that type (on the named resources when it names any).
+    candidates are the ACLs ``access`` needs on that type (on the named resources if any).
     """
     found = _refusal(exc)
     if found is None:
         return None
     error, rtype = found
-    needed = [a for a in roles_acls(roles, settings.topics, job_topics) if a.resource_type is rtype]
+    needed = [acl for acl in access.acls(settings.topics) if acl.resource_type is rtype]
     text = str(error)
     named = [acl for acl in needed if acl.name in text]
-    return AccessDenied(principal_of(settings), roles, named or needed, type(error).__name__)
+    return AccessDenied(principal_of(settings), access.roles, named or needed, type(error).__name__)
 
 
 # --- asking Kafka ----------------------------------------------------------------------------
 
 
-async def check_access(
-    settings: Settings, roles: Sequence[Role], job_topics: Iterable[str] = ()
-) -> None:
-    """Raise :class:`AccessDenied` if the settings' principal lacks any ACL of ``roles``;
-    :class:`~bridge.kafka.topics.TopicLayoutError` if a topic they use does not exist."""
-    missing = await missing_acls(settings, roles_acls(roles, settings.topics, job_topics))
+async def check_access(settings: Settings, access: Access) -> None:
+    """Raise :class:`AccessDenied` if the settings' principal lacks any ACL ``access`` needs;
+    then :class:`~bridge.kafka.topics.TopicLayoutError` if a topic it uses does not exist (under
+    ACLs, only one the principal may describe says so)."""
+    missing, absent = await _missing_and_absent(settings, access.acls(settings.topics))
     if missing:
-        raise AccessDenied(principal_of(settings), roles, missing)
+        raise AccessDenied(principal_of(settings), access.roles, missing)
+    if absent:
+        raise TopicLayoutError(
+            f"topics missing on Kafka at {settings.kafka_bootstrap_servers}: "
+            f"{', '.join(absent)}; under ACLs an operator creates them (`bridge topics create` "
+            f"as an admin principal; {DOC})"
+        )
 
 
 async def missing_acls(settings: Settings, acls: Sequence[Acl]) -> list[Acl]:
-    """Which of ``acls`` Kafka does not grant the settings' principal (asked as that principal).
+    """Which of ``acls`` Kafka does not grant the settings' principal (asked as that principal;
+    the ACLs of topics that do not exist are not counted)."""
+    missing, _absent = await _missing_and_absent(settings, acls)
+    return missing
+
+
+async def _missing_and_absent(
+    settings: Settings, acls: Sequence[Acl]
+) -> tuple[list[Acl], list[str]]:
+    """The ACLs not granted, and the topics that do not exist.
 
     Topics and groups report the operations granted on them (KIP-430). A transactional id
     answers only whether it may be described: asking about WRITE would take InitProducerId,
@@ -399,19 +441,21 @@ async def missing_acls(settings: Settings, acls: Sequence[Acl]) -> list[Acl]:
     """
     granted: dict[tuple[ResourceType, str], frozenset[Operation]] = {}
     async with kafka_admin(settings) as admin:
-        topics = _resources(acls, ResourceType.TOPIC)
-        for name, ops in (await _topic_operations(admin, topics)).items():
+        topics, absent = await _topic_operations(admin, _resources(acls, ResourceType.TOPIC))
+        for name, ops in topics.items():
             granted[ResourceType.TOPIC, name] = ops
         for group in _resources(acls, ResourceType.GROUP):
             granted[ResourceType.GROUP, group] = await _group_operations(admin, group)
         for txn in _resources(acls, ResourceType.TRANSACTIONAL_ID):
             granted[ResourceType.TRANSACTIONAL_ID, txn] = await _transaction_operations(admin, txn)
-    return [
+    missing = [
         acl
         for acl in acls
         if acl.resource_type is not ResourceType.CLUSTER
+        and acl.name not in absent
         and acl.operation not in granted.get((acl.resource_type, acl.name), frozenset())
     ]
+    return missing, absent
 
 
 def _resources(acls: Iterable[Acl], rtype: ResourceType) -> list[str]:
@@ -434,28 +478,29 @@ def _operations(bits: int) -> frozenset[Operation]:
     return frozenset(op for op in Operation if bits & (1 << op))
 
 
-async def _topic_operations(admin: Any, topics: list[str]) -> dict[str, frozenset[Operation]]:
+async def _topic_operations(
+    admin: Any, topics: list[str]
+) -> tuple[dict[str, frozenset[Operation]], list[str]]:
+    """The operations granted on each of ``topics``, and those that do not exist."""
     if not topics:
-        return {}
+        return {}, []
     try:
         response = await admin._send_request(_AuthorizedMetadataRequest(topics))
     except (IncompatibleBrokerVersion, NotImplementedError):
-        return dict.fromkeys(topics, _EVERYTHING)  # a broker before Kafka 2.3 cannot tell
+        return dict.fromkeys(topics, _EVERYTHING), []  # a broker before Kafka 2.3 cannot tell
     granted: dict[str, frozenset[Operation]] = {}
+    absent: list[str] = []
     for topic in response.topics:
         code, name = topic[0], topic[1]
         if code == UnknownTopicOrPartitionError.errno:
-            raise TopicLayoutError(
-                f"topic {name!r} does not exist; under ACLs an operator creates the topics "
-                "(`bridge topics create` as an admin principal)"
-            )
-        if code == TopicAuthorizationFailedError.errno:
+            absent.append(name)
+        elif code == TopicAuthorizationFailedError.errno:
             granted[name] = frozenset()
         elif code:
             raise for_code(code)(f"metadata of topic {name}")
         else:
             granted[name] = _operations(topic[-1])
-    return granted
+    return granted, sorted(absent)
 
 
 async def _group_operations(admin: Any, group: str) -> frozenset[Operation]:
