@@ -127,3 +127,53 @@ def bridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
     settings = make_settings(kafka_bootstrap, fresh_prefix("m"))
     with running_bridge(settings, tmp_path_factory.mktemp("bridge")) as running:
         yield running
+
+
+# =============================================================================================
+# Secured Kafka broker (bridge.devkafka.start_secure)
+#
+# `secure_kafka` (session): a throwaway local broker whose one client listener is SASL_SSL
+# (a CA made for the session), with the StandardAuthorizer and no ACL meaning no access. Its
+# `info` (a SecureBrokerInfo) has the bootstrap, the CA file, the super user `admin` and the
+# users below with their passwords (each may use PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512;
+# OAUTHBEARER takes any unsigned token's `sub`); `info.client_settings(user)` are settings
+# overrides for a user. Always from the Maven jars, never the configured cluster or Docker:
+# its users are created when its storage is formatted. Skipped when it cannot be started,
+# except under CI, where the tests needing it fail.
+# =============================================================================================
+
+from bridge.devkafka import SecureBroker, start_secure  # noqa: E402
+
+#: One user per role of docs/kafka-security.md, and one that no ACL names.
+SECURE_KAFKA_USERS = ("server", "index-writer", "worker", "pipeline", "nobody")
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(request: pytest.FixtureRequest) -> Iterator[SecureBroker]:
+    config = request.config
+    started = time.monotonic()
+    try:
+        broker = start_secure(
+            load_settings(),
+            progress=lambda msg: _kafka_say(config, f"secured: {msg}"),
+            users=SECURE_KAFKA_USERS,
+        )
+    except KafkaProviderError as exc:
+        reason = f"no secured Kafka broker could be started: {exc}"
+        if running_in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    _kafka_say(
+        config,
+        f"secured broker bootstrap={broker.info.bootstrap_servers} (SASL_SSL, CA "
+        f"{broker.info.ca_file}) started in {time.monotonic() - started:.1f} s",
+    )
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+# =============================================================================================
+# (end of the secured Kafka broker section)
+# =============================================================================================
