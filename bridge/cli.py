@@ -176,15 +176,13 @@ async def _require_access(settings: Settings, access: Access, *, absent_ok: bool
 def denials_explained(settings: Settings, access: Access) -> Iterator[None]:
     """A Kafka authorization refusal in the block (a client's, while it starts or runs) becomes
     one line naming the ACLs of ``access`` it concerns."""
-    from bridge.kafka.acls import explain
+    from bridge.kafka.acls import AccessDenied, refusals_explained
 
     try:
-        yield
-    except Exception as exc:
-        denied = explain(exc, access, settings)
-        if denied is None:
-            raise
-        raise KafkaUnavailable(str(denied)) from None
+        with refusals_explained(access, settings):
+            yield
+    except AccessDenied as exc:
+        raise KafkaUnavailable(str(exc)) from None
 
 
 @contextlib.contextmanager

@@ -22,7 +22,8 @@ admin client's request path.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal, get_args
@@ -73,6 +74,7 @@ __all__ = [
     "markdown_table",
     "missing_acls",
     "principal_of",
+    "refusals_explained",
     "role_acls",
     "roles_acls",
     "worker_group",
@@ -402,6 +404,19 @@ def explain(exc: BaseException, access: Access, settings: Settings) -> AccessDen
     text = str(error)
     named = [acl for acl in needed if acl.name in text]
     return AccessDenied(principal_of(settings), access.roles, named or needed, type(error).__name__)
+
+
+@contextlib.contextmanager
+def refusals_explained(access: Access, settings: Settings) -> Iterator[None]:
+    """An authorization refusal in the block (a client's, while it starts or runs) is raised
+    as the :class:`AccessDenied` :func:`explain` makes of it."""
+    try:
+        yield
+    except Exception as exc:
+        denied = explain(exc, access, settings)
+        if denied is None:
+            raise
+        raise denied from exc
 
 
 # --- asking Kafka ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings, ToolSpec
+from bridge.kafka.acls import Access, AccessDenied, refusals_explained
 from bridge.log.fanout import Fanout
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
@@ -32,7 +33,7 @@ from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
-from bridge.tasks.tools import tool_catalog
+from bridge.tasks.tools import job_topics, tool_catalog
 
 __all__ = ["Companion", "Components", "create_app", "start_components", "tool_catalog"]
 
@@ -64,27 +65,37 @@ async def start_components(
     companions: Sequence[Companion] = (),
 ) -> Components:
     """Start everything the server needs, registering each stop on ``stack``; returns once
-    the indexer has caught up with the log (bounded), so the replica is ready."""
+    the indexer has caught up with the log (bounded), so the replica is ready.
+
+    Kafka refusing an ACL on the way is raised as :class:`~bridge.kafka.acls.AccessDenied`,
+    whose one line (logged here) names the ACL; the replica then never turns ready.
+    """
     tools = tool_catalog(settings)
     _warn_ttl_beyond_retention(settings, tools)
     auth = Authenticator(settings.auth)
-    indexer = Indexer(settings, persist=settings.index_writer)
-    await indexer.start()
-    stack.push_async_callback(indexer.stop)
-    reader = Reader(settings, indexer)
-    stack.push_async_callback(reader.close)
-    fanout = Fanout(indexer, on_overflow=metrics.slow_fallbacks.inc)
-    service = TaskService(settings, indexer, reader, {t.name: t for t in tools}, fanout)
-    await service.start()
-    stack.push_async_callback(service.stop)
-    metrics.attach(indexer)
-    hub = StreamHub(settings, indexer, reader, fanout, metrics)
-    handlers = MethodHandlers(settings, service, tools, hub)
-    endpoint = McpHttp(settings, auth, handlers, metrics, on_cancelled=hub.cancel)
-    for companion in companions:
-        await companion(settings, stack)
-    async with asyncio.timeout(300):
-        await indexer.catch_up()
+    access = Access.serving(settings, job_topics(settings), workers=bool(companions))
+    try:
+        with refusals_explained(access, settings):
+            indexer = Indexer(settings, persist=settings.index_writer)
+            await indexer.start()
+            stack.push_async_callback(indexer.stop)
+            reader = Reader(settings, indexer)
+            stack.push_async_callback(reader.close)
+            fanout = Fanout(indexer, on_overflow=metrics.slow_fallbacks.inc)
+            service = TaskService(settings, indexer, reader, {t.name: t for t in tools}, fanout)
+            await service.start()
+            stack.push_async_callback(service.stop)
+            metrics.attach(indexer)
+            hub = StreamHub(settings, indexer, reader, fanout, metrics)
+            handlers = MethodHandlers(settings, service, tools, hub)
+            endpoint = McpHttp(settings, auth, handlers, metrics, on_cancelled=hub.cancel)
+            for companion in companions:
+                await companion(settings, stack)
+            async with asyncio.timeout(300):
+                await indexer.catch_up()
+    except AccessDenied as denied:
+        log.error("%s", denied)
+        raise
     refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
     log.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
