@@ -9,12 +9,18 @@ without any network, against JSON schemas on disk:
 - ServiceMonitor and PrometheusRule: k8s/schemas/*-monitoring-v1.json, generated from the PyPI
   package cloudcoil-models-prometheus-operator (models of the Prometheus Operator CRDs) by
   k8s/schemas/generate_crd_schemas.py;
+- Strimzi KafkaUser: k8s/schemas/kafkauser-kafka-v1beta2.json, written by hand from Strimzi's
+  KafkaUser schema reference (strict, and each ACL's operations must exist for its resource
+  type); the ACLs of each KafkaUser are compared with bridge/kafka/acls.py for its role;
 - Strimzi KafkaTopic: skipped by kubeconform (``-skip KafkaTopic``), because no package
   registry serves the Strimzi CRDs (they ship only in Strimzi's GitHub releases and Helm chart;
   Maven Central's io.strimzi:api jar has the model classes, and Strimzi's CRD generator is not
   published). Instead :data:`KAFKA_TOPIC_SCHEMA` below, written from the KafkaTopicSpec of
   io.strimzi:api 0.47.0 (Maven Central), checks their structure strictly, and the topics are
   compared with the topic layout the bridge itself would create (bridge.kafka.topics).
+
+Besides the overlays, the secured-Kafka variant an overlay can pick instead of prod's
+(components/kafka-mtls) is rendered on the base and checked the same way.
 
 The tools come from ``make k8s-tools`` (k8s/install-tools.sh) into ``$K8S_TOOLS_DIR``. Without
 them these tests skip, except under CI, where they fail.
@@ -38,6 +44,7 @@ import jsonschema
 import pytest
 
 from bridge.config import Settings, load_settings, running_in_ci
+from bridge.kafka.acls import ROLES, Acl, Operation, PatternType, ResourceType, role_acls
 from bridge.kafka.topics import topic_layout
 from bridge.server.app import tool_catalog
 from bridge.workers.packs import PACKS, pack_tools
@@ -105,7 +112,7 @@ def _build(kustomize: str, directory: Path) -> str:
 
 def _docs(text: str) -> list[dict[str, Any]]:
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped]  # PyYAML ships no stubs
     except ImportError:
         _missing("PyYAML is not installed")
     return [doc for doc in yaml.safe_load_all(text) if doc]
@@ -173,26 +180,46 @@ def test_every_overlay_is_valid_against_the_kubernetes_and_crd_schemas(
     assert skipped == ["KafkaTopic"]
     valid = {r["kind"] for r in results if r["status"] == "statusValid"}
     assert {"Deployment", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= valid
+    assert ("KafkaUser" in valid) == (overlay == "prod")  # k8s/schemas/kafkauser-kafka-v1beta2
     assert len(results) == len(_docs(text))
+
+
+def _with_component(directory: Path, resource: Path, component: str, **fields: str) -> Path:
+    """A kustomization in ``directory``: ``resource`` plus ``k8s/components/<component>``."""
+
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, directory)  # kustomize refuses absolute resource paths
+
+    (directory / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        + "".join(f"{key}: {value}\n" for key, value in fields.items())
+        + f"resources:\n  - {rel(resource)}\n"
+        + f"components:\n  - {rel(K8S / 'components' / component)}\n"
+    )
+    return directory
 
 
 def test_the_optional_streams_autoscaling_component_is_valid(
     kustomize: str, kubeconform: str, tmp_path: Path
 ) -> None:
-    def rel(path: Path) -> str:
-        return os.path.relpath(path, tmp_path)  # kustomize refuses absolute resource paths
-
-    (tmp_path / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n  - {rel(K8S / 'overlays' / 'prod')}\n"
-        f"components:\n  - {rel(K8S / 'components' / 'streams-autoscaling')}\n"
+    text = _build(
+        kustomize, _with_component(tmp_path, K8S / "overlays" / "prod", "streams-autoscaling")
     )
-    text = _build(kustomize, tmp_path)
     assert not _failures(_kubeconform(kubeconform, text, KUBERNETES_VERSIONS[-1]))
     (hpa,) = [d for d in _docs(text) if d["kind"] == "HorizontalPodAutoscaler"]
     metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
     assert metrics["Pods"]["pods"]["metric"]["name"] == "bridge_streams_active"
     assert metrics["Resource"]["resource"]["name"] == "cpu"
+
+
+def _first_acl(user: dict[str, Any]) -> dict[str, Any]:
+    acl: dict[str, Any] = user["spec"]["authorization"]["acls"][0]
+    return acl
+
+
+def _read_on_a_transactional_id(acl: dict[str, Any]) -> None:
+    acl["resource"] = {"type": "transactionalId", "name": "x", "patternType": "literal"}
+    acl["operations"] = ["Read"]
 
 
 @pytest.mark.parametrize(
@@ -203,6 +230,14 @@ def test_the_optional_streams_autoscaling_component_is_valid(
         ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(scrapeTimeut="10s")),
         ("PrometheusRule", lambda d: d["spec"].update(group=[])),
         ("HorizontalPodAutoscaler", lambda d: d["spec"].update(minReplica=1)),
+        ("KafkaUser", lambda d: d["spec"]["authorization"].update(acl=[])),
+        ("KafkaUser", lambda d: d["spec"]["authentication"].update(type="scram-sha-256")),
+        ("KafkaUser", lambda d: _first_acl(d)["resource"].update(patternType="prefixed")),
+        ("KafkaUser", lambda d: _first_acl(d).update(operations=["read"])),
+        # Strimzi's deprecated singular form (the v1 API drops it).
+        ("KafkaUser", lambda d: _first_acl(d).update(operation="Read")),
+        # An operation Kafka does not have for the resource type: Read on a transactional id.
+        ("KafkaUser", lambda d: _read_on_a_transactional_id(_first_acl(d))),
     ],
 )
 def test_the_validation_rejects_a_misspelt_or_mistyped_field(
@@ -287,7 +322,13 @@ def _config_map(docs: list[dict[str, Any]]) -> dict[str, str]:
     return data
 
 
+def _kafka_port(docs: list[dict[str, Any]]) -> int:
+    """The port of the Kafka listener the bridge connects to (9092 plain, 9093 TLS)."""
+    return int(_config_map(docs)["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1])
+
+
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return container
 
@@ -303,16 +344,66 @@ def _env(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> dict[str, st
     return env
 
 
-@pytest.fixture
-def settings_from(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Load Settings exactly as a container would, from only the given environment."""
+#: The keys of the Secrets the pods mount, as their makers create them: Strimzi's cluster CA
+#: (Cluster Operator), the auth Secret of docs/deployment.md "Authentication", and the Secret the
+#: User Operator makes for a KafkaUser, by the user's authentication type.
+SECRET_KEYS = {
+    "my-cluster-cluster-ca-cert": {"ca.crt", "ca.p12", "ca.password"},
+    "mcp-kafka-bridge-auth": {"jwks.json"},
+}
+KAFKA_USER_SECRET_KEYS = {
+    "scram-sha-512": {"password", "sasl.jaas.config"},
+    "tls": {"ca.crt", "user.crt", "user.key", "user.p12", "user.password"},
+}
 
-    def load(env: dict[str, str]) -> Settings:
+
+def _secret_keys(docs: list[dict[str, Any]], name: str) -> set[str]:
+    users = {u["metadata"]["name"]: u for u in _kind(docs, "KafkaUser")}
+    if name in users:
+        return KAFKA_USER_SECRET_KEYS[users[name]["spec"]["authentication"]["type"]]
+    assert name in SECRET_KEYS, f"a pod mounts the Secret {name}, which nothing here creates"
+    return SECRET_KEYS[name]
+
+
+def _secret_files(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> dict[str, str]:
+    """The files a container sees from Secret volumes: path -> "<secret>/<key>"."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    files = {}
+    for mount in _container(deployment).get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        keys = _secret_keys(docs, secret["secretName"])
+        for item in secret.get("items") or [{"key": key, "path": key} for key in keys]:
+            assert item["key"] in keys, f"{secret['secretName']} has no key {item['key']}"
+            files[f"{mount['mountPath']}/{item['path']}"] = f"{secret['secretName']}/{item['key']}"
+    return files
+
+
+@pytest.fixture
+def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """Load Settings exactly as a container would: from only its environment, with its files.
+
+    Settings check at load that the files they name exist, so each Secret volume's files are
+    staged under a fresh directory and the paths in the environment moved there: a setting that
+    names a file no mount provides fails to load, as it would in the pod.
+    """
+    pods = iter(range(1_000_000))
+
+    def load(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> Settings:
+        root = tmp_path / f"pod-{next(pods)}"
+        for path, source in _secret_files(docs, deployment).items():
+            staged = root / path.lstrip("/")
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_text(f"staged {source}\n")
         for key in list(os.environ):
             if key.startswith("BRIDGE_") or key == "KAFKA_BOOTSTRAP_SERVERS":
                 monkeypatch.delenv(key)
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
+        for key, value in _env(docs, deployment).items():
+            staged = root / value.lstrip("/")
+            monkeypatch.setenv(
+                key, str(staged) if value.startswith("/") and staged.exists() else value
+            )
         return load_settings()
 
     yield load
@@ -341,7 +432,7 @@ def test_kafka_topics_are_the_layout_the_bridge_would_create(
     # (names, partitions, replication, configs) that `bridge topics create` would.
     docs = rendered[overlay]
     server = _deployment(docs, "server")
-    settings = settings_from(_env(docs, server))
+    settings = settings_from(docs, server)
     assert settings.auto_create_topics is False
     served = [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
     worked = [
@@ -468,7 +559,7 @@ def test_exactly_one_index_writer_runs(
     assert writer["spec"]["replicas"] == 1
     assert writer["spec"]["strategy"] == {"type": "Recreate"}
     # Neither the servers nor anything else persists the index.
-    assert settings_from(_env(docs, _deployment(docs, "server"))).index_writer is False
+    assert settings_from(docs, _deployment(docs, "server")).index_writer is False
     writers = [d for d in _kind(docs, "Deployment") if _container(d)["args"][0] == "index"]
     assert writers == [writer]
 
@@ -480,10 +571,10 @@ def test_every_role_loads_its_settings(
     docs = rendered[overlay]
     namespace = _deployment(docs, "server")["metadata"]["namespace"]
     for deployment in _kind(docs, "Deployment"):
-        settings = settings_from(_env(docs, deployment))
-        assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9092"
+        settings = settings_from(docs, deployment)
+        assert settings.kafka_bootstrap_servers == f"my-cluster-kafka-bootstrap:{_kafka_port(docs)}"
         assert settings.auto_create_topics is False
-    server = settings_from(_env(docs, _deployment(docs, "server")))
+    server = settings_from(docs, _deployment(docs, "server"))
     assert server.http_host == "0.0.0.0" and server.http_port == 8080
     # DNS rebinding protection: the names clients use for the Service must be allowed.
     for host in (NAME, f"{NAME}.{namespace}.svc", f"{NAME}.{namespace}.svc.cluster.local"):
@@ -497,17 +588,24 @@ def test_prod_authenticates_with_a_secret_mounted_read_only(
 ) -> None:
     docs = rendered["prod"]
     server = _deployment(docs, "server")
-    settings = settings_from(_env(docs, server))
+    settings = settings_from(docs, server)
     assert settings.auth.mode == "jwt"
     assert settings.auth.jwks_file is not None
-    volumes = {v["name"]: v for v in server["spec"]["template"]["spec"]["volumes"]}
-    (mount,) = [
-        m
-        for m in _container(server)["volumeMounts"]
-        if settings.auth.jwks_file.is_relative_to(m["mountPath"])
-    ]
-    assert mount["readOnly"] is True
-    assert volumes[mount["name"]]["secret"]["secretName"] == "mcp-kafka-bridge-auth"
+    jwks = _env(docs, server)["BRIDGE_AUTH__JWKS_FILE"]
+    assert _secret_files(docs, server)[jwks] == "mcp-kafka-bridge-auth/jwks.json"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_secret_is_mounted_read_only_and_readable_by_the_pod_only(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    for deployment in _kind(rendered[overlay], "Deployment"):
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        for mount in _container(deployment).get("volumeMounts", []):
+            secret = volumes[mount["name"]].get("secret")
+            if secret is not None:
+                assert mount["readOnly"] is True, mount
+                assert secret["defaultMode"] & 0o007 == 0, secret  # nothing for "others"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -517,8 +615,178 @@ def test_no_secret_is_in_the_repository(
     docs = rendered[overlay]
     assert not _kind(docs, "Secret")
     for key, value in _config_map(docs).items():
-        assert not re.search(r"TOKEN|SECRET|PASSWORD", key), key
+        if re.search(r"TOKEN|SECRET|PASSWORD", key):
+            # Only where a mounted Secret holds it (BRIDGE_KAFKA_SASL__PASSWORD_FILE).
+            assert key.endswith("_FILE") and value.startswith("/etc/mcp-kafka-bridge/"), key
         assert not re.search(r"-----BEGIN|eyJ[\w-]{10,}\.", value), key
+
+
+# --- secured Kafka -----------------------------------------------------------------------------
+
+#: How each rendering authenticates to Kafka: overlays/prod (with components/kafka-scram), and
+#: the base with components/kafka-mtls, the variant an overlay can choose instead.
+SECURED = {"prod": "scram-sha-512", "kafka-mtls": "tls"}
+# A KafkaUser's app.kubernetes.io/component is its role (bridge.kafka.acls.ROLES), the same as
+# that of the Deployment running as it ("pipeline" stands for pipelines of your own).
+CLUSTER_CA = "my-cluster-cluster-ca-cert"
+#: Strimzi's names (AclRule schema reference) for bridge.kafka.acls' resource and pattern types.
+STRIMZI_RESOURCE_TYPES = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "transactionalId": ResourceType.TRANSACTIONAL_ID,
+    "cluster": ResourceType.CLUSTER,
+}
+STRIMZI_PATTERN_TYPES = {"literal": PatternType.LITERAL, "prefix": PatternType.PREFIXED}
+
+
+@pytest.fixture(scope="session")
+def secured_text(kustomize: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    mtls = tmp_path_factory.mktemp("kafka-mtls")
+    _with_component(mtls, K8S / "base", "kafka-mtls", namespace="mcp-bridge")
+    return {
+        "prod": _build(kustomize, K8S / "overlays" / "prod"),
+        "kafka-mtls": _build(kustomize, mtls),
+    }
+
+
+@pytest.fixture(scope="session")
+def secured(secured_text: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    return {variant: _docs(text) for variant, text in secured_text.items()}
+
+
+def _kafka_user(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    (user,) = [
+        u
+        for u in _kind(docs, "KafkaUser")
+        if u["metadata"]["labels"]["app.kubernetes.io/component"] == role
+    ]
+    return user
+
+
+def _role(deployment: dict[str, Any]) -> str:
+    role: str = deployment["metadata"]["labels"]["app.kubernetes.io/component"]
+    return role
+
+
+def test_the_kafka_mtls_variant_is_valid(kubeconform: str, secured_text: dict[str, str]) -> None:
+    # overlays/prod, with kafka-scram, is validated with every overlay above.
+    for version in KUBERNETES_VERSIONS:
+        results = _kubeconform(kubeconform, secured_text["kafka-mtls"], version)
+        assert not _failures(results)
+        valid = [r["kind"] for r in results if r["status"] == "statusValid"]
+        assert valid.count("KafkaUser") == len(ROLES)
+
+
+@pytest.mark.parametrize("variant", SECURED)
+def test_every_role_has_a_kafka_user_of_the_chosen_authentication(
+    secured: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    docs = secured[variant]
+    users = _kind(docs, "KafkaUser")
+    assert {u["metadata"]["labels"]["app.kubernetes.io/component"] for u in users} == set(ROLES)
+    assert len(users) == len(ROLES)
+    bootstrap = _config_map(docs)["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"]
+    for user in users:
+        # Managed by the User Operator of the cluster the bridge connects to.
+        cluster = user["metadata"]["labels"]["strimzi.io/cluster"]
+        assert bootstrap.startswith(f"{cluster}-kafka-bootstrap:")
+        assert user["metadata"]["name"] == f"{NAME}-{_role(user)}"
+        assert user["spec"]["authentication"] == {"type": SECURED[variant]}
+        assert user["spec"]["authorization"]["type"] == "simple"
+
+
+@pytest.mark.parametrize("variant", SECURED)
+def test_each_role_connects_over_tls_as_its_own_kafka_user(
+    secured: dict[str, list[dict[str, Any]]], variant: str, settings_from: Any
+) -> None:
+    docs = secured[variant]
+    deployments = _kind(docs, "Deployment")
+    assert {_role(d) for d in deployments} == set(ROLES) - {"pipeline"}
+    for deployment in deployments:
+        # Loading fails if a file setting names a file that no mounted Secret key provides.
+        settings = settings_from(docs, deployment)
+        env = _env(docs, deployment)
+        files = _secret_files(docs, deployment)
+        user = _kafka_user(docs, _role(deployment))["metadata"]["name"]
+        # The broker's certificate is checked against Strimzi's cluster CA, hostname included.
+        assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9093"
+        assert files[env["BRIDGE_KAFKA_TLS__CA_FILE"]] == f"{CLUSTER_CA}/ca.crt"
+        assert settings.kafka_tls.check_hostname is True
+        # The pod sees its own user's Secret and nothing of any other user's.
+        users = {u["metadata"]["name"] for u in _kind(docs, "KafkaUser")}
+        mounted = {source.split("/")[0] for source in files.values()} & users
+        assert mounted == {user}, deployment["metadata"]["name"]
+        if SECURED[variant] == "scram-sha-512":
+            assert settings.kafka_security_protocol == "SASL_SSL"
+            assert settings.kafka_sasl.mechanism == "SCRAM-SHA-512"
+            assert settings.kafka_sasl.username == user
+            assert files[env["BRIDGE_KAFKA_SASL__PASSWORD_FILE"]] == f"{user}/password"
+            needed = {f"{user}/password"}
+        else:
+            assert settings.kafka_security_protocol == "SSL"
+            assert not settings.kafka_sasl.configured
+            assert files[env["BRIDGE_KAFKA_TLS__CERT_FILE"]] == f"{user}/user.crt"
+            assert files[env["BRIDGE_KAFKA_TLS__KEY_FILE"]] == f"{user}/user.key"
+            needed = {f"{user}/user.crt", f"{user}/user.key"}
+        # Only the keys the client reads (not user.p12 and its password, nor sasl.jaas.config).
+        assert {s for s in files.values() if s.startswith(f"{user}/")} == needed
+
+
+def _strimzi_acls(user: dict[str, Any]) -> list[Acl]:
+    """A KafkaUser's ACL rules as bridge.kafka.acls ACLs, one per operation."""
+    acls = []
+    for rule in user["spec"]["authorization"]["acls"]:
+        # Only ALLOW from any host, as bridge.kafka.acls creates them.
+        assert rule.get("type", "allow") == "allow" and rule.get("host", "*") == "*", rule
+        resource = rule["resource"]
+        for operation in rule["operations"]:
+            acls.append(
+                Acl(
+                    STRIMZI_RESOURCE_TYPES[resource["type"]],
+                    resource.get("name", "kafka-cluster"),
+                    Operation[re.sub(r"(?<!^)(?=[A-Z])", "_", operation).upper()],
+                    STRIMZI_PATTERN_TYPES[resource.get("patternType", "literal")],
+                )
+            )
+    return acls
+
+
+def _job_topics(docs: list[dict[str, Any]], role: str, settings: Settings) -> list[str]:
+    """The job topics a role uses here: the server's tools, the worker's packs' tools."""
+    if role == "server":
+        return [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
+    if role == "worker":
+        packs = _worker_packs(_deployment(docs, "worker"))
+        return [settings.topics.jobs(t.name) for t in pack_tools(packs)]
+    return []
+
+
+@pytest.mark.parametrize("variant", SECURED)
+def test_kafka_users_carry_exactly_the_acls_of_their_role(
+    secured: dict[str, list[dict[str, Any]]], variant: str, settings_from: Any
+) -> None:
+    docs = secured[variant]
+    for role in ROLES:
+        # A role's own Deployment's settings; the pipeline's topics are the server's.
+        runs_as = _deployment(docs, "server" if role == "pipeline" else role)
+        settings = settings_from(docs, runs_as)
+        expected = role_acls(role, settings.topics, _job_topics(docs, role, settings))
+        granted = _strimzi_acls(_kafka_user(docs, role))
+        assert len(granted) == len(set(granted)), f"{role}: an ACL listed twice"
+        assert sorted(granted) == sorted(expected), role
+
+
+def test_dev_connects_in_plaintext_and_creates_no_kafka_users(
+    rendered: dict[str, list[dict[str, Any]]], settings_from: Any
+) -> None:
+    docs = rendered["dev"]
+    assert not _kind(docs, "KafkaUser")
+    for deployment in _kind(docs, "Deployment"):
+        settings = settings_from(docs, deployment)
+        assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9092"
+        assert settings.kafka_security_protocol == "PLAINTEXT"
+        assert not settings.kafka_tls.configured and not settings.kafka_sasl.configured
+        assert not _secret_files(docs, deployment)
 
 
 # --- labels and selectors ----------------------------------------------------------------------
@@ -566,14 +834,19 @@ def test_network_policies_allow_kafka_dns_and_the_mcp_port_only(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     policies = _kind(rendered[overlay], "NetworkPolicy")
+    kafka_port = _kafka_port(rendered[overlay])
     egress_peers = []
     ingress_ports = []
+    to_kafka: set[int] = set()
     for policy in policies:
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == NAME
         for rule in spec.get("egress", []):
             egress_peers += rule["to"]
-            assert {p["port"] for p in rule["ports"]} <= {9092, 53}
+            ports = {p["port"] for p in rule["ports"]}
+            assert ports <= {kafka_port, 53}
+            if any("strimzi.io/cluster" in p["podSelector"]["matchLabels"] for p in rule["to"]):
+                to_kafka |= ports
         for rule in spec.get("ingress", []):
             ingress_ports += [p["port"] for p in rule["ports"]]
             assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
@@ -585,6 +858,7 @@ def test_network_policies_allow_kafka_dns_and_the_mcp_port_only(
         )
     kafka = [p for p in egress_peers if "strimzi.io/cluster" in p["podSelector"]["matchLabels"]]
     assert kafka and any("k8s-app" in p["podSelector"]["matchLabels"] for p in egress_peers)
+    assert to_kafka == {kafka_port}  # the listener the settings name, and only that one
 
 
 def test_the_service_account_mounts_no_token(rendered: dict[str, list[dict[str, Any]]]) -> None:
