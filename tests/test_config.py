@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -85,3 +89,129 @@ def test_a_copy_with_other_accepted_prefixes_gets_their_rule():
     copy = settings.model_copy(update={"accepted_event_prefixes": ["corp"]})
     assert copy.type_rule.is_prefixed("corp.x")
     assert not settings.type_rule.is_prefixed("corp.x")
+
+
+# --- secured Kafka -------------------------------------------------------------------------
+
+SECRET = "hunter2-secret"
+
+
+@pytest.fixture
+def no_bridge_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("BRIDGE_"):
+            monkeypatch.delenv(name)
+
+
+def test_kafka_security_settings_come_from_nested_environment_variables(
+    tmp_path, monkeypatch, no_bridge_env
+):
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_text("pem")
+    password_file = tmp_path / "password"
+    password_file.write_text(SECRET + "\n")
+    monkeypatch.setenv("BRIDGE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BRIDGE_KAFKA_TLS__CA_FILE", str(ca_file))
+    monkeypatch.setenv("BRIDGE_KAFKA_TLS__CHECK_HOSTNAME", "false")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__USERNAME", "bridge")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD_FILE", str(password_file))
+    settings = load_settings()
+    assert settings.kafka_tls.ca_file == ca_file
+    assert settings.kafka_tls.check_hostname is False
+    assert settings.kafka_sasl.mechanism == "SCRAM-SHA-512"
+    assert settings.kafka_sasl.password_value() == SECRET  # the file's newline is not in it
+
+
+def test_the_environment_overrides_one_security_setting_and_the_file_keeps_the_others(
+    tmp_path, monkeypatch, no_bridge_env
+):
+    config = tmp_path / "bridge.toml"
+    config.write_text(
+        'kafka_security_protocol = "SASL_SSL"\n'
+        '[kafka_sasl]\nmechanism = "PLAIN"\nusername = "from-file"\npassword = "file-secret"\n'
+    )
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__USERNAME", "from-env")
+    settings = load_settings(config)
+    assert settings.kafka_sasl.username == "from-env"
+    assert settings.kafka_sasl.mechanism == "PLAIN"
+    assert settings.kafka_sasl.password_value() == "file-secret"
+
+
+def test_a_secret_file_wins_over_the_inline_secret_and_is_read_each_time(
+    tmp_path, monkeypatch, no_bridge_env
+):
+    password_file = tmp_path / "password"
+    password_file.write_text("from-file")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD", "inline")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD_FILE", str(password_file))
+    sasl = load_settings(
+        kafka_security_protocol="SASL_SSL", kafka_sasl={"mechanism": "PLAIN", "username": "u"}
+    ).kafka_sasl
+    assert sasl.password_value() == "from-file"
+    password_file.write_text("rotated\r\n")
+    assert sasl.password_value() == "rotated"
+
+
+def _sasl(**values):
+    return {"kafka_security_protocol": "SASL_SSL", "kafka_sasl": values}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"kafka_security_protocol": "SASL_SSL"}, "SASL_SSL needs BRIDGE_KAFKA_SASL__MECHANISM"),
+        (_sasl(mechanism="SCRAM-SHA-256", password=SECRET), "needs BRIDGE_KAFKA_SASL__USERNAME"),
+        (_sasl(mechanism="PLAIN", username="u"), "needs BRIDGE_KAFKA_SASL__PASSWORD"),
+        (_sasl(mechanism="OAUTHBEARER"), "needs a token"),
+        (
+            _sasl(mechanism="OAUTHBEARER", oauth_token_endpoint="https://idp/token"),
+            "needs BRIDGE_KAFKA_SASL__OAUTH_CLIENT_ID and BRIDGE_KAFKA_SASL__OAUTH_CLIENT_SECRET",
+        ),
+        (
+            _sasl(mechanism="PLAIN", username="u", password=SECRET)
+            | {"kafka_security_protocol": "SSL"},
+            "SSL does not use SASL",
+        ),
+        (
+            {"kafka_security_protocol": "SSL", "kafka_tls": {"cert_file": "{file}"}},
+            "a client certificate needs its key",
+        ),
+        (
+            {"kafka_security_protocol": "SSL", "kafka_tls": {"key_file": "{file}"}},
+            "a client certificate needs its key",
+        ),
+        (
+            {"kafka_security_protocol": "SSL", "kafka_tls": {"ca_file": "/no/such/ca.pem"}},
+            "file /no/such/ca.pem does not exist",
+        ),
+        (
+            _sasl(mechanism="PLAIN", username="u", password_file="/no/such/password"),
+            "file /no/such/password does not exist",
+        ),
+        ({"kafka_tls": {"ca_file": "{file}"}}, "PLAINTEXT does not use TLS"),
+    ],
+)
+def test_unusable_security_settings_are_clear_errors_at_load(
+    settings, message, tmp_path, no_bridge_env
+):
+    existing = tmp_path / "exists.pem"
+    existing.write_text("pem")
+    values = json.loads(json.dumps(settings).replace("{file}", str(existing)))
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        load_settings(**values)
+
+
+def test_no_secret_shows_in_the_settings_or_in_a_validation_error(no_bridge_env):
+    settings = load_settings(
+        kafka_security_protocol="SASL_SSL",
+        kafka_sasl={"mechanism": "SCRAM-SHA-512", "username": "u", "password": SECRET},
+    )
+    for text in (repr(settings), str(settings), settings.model_dump_json()):
+        assert SECRET not in text
+    with pytest.raises(ValidationError) as refused:  # no username: the input is not echoed
+        load_settings(
+            kafka_security_protocol="SASL_SSL",
+            kafka_sasl={"mechanism": "PLAIN", "password": SECRET},
+        )
+    assert SECRET not in str(refused.value)
