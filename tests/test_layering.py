@@ -6,46 +6,13 @@ CLI imports its commands lazily), so a cycle hidden from start-up time still sho
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import bridge
+from support.imports import BRIDGE, bridge_modules, imported_names, importers_of, imports_of
 
-BRIDGE = Path(bridge.__file__).parent
 #: The Kafka client layer: the only place that knows aiokafka.
 KAFKA_LAYER = BRIDGE / "kafka"
-
-
-def module_name(path: Path) -> str:
-    """``bridge/demo/__init__.py`` -> ``bridge.demo``; ``bridge/cli.py`` -> ``bridge.cli``."""
-    parts = path.relative_to(BRIDGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported_names(source: str, module: str, is_package: bool) -> set[str]:
-    """Every dotted name ``source`` imports, relative imports resolved; ``from m import n``
-    gives both ``m`` and ``m.n`` (``n`` may be a submodule or a name inside ``m``)."""
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            target = ".".join([*base, *([node.module] if node.module else [])])
-            found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names)
-    return found
-
-
-def bridge_modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(BRIDGE.rglob("*.py"))}
-
-
-def imports_of(path: Path) -> set[str]:
-    name = module_name(path)
-    return imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -93,16 +60,6 @@ def _pop_until(stack: list[str], on_stack: set[str], node: str) -> Iterator[str]
         yield top
         if top == node:
             return
-
-
-def importers_of(roots: Iterable[str], modules: dict[str, Path]) -> set[str]:
-    """The modules of bridge/ that import one of ``roots`` or anything below them."""
-    prefixes = tuple(roots)
-    return {
-        name
-        for name, path in modules.items()
-        if any(i == r or i.startswith(r + ".") for i in imports_of(path) for r in prefixes)
-    }
 
 
 # --- the scanner itself ------------------------------------------------------------------------
