@@ -235,9 +235,9 @@ def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
 
 def catalog_job_topics(settings: Settings) -> list[str]:
     """The job topics of the tools the bridge serves."""
-    from bridge.server.app import tool_catalog
+    from bridge.tasks.tools import job_topics
 
-    return [tool.job_topic or settings.topics.jobs(tool.name) for tool in tool_catalog(settings)]
+    return job_topics(settings)
 
 
 def layout_topics(settings: Settings) -> list[str]:
