@@ -75,6 +75,11 @@ def env_name(*path: str) -> str:
     return "BRIDGE_" + "__".join(part.upper() for part in path)
 
 
+def _blank_is_unset(value: Any) -> Any:
+    # An empty variable (a manifest that sets every key, some to "") means "not set".
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 def _existing_file(value: Path | None) -> Path | None:
     # Checked at load so a wrong mount path is one clear line at start, not a failed handshake.
     if value is None:
@@ -112,6 +117,9 @@ class KafkaTlsSettings(BaseModel):
     #: Verify that the broker's certificate names the host connected to; off for development only.
     check_hostname: bool = True
 
+    _blank = field_validator(
+        "ca_file", "cert_file", "key_file", "key_password", "key_password_file", mode="before"
+    )(_blank_is_unset)
     _files = field_validator("ca_file", "cert_file", "key_file", "key_password_file")(
         _existing_file
     )
@@ -168,6 +176,7 @@ class KafkaSaslSettings(BaseModel):
     #: (``client_secret_basic``, what every server must support) or in the form body.
     oauth_client_auth: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
 
+    _blank = field_validator("*", mode="before")(_blank_is_unset)
     _files = field_validator("password_file", "oauth_token_file", "oauth_client_secret_file")(
         _existing_file
     )

@@ -215,3 +215,15 @@ def test_no_secret_shows_in_the_settings_or_in_a_validation_error(no_bridge_env)
             kafka_sasl={"mechanism": "PLAIN", "password": SECRET},
         )
     assert SECRET not in str(refused.value)
+
+
+def test_an_empty_security_variable_means_unset(monkeypatch, no_bridge_env):
+    monkeypatch.setenv("BRIDGE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__MECHANISM", "PLAIN")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__USERNAME", "u")
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD", SECRET)
+    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD_FILE", "")  # a manifest listing every key
+    monkeypatch.setenv("BRIDGE_KAFKA_TLS__CA_FILE", "")
+    settings = load_settings()
+    assert settings.kafka_sasl.password_file is None and settings.kafka_tls.ca_file is None
+    assert settings.kafka_sasl.password_value() == SECRET
