@@ -424,6 +424,16 @@ def _worker_packs(worker: dict[str, Any]) -> list[str]:
     return [args[i + 1] for i, arg in enumerate(args) if arg == "--pack"]
 
 
+def _job_topics(docs: list[dict[str, Any]], role: str, settings: Settings) -> list[str]:
+    """The job topics a role uses here: the server's tools, the worker's packs' tools."""
+    if role == "server":
+        return [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
+    if role == "worker":
+        packs = _worker_packs(_deployment(docs, "worker"))
+        return [settings.topics.jobs(t.name) for t in pack_tools(packs)]
+    return []
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_kafka_topics_are_the_layout_the_bridge_would_create(
     rendered: dict[str, list[dict[str, Any]]], overlay: str, settings_from: Any
@@ -434,10 +444,8 @@ def test_kafka_topics_are_the_layout_the_bridge_would_create(
     server = _deployment(docs, "server")
     settings = settings_from(docs, server)
     assert settings.auto_create_topics is False
-    served = [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
-    worked = [
-        settings.topics.jobs(t.name) for t in pack_tools(_worker_packs(_deployment(docs, "worker")))
-    ]
+    served = _job_topics(docs, "server", settings)
+    worked = _job_topics(docs, "worker", settings)
     every_pack = [settings.topics.jobs(t.name) for t in pack_tools(sorted(PACKS))]
     assert set(served) | set(worked) <= set(every_pack)
 
@@ -626,8 +634,6 @@ def test_no_secret_is_in_the_repository(
 #: How each rendering authenticates to Kafka: overlays/prod (with components/kafka-scram), and
 #: the base with components/kafka-mtls, the variant an overlay can choose instead.
 SECURED = {"prod": "scram-sha-512", "kafka-mtls": "tls"}
-# A KafkaUser's app.kubernetes.io/component is its role (bridge.kafka.acls.ROLES), the same as
-# that of the Deployment running as it ("pipeline" stands for pipelines of your own).
 CLUSTER_CA = "my-cluster-cluster-ca-cert"
 #: Strimzi's names (AclRule schema reference) for bridge.kafka.acls' resource and pattern types.
 STRIMZI_RESOURCE_TYPES = {
@@ -655,6 +661,8 @@ def secured(secured_text: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _kafka_user(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    """The KafkaUser of a role of bridge.kafka.acls: its app.kubernetes.io/component, as on the
+    Deployment that runs as it ("pipeline" stands for pipelines of your own)."""
     (user,) = [
         u
         for u in _kind(docs, "KafkaUser")
@@ -749,16 +757,6 @@ def _strimzi_acls(user: dict[str, Any]) -> list[Acl]:
                 )
             )
     return acls
-
-
-def _job_topics(docs: list[dict[str, Any]], role: str, settings: Settings) -> list[str]:
-    """The job topics a role uses here: the server's tools, the worker's packs' tools."""
-    if role == "server":
-        return [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
-    if role == "worker":
-        packs = _worker_packs(_deployment(docs, "worker"))
-        return [settings.topics.jobs(t.name) for t in pack_tools(packs)]
-    return []
 
 
 @pytest.mark.parametrize("variant", SECURED)
