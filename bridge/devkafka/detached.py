@@ -5,6 +5,10 @@ data, config, log and ``state.json`` live in ``settings.local_kafka.state_dir``,
 session of its own and outlives the CLI; its data persists across stop/start. A lock file in
 the state directory serialises the commands. Nothing here is used by the test fixtures'
 throwaway broker (:mod:`bridge.devkafka.local`).
+
+``bridge kafka start --secure`` runs the secured broker of :mod:`bridge.devkafka.security`
+instead, from ``state_dir/secure`` (storage, users, certificates), and writes the client
+settings file its admin connects with; ``state.json`` says which of the two runs.
 """
 
 from __future__ import annotations
