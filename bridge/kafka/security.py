@@ -70,8 +70,8 @@ _SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
 class KafkaSecurityError(AuthenticationFailedError):  # type: ignore[misc]
     """TLS material or credentials for Kafka cannot be used; the message names the setting.
 
-    An aiokafka authentication error (not retriable), so a client that meets it while
-    reconnecting logs it and retries like any refused handshake.
+    An aiokafka ``AuthenticationFailedError``: a running client that meets it while reconnecting
+    (say, the token endpoint is down) logs it like any refused handshake and tries again later.
     """
 
     def __str__(self) -> str:
