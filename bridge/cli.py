@@ -59,6 +59,13 @@ def with_kafka(settings: Settings) -> Settings:
             "no Kafka configured and no local broker running: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS "
             "or run `bridge kafka start` first"
         )
+    from bridge.devkafka import SecureBrokerInfo
+
+    if isinstance(info, SecureBrokerInfo):
+        raise UserError(
+            "the local broker runs secured (SASL_SSL): pass its client settings with "
+            f"`bridge --config {info.client_config} ...` (or BRIDGE_CONFIG_FILE)"
+        )
     return settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
 
 
