@@ -123,13 +123,11 @@ async def test_every_client_factory_builds_its_client_with_the_security_options(
 def test_no_module_of_the_bridge_builds_a_kafka_client_past_the_factories() -> None:
     """Every client goes through clients._common, so none misses the security options."""
     bridge_dir = Path(clients.__file__).parent.parent
-    # The demo's plain writer still builds its own producer; it should call plain_producer.
-    known = {bridge_dir / "demo" / "walkthrough.py"}
     constructors = ("AIOKafkaProducer(", "AIOKafkaConsumer(", "AIOKafkaAdminClient(")
     offenders = [
         path.relative_to(bridge_dir.parent)
         for path in bridge_dir.rglob("*.py")
-        if path != Path(clients.__file__) and path not in known
+        if path != Path(clients.__file__)
         if any(name in path.read_text(encoding="utf-8") for name in constructors)
     ]
     assert offenders == []

@@ -412,12 +412,9 @@ class Walkthrough:
 
     async def _write_with_producer(self, lines: list[dict[str, Any]]) -> None:
         """The same records through a plain producer (no idempotence, no envelope)."""
-        from bridge.kafka.clients import AIOKafkaProducer
+        from bridge.kafka.clients import plain_producer
 
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_bootstrap_servers,
-            security_protocol=self.settings.kafka_security_protocol,
-        )
+        producer = plain_producer(self.settings)
         await producer.start()
         try:
             for line in lines:
