@@ -260,7 +260,8 @@ async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[T
     from bridge.kafka.topics import TopicLayoutError, create_layout
 
     try:
-        return await create_layout(settings, job_topics)
+        with _quiet("aiokafka"):  # its connection logs would bury the one line that explains
+            return await create_layout(settings, job_topics)
     except TopicLayoutError as exc:
         raise UserError(str(exc)) from None
     except KafkaError as exc:  # e.g. a replication factor above the number of brokers

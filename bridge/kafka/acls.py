@@ -400,10 +400,18 @@ def explain(exc: BaseException, access: Access, settings: Settings) -> AccessDen
     if found is None:
         return None
     error, rtype = found
-    needed = [acl for acl in access.acls(settings.topics) if acl.resource_type is rtype]
+    needed = _candidates(access.acls(settings.topics), rtype)
     text = str(error)
     named = [acl for acl in needed if acl.name in text]
     return AccessDenied(principal_of(settings), access.roles, named or needed, type(error).__name__)
+
+
+def _candidates(acls: list[Acl], rtype: ResourceType) -> list[Acl]:
+    if rtype is ResourceType.CLUSTER:
+        # No role holds a cluster ACL: an idempotent producer's id is granted for WRITE on any
+        # topic (Kafka 3.0+), and refused as a cluster authorization when it has none.
+        return [acl for acl in acls if acl.operation is Operation.WRITE]
+    return [acl for acl in acls if acl.resource_type is rtype]
 
 
 @contextlib.contextmanager
