@@ -79,9 +79,11 @@ class EnvelopeError(Exception):
 
 def _wire_safe(message: str) -> str:
     """Bounded, and encodable as UTF-8 even when it quotes a record's lone surrogates."""
+    # Escape first: each lone surrogate becomes six characters, which the bound must count.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
-    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return message
 
 
 class MalformedEnvelope(EnvelopeError):

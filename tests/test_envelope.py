@@ -314,3 +314,11 @@ def test_every_hostile_token_is_either_refused_or_kept_exactly():
         )
         if event is not None:
             assert event.payload == {"v": json.loads(token)}
+
+
+def test_an_error_quoting_many_lone_surrogates_stays_within_the_bound():
+    """Found by the property above in a full run: escaping came after the cut, so each
+    surrogate's six-character escape pushed the text past the bound."""
+    quoted = "\x1f\x1f\ud7fc\ud800\ud800\ud800"
+    error = MalformedEnvelope(f"unknown JSON envelope fields: {[quoted] * 7} {quoted}")
+    assert len(error.message) <= 300
