@@ -10,7 +10,9 @@ id. The value is either
   pipelines without Avro can attach. ``_meta`` and ``timestamp`` may be left out.
 
 A ``content-type`` record header names the format; without it the first bytes decide. Decoding
-never raises anything but :class:`EnvelopeError` subclasses. ``payload`` and ``_meta`` are parsed
+never raises anything but :class:`EnvelopeError` subclasses. :func:`may_have_type` answers, without
+decoding, whether a record could decode to one of a few types: the indexer's tail asks it so that
+it decodes only the events whose payload the index folds. ``payload`` and ``_meta`` are parsed
 with the wire's rules (:mod:`bridge.strictjson`): a record the bridge could not write back out
 (``1e999``, a lone surrogate, nesting past ``MAX_DEPTH``) is refused here, as malformed, instead
 of failing every stream that replays it. This module knows nothing of seq, Kafka clients or MCP.
@@ -18,6 +20,7 @@ of failing every stream that replays it. This module knows nothing of seq, Kafka
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -25,7 +28,7 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,11 +51,13 @@ __all__ = [
     "crc64_avro",
     "decode_event",
     "encode_event",
+    "may_have_type",
 ]
 
 CONTENT_TYPE_HEADER = "content-type"
 AVRO_CONTENT_TYPE = "application/vnd.mcpbridge.task-event+avro"
 JSON_CONTENT_TYPE = "application/json"
+_JSON_CONTENT_TYPES = (JSON_CONTENT_TYPE, "text/json")
 _SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 _SCHEMA_FILE = "task_event.avsc"
 #: 9999-12-31T23:59:59.999Z: the last instant Avro tools can represent as a timestamp-millis.
@@ -246,6 +251,19 @@ def _check_timestamp(timestamp: Any) -> None:
 
 
 def _content_type(headers: Headers | None) -> str | None:
+    if isinstance(headers, tuple):  # what aiokafka hands out: hashable, and a few shapes repeat
+        with contextlib.suppress(TypeError):  # unless a caller put an unhashable value in it
+            return _cached_content_type(headers)
+    return _header_content_type(headers)
+
+
+@lru_cache(maxsize=256)
+def _cached_content_type(headers: tuple[tuple[str, bytes], ...]) -> str | None:
+    # Exceptions are not cached: a bad header is re-examined (and refused) every time.
+    return _header_content_type(headers)
+
+
+def _header_content_type(headers: Headers | None) -> str | None:
     for key, value in headers or ():
         if key.lower() == CONTENT_TYPE_HEADER:
             try:
@@ -253,6 +271,14 @@ def _content_type(headers: Headers | None) -> str | None:
             except (UnicodeDecodeError, AttributeError):
                 raise UnsupportedContentType("content-type header is not ASCII") from None
     return None
+
+
+def _format_of(value: bytes, headers: Headers | None) -> str:
+    """The content type :func:`decode_event` decodes ``value`` as (header first, then magic)."""
+    content_type = _content_type(headers)
+    if content_type is not None:
+        return content_type
+    return AVRO_CONTENT_TYPE if value[:2] == _SINGLE_OBJECT_MAGIC else JSON_CONTENT_TYPE
 
 
 class _Truncated(Exception):
@@ -346,11 +372,67 @@ def decode_event(
         raise MalformedEnvelope("record has no value (tombstone)")
     if max_bytes is not None and len(value) > max_bytes:
         raise EnvelopeTooLarge(f"record value is {len(value)} bytes, limit is {max_bytes}")
-    content_type = _content_type(headers)
-    if content_type is None:
-        content_type = AVRO_CONTENT_TYPE if value[:2] == _SINGLE_OBJECT_MAGIC else JSON_CONTENT_TYPE
+    content_type = _format_of(value, headers)
     if content_type == AVRO_CONTENT_TYPE:
         return _decode_avro(value)
-    if content_type in (JSON_CONTENT_TYPE, "text/json"):
+    if content_type in _JSON_CONTENT_TYPES:
         return _decode_json(value, record_timestamp_ms)
     raise UnsupportedContentType(f"content-type {content_type!r} is not a task event format")
+
+
+# --- the tail's shortcut: could this record be one of a few types? -----------------------------
+
+#: Encodings in which a JSON text spells an unescaped string as its literal UTF-8 bytes.
+_UTF8_ENCODINGS = ("utf-8", "utf-8-sig")
+
+
+@cache
+def _type_marks(types: frozenset[str]) -> tuple[frozenset[bytes], tuple[bytes, ...]]:
+    """Each type as Avro's string bytes and as a JSON string token without escapes."""
+    raw = frozenset(t.encode("utf-8") for t in types)
+    return raw, tuple(b'"' + t + b'"' for t in raw)
+
+
+def _avro_type_bytes(value: bytes) -> bytes | None:
+    """The raw bytes of the first string after the 10-byte header (the type), if it is whole."""
+    if len(value) > 10 and value[10] < 0x80:  # a one-byte length: every type under 64 bytes
+        size, pos = (value[10] >> 1) ^ -(value[10] & 1), 11
+    else:
+        try:  # a longer type, or a length spelt in more bytes than needed: decoding accepts both
+            size, pos = _read_long(value, 10)
+        except _Truncated:
+            return None
+    if size < 0 or pos + size > len(value):
+        return None
+    return value[pos : pos + size]
+
+
+def _json_may_spell(value: bytes, tokens: tuple[bytes, ...]) -> bool:
+    if b"\\" in value:  # an escape can spell any string: parse to be sure
+        return True
+    if any(token in value for token in tokens):
+        return True
+    # UTF-16/32 texts do not hold the tokens as UTF-8 bytes.
+    return json.detect_encoding(value) not in _UTF8_ENCODINGS
+
+
+def may_have_type(value: bytes | None, headers: Headers | None, types: frozenset[str]) -> bool:
+    """False only when :func:`decode_event` cannot return an event whose type is in ``types``.
+
+    It decodes nothing: Avro's type is the first string of the body, compared as bytes; a JSON
+    text is searched for each type as a quoted string token (a text with any backslash escape,
+    or not in UTF-8, answers True: only parsing it could tell). True means "decode to know":
+    the record may still be malformed or of another type. Never raises.
+    """
+    if value is None:
+        return False
+    try:
+        content_type = _format_of(value, headers)
+    except UnsupportedContentType:
+        return False
+    raw, tokens = _type_marks(types)
+    if content_type == AVRO_CONTENT_TYPE:
+        return _avro_type_bytes(value) in raw
+    if content_type in _JSON_CONTENT_TYPES:
+        return _json_may_spell(value, tokens)
+    return False

@@ -27,7 +27,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
@@ -44,7 +43,7 @@ from bridge.kafka.clients import (
     transactional_producer,
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
-from bridge.log.records import event_from_record, task_facts_of, task_id_of
+from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
 from bridge.log.seqindex import (
     IndexRecordError,
     MarkerRecord,
@@ -72,15 +71,47 @@ class IndexerError(Exception):
     """The indexer cannot start or go on (missing topic, unreadable index, fenced writer)."""
 
 
-@dataclass(frozen=True, slots=True)
 class IndexedEvent:
-    """A committed record with its derived seq, as the tail hands it to listeners."""
+    """A committed record with its derived seq, as the tail hands it to listeners.
 
-    task_id: str
-    partition: int
-    offset: int
-    seq: int
-    event: TaskEvent
+    ``event`` is decoded on first access (a :class:`~bridge.log.records.LazyEvent` until then):
+    the tail decodes only the records whose payload the index folds, and a listener that reads
+    just the task id (the fan-out, for tasks nobody watches) costs no decode. Ask
+    :meth:`has_type` rather than ``event.type`` to test for the bridge's own created or status
+    type: it answers those without decoding.
+    """
+
+    __slots__ = ("_event", "offset", "partition", "seq", "task_id")
+
+    def __init__(
+        self, task_id: str, partition: int, offset: int, seq: int, event: TaskEvent | LazyEvent
+    ) -> None:
+        self.task_id = task_id
+        self.partition = partition
+        self.offset = offset
+        self.seq = seq
+        self._event = event
+
+    @property
+    def event(self) -> TaskEvent:
+        """The record's event, or the placeholder describing why it does not decode."""
+        event = self._event
+        if isinstance(event, LazyEvent):
+            event = self._event = event.get()
+        return event
+
+    def has_type(self, event_type: str) -> bool:
+        """``self.event.type == event_type``, without decoding when the tail already knows."""
+        lazy = self._event
+        if isinstance(lazy, LazyEvent) and lazy.cannot_be(event_type):
+            return False
+        return self.event.type == event_type
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexedEvent({self.task_id!r}, partition={self.partition}, "
+            f"offset={self.offset}, seq={self.seq}, event={self._event!r})"
+        )
 
 
 Listener = Callable[[IndexedEvent], None]
@@ -175,6 +206,9 @@ class Indexer(Component):
         self.flush_interval_s = flush_interval_s
         self.transactional_id = transactional_id or f"{settings.topics.prefix}.indexer"
         self.partitions: dict[int, PartitionIndex] = {}
+        self._decoder = RecordDecoder(
+            settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+        )
         self.fenced = False
         self._listeners: list[Listener] = []
         self._consumer: AIOKafkaConsumer | None = None
@@ -312,18 +346,19 @@ class Indexer(Component):
         if task_id is None:
             idx.advance(record.offset + 1)
             return
-        prefix = self.settings.event_type_prefix
-        event = event_from_record(
-            record,
-            prefix=prefix,
-            max_bytes=self.settings.max_event_bytes,
-            types=self.settings.type_rule,
-        )
-        created, status, identity = task_facts_of(event, prefix)
+        # Only the bridge's own created and status records are decoded here (the facts); the
+        # rest is decoded when a listener reads the event, if one ever does.
+        (created, status, identity), event = self._decoder.facts(record)
         seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)
-        if seq is None:
+        if seq is None or not self._listeners:
             return
-        indexed = IndexedEvent(task_id, idx.partition, record.offset, seq, event)
+        indexed = IndexedEvent(
+            task_id,
+            idx.partition,
+            record.offset,
+            seq,
+            event if event is not None else LazyEvent(record, self._decoder),
+        )
         for listener in self._listeners:
             try:
                 listener(indexed)

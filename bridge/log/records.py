@@ -8,18 +8,44 @@ describing why, so no event is ever dropped and no bad record can crash a reader
 to the events topic writes records, so it is strict: a status counts only under its exact wire
 name, and an identity only from a well-formed ``task.created`` payload (the index then takes
 it only from the task's seq 0).
+
+The tail decodes only what the index folds (:class:`RecordDecoder`, :meth:`~RecordDecoder.facts`):
+the key, and the whole event only when the record may be the bridge's own ``task.created`` or
+``task.status`` (:func:`bridge.envelope.may_have_type` tells without decoding). Every other
+record's event is a :class:`LazyEvent`, decoded on first use by the same
+:func:`event_from_record`, so it is the very event (or placeholder) an eager decode gives. Most
+records are never decoded by the tail at all: no live stream or call is waiting for their task.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from bridge.envelope import EnvelopeError, EnvelopeTooLarge, TaskEvent, decode_event
+from bridge.envelope import (
+    EnvelopeError,
+    EnvelopeTooLarge,
+    TaskEvent,
+    decode_event,
+    may_have_type,
+)
 from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 from bridge.kafka.clients import ConsumerRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
 
-__all__ = ["event_from_record", "task_facts_of", "task_id_of"]
+__all__ = [
+    "NO_FACTS",
+    "LazyEvent",
+    "RecordDecoder",
+    "TaskFacts",
+    "event_from_record",
+    "task_facts_of",
+    "task_id_of",
+]
+
+#: ``(is task.created, announced status, the created task's identity)``.
+TaskFacts = tuple[bool, TaskStatus | None, TaskIdentity | None]
+#: What every record but the bridge's own created and status events states about its task.
+NO_FACTS: TaskFacts = (False, None, None)
 
 
 def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
@@ -70,9 +96,7 @@ def event_from_record(
         return TaskEvent(undecodable, payload, None, record.timestamp)
 
 
-def task_facts_of(
-    event: TaskEvent, prefix: str
-) -> tuple[bool, TaskStatus | None, TaskIdentity | None]:
+def task_facts_of(event: TaskEvent, prefix: str) -> TaskFacts:
     """``(is task.created, announced status, the created task's identity)`` of an event.
 
     The status is None unless the payload names one by its exact wire name.
@@ -82,7 +106,7 @@ def task_facts_of(
         return True, None, _identity(event.payload)
     if event.type == types.status:
         return False, TaskStatus.from_wire(event.payload.get("status")), None
-    return False, None, None
+    return NO_FACTS
 
 
 def _identity(payload: dict[str, Any]) -> TaskIdentity | None:
@@ -102,3 +126,78 @@ def _identity(payload: dict[str, Any]) -> TaskIdentity | None:
 
 def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class RecordDecoder:
+    """One process's way of reading records: its type prefix, size limit and type rule.
+
+    :meth:`event` decodes eagerly (readers, which send what they read); :meth:`facts` is the
+    tail's cheap path.
+    """
+
+    __slots__ = ("fact_types", "max_bytes", "prefix", "types")
+
+    def __init__(self, prefix: str, max_bytes: int, types: EventTypeRule = REVERSE_DNS_ONLY):
+        self.prefix = prefix
+        self.max_bytes = max_bytes
+        self.types = types
+        own = TaskEventTypes.of(prefix)
+        #: The only types whose records state facts; their payload is what the index folds.
+        self.fact_types = frozenset({own.created, own.status})
+
+    def event(self, record: ConsumerRecord[bytes, bytes]) -> TaskEvent:
+        """:func:`event_from_record` under this decoder's settings."""
+        return event_from_record(
+            record, prefix=self.prefix, max_bytes=self.max_bytes, types=self.types
+        )
+
+    def facts(self, record: ConsumerRecord[bytes, bytes]) -> tuple[TaskFacts, TaskEvent | None]:
+        """What the record states about its task, and its event when finding out decoded it.
+
+        Exactly ``task_facts_of(self.event(record))``: a record that may decode to the bridge's
+        own created or status type is decoded in full (and its event returned, so nobody decodes
+        it twice); any other record states nothing whatever it decodes to, placeholders
+        included, so it is not decoded here (None).
+        """
+        if not may_have_type(record.value, record.headers, self.fact_types):
+            return NO_FACTS, None
+        event = self.event(record)
+        return task_facts_of(event, self.prefix), event
+
+
+class LazyEvent:
+    """The event of a record :meth:`RecordDecoder.facts` did not decode, decoded on first
+    :meth:`get` (then cached, and the record let go).
+
+    The tail hands these to listeners instead of decoding every record: the fan-out only looks
+    at the task id, and most tasks have no live subscriber. Decoding is
+    :meth:`RecordDecoder.event`, the readers' own, so a lazy event equals the eager one, the
+    placeholders of undecodable, oversized and unprefixed records included.
+    """
+
+    __slots__ = ("_decoder", "_event", "_record")
+
+    def __init__(self, record: ConsumerRecord[bytes, bytes], decoder: RecordDecoder) -> None:
+        self._record: ConsumerRecord[bytes, bytes] | None = record
+        self._decoder = decoder
+        self._event: TaskEvent | None = None
+
+    @property
+    def decoded(self) -> bool:
+        return self._event is not None
+
+    def get(self) -> TaskEvent:
+        """The event (decoded now if not yet)."""
+        if self._event is None:
+            assert self._record is not None  # set until the event is
+            self._event = self._decoder.event(self._record)
+            self._record = None
+        return self._event
+
+    def cannot_be(self, event_type: str) -> bool:
+        """True when the tail already knows, undecoded, the event is not of ``event_type``.
+
+        :meth:`RecordDecoder.facts` decodes every record that may be of one of the decoder's
+        fact types, so the event of a record it did not decode is of none of them.
+        """
+        return event_type in self._decoder.fact_types
