@@ -100,6 +100,20 @@ def test_the_docs_kafka_acls_examples_are_the_ones_the_code_renders() -> None:
             assert command in text, f"{DOC} lacks: {command}"
 
 
+def test_the_public_names_of_the_acls_module_are_its_all() -> None:
+    import bridge.kafka.acls as module
+
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", None) == module.__name__
+        and (callable(value) or isinstance(value, type))
+    }
+    assert public <= set(module.__all__), public - set(module.__all__)
+    assert all(hasattr(module, name) for name in module.__all__)
+
+
 def test_the_group_and_transactional_id_are_those_the_worker_and_the_indexer_use() -> None:
     settings = make_settings("unused:9092", fresh_prefix())
     assert Worker(settings, {}).group_id == worker_group(settings.topics)
