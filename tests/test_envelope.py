@@ -25,6 +25,7 @@ from bridge.envelope import (
     crc64_avro,
     decode_event,
     encode_event,
+    may_have_type,
 )
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "task_event.avsc"
@@ -322,3 +323,38 @@ def test_an_error_quoting_many_lone_surrogates_stays_within_the_bound():
     quoted = "\x1f\x1f\ud7fc\ud800\ud800\ud800"
     error = MalformedEnvelope(f"unknown JSON envelope fields: {[quoted] * 7} {quoted}")
     assert len(error.message) <= 300
+
+
+# --- may_have_type: the tail's look at a record's type, without decoding it ---------------------
+
+OWN_TYPES = frozenset({"io.mcpbridge.task.created", "io.mcpbridge.task.status"})
+
+
+@given(
+    st.binary(max_size=60),
+    event_types | st.sampled_from(sorted(OWN_TYPES)),
+    st.sampled_from([None, AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE]),
+    st.sampled_from(["avro", "json"]),
+)
+def test_may_have_type_says_no_only_to_records_that_cannot_decode_to_those_types(
+    noise, event_type, content_type, fmt
+):
+    headers = None if content_type is None else [(CONTENT_TYPE_HEADER, content_type.encode())]
+    value = encode_event(TaskEvent(event_type, {"i": 1}), fmt=fmt)[0]
+    for candidate in (noise, value, value[: len(noise)], value + noise, noise + value):
+        try:
+            event = decode_event(candidate, headers)
+        except EnvelopeError:
+            continue
+        if event.type in OWN_TYPES:
+            assert may_have_type(candidate, headers, OWN_TYPES)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_may_have_type_tells_other_types_apart_without_decoding(fmt):
+    other = encode_event(TaskEvent("com.example.step", {"i": 1}), fmt=fmt)
+    own = encode_event(TaskEvent("io.mcpbridge.task.status", {"status": "working"}), fmt=fmt)
+    assert not may_have_type(*other, OWN_TYPES)
+    assert may_have_type(*own, OWN_TYPES)
+    assert not may_have_type(None, None, OWN_TYPES)
+    assert not may_have_type(own[0], [(CONTENT_TYPE_HEADER, b"text/plain")], OWN_TYPES)

@@ -7,6 +7,10 @@ so (``overflowed``). Its owner then re-reads from Kafka (a stream) or re-reads t
 (a call waiting for a status): no reader is ever slowed by a slow consumer, and nothing is
 lost, because the log still has it.
 
+The fan-out looks only at an event's task id, never at the event: the tail hands over records
+of other types undecoded (:class:`~bridge.log.indexer.IndexedEvent` decodes on first access), so
+an event is decoded only when a subscriber reads it, and most tasks have no subscriber.
+
 The stream hub and the task service both subscribe here; this module knows nothing of either.
 """
 

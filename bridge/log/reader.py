@@ -29,7 +29,7 @@ from bridge.kafka.clients import (
     committed_consumer,
 )
 from bridge.log.indexer import Indexer
-from bridge.log.records import event_from_record
+from bridge.log.records import RecordDecoder
 from bridge.log.seqindex import TaskEntry
 
 __all__ = ["NotRetained", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
@@ -111,6 +111,11 @@ class Reader(Component):
     ) -> None:
         self.settings = settings
         self.indexer = indexer
+        # Reads decode every event they return, eagerly: a stream sends all of them (the tail
+        # is the one that decodes only what it needs).
+        self._decoder = RecordDecoder(
+            settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+        )
         self.chunk = chunk
         self._pool_size = pool_size
         self._idle: list[AIOKafkaConsumer] = []
@@ -272,9 +277,7 @@ class Reader(Component):
             return None
         if not records or records[0].offset != offset:
             return None
-        prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
-        types = self.settings.type_rule
-        return event_from_record(records[0], prefix=prefix, max_bytes=limit, types=types)
+        return self._decoder.event(records[0])
 
     async def record_timestamp(self, partition: int, offset: int) -> int | None:
         """The Kafka timestamp (ms) of the first committed record at or after ``offset``.
@@ -346,8 +349,6 @@ class Reader(Component):
         if target >= snap.next_seq:
             return
         tp = TopicPartition(self.settings.topics.events, snap.partition)
-        prefix, limit = self.settings.event_type_prefix, self.settings.max_event_bytes
-        types = self.settings.type_rule
         while True:
             seq, offset = snap.at_or_before(target)
             log_start = await self._log_start(tp)
@@ -364,9 +365,7 @@ class Reader(Component):
                     batch = []
                     for record in chunk:
                         if seq >= target:
-                            event = event_from_record(
-                                record, prefix=prefix, max_bytes=limit, types=types
-                            )
+                            event = self._decoder.event(record)
                             batch.append(ReadEvent(seq, record.offset, event))
                         seq += 1
                     if batch:
