@@ -5,6 +5,7 @@ Run::
     .venv/bin/python bench/bench_log.py            # full size (~1.1M records), a few minutes
     .venv/bin/python bench/bench_log.py --small    # 1/10 size, well under a minute
     .venv/bin/python bench/bench_log.py --scale 0.5 --repeat 3 --json out.json
+    .venv/bin/python bench/bench_log.py --only resume --listeners   # the tail with listeners
 
 The broker comes from ``bridge.devkafka.provide_broker``: the cluster named by
 ``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` / ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Docker, else a
@@ -35,7 +36,7 @@ import sys
 import time
 import tracemalloc
 import uuid
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import cast
 
 from aiokafka.structs import TopicPartition
@@ -55,7 +56,7 @@ from bridge.config import Settings, load_settings
 from bridge.devkafka import provide_broker
 from bridge.kafka.clients import committed_consumer
 from bridge.kafka.topics import create_layout
-from bridge.log.indexer import Indexer, load_index, topic_partitions
+from bridge.log.indexer import IndexedEvent, Indexer, load_index, topic_partitions
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader, ReadEvent
 from bridge.log.seqindex import PartitionIndex, decode_index_record, task_key
@@ -147,6 +148,8 @@ async def bench_resume(bootstrap: str, args: argparse.Namespace, res: Results) -
             target="",
         )
         res.add("resume", "indexer catch-up time", index_s, "s")
+        if args.listeners:
+            await bench_tail_listeners(settings, total, args, res)
         found = indexer.lookup(target)
         assert found is not None, "target task not indexed"
         partition, entry = found
@@ -247,6 +250,38 @@ async def bench_resume(bootstrap: str, args: argparse.Namespace, res: Results) -
         with contextlib.suppress(Exception):
             await naive.stop()
         await indexer.stop()
+
+
+async def bench_tail_listeners(
+    settings: Settings, total: int, args: argparse.Namespace, res: Results
+) -> None:
+    """Catch-up again with a listener on every event, as a serving replica has.
+
+    The tail decodes only the bridge's own created and status records; a listener that asks
+    ``has_type`` for those stays on that path, one that reads ``event.type`` decodes every event.
+    """
+    own = settings.own_types
+    seen: list[object] = []  # a listener's answer goes somewhere, as in a real one
+
+    def asks_own_types(indexed: IndexedEvent) -> None:
+        seen.append(indexed.has_type(own.created) or indexed.has_type(own.status))
+
+    def reads_the_type(indexed: IndexedEvent) -> None:
+        seen.append(indexed.event.type)
+
+    listeners: dict[str, Callable[[IndexedEvent], None]] = {
+        "has_type(created/status)": asks_own_types,
+        "event.type (decodes all)": reads_the_type,
+    }
+    for name, listener in listeners.items():
+        indexer = Indexer(settings)
+        indexer.add_listener(listener)
+        try:
+            index_s = await build_index(indexer, bound_s=max(300.0, 900 * args.scale))
+        finally:
+            await indexer.stop()
+        res.add("resume", f"  same, a listener reading {name}", total / index_s, "records/s")
+        seen.clear()
 
 
 # --- 2. index bytes per task and per checkpoint ------------------------------------------------------
@@ -506,6 +541,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("resume", "memory", "restore"),
         action="append",
         help="run only these benchmarks (repeatable)",
+    )
+    parser.add_argument(
+        "--listeners",
+        action="store_true",
+        help="resume: also time the catch-up with a listener on every event (as a replica has)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
