@@ -135,3 +135,33 @@ def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
     terminal = next(e.seq for e in log.events if e.offset == log.terminal_offset)
     first = 0 if after is None else after + 1
     assert delivered == list(range(first, terminal + 1))
+
+
+def test_a_drain_ends_the_streams_but_not_the_calls_waiting_on_the_same_task() -> None:
+    """SIGTERM ends every stream at once; a direct call waiting for the task's status (the task
+    service's subscription to the same fan-out) must keep waiting, not spin on a closed buffer."""
+    log = FakeLog(lambda: 5)
+    log.append()
+
+    async def scenario() -> tuple[list[int], bool]:
+        fanout = Fanout(log)  # type: ignore[arg-type]
+        hub = StreamHub(CONFIG, log, log, fanout, Metrics())  # type: ignore[arg-type]
+        ticket = hub.admit(Caller("p", "p", None), TASK, 1)
+        delivered: list[int] = []
+        first = asyncio.Event()
+
+        async def consume() -> None:
+            async for batch in hub.events(ticket, None):
+                delivered.extend(seq for seq, _ in batch or [])
+                first.set()
+
+        with fanout.subscribe(TASK, 16) as waiting_call:
+            stream = asyncio.create_task(consume())
+            async with asyncio.timeout(5):
+                await first.wait()
+                hub.drain()
+                await stream  # the stream ended, without its terminal event
+            return delivered, waiting_call.closed
+
+    delivered, call_closed = asyncio.run(scenario())
+    assert delivered == [0] and not call_closed

@@ -117,6 +117,7 @@ class StreamHub:
         self.fanout = fanout
         self.metrics = metrics
         self.draining = asyncio.Event()
+        self._streams: set[Subscription] = set()
         self.admission = Admission(
             Limits(
                 streams_per_client=settings.max_streams_per_principal,
@@ -129,7 +130,9 @@ class StreamHub:
     def drain(self) -> None:
         """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
         self.draining.set()
-        self.fanout.close_all()
+        # Only the streams: the fan-out also serves calls waiting for a status, which go on.
+        for sub in list(self._streams):
+            sub.close()
 
     @property
     def active_streams(self) -> int:
@@ -204,8 +207,12 @@ class StreamHub:
         partition = self.indexer.partition_of(task_id)
         with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
             ticket.on_cancel.append(sub.close)
-            async for item in self._run(sub, partition, after):
-                yield item
+            self._streams.add(sub)
+            try:
+                async for item in self._run(sub, partition, after):
+                    yield item
+            finally:
+                self._streams.discard(sub)
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
