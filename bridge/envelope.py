@@ -20,6 +20,7 @@ of failing every stream that replays it. This module knows nothing of seq, Kafka
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import json
@@ -382,8 +383,8 @@ def decode_event(
 
 # --- the tail's shortcut: could this record be one of a few types? -----------------------------
 
-#: Encodings in which a JSON text spells an unescaped string as its literal UTF-8 bytes.
-_UTF8_ENCODINGS = ("utf-8", "utf-8-sig")
+#: A text that starts with one of these is decoded as UTF-16 (json.detect_encoding).
+_UTF16_BOMS = (codecs.BOM_UTF16_BE, codecs.BOM_UTF16_LE)
 
 
 @cache
@@ -408,12 +409,11 @@ def _avro_type_bytes(value: bytes) -> bytes | None:
 
 
 def _json_may_spell(value: bytes, tokens: tuple[bytes, ...]) -> bool:
-    if b"\\" in value:  # an escape can spell any string: parse to be sure
+    # An escape can spell any string; a text decoded as UTF-16/32 (a BOM, or NUL bytes: see
+    # json.detect_encoding) does not hold the tokens as UTF-8 bytes. Only parsing could tell.
+    if b"\\" in value or b"\x00" in value or value.startswith(_UTF16_BOMS):
         return True
-    if any(token in value for token in tokens):
-        return True
-    # UTF-16/32 texts do not hold the tokens as UTF-8 bytes.
-    return json.detect_encoding(value) not in _UTF8_ENCODINGS
+    return any(token in value for token in tokens)
 
 
 def may_have_type(value: bytes | None, headers: Headers | None, types: frozenset[str]) -> bool:
