@@ -617,3 +617,29 @@ async def test_get_of_an_unknown_task_is_404(
     async with app_for(handlers, streams) as http:
         reply = await http.get("/mcp", headers={"last-event-id": encode_cursor(5, "t9", 2)})
     assert reply.status_code == 404
+
+
+class EchoExtension:
+    identifier = "com.example/echo"
+
+    def methods(self) -> dict[str, Any]:
+        async def echo(c: Call) -> dict[str, Any]:
+            return {"echo": c.params.get("text")}
+
+        return {"echo/say": echo}
+
+    def settings(self) -> dict[str, Any]:
+        return {"loud": True}
+
+
+async def test_an_extension_adds_its_methods_and_declares_itself_in_discover(
+    tasks: FakeTasks, streams: FakeStreams
+) -> None:
+    handlers = MethodHandlers(settings(), tasks, [GREET], streams, [EchoExtension()])
+    assert await handlers.dispatch(call("echo/say", {"text": "hi"})) == {
+        "echo": "hi",
+        "resultType": "complete",
+    }
+    discovered = await handlers.dispatch(call("server/discover"))
+    assert isinstance(discovered, dict)
+    assert discovered["capabilities"]["extensions"]["com.example/echo"] == {"loud": True}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,7 +58,7 @@ from bridge.server.wire import (
 from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskNotFound, TaskService, TaskView, TooManyTasks
 
-__all__ = ["Call", "MethodHandlers", "Streamed", "Streams"]
+__all__ = ["Call", "MethodHandler", "MethodHandlers", "MethodSet", "Outcome", "Streamed", "Streams"]
 
 SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
@@ -109,6 +109,18 @@ class Call:
 MethodHandler = Callable[[Call], Awaitable[Outcome]]
 
 
+class MethodSet(Protocol):
+    """More methods on the stateless path, from an extension or a core feature built beside the
+    tasks (``subscriptions/listen``, the Events extension). ``identifier`` (an extension id, or
+    empty for core methods) is declared in ``server/discover`` with ``settings()``."""
+
+    identifier: str
+
+    def methods(self) -> dict[str, MethodHandler]: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+
 class Streams(Protocol):
     """What the handlers need of the stream hub (:class:`bridge.server.streams.StreamHub`)."""
 
@@ -131,9 +143,15 @@ class MethodHandlers:
     """Every MCP method the bridge serves, on both wire eras."""
 
     def __init__(
-        self, settings: Settings, service: TaskService, tools: list[ToolSpec], streams: Streams
+        self,
+        settings: Settings,
+        service: TaskService,
+        tools: list[ToolSpec],
+        streams: Streams,
+        extensions: Sequence[MethodSet] = (),
     ) -> None:
         self.settings = settings
+        self.extensions = list(extensions)
         self.service = service
         self.streams = streams
         self.tools = {tool.name: tool for tool in tools}
@@ -158,6 +176,8 @@ class MethodHandlers:
             "tasks/cancel": self.tasks_cancel,
             "tasks/stream": self.tasks_stream,
         }
+        for extension in self.extensions:
+            self.modern.update(extension.methods())
         self.legacy: dict[str, MethodHandler] = {
             "initialize": self.initialize,
             "ping": self.ping,
@@ -204,7 +224,10 @@ class MethodHandlers:
                 "tools": {},
                 "prompts": {},
                 "resources": {},
-                "extensions": {TASKS_EXTENSION: {}},
+                "extensions": {
+                    TASKS_EXTENSION: {},
+                    **{x.identifier: x.settings() for x in self.extensions if x.identifier},
+                },
             },
             "ttlMs": 0,
             "cacheScope": "private",
