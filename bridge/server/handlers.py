@@ -58,7 +58,16 @@ from bridge.server.wire import (
 from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskNotFound, TaskService, TaskView, TooManyTasks
 
-__all__ = ["Call", "MethodHandler", "MethodHandlers", "MethodSet", "Outcome", "Streamed", "Streams"]
+__all__ = [
+    "Call",
+    "MethodHandler",
+    "MethodHandlers",
+    "MethodSet",
+    "Outcome",
+    "Streamed",
+    "Streams",
+    "detailed_task",
+]
 
 SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
@@ -432,15 +441,7 @@ class MethodHandlers:
     async def tasks_get(self, call: Call) -> Outcome:
         self._require_tasks(call)
         params = TaskIdParams.model_validate(call.params)
-        view = await self.service.get(params.task_id, call.principal)
-        result = view.task_fields()
-        if view.status == "completed":
-            result["result"] = view.result or {"content": []}
-        elif view.status == "failed":
-            result["error"] = view.error or {"code": INTERNAL_ERROR, "message": "the job failed"}
-        elif view.status == "input_required":
-            result["inputRequests"] = view.input_requests or {}
-        return result
+        return detailed_task(await self.service.get(params.task_id, call.principal))
 
     async def tasks_update(self, call: Call) -> Outcome:
         self._require_tasks(call)
@@ -505,6 +506,20 @@ class MethodHandlers:
         params = TaskIdParams.model_validate(call.params)
         await self.service.cancel(params.task_id, call.principal)
         return {}
+
+
+def detailed_task(view: TaskView) -> dict[str, Any]:
+    """The task as tasks/get answers it (the extension's DetailedTask): its fields and, by
+    status, its result, error or outstanding input requests. ``notifications/tasks`` carries
+    exactly this too (:mod:`bridge.server.listen`)."""
+    result = view.task_fields()
+    if view.status == "completed":
+        result["result"] = view.result or {"content": []}
+    elif view.status == "failed":
+        result["error"] = view.error or {"code": INTERNAL_ERROR, "message": "the job failed"}
+    elif view.status == "input_required":
+        result["inputRequests"] = view.input_requests or {}
+    return result
 
 
 def _header_text(value: Any) -> str | None:
