@@ -29,6 +29,7 @@ from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator
+from bridge.server.events import events_extension
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
 from bridge.server.streams import StreamHub
@@ -87,7 +88,8 @@ async def start_components(
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
-            handlers = MethodHandlers(settings, service, tools, hub)
+            events = events_extension(settings, service, reader, fanout, hub.draining)
+            handlers = MethodHandlers(settings, service, tools, hub, [events])
             endpoint = McpHttp(settings, auth, handlers, metrics, on_cancelled=hub.cancel)
             for companion in companions:
                 await companion(settings, stack)

@@ -1,0 +1,384 @@
+"""Event sources of the Events extension (SEP-3415), read from the bridge's Kafka log.
+
+:class:`TaskEvents` serves one task's own event stream as an event type: arguments
+``{taskId}``, the same authorization as tasks/get, ``eventId`` ``<taskId>.<seq>`` (the same on
+every replica and after restarts, because seq is derived from the log), ``data``
+``{seq, type, payload}``. History comes from the reader (checkpoint seek), live events from the
+process's fan-out; a cursor older than retention resumes at the earliest retained seq with
+``truncated``. Poll and push share the one read rule (:meth:`TaskEvents._history`).
+
+No JSON-RPC here: unknown or foreign tasks raise the task service's ``TaskNotFound`` and bad
+arguments :class:`InvalidArguments`; :mod:`bridge.server.events` maps them to wire errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import jsonschema
+
+from bridge.envelope import TaskEvent
+from bridge.events import TERMINAL_WIRE
+from bridge.log.reader import NotRetained
+from bridge.mcpevents.cursor import decode_task, encode_task
+from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
+
+__all__ = [
+    "EventSource",
+    "InvalidArguments",
+    "TaskEvents",
+    "TaskLog",
+    "TaskLookup",
+]
+
+T = TypeVar("T")
+
+#: Retention can move the log start again while a gap is being resumed from: retry this often.
+_GAP_ATTEMPTS = 5
+
+
+class InvalidArguments(ValueError):
+    """Subscription arguments that do not match the event type's ``inputSchema``."""
+
+
+class Sequenced(Protocol):
+    """An event with its seq (a reader's ``ReadEvent`` or a live ``IndexedEvent``)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def event(self) -> TaskEvent: ...
+
+
+class TaskView(Protocol):
+    @property
+    def poll_interval_ms(self) -> int: ...
+    @property
+    def status(self) -> str: ...
+
+
+class TaskLookup(Protocol):
+    """tasks/get's authorization (:class:`~bridge.tasks.service.TaskService`)."""
+
+    async def get(self, task_id: str, principal: str) -> Any: ...
+
+
+class TaskLog(Protocol):
+    """A task's retained events by seq (:class:`~bridge.log.reader.Reader`)."""
+
+    async def head(self, task_id: str) -> int: ...
+
+    def read_batches(
+        self, task_id: str, after: int | None = None
+    ) -> AsyncIterator[Iterable[Sequenced]]: ...
+
+
+class LiveFeed(Protocol):
+    """A fan-out subscription (:class:`~bridge.log.fanout.Subscription`)."""
+
+    overflowed: bool
+    closed: bool
+
+    async def wait(self, idle_s: float | None = None) -> bool: ...
+
+    def take(self) -> Iterable[Sequenced]: ...
+
+    def reset(self) -> None: ...
+
+
+class LiveEvents(Protocol):
+    """The process's fan-out of live events (:class:`~bridge.log.fanout.Fanout`)."""
+
+    def subscribe(self, task_id: str, limit: int) -> AbstractContextManager[Any]: ...
+
+
+class EventSource(Protocol):
+    """One event type: its ``events/list`` entry, poll, and push."""
+
+    name: str
+
+    def descriptor(self) -> dict[str, Any]: ...
+
+    async def poll(
+        self,
+        principal: str,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        max_age_ms: int | None,
+        max_events: int,
+    ) -> PollBatch: ...
+
+    async def open_stream(
+        self,
+        principal: str,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        max_age_ms: int | None,
+    ) -> AsyncIterator[StreamItem]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Gap:
+    """History resumes after ``last``: what came before it is no longer retained."""
+
+    last: int
+
+
+TASK_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"taskId": {"type": "string", "minLength": 1, "description": "The task"}},
+    "required": ["taskId"],
+    "additionalProperties": False,
+}
+
+TASK_PAYLOAD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "seq": {"type": "integer", "minimum": 0, "description": "The event's seq in its task"},
+        "type": {"type": "string", "description": "The task event's type"},
+        "payload": {"type": "object", "description": "The task event's payload"},
+    },
+    "required": ["seq", "type", "payload"],
+}
+
+
+@contextlib.asynccontextmanager
+async def _closing(items: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    """Close an async generator left early (its Kafka reads stop now, not at garbage time)."""
+    try:
+        yield items
+    finally:
+        close = getattr(items, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def validated(validator: jsonschema.protocols.Validator, arguments: dict[str, Any]) -> None:
+    """Raise :class:`InvalidArguments` naming the first rule ``arguments`` break."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise InvalidArguments(f"arguments: {where} fails the '{error.validator}' rule")
+
+
+class TaskEvents:
+    """A task's own events as an event type (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        tasks: TaskLookup,
+        log: TaskLog,
+        live: LiveEvents,
+        *,
+        status_type: str,
+        queue_size: int,
+        heartbeat_s: float,
+        stopping: asyncio.Event | None = None,
+        now_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.name = name
+        self.tasks = tasks
+        self.log = log
+        self.live = live
+        self.status_type = status_type
+        self.queue_size = queue_size
+        self.heartbeat_s = heartbeat_s
+        self.stopping = stopping or asyncio.Event()
+        self.now_ms = now_ms
+        self._validator = jsonschema.Draft202012Validator(TASK_INPUT_SCHEMA)
+
+    def descriptor(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": "Every event of one of your tasks, in seq order (tasks/stream's "
+            "events); resumable from the cursor while the log retains them",
+            "delivery": ["poll", "push"],
+            "inputSchema": TASK_INPUT_SCHEMA,
+            "payloadSchema": TASK_PAYLOAD_SCHEMA,
+        }
+
+    async def _authorized(self, principal: str, arguments: dict[str, Any]) -> tuple[str, Any]:
+        """The task id and its view; TaskNotFound for a task the caller may not see."""
+        validated(self._validator, arguments)
+        task_id = str(arguments["taskId"])
+        return task_id, await self.tasks.get(task_id, principal)
+
+    def occurrence(self, task_id: str, seq: int, event: TaskEvent) -> Occurrence:
+        return Occurrence(
+            event_id=f"{task_id}.{seq}",
+            name=self.name,
+            timestamp_ms=event.timestamp_ms,
+            data={"seq": seq, "type": event.type, "payload": event.payload},
+            cursor=encode_task(seq),
+        )
+
+    def ends(self, event: TaskEvent) -> bool:
+        return event.type == self.status_type and event.payload.get("status") in TERMINAL_WIRE
+
+    async def _history(self, task_id: str, last: int) -> AsyncIterator[Sequenced | _Gap]:
+        """Retained events after seq ``last`` up to the indexed head, in seq order; a
+        :class:`_Gap` first when retention deleted some of them."""
+        for _ in range(_GAP_ATTEMPTS):
+            try:
+                async with _closing(
+                    self.log.read_batches(task_id, last if last >= 0 else None)
+                ) as batches:
+                    async for batch in batches:
+                        for item in batch:
+                            if item.seq > last + 1:
+                                yield _Gap(item.seq - 1)
+                            last = item.seq
+                            yield item
+                return
+            except NotRetained as exc:
+                last = exc.earliest_seq - 1
+                yield _Gap(last)
+        raise RuntimeError(f"retention kept moving while reading task {task_id!r}")
+
+    # --- poll ----------------------------------------------------------------------------
+
+    async def poll(
+        self,
+        principal: str,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        max_age_ms: int | None,
+        max_events: int,
+    ) -> PollBatch:
+        """Events after ``cursor`` (``None``: none, a cursor at the head), at most
+        ``max_events``; ``max_age_ms`` skips older ones (and says so with ``truncated``)."""
+        task_id, view = await self._authorized(principal, arguments)
+        next_poll_ms = max(int(view.poll_interval_ms), 1000)
+        if cursor is None:
+            head = await self.log.head(task_id)
+            return PollBatch([], encode_task(head - 1), False, False, next_poll_ms)
+        last = decode_task(cursor)
+        floor = None if max_age_ms is None else self.now_ms() - max_age_ms
+        events: list[Occurrence] = []
+        truncated = False
+        async with _closing(self._history(task_id, last)) as history:
+            async for item in history:
+                if len(events) >= max_events:
+                    break
+                if isinstance(item, _Gap):
+                    truncated, last = True, item.last
+                    continue
+                last = item.seq
+                if floor is not None and item.event.timestamp_ms < floor:
+                    truncated = True  # older than the client asked for: skipped
+                    continue
+                events.append(self.occurrence(task_id, item.seq, item.event))
+        has_more = last < await self.log.head(task_id) - 1
+        return PollBatch(events, encode_task(last), truncated, has_more, next_poll_ms)
+
+    # --- push ----------------------------------------------------------------------------
+
+    async def open_stream(
+        self,
+        principal: str,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        max_age_ms: int | None,
+    ) -> AsyncIterator[StreamItem]:
+        """Check the subscription (raising before any byte is sent), then its stream items."""
+        task_id, _ = await self._authorized(principal, arguments)
+        last = None if cursor is None else decode_task(cursor)
+        floor = None if max_age_ms is None or last is None else self.now_ms() - max_age_ms
+        return self._stream(task_id, principal, last, floor)
+
+    async def _stream(
+        self, task_id: str, principal: str, last: int | None, floor: int | None
+    ) -> AsyncIterator[StreamItem]:
+        """``active`` first, then events as they are committed, heartbeats when idle; ends
+        after the task's terminal status event, or without a word when the process stops."""
+        with self.live.subscribe(task_id, self.queue_size) as sub:
+            if last is None:
+                last = await self.log.head(task_id) - 1
+            yield Active(encode_task(last), False)
+            while not (self.stopping.is_set() or sub.closed):
+                sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
+                finished = (await self.tasks.get(task_id, principal)).status in TERMINAL_WIRE
+                tail = _Tail(self, task_id, last, floor)
+                async with _closing(self._history(task_id, last)) as history:
+                    async for item in history:
+                        for out in tail.step(item):
+                            yield out
+                        if tail.ended:
+                            return
+                for out in tail.caught_up():
+                    yield out
+                last, floor = tail.last, None
+                if finished:
+                    return  # the terminal status event was at or before the head just read
+                async for out in self._live(task_id, sub, tail):
+                    yield out
+                if tail.ended:
+                    return
+                last = tail.last
+
+    async def _live(self, task_id: str, sub: LiveFeed, tail: _Tail) -> AsyncIterator[StreamItem]:
+        """Live events from the fan-out while they follow on; returns to re-read from Kafka
+        after an overflow or a gap, and at the end."""
+        while not self.stopping.is_set():
+            if not await sub.wait(self.heartbeat_s):
+                yield Heartbeat(encode_task(tail.last))
+                continue
+            if sub.closed or sub.overflowed:
+                return
+            for item in sub.take():
+                if item.seq <= tail.last:
+                    continue
+                if item.seq != tail.last + 1:
+                    return  # a gap in the buffer: re-read from Kafka
+                for out in tail.step(item):
+                    yield out
+                if tail.ended:
+                    return
+
+
+class _Tail:
+    """Where a push stream stands: the last seq sent, the age floor, whether it has ended."""
+
+    def __init__(self, source: TaskEvents, task_id: str, last: int, floor: int | None) -> None:
+        self.source = source
+        self.task_id = task_id
+        self.last = last
+        self.floor = floor
+        self.ended = False
+        self.skipped = False
+
+    def step(self, item: Sequenced | _Gap) -> list[StreamItem]:
+        """What to send for ``item``: a fresh ``active`` for a gap or an age skip."""
+        source = self.source
+        if isinstance(item, _Gap):
+            self.last = item.last
+            return [Active(encode_task(self.last), True)]
+        self.last = item.seq
+        self.ended = source.ends(item.event)
+        if self.floor is not None and item.event.timestamp_ms < self.floor:
+            self.skipped = True
+            return []
+        out: list[StreamItem] = []
+        if self.skipped:
+            self.skipped = False
+            out.append(Active(encode_task(item.seq - 1), True))
+        out.append(source.occurrence(self.task_id, item.seq, item.event))
+        return out
+
+    def caught_up(self) -> list[StreamItem]:
+        """At the end of history: a skip not yet announced is announced now."""
+        if not self.skipped:
+            return []
+        self.skipped = False
+        return [Active(encode_task(self.last), True)]
