@@ -32,6 +32,7 @@ from bridge.server.auth import Authenticator
 from bridge.server.events import events_extension
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
+from bridge.server.listen import Listen
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
 from bridge.tasks.tools import job_topics, tool_catalog
@@ -89,7 +90,9 @@ async def start_components(
             metrics.attach(indexer)
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
             events = events_extension(settings, service, reader, fanout, hub.draining)
-            handlers = MethodHandlers(settings, service, tools, hub, [events])
+            handlers = MethodHandlers(
+                settings, service, tools, hub, [events, Listen(settings, service, hub)]
+            )
             endpoint = McpHttp(settings, auth, handlers, metrics, on_cancelled=hub.cancel)
             for companion in companions:
                 await companion(settings, stack)
