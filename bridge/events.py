@@ -26,16 +26,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "EVENTS_GONE",
+    "FORBIDDEN",
     "HEADER_MISMATCH",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "MISSING_CAPABILITY",
+    "NOT_FOUND",
     "PARSE_ERROR",
     "REVERSE_DNS_ONLY",
     "TERMINAL_STATUSES",
     "TERMINAL_WIRE",
+    "UNSUPPORTED",
     "UNSUPPORTED_VERSION",
     "CreatedPayload",
     "EventSuffix",
@@ -61,6 +64,10 @@ EVENTS_GONE = -32010
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
+#: The Events extension draft's (SEP-3415; provisional until it is accepted).
+NOT_FOUND = -32023
+FORBIDDEN = -32024
+UNSUPPORTED = -32026
 
 
 def error_object(code: int, message: str, data: Any = None) -> dict[str, Any]:

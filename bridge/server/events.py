@@ -24,9 +24,8 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
-
 from bridge.config import Settings
+from bridge.events import NOT_FOUND, UNSUPPORTED
 from bridge.mcpevents import (
     BadCursor,
     EventSource,
@@ -38,25 +37,26 @@ from bridge.mcpevents import (
 from bridge.mcpevents.cursor import decode_page, encode_page
 from bridge.mcpevents.sources import LiveEvents, TaskEvents, TaskLog, TaskLookup
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
-from bridge.server.wire import INTERNAL_ERROR, INVALID_PARAMS, RpcError, result_response
+from bridge.server.wire import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    SUBSCRIPTION_ID_META,
+    EventsListParams,
+    EventsPollParams,
+    EventsSubscriptionParams,
+    RpcError,
+    events_notification,
+    result_response,
+)
 from bridge.tasks.service import TaskNotFound
 
 __all__ = [
     "EVENTS_EXTENSION",
-    "FORBIDDEN",
-    "NOT_FOUND",
-    "SUBSCRIPTION_ID_META",
-    "UNSUPPORTED",
     "EventsMethods",
     "events_extension",
 ]
 
 EVENTS_EXTENSION = "io.modelcontextprotocol/events"
-SUBSCRIPTION_ID_META = "io.modelcontextprotocol/subscriptionId"
-#: The draft's codes (provisional until the SEP is accepted).
-NOT_FOUND = -32023
-FORBIDDEN = -32024
-UNSUPPORTED = -32026
 
 #: events/poll's maxEvents when the client gives none, and the most it may ask for.
 DEFAULT_MAX_EVENTS = 100
@@ -65,25 +65,6 @@ MAX_EVENTS = 1000
 PAGE_SIZE = 50
 #: Consecutive failed reads of a push stream before it is terminated.
 STREAM_ATTEMPTS = 5
-
-
-class _Subscription(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    name: StrictStr
-    arguments: dict[str, Any] | None = None
-    cursor: StrictStr | None = None
-    max_age_ms: StrictInt | None = Field(default=None, alias="maxAgeMs", ge=0)
-
-
-class _PollParams(_Subscription):
-    max_events: StrictInt | None = Field(default=None, alias="maxEvents", ge=1)
-
-
-class _ListParams(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    cursor: StrictStr | None = None
 
 
 def _not_found(name: str) -> RpcError:
@@ -104,17 +85,14 @@ def _mapped() -> Iterator[None]:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
 
 
-def _notification(method: str, subscription_id: Any, **params: Any) -> dict[str, Any]:
-    params["_meta"] = {SUBSCRIPTION_ID_META: subscription_id}
-    return {"jsonrpc": "2.0", "method": f"notifications/events/{method}", "params": params}
-
-
 def _stream_message(item: StreamItem, subscription_id: Any) -> dict[str, Any]:
     if isinstance(item, Occurrence):
-        return _notification("event", subscription_id, **item.wire(with_cursor=True))
+        return events_notification("event", subscription_id, **item.wire(with_cursor=True))
     if isinstance(item, Heartbeat):
-        return _notification("heartbeat", subscription_id, cursor=item.cursor)
-    return _notification("active", subscription_id, cursor=item.cursor, truncated=item.truncated)
+        return events_notification("heartbeat", subscription_id, cursor=item.cursor)
+    return events_notification(
+        "active", subscription_id, cursor=item.cursor, truncated=item.truncated
+    )
 
 
 def events_extension(
@@ -173,7 +151,7 @@ class EventsMethods:
         return source
 
     async def list(self, call: Call) -> Outcome:
-        params = _ListParams.model_validate(call.params)
+        params = EventsListParams.model_validate(call.params)
         try:
             start = 0 if params.cursor is None else decode_page(params.cursor)
         except BadCursor as exc:
@@ -186,7 +164,7 @@ class EventsMethods:
         return result
 
     async def poll(self, call: Call) -> Outcome:
-        params = _PollParams.model_validate(call.params)
+        params = EventsPollParams.model_validate(call.params)
         source = self._source(params.name)
         limit = min(params.max_events or DEFAULT_MAX_EVENTS, MAX_EVENTS)
         with _mapped():
@@ -202,7 +180,7 @@ class EventsMethods:
         }
 
     async def stream(self, call: Call) -> Outcome:
-        params = _Subscription.model_validate(call.params)
+        params = EventsSubscriptionParams.model_validate(call.params)
         source = self._source(params.name)
         request_id = call.rpc.id
         with _mapped():
@@ -215,7 +193,7 @@ class EventsMethods:
         self,
         call: Call,
         source: EventSource,
-        params: _Subscription,
+        params: EventsSubscriptionParams,
         items: AsyncIterator[StreamItem],
     ) -> AsyncIterator[dict[str, Any]]:
         """The stream's messages; a failed read is reported and retried from the last cursor."""
@@ -232,9 +210,9 @@ class EventsMethods:
                 failures += 1
                 error = RpcError(INTERNAL_ERROR, "UpstreamError", {"reason": type(exc).__name__})
                 if failures >= STREAM_ATTEMPTS:
-                    yield _notification("terminated", sid, error=error.error())
+                    yield events_notification("terminated", sid, error=error.error())
                     return
-                yield _notification("error", sid, error=error.error())
+                yield events_notification("error", sid, error=error.error())
             await asyncio.sleep(self.retry_s)  # the retry cadence, not synchronisation
             try:
                 with _mapped():
@@ -242,7 +220,7 @@ class EventsMethods:
                         call.principal, params.arguments or {}, cursor, None
                     )
             except RpcError as gone:
-                yield _notification("terminated", sid, error=gone.error())
+                yield events_notification("terminated", sid, error=gone.error())
                 return
         if not self.stopping.is_set():
             final = {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_META: sid}}

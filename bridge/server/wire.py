@@ -59,9 +59,13 @@ __all__ = [
     "PROTOCOL_VERSION_META",
     "RELATED_TASK_META",
     "SERVER_INFO_META",
+    "SUBSCRIPTION_ID_META",
     "SUPPORTED_VERSIONS",
     "TASKS_EXTENSION",
     "UNSUPPORTED_VERSION",
+    "EventsListParams",
+    "EventsPollParams",
+    "EventsSubscriptionParams",
     "Frame",
     "InitializeParams",
     "JsonRpcRequest",
@@ -74,6 +78,7 @@ __all__ = [
     "dumps",
     "error_response",
     "events_gone_error",
+    "events_notification",
     "has_capability",
     "missing_capability",
     "notification",
@@ -333,3 +338,35 @@ def _progress_fields(payload: dict[str, Any]) -> dict[str, Any]:
             out[key] = payload[key]
     out.setdefault("progress", 0)
     return out
+
+
+# --- the Events extension (SEP-3415 draft) ------------------------------------------------
+
+SUBSCRIPTION_ID_META = "io.modelcontextprotocol/subscriptionId"
+
+
+class EventsSubscriptionParams(BaseModel):
+    """events/poll, events/stream: an event type, its arguments, where to resume."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: StrictStr
+    arguments: dict[str, Any] | None = None
+    cursor: StrictStr | None = None
+    max_age_ms: StrictInt | None = Field(default=None, alias="maxAgeMs", ge=0)
+
+
+class EventsPollParams(EventsSubscriptionParams):
+    max_events: StrictInt | None = Field(default=None, alias="maxEvents", ge=1)
+
+
+class EventsListParams(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    cursor: StrictStr | None = None
+
+
+def events_notification(method: str, subscription_id: Any, **params: Any) -> dict[str, Any]:
+    """A ``notifications/events/<method>`` of one push stream (its subscription id in _meta)."""
+    params["_meta"] = {SUBSCRIPTION_ID_META: subscription_id}
+    return {"jsonrpc": "2.0", "method": f"notifications/events/{method}", "params": params}
