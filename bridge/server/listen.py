@@ -49,10 +49,12 @@ from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Strea
 from bridge.server.wire import (
     INVALID_PARAMS,
     INVALID_REQUEST,
+    SUBSCRIPTION_ID_META,
     Frame,
     RpcError,
     has_capability,
     missing_capability,
+    notification_message,
     result_response,
     tasks_capability,
 )
@@ -61,12 +63,10 @@ from bridge.tasks.service import TaskNotFound, TaskView
 __all__ = [
     "MAX_LISTENS_PER_CLIENT",
     "MAX_TASK_IDS",
-    "SUBSCRIPTION_ID_META",
     "Listen",
     "TaskStates",
 ]
 
-SUBSCRIPTION_ID_META = "io.modelcontextprotocol/subscriptionId"
 #: Task ids one listen may name: each is a fan-out subscription held while the listen is open.
 MAX_TASK_IDS = 64
 #: Concurrent listens of one client (within its tasks/stream budget, which they count in).
@@ -117,10 +117,6 @@ class _Listening:
     def mark(self, task_id: str) -> None:
         self.changed[task_id] = None
         self.wake.set()
-
-
-def _notification(method: str, params: dict[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "method": method, "params": params}
 
 
 async def _woken(event: asyncio.Event, idle_s: float) -> bool:
@@ -263,7 +259,7 @@ class Listen:
         meta = listening.meta
         if listening.refused:
             meta = {**meta, self._errors_meta: listening.refused}
-        return _notification(
+        return notification_message(
             "notifications/subscriptions/acknowledged", {"_meta": meta, "notifications": agreed}
         )
 
@@ -286,7 +282,9 @@ class Listen:
             # An overflow or a status event that left the task as it was is no change.
             if state is not None and state != sent.get(task_id):
                 sent[task_id] = state
-                yield _notification("notifications/tasks", {**state, "_meta": listening.meta})
+                yield notification_message(
+                    "notifications/tasks", {**state, "_meta": listening.meta}
+                )
 
     async def _state(self, task_id: str, principal: str) -> dict[str, Any] | None:
         """The task as tasks/get answers it; None once it has expired (nothing more to say)."""

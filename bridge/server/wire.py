@@ -82,6 +82,7 @@ __all__ = [
     "has_capability",
     "missing_capability",
     "notification",
+    "notification_message",
     "progress_notification",
     "renderer",
     "result_response",
@@ -366,7 +367,12 @@ class EventsListParams(BaseModel):
     cursor: StrictStr | None = None
 
 
+def notification_message(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-RPC notification."""
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
 def events_notification(method: str, subscription_id: Any, **params: Any) -> dict[str, Any]:
     """A ``notifications/events/<method>`` of one push stream (its subscription id in _meta)."""
     params["_meta"] = {SUBSCRIPTION_ID_META: subscription_id}
-    return {"jsonrpc": "2.0", "method": f"notifications/events/{method}", "params": params}
+    return notification_message(f"notifications/events/{method}", params)
