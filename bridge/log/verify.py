@@ -22,7 +22,7 @@ from bridge.kafka.clients import (
     committed_consumer,
 )
 from bridge.log.indexer import load_index, read_to_end, topic_partitions
-from bridge.log.records import event_from_record, task_facts_of, task_id_of
+from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.seqindex import PartitionIndex
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -73,7 +73,10 @@ async def _verify_partition(
     through = persisted.through
     offsets: dict[str, list[int]] = defaultdict(list)
     recount = PartitionIndex(tp.partition, settings.checkpoint_interval, track_dirty=False)
-    prefix = settings.event_type_prefix
+    # The tail's own decoder: the same facts, decoding only the bridge's own types.
+    decoder = RecordDecoder(
+        settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+    )
 
     def count(record: ConsumerRecord[bytes, bytes]) -> None:
         if record.offset >= through:
@@ -83,10 +86,7 @@ async def _verify_partition(
         if task_id is None:
             return
         offsets[task_id].append(record.offset)
-        event = event_from_record(
-            record, prefix=prefix, max_bytes=settings.max_event_bytes, types=settings.type_rule
-        )
-        created, status, identity = task_facts_of(event, prefix)
+        (created, status, identity), _ = decoder.facts(record)
         recount.apply(task_id, record.offset, created=created, status=status, identity=identity)
 
     await read_to_end(consumer, [tp], count)

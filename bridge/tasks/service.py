@@ -179,10 +179,10 @@ class TaskService:
     # --- the indexer's view, kept current -------------------------------------------------
 
     def _on_event(self, indexed: IndexedEvent) -> None:
-        event_type = indexed.event.type
-        if event_type == self._types.created and indexed.seq == 0:
+        # has_type, not event.type: records nobody watches are never decoded (the cheap tail).
+        if indexed.seq == 0 and indexed.has_type(self._types.created):
             self._track_owner(indexed.task_id)
-        elif event_type == self._types.status:
+        elif indexed.has_type(self._types.status):
             found = self.indexer.lookup(indexed.task_id)
             if found is not None and found[1].terminal:
                 self._owners.finish(indexed.task_id)
