@@ -32,7 +32,7 @@ from support.layout import fresh_prefix, make_settings
 from support.mcp import CLIENT_CAPS as TASK_CAPS
 from support.mcp import VERSION as MODERN
 from support.mcp import meta, routing_headers
-from support.procs import Bridge, running_bridge
+from support.procs import Bridge, running_bearer_bridge, running_bridge
 from support.waits import wait_until_sync
 
 from bridge.events import INVALID_PARAMS, INVALID_REQUEST
@@ -132,15 +132,9 @@ def wait_logged(bridge: Bridge, needle: str, count: int) -> str:
 @pytest.fixture(scope="module")
 def bearer(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     root = tmp_path_factory.mktemp("auth-bearer")
-    tokens_file = root / "tokens.json"
-    tokens_file.write_text(json.dumps(TOKENS))
     settings = make_settings(kafka_bootstrap, fresh_prefix("a"))
-    with running_bridge(
-        settings,
-        root,
-        BRIDGE_AUTH__MODE="bearer",
-        BRIDGE_AUTH__TOKENS_FILE=str(tokens_file),
-        BRIDGE_MAX_ACTIVE_TASKS_PER_PRINCIPAL=str(TASK_LIMIT),
+    with running_bearer_bridge(
+        settings, root, TOKENS, BRIDGE_MAX_ACTIVE_TASKS_PER_PRINCIPAL=str(TASK_LIMIT)
     ) as running:
         yield running
 

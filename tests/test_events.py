@@ -8,7 +8,6 @@ caller's tasks, maxEvents/hasMore.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from conformance.wire import loads
 from support.layout import fresh_prefix, make_settings
 from support.mcp import call, create_task, request, result
-from support.procs import Bridge, running_bridge
+from support.procs import Bridge, running_bearer_bridge
 from support.sse import sse_events
 from support.waits import BOUND
 
@@ -35,15 +34,9 @@ HEARTBEAT_S = 0.5
 @pytest.fixture(scope="module")
 def ebridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     root: Path = tmp_path_factory.mktemp("events")
-    tokens_file = root / "tokens.json"
-    tokens_file.write_text(json.dumps(TOKENS))
     settings = make_settings(kafka_bootstrap, fresh_prefix("e"))
-    with running_bridge(
-        settings,
-        root,
-        BRIDGE_AUTH__MODE="bearer",
-        BRIDGE_AUTH__TOKENS_FILE=str(tokens_file),
-        BRIDGE_STREAM_KEEPALIVE_S=str(HEARTBEAT_S),
+    with running_bearer_bridge(
+        settings, root, TOKENS, BRIDGE_STREAM_KEEPALIVE_S=str(HEARTBEAT_S)
     ) as running:
         yield running
 

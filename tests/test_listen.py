@@ -20,7 +20,7 @@ import pytest
 from support.layout import fresh_prefix, make_settings
 from support.mcp import call as rpc
 from support.mcp import request, result
-from support.procs import Bridge, running_bridge
+from support.procs import Bridge, running_bearer_bridge
 from support.sse import sse_events
 from support.waits import BOUND, wait_until
 
@@ -345,12 +345,8 @@ TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 @pytest.fixture(scope="module")
 def bearer(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     root = tmp_path_factory.mktemp("listen")
-    tokens_file = root / "tokens.json"
-    tokens_file.write_text(json.dumps(TOKENS))
     settings = make_settings(kafka_bootstrap, fresh_prefix("l"))
-    with running_bridge(
-        settings, root, BRIDGE_AUTH__MODE="bearer", BRIDGE_AUTH__TOKENS_FILE=str(tokens_file)
-    ) as running:
+    with running_bearer_bridge(settings, root, TOKENS) as running:
         yield running
 
 

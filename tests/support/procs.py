@@ -174,3 +174,16 @@ def running_bridge(
         yield bridge
     finally:
         bridge.stop()
+
+
+@contextlib.contextmanager
+def running_bearer_bridge(
+    settings: Settings, logs: Path, tokens: dict[str, str], **env: str
+) -> Iterator[Bridge]:
+    """:func:`running_bridge` in auth mode ``bearer`` with ``tokens`` (token -> principal),
+    written to a tokens file under ``logs``."""
+    tokens_file = logs / "tokens.json"
+    tokens_file.write_text(json.dumps(tokens))
+    auth = {"BRIDGE_AUTH__MODE": "bearer", "BRIDGE_AUTH__TOKENS_FILE": str(tokens_file)}
+    with running_bridge(settings, logs, **auth, **env) as bridge:
+        yield bridge
