@@ -203,7 +203,6 @@ class BridgeProcess:
             BRIDGE_KAFKA_BOOTSTRAP_SERVERS=self.settings.kafka_bootstrap_servers or "",
             BRIDGE_TOPICS__PREFIX=t.prefix,
             BRIDGE_TOPICS__PARTITIONS=str(t.partitions),
-            BRIDGE_TOPICS__INDEX_PARTITIONS=str(t.index_partitions),
             BRIDGE_TOPICS__REPLICATION_FACTOR=str(t.replication_factor),
             BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(t.min_insync_replicas),
             BRIDGE_LOG_LEVEL="WARNING",  # no access log lines for ten thousand requests

@@ -186,7 +186,6 @@ def bench_settings(bootstrap: str, name: str) -> Settings:
         topics={
             "prefix": f"bench-{name}-{secrets.token_hex(4)}",
             "partitions": 1,
-            "index_partitions": 1,
             "replication_factor": 1,
             "min_insync_replicas": 1,
         },

@@ -42,8 +42,9 @@ class TopicSettings(BaseModel):
     """The topic layout (docs/architecture.md): names derive from one prefix."""
 
     prefix: str = Field("mcpbridge", pattern=r"^[A-Za-z0-9._-]{1,120}$")
+    #: Partitions of the events topic; the index and updates topics are co-partitioned with it
+    #: (a task's index and update records live in the partition number of its events).
     partitions: int = Field(6, ge=1, le=10_000)
-    index_partitions: int = Field(3, ge=1, le=10_000)
     replication_factor: int = Field(1, ge=1, le=32)
     #: ``retention.ms`` of the events topic: the maximum event age (SEP-2694 "Event Retention").
     retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
@@ -65,6 +66,10 @@ class TopicSettings(BaseModel):
     @property
     def control(self) -> str:
         return f"{self.prefix}.task-control"
+
+    @property
+    def updates(self) -> str:
+        return f"{self.prefix}.task-updates"
 
     def jobs(self, tool: str) -> str:
         return f"{self.prefix}.jobs.{tool}"

@@ -223,7 +223,7 @@ async def test_delete_records_moves_earliest_seq_exactly_and_events_gone_carries
 
 async def test_time_based_retention_moves_earliest_seq(kafka_bootstrap, topic_prefix):
     settings = make_settings(kafka_bootstrap, topic_prefix, topics={
-        "prefix": topic_prefix, "partitions": 1, "index_partitions": 1, "min_insync_replicas": 1,
+        "prefix": topic_prefix, "partitions": 1, "min_insync_replicas": 1,
         "retention_ms": 1000, "segment_ms": 200,
     })  # fmt: skip
     await create_topics(settings)

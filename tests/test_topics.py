@@ -30,13 +30,15 @@ async def test_topic_creation_is_idempotent_and_sets_the_design_configs(settings
         configs = await describe_topic_configs(
             admin, [settings.topics.events, settings.topics.index]
         )
-    assert [r.created for r in first] == [True, True, True]
-    assert [(r.created, r.differences) for r in second] == [(False, [])] * 3
+    assert [r.spec.role for r in first] == ["events", "index", "updates", "control"]
+    assert [r.created for r in first] == [True] * 4
+    assert [(r.created, r.differences) for r in second] == [(False, [])] * 4
     events, index = configs[settings.topics.events], configs[settings.topics.index]
     assert events["cleanup.policy"] == "delete"
     assert events["retention.ms"] == str(settings.topics.retention_ms)
     assert index["cleanup.policy"] == "compact"
-    assert [r.partitions for r in second] == [3, 2, 3]
+    # The index and updates topics are co-partitioned with the events topic.
+    assert [r.partitions for r in second] == [3, 3, 3, 3]
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ class TopicLayoutError(Exception):
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
-    role: Literal["events", "index", "control", "jobs"]
+    role: Literal["events", "index", "updates", "control", "jobs"]
     partitions: int
     replication_factor: int
     configs: dict[str, str]
@@ -89,9 +89,20 @@ def topic_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[Top
     index = TopicSpec(
         t.index,
         "index",
-        t.index_partitions,
+        t.partitions,
         rf,
         {"cleanup.policy": "compact", "min.insync.replicas": min_isr, "segment.ms": "3600000"},
+    )
+    updates = TopicSpec(
+        t.updates,
+        "updates",
+        t.partitions,
+        rf,
+        {
+            "cleanup.policy": "delete",
+            "retention.ms": str(t.retention_ms),
+            "min.insync.replicas": min_isr,
+        },
     )
     control = TopicSpec(
         t.control,
@@ -118,7 +129,7 @@ def topic_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[Top
         )
         for name in job_topics
     ]
-    return [events, index, control, *jobs]
+    return [events, index, updates, control, *jobs]
 
 
 async def describe_topic_configs(

@@ -40,7 +40,6 @@ def make_settings(bootstrap: str, prefix: str, **overrides: Any) -> Settings:
         "topics": {
             "prefix": prefix,
             "partitions": 3,
-            "index_partitions": 2,
             "min_insync_replicas": 1,
         },
         "checkpoint_interval": 4,

@@ -42,7 +42,6 @@ def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
         BRIDGE_KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers or "",
         BRIDGE_TOPICS__PREFIX=t.prefix,
         BRIDGE_TOPICS__PARTITIONS=str(t.partitions),
-        BRIDGE_TOPICS__INDEX_PARTITIONS=str(t.index_partitions),
         BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(t.min_insync_replicas),
         BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
         BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
