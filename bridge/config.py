@@ -376,8 +376,25 @@ class Settings(BaseSettings):
     metrics_refresh_s: float = Field(5.0, gt=0)
     #: POST /admin/indexer/pause|resume, for operations drills and tests; never expose publicly.
     admin_endpoints: bool = False
-    #: Run the persisting index writer in this process (one writer per cluster; see docs).
-    index_writer: bool = True
+    #: Which events partitions this process indexes, persists and serves: ``all`` (one process
+    #: owns everything; nothing else to configure) or ``group`` (replicas divide the partitions
+    #: through the Kafka consumer group ``<prefix>.bridge`` and forward a request about another
+    #: replica's partition to its owner). ``group`` needs ``advertised_url`` and a peer secret.
+    ownership: Literal["all", "group"] = "all"
+    #: Static group membership (the pod's stable name): a restart within the session timeout
+    #: gets the same partitions back without a rebalance.
+    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    #: The base URL other replicas reach this one at (``http://<pod>.<headless service>:8080``).
+    advertised_url: str | None = Field(None, pattern=r"^https?://[^/\s]+$")
+    #: The shared secret that authenticates a forwarded request between replicas (at least 32
+    #: characters; prefer the file). Never logged; clients can never present it.
+    peer_secret: SecretStr | None = None
+    peer_secret_file: Path | None = None
+    #: The group's session timeout: how long a replica that died unannounced keeps its partitions.
+    group_session_timeout_ms: int = Field(10_000, ge=1_000, le=300_000)
+    #: How long a request about a partition that is moving waits for an owner before it is
+    #: answered with a retriable error.
+    owner_wait_s: float = Field(5.0, ge=0)
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
@@ -387,6 +404,11 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("peer_secret_file")
+    @classmethod
+    def _peer_secret_file(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
 
     @field_validator("accepted_event_prefixes")
     @classmethod
@@ -427,6 +449,29 @@ class Settings(BaseSettings):
                 "use SSL or SASL_SSL"
             )
         return self
+
+    @model_validator(mode="after")
+    def _group_can_forward(self) -> Self:
+        if self.ownership != "group":
+            return self
+        if self.advertised_url is None:
+            raise ValueError(
+                f"{env_name('ownership')}=group needs {env_name('advertised_url')}: the URL other "
+                "replicas forward requests to (e.g. http://bridge-0.bridge-peers:8080)"
+            )
+        secret = self.peer_secret_value
+        if secret is None or len(secret) < 32:
+            raise ValueError(
+                f"{env_name('ownership')}=group needs a peer secret of at least 32 characters in "
+                f"{env_name('peer_secret_file')} (or {env_name('peer_secret')}): it authenticates "
+                "requests forwarded between replicas"
+            )
+        return self
+
+    @property
+    def peer_secret_value(self) -> str | None:
+        """The peer secret (from the file if one is set), or None."""
+        return _read_secret(self.peer_secret, self.peer_secret_file)
 
     @property
     def type_rule(self) -> EventTypeRule:
