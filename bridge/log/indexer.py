@@ -176,11 +176,13 @@ async def load_index(
     index = {p: PartitionIndex(p, settings.checkpoint_interval) for p in partitions}
     if not index:
         return index
-    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    # By partition and key: a migrated index holds a key's record in its partition and a
+    # tombstone in the one it was moved out of; compaction keeps the latest per partition.
+    latest: dict[tuple[int, bytes], bytes | None] = {}
 
     def keep(record: ConsumerRecord[bytes, bytes]) -> None:
         if record.key is not None:
-            latest[record.key] = (record.partition, record.value)
+            latest[record.partition, record.key] = record.value
 
     consumer = committed_consumer(settings, role="index-restore")
     await consumer.start()
@@ -189,7 +191,7 @@ async def load_index(
         await read_to_end(consumer, [TopicPartition(topic, p) for p in sorted(index)], keep)
     finally:
         await consumer.stop()
-    for key, (slice_, value) in latest.items():
+    for (slice_, key), value in latest.items():
         if value is None:  # a tombstone: the entry was deleted on purpose
             continue
         record = _decoded(settings, key, value)

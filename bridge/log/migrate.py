@@ -75,7 +75,7 @@ async def migrate_index(
     report.records_read = len(latest)
     progress(f"read {len(latest)} index records from {len(index)} partitions")
     writes: dict[int, list[tuple[int, bytes, bytes | None]]] = defaultdict(list)
-    for key, (slice_, value) in latest.items():
+    for (slice_, key), value in latest.items():
         if value is None:
             continue
         try:
@@ -107,12 +107,14 @@ def _reencoded(record: object, value: bytes) -> bytes:
 
 async def _read_index(
     settings: Settings, partitions: list[int]
-) -> dict[bytes, tuple[int, bytes | None]]:
-    latest: dict[bytes, tuple[int, bytes | None]] = {}
+) -> dict[tuple[int, bytes], bytes | None]:
+    """The latest record of each key in each index partition (a key moved by an earlier run
+    has a tombstone where it was and its record where it belongs)."""
+    latest: dict[tuple[int, bytes], bytes | None] = {}
 
     def keep(record: ConsumerRecord[bytes, bytes]) -> None:
         if record.key is not None:
-            latest[record.key] = (record.partition, record.value)
+            latest[record.partition, record.key] = record.value
 
     consumer = committed_consumer(settings, role="index-migrate")
     await consumer.start()

@@ -245,6 +245,10 @@ class McpHttp:
             try:
                 async for chunk in answer.body:
                     yield chunk
+            except Exception as exc:
+                # The owner went away mid-answer (a stream's replica died): end this response
+                # too, without a result, so the client resumes with its cursor.
+                log.warning("the owner's answer to %s broke off: %s", method, type(exc).__name__)
             finally:
                 await answer.close()
 
