@@ -80,14 +80,16 @@ from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.mcpevents.cursor import decode_task, encode_task
 
 OPEN_CONCURRENCY = 100  # streams being opened at once
-QUEUE_SIZE = 128  # BRIDGE_STREAM_QUEUE_SIZE of the bridge under test
+QUEUE_SIZE = 32  # BRIDGE_STREAM_QUEUE_SIZE of the bridge under test
+#: Payload padding of the busy task's events: a partial-content chunk of two kilobytes.
+PAD = "x" * 2048
 #: SO_RCVBUF of a slow client's socket: a small window, so that its stall reaches the bridge's
 #: bounded buffer within seconds instead of after megabytes of loopback socket buffers.
 SLOW_RCVBUF = 4096
-#: The MSS a slow client announces, an Ethernet path's: on loopback (64 KiB MSS) Linux sizes the
+#: The MSS a slow client announces (IPv4's default minimum): on loopback (64 KiB MSS) Linux sizes the
 #: bridge's send buffer for that connection at its maximum (4 MiB here), which would absorb
 #: ten thousand events before the bridge's own buffer saw the stall.
-SLOW_MSS = 1448
+SLOW_MSS = 536
 #: The bytes of a notifications/tasks/event before its seq (the bridge's renderer writes it
 #: first), so that a client of hundreds of streams reads each seq without parsing JSON.
 _SEQ_HEAD = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
@@ -104,8 +106,8 @@ class Sizes:
     retained_events: int  # events of the retention task (half are deleted)
 
 
-FULL = Sizes((1, 10, 100, 500), 200.0, 10.0, 0.1, 20_000, 400)
-SMALL = Sizes((1, 10, 50), 200.0, 6.0, 0.1, 2_000, 100)
+FULL = Sizes((1, 10, 100, 500), 30.0, 15.0, 0.1, 20_000, 400)
+SMALL = Sizes((1, 10, 50), 30.0, 10.0, 0.1, 2_000, 100)
 _ORDER = {"fanout": 0, "cost": 1, "retention": 2}
 
 
@@ -230,6 +232,16 @@ def status_type(settings: Settings) -> str:
 # --- 1. N clients on one busy task ---------------------------------------------------------------
 
 
+@dataclass
+class Padded:
+    """A publisher whose events carry :data:`PAD` (``steady_producer`` takes it for the SDK's)."""
+
+    pub: TaskEventPublisher
+
+    async def publish(self, task_id: str, event_type: str, payload: dict[str, Any]) -> Published:
+        return await self.pub.publish(task_id, event_type, {**payload, "pad": PAD})
+
+
 @dataclass(eq=False)
 class Track:
     """What one tasks/stream client received: each seq and when (monotonic ns)."""
@@ -324,8 +336,9 @@ async def fanout_run(
     count = int(sizes.rate * sizes.window_s)
     started = time.perf_counter()
     async with TaskEventPublisher(settings) as pub:
+        padded = Padded(pub)
         producing = asyncio.create_task(
-            steady_producer(settings, pub, [task_id], sizes.rate, count)
+            steady_producer(settings, padded, [task_id], sizes.rate, count)  # type: ignore[arg-type]
         )
         stalled = 0.0
         if slow:
@@ -827,8 +840,8 @@ def main(argv: list[str] | None = None) -> int:
             "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "1000000",  # every client is one principal
             "BRIDGE_STREAM_KEEPALIVE_S": "3600",  # no keep-alive bytes in the counts
             "BRIDGE_METRICS_REFRESH_S": "3600",  # no gauge reads in the Kafka byte counts
-            # An eighth of the default 1024: a stalled client overflows it (after its socket
-            # buffers) within ~3 s at 200 events/s instead of ~7 s, inside every window.
+            # A 32nd of the default 1024: a stalled client overflows it (after ~260 KB of
+            # socket buffers) within ~5 s at 30 events/s instead of ~38 s, inside every window.
             "BRIDGE_STREAM_QUEUE_SIZE": str(QUEUE_SIZE),
         }
         bridge = BridgeProcess(bs, env, logs / "bridge.log")
