@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import shutil
@@ -805,6 +806,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         help="run only these parts (repeatable)",
     )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        action="append",
+        help="client counts of the fanout part (repeatable; default 1, 10, 100, 500)",
+    )
+    parser.add_argument(
+        "--queue-size",
+        type=int,
+        default=QUEUE_SIZE,
+        help=f"BRIDGE_STREAM_QUEUE_SIZE of the bridge (default {QUEUE_SIZE}; the bridge's is 1024)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--keep-logs", action="store_true", help="keep the bridge's log directory")
     return parser.parse_args(argv)
@@ -824,6 +837,8 @@ async def run(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = SMALL if args.small else FULL
+    if args.clients:
+        sizes = dataclasses.replace(sizes, fanouts=tuple(args.clients))
     only = set(args.only or _ORDER)
     res = Results(order=_ORDER)
     wall = time.perf_counter()
@@ -842,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
             "BRIDGE_METRICS_REFRESH_S": "3600",  # no gauge reads in the Kafka byte counts
             # A 32nd of the default 1024: a stalled client overflows it (after ~260 KB of
             # socket buffers) within ~5 s at 30 events/s instead of ~38 s, inside every window.
-            "BRIDGE_STREAM_QUEUE_SIZE": str(QUEUE_SIZE),
+            "BRIDGE_STREAM_QUEUE_SIZE": str(args.queue_size),
         }
         bridge = BridgeProcess(bs, env, logs / "bridge.log")
         say(f"starting `bridge serve` (log: {bridge.log_path})")
