@@ -761,7 +761,7 @@ async def bench_retention(
     res.note(f"retention: events/poll cursor=seq {cursor}, maxEvents 5 -> {json.dumps(shown)}")
 
     def two_events(got: list[dict[str, Any]]) -> bool:
-        return sum(m["method"] == "notifications/events/event" for m in got) >= 2
+        return sum(bool(m["method"] == "notifications/events/event") for m in got) >= 2
 
     request = post(port, "events/stream", events_params(settings, task_id, encode_task(cursor)))
     pushed = await sse_messages_until(port, request, two_events)
@@ -850,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
         res.environment["size"] = "small" if args.small else "full"
         bs = bench_settings(broker.info.bootstrap_servers, "openq")
         asyncio.run(create_layout(bs))
-        env = {
+        bridge_env = {
             "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(max(sizes.fanouts) + 100),
             "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "1000000",  # every client is one principal
             "BRIDGE_STREAM_KEEPALIVE_S": "3600",  # no keep-alive bytes in the counts
@@ -859,11 +859,11 @@ def main(argv: list[str] | None = None) -> int:
             # socket buffers) within ~5 s at 30 events/s instead of ~38 s, inside every window.
             "BRIDGE_STREAM_QUEUE_SIZE": str(args.queue_size),
         }
-        bridge = BridgeProcess(bs, env, logs / "bridge.log")
+        bridge = BridgeProcess(bs, bridge_env, logs / "bridge.log")
         say(f"starting `bridge serve` (log: {bridge.log_path})")
         bridge.start()
         res.environment.update(
-            bridge_pid=bridge.pid, topics_prefix=bs.topics.prefix, bridge_env=env
+            bridge_pid=bridge.pid, topics_prefix=bs.topics.prefix, bridge_env=bridge_env
         )
         try:
             asyncio.run(run(bridge, bs, sizes, only, res))

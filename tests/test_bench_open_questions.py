@@ -54,7 +54,9 @@ def test_every_client_of_the_busy_task_slow_ones_included_gets_every_event_gap_f
     measured: dict[str, Any],
 ) -> None:
     for value in values(measured, "fanout", "gap-free, result received"):
-        whole, complete, n = map(int, re.fullmatch(r"(\d+) / (\d+) of (\d+)", value).groups())  # type: ignore[union-attr]
+        found = re.fullmatch(r"(\d+) / (\d+) of (\d+)", value)
+        assert found is not None, value
+        whole, complete, n = map(int, found.groups())
         assert whole == complete == n, value
 
 
@@ -66,7 +68,9 @@ def test_slow_clients_fell_back_to_catch_up_reads(measured: dict[str, Any]) -> N
 
 def test_each_channel_delivers_every_event_of_the_task(measured: dict[str, Any]) -> None:
     for value in values(measured, "cost", "events / requests / other messages"):
-        got, owed = re.match(r"(\d+) of (\d+)", value).groups()  # type: ignore[union-attr]
+        found = re.match(r"(\d+) of (\d+)", value)
+        assert found is not None, value
+        got, owed = found.groups()
         assert got == owed, value
 
 
