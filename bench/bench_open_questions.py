@@ -3,7 +3,7 @@ poll and push, and subscriptions/listen, all served by a real ``bridge serve`` s
 
 Run::
 
-    .venv/bin/python bench/bench_open_questions.py            # full size, ~3 minutes here
+    .venv/bin/python bench/bench_open_questions.py            # full size, ~4 minutes here
     .venv/bin/python bench/bench_open_questions.py --small    # smoke run, ~1 minute
     .venv/bin/python bench/bench_open_questions.py --only fanout --json out.json
 
