@@ -16,6 +16,7 @@ import json
 import random
 import re
 import secrets
+import signal
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -230,6 +231,10 @@ async def test_three_replicas_divide_the_partitions_and_a_killed_ones_streams_re
             async with asyncio.timeout(120):
                 await asyncio.gather(*followers)
         except TimeoutError:
+            for replica in replicas:  # where each one is, for the bug report
+                if replica.proc.alive() and replica.proc.popen is not None:
+                    replica.proc.popen.send_signal(signal.SIGUSR1)
+                    replica.proc.popen.send_signal(signal.SIGUSR2)
             stuck = [(c.task_id[:8], c.last, c.resumes) for c in clients if not c.finished]
             raise AssertionError(f"streams not finished (task, last seq, resumes): {stuck}")
         survivors = [r for r in replicas if r.proc.alive()]

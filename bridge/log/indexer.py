@@ -1,19 +1,22 @@
-"""The indexer: tails every events partition and derives each record's seq.
+"""The indexer: tails the events partitions this process owns and derives each record's seq.
 
-Every bridge replica runs one :class:`Indexer`. On start it restores the seq index from the
-compacted index topic (reading committed records up to the last stable offset, which is a
-consistent cut because the index is only ever written in transactions), then tails each events
-partition with ``read_committed`` from the restored ``through`` offset, applying every record
-to :class:`~bridge.log.seqindex.PartitionIndex` and handing ``IndexedEvent``\\ s to listeners
-(the stream hub).
+Every bridge replica runs one :class:`Indexer`. It owns every partition (``ownership = "all"``)
+or the share the replicas' consumer group gives it (``"group"``, see
+:mod:`bridge.kafka.ownership`). For each partition it gains, it restores that partition's slice
+of the compacted index topic (the index partition of the same number; reading committed records
+up to the last stable offset is a consistent cut, since the index is only ever written in
+transactions), then tails it with ``read_committed`` from the restored ``through`` offset,
+applying every record to :class:`~bridge.log.seqindex.PartitionIndex` and handing
+``IndexedEvent``\\ s to listeners (the fan-out, the task service).
 
-One replica (``persist=True``; ``bridge index`` or the designated writer) also persists the
-index: every ``flush_interval_s`` it encodes the dirty task entries and the partition markers at
-one instant (a consistent cut, since records are applied between awaits) and writes them in one
-Kafka transaction. A crash at any point leaves either the whole cut or none of it; a newer
-writer with the same transactional id fences an older one, so a stale writer can never
-overwrite newer counts. Replaying records at or below a task's ``last_offset`` is a no-op, so a
-restart derives exactly the same seq for every record.
+With ``persist`` (every serving replica) it also writes the index of its partitions: every
+``flush_interval_s`` each partition's dirty task entries, its marker and the task-updates its
+status changes produced are encoded at one instant and written in one Kafka transaction of that
+partition's own writer (transactional id ``<prefix>.index.<partition>``). A crash at any point
+leaves either the whole cut or none of it; the partition's next owner starts a writer with the
+same id and so fences the previous one, which can never again overwrite newer counts. Replaying
+records at or below a task's ``last_offset`` is a no-op, so any owner derives exactly the same
+seq for every record.
 
 If retention deletes records before they were counted (``through`` below the log start
 offset), the partition is marked lost: tasks known then become untrusted, and later tasks are
@@ -420,7 +423,7 @@ class Indexer(Component):
             self.moved["gained"] += len(gained)
             self.moved["lost"] += len(lost)
             self._assigned.set()
-        self._progress.set()
+        self._notify_progress()  # waiters re-check: their partition may have moved
         self._rebalanced.set()
         self._rebalanced = asyncio.Event()
         for listener in self._ownership_listeners:
@@ -604,8 +607,13 @@ class Indexer(Component):
                     # Transaction markers and aborted records move the position without records.
                     with contextlib.suppress(Exception):
                         idx.advance(await consumer.position(tp))
-            self._progress.set()
-            self._progress = asyncio.Event()
+            self._notify_progress()
+
+    def _notify_progress(self) -> None:
+        """Wake every waiter once. The event is replaced, never left set: a waiter whose
+        condition still fails must wait for the next progress, not spin on a set event."""
+        self._progress.set()
+        self._progress = asyncio.Event()
 
     async def _reconcile_with_retention(self, consumer: AIOKafkaConsumer) -> None:
         """Mark owned partitions whose uncounted records retention deleted as lost, and seek
