@@ -77,6 +77,7 @@ __all__ = [
     "refusals_explained",
     "role_acls",
     "roles_acls",
+    "webhook_group",
     "worker_group",
 ]
 
@@ -138,7 +139,9 @@ class Acl:
         return f"{self.operation.name} on {self.resource_type.name} {self.name!r}{prefixed}"
 
 
-Target = Literal["events", "index", "control", "jobs", "workers", "indexer"]
+Target = Literal[
+    "events", "index", "control", "jobs", "subscriptions", "workers", "webhooks", "indexer"
+]
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,9 @@ ROLE_NEEDS: dict[Role, tuple[Need, ...]] = {
         Need(_T, "index", _READ, "restoring the seq index at start"),
         Need(_T, "control", _WRITE, "cancel requests and input answers for the workers"),
         Need(_T, "jobs", _WRITE, "a job request per tools/call, one topic per tool"),
+        Need(_T, "subscriptions", _READ, "webhook subscriptions (they hold callback secrets)"),
+        Need(_T, "subscriptions", _WRITE, "subscribe, unsubscribe, delivered positions"),
+        Need(_G, "webhooks", _READ, "the webhook group: which replica delivers which partition"),
     ),
     "index-writer": (
         Need(_T, "events", _READ, "counting seq for every committed record"),
@@ -186,6 +192,11 @@ def worker_group(topics: TopicSettings) -> str:
     return f"{topics.prefix}.workers"
 
 
+def webhook_group(topics: TopicSettings) -> str:
+    """The consumer group that shares webhook delivery among the serving replicas."""
+    return f"{topics.prefix}.webhooks"
+
+
 def indexer_transactional_id(topics: TopicSettings) -> str:
     """The transactional id of the index writer (the indexer's default)."""
     return f"{topics.prefix}.indexer"
@@ -198,7 +209,9 @@ def _names(topics: TopicSettings, target: Target, job_topics: Sequence[str]) -> 
         "events": topics.events,
         "index": topics.index,
         "control": topics.control,
+        "subscriptions": topics.subscriptions,
         "workers": worker_group(topics),
+        "webhooks": webhook_group(topics),
         "indexer": indexer_transactional_id(topics),
     }
     return [named[target]]
