@@ -384,9 +384,7 @@ async def test_a_redirect_or_a_missing_echo_fails_verification_and_stores_nothin
     assert moved["error"]["data"] == {"reason": "http_4xx"}
     assert [p.path for p in receiver.posts] == ["/hooks/g", "/hooks/h"]  # no redirect followed
     async with client("fay") as http:
-        gone = await call(
-            http, wbridge.url, "events/unsubscribe", hook(task, receiver.url("g"))
-        )
+        gone = await call(http, wbridge.url, "events/unsubscribe", hook(task, receiver.url("g")))
     assert gone["error"]["code"] == -32023 and gone["error"]["data"] == {"kind": "subscription"}
 
 
@@ -410,35 +408,38 @@ async def test_bad_params_a_foreign_task_and_too_many_subscriptions_get_the_draf
 @kafka
 async def test_unsubscribe_stops_delivery_at_once(wbridge: Bridge, receiver: Receiver) -> None:
     task = await started_task(wbridge, "ida")
-    await subscribed(wbridge, "ida", hook(task, receiver.url("gone")))
+    gone = hook(task, receiver.url("gone"))
+    await subscribed(wbridge, "ida", gone)
     await subscribed(wbridge, "ida", hook(task, receiver.url("witness")))
     await publish(wbridge, task, range(1))
     await steps_reach(receiver, "gone", 1)
     async with client("ida") as http:
-        done = await result(
-            http, wbridge.url, "events/unsubscribe", hook(task, receiver.url("gone"))
-        )
+        done = await result(http, wbridge.url, "events/unsubscribe", gone)
+        again = await call(http, wbridge.url, "events/unsubscribe", gone)
     assert done == {"resultType": "complete"}
+    assert again["error"]["data"] == {"kind": "subscription"}
+    # Two rounds through the other subscription: a loop still running would have delivered
+    # the first round to /hooks/gone by the end of the second.
     await publish(wbridge, task, range(1, 3))
-    await steps_reach(receiver, "witness", 3)  # delivered to the other subscription
+    await steps_reach(receiver, "witness", 3)
+    await publish(wbridge, task, range(3, 5))
+    await steps_reach(receiver, "witness", 5)
     assert receiver.steps("gone") == [0]
 
 
 @kafka
-async def test_a_callback_refused_at_delivery_time_suspends_the_subscription(
+async def test_a_callback_refused_at_delivery_time_suspends_delivery_until_a_refresh(
     wbridge: Bridge, receiver: Receiver
 ) -> None:
     """The allowlist is checked at every delivery, not only at subscribe: restarted without
-    it, the bridge refuses the stored loopback callback and sends nothing."""
+    it, the bridge refuses the stored loopback callback, sends nothing and keeps the events;
+    allowed again, a refresh resumes delivery with nothing lost."""
     task = await started_task(wbridge, "hal")
     params = hook(task, receiver.url("k"))
     await subscribed(wbridge, "hal", params)
-    assert wbridge.server is not None
     env = dict(wbridge.env)
-    wbridge.server.stop()
-    wbridge.env["BRIDGE_WEBHOOK_ALLOWLIST"] = "[]"
+    restart(wbridge, BRIDGE_WEBHOOK_ALLOWLIST="[]")
     try:
-        wbridge.start_server()
         await publish(wbridge, task, range(2))
 
         async def suspended() -> dict[str, Any] | None:
@@ -447,12 +448,18 @@ async def test_a_callback_refused_at_delivery_time_suspends_the_subscription(
 
         status = await wait_until(suspended, what="delivery is suspended")
         assert status["lastError"] == "connection_refused"
-        assert receiver.events("k") == []
+        assert receiver.steps("k") == []
     finally:
-        wbridge.server.stop()
-        wbridge.env.clear()
-        wbridge.env.update(env)
-        wbridge.start_server()
+        restart(wbridge, **env)
+    await subscribed(wbridge, "hal", params)  # the refresh that resumes delivery
+    assert await steps_reach(receiver, "k", 2) == [0, 1]
+
+
+def restart(bridge: Bridge, **env: str) -> None:
+    assert bridge.server is not None
+    bridge.server.stop()
+    bridge.env.update(env)
+    bridge.start_server()
 
 
 # --- in-process: the rules ---------------------------------------------------------------------
