@@ -71,6 +71,11 @@ class TopicSettings(BaseModel):
     def updates(self) -> str:
         return f"{self.prefix}.task-updates"
 
+    @property
+    def subscriptions(self) -> str:
+        """The compacted topic of the Events extension's webhook subscriptions (key: id)."""
+        return f"{self.prefix}.event-subscriptions"
+
     def jobs(self, tool: str) -> str:
         return f"{self.prefix}.jobs.{tool}"
 
@@ -396,6 +401,35 @@ class Settings(BaseSettings):
     #: answered with a retriable error.
     owner_wait_s: float = Field(5.0, ge=0)
 
+    # --- Events extension: webhook subscriptions (docs/events.md, "Webhooks") --------------
+    #: Callback hosts (names) or CIDRs that may resolve to non-global addresses (loopback,
+    #: private networks). Empty: only globally routable addresses are ever contacted.
+    webhook_allowlist: list[str] = Field(default_factory=list)
+    #: A PEM bundle trusted for callback TLS in addition to the system CAs (private receivers).
+    webhook_ca_file: Path | None = None
+    #: TTL granted when the client suggests none; the least and the most ever granted (a
+    #: ``ttlMs: null`` request for no expiry gets the most: no subscription lives forever).
+    webhook_ttl_default_ms: int = Field(3_600_000, ge=1000)
+    webhook_ttl_min_ms: int = Field(60_000, ge=1000)
+    webhook_ttl_max_ms: int = Field(86_400_000, ge=1000)
+    #: Live webhook subscriptions one principal may hold (ResourceExhausted beyond).
+    webhook_max_subscriptions_per_principal: int = Field(100, ge=1)
+    #: Retries of one delivery: attempts, total time, full-jitter backoff base and ceiling.
+    webhook_max_attempts: int = Field(5, ge=1, le=20)
+    webhook_max_retry_s: float = Field(900.0, gt=0)
+    webhook_backoff_base_s: float = Field(5.0, gt=0)
+    webhook_backoff_max_s: float = Field(300.0, gt=0)
+    #: How long one POST may take before it counts as a ``timeout``.
+    webhook_timeout_s: float = Field(5.0, gt=0)
+    #: How often a quiet subscription looks for new events (the delivery loop polls).
+    webhook_poll_interval_s: float = Field(1.0, gt=0)
+    #: Deliveries given up in a row before a subscription is suspended until its next refresh.
+    webhook_suspend_after_failures: int = Field(10, ge=1)
+    #: How long the replaced secret still signs (beside the new one) after a rotation.
+    webhook_rotation_grace_s: float = Field(600.0, ge=0)
+
+    _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
+
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -472,6 +506,15 @@ class Settings(BaseSettings):
     def peer_secret_value(self) -> str | None:
         """The peer secret (from the file if one is set), or None."""
         return _read_secret(self.peer_secret, self.peer_secret_file)
+
+    @model_validator(mode="after")
+    def _webhook_ttls_in_order(self) -> Self:
+        if not self.webhook_ttl_min_ms <= self.webhook_ttl_default_ms <= self.webhook_ttl_max_ms:
+            raise ValueError(
+                "webhook TTLs must be ordered: webhook_ttl_min_ms <= webhook_ttl_default_ms "
+                "<= webhook_ttl_max_ms"
+            )
+        return self
 
     @property
     def type_rule(self) -> EventTypeRule:

@@ -79,6 +79,7 @@ __all__ = [
     "refusals_explained",
     "role_acls",
     "roles_acls",
+    "webhook_group",
     "worker_group",
 ]
 
@@ -141,7 +142,16 @@ class Acl:
 
 
 Target = Literal[
-    "events", "index", "updates", "control", "jobs", "workers", "bridge", "index-writers"
+    "events",
+    "index",
+    "updates",
+    "control",
+    "jobs",
+    "subscriptions",
+    "workers",
+    "bridge",
+    "webhooks",
+    "index-writers",
 ]
 
 
@@ -175,6 +185,9 @@ ROLE_NEEDS: dict[Role, tuple[Need, ...]] = {
         ),
         Need(_T, "control", _WRITE, "cancel requests and input answers for the workers"),
         Need(_T, "jobs", _WRITE, "a job request per tools/call, one topic per tool"),
+        Need(_T, "subscriptions", _READ, "webhook subscriptions (they hold callback secrets)"),
+        Need(_T, "subscriptions", _WRITE, "subscribe, unsubscribe, delivered positions"),
+        Need(_G, "webhooks", _READ, "the webhook group: which replica delivers which partition"),
         Need(_G, "bridge", _READ, "the replicas' group: joining it, committing indexed positions"),
         Need(
             _X,
@@ -216,6 +229,11 @@ def index_writer_id(topics: TopicSettings, partition: int) -> str:
     return f"{index_writer_prefix(topics)}{partition}"
 
 
+def webhook_group(topics: TopicSettings) -> str:
+    """The consumer group that shares webhook delivery among the serving replicas."""
+    return f"{topics.prefix}.webhooks"
+
+
 def indexer_transactional_id(topics: TopicSettings) -> str:
     """The transactional id of the single index writer of versions before the per-partition
     writers; ``bridge index migrate`` fences it."""
@@ -230,8 +248,10 @@ def _names(topics: TopicSettings, target: Target, job_topics: Sequence[str]) -> 
         "index": topics.index,
         "control": topics.control,
         "updates": topics.updates,
+        "subscriptions": topics.subscriptions,
         "workers": worker_group(topics),
         "bridge": bridge_group(topics),
+        "webhooks": webhook_group(topics),
         "index-writers": index_writer_prefix(topics),
     }
     return [named[target]]

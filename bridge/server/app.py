@@ -92,6 +92,8 @@ async def start_components(
             metrics.attach(indexer)
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
             events = events_extension(settings, service, reader, fanout, hub.draining)
+            await events.start()  # webhook delivery, when offered
+            stack.push_async_callback(events.stop)
             handlers = MethodHandlers(
                 settings, service, tools, hub, [events, Listen(settings, service, hub)]
             )
