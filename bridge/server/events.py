@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from bridge.config import Settings
-from bridge.events import NOT_FOUND, UNSUPPORTED
+from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
 from bridge.mcpevents import (
     BadCursor,
     EventSource,
@@ -34,8 +34,11 @@ from bridge.mcpevents import (
     Occurrence,
     StreamItem,
 )
+from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
+from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
 from bridge.mcpevents.sources import LiveEvents, TaskEvents, TaskLog, TaskLookup
+from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
 from bridge.server.wire import (
     INTERNAL_ERROR,
@@ -65,6 +68,8 @@ MAX_EVENTS = 1000
 PAGE_SIZE = 50
 #: Consecutive failed reads of a push stream before it is terminated.
 STREAM_ATTEMPTS = 5
+#: events/poll's nextPollMs for task.updated (the draft's recommended client floor).
+TASK_UPDATES_POLL_MS = 1000
 
 
 def _not_found(name: str) -> RpcError:
@@ -83,6 +88,8 @@ def _mapped() -> Iterator[None]:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
     except BadCursor as exc:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
+    except NotPermitted as exc:
+        raise RpcError(FORBIDDEN, "Forbidden", {"reason": str(exc)}) from None
 
 
 def _stream_message(item: StreamItem, subscription_id: Any) -> dict[str, Any]:
@@ -113,7 +120,37 @@ def events_extension(
         heartbeat_s=settings.stream_keepalive_s,
         stopping=stopping,
     )
-    return EventsMethods([task_events], stopping=stopping)
+    return EventsMethods(
+        [task_events, *offset_sources(settings, tasks, stopping)], stopping=stopping
+    )
+
+
+def offset_sources(
+    settings: Settings, tasks: TaskLookup, stopping: asyncio.Event
+) -> list[EventSource]:
+    """``<prefix>.task.updated`` and the configured sources, in the settings' order; they share
+    one pool of history readers and one live tail per topic."""
+    reader = TopicReader(settings)
+    common: dict[str, Any] = {
+        "queue_size": settings.stream_queue_size,
+        "heartbeat_s": settings.stream_keepalive_s,
+        "stopping": stopping,
+    }
+    live = LiveTopics(settings, reader)
+    updates = TaskUpdates(
+        f"{settings.own_types.prefix}.task.updated",
+        settings.topics.updates,
+        reader,
+        live,
+        tasks=tasks,
+        next_poll_ms=TASK_UPDATES_POLL_MS,
+        **common,
+    )
+    configured = [
+        ConfiguredSource(spec, reader, live, max_value_bytes=settings.max_event_bytes, **common)
+        for spec in settings.event_sources
+    ]
+    return [updates, *configured]
 
 
 class EventsMethods:
@@ -131,6 +168,13 @@ class EventsMethods:
         self.sources = {source.name: source for source in sources}
         self.stopping = stopping or asyncio.Event()
         self.retry_s = retry_s
+
+    async def close(self) -> None:
+        """Close the Kafka clients of the sources that hold any."""
+        for source in self.sources.values():
+            close = getattr(source, "close", None)
+            if close is not None:
+                await close()
 
     def settings(self) -> dict[str, Any]:
         return {}  # listChanged false: the event types are fixed while the process runs
