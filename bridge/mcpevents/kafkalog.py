@@ -40,6 +40,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
+from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 
 __all__ = ["Chunk", "Feed", "LiveTopics", "Record", "TopicReader", "UnknownTopic"]
 
@@ -111,12 +112,11 @@ class TopicReader:
         """The partition ids of ``topic`` (looked up once per process); UnknownTopic."""
         known = self._partitions.get(topic)
         if known is None:
-            async with self._consumer() as consumer:
-                await consumer.topics()  # refreshes the metadata partitions_for_topic reads
-                found = consumer.partitions_for_topic(topic)
-            if not found:
-                raise UnknownTopic(topic)
-            known = self._partitions[topic] = sorted(found)
+            try:
+                known = await topic_partition_ids(self.settings, topic)
+            except TopicLayoutError:
+                raise UnknownTopic(topic) from None
+            self._partitions[topic] = known
         return known
 
     async def bounds(

@@ -150,13 +150,19 @@ class OffsetSource:
             positions[p] = min(max(wanted, begins[p]), ends[p])
             truncated = truncated or positions[p] != wanted
         if max_age_ms is not None:
-            floor_ms = self.now_ms() - max_age_ms
+            floor_ms = self._floor(max_age_ms)
             floors = await self.reader.offsets_at(self.topic, selection.partitions, floor_ms)
             for p, floor in floors.items():
                 young = ends[p] if floor is None else min(floor, ends[p])
                 if young > positions[p]:
                     positions[p], truncated = young, True
         return positions, truncated
+
+    def _floor(self, max_age_ms: int | None) -> int:
+        """The oldest record timestamp ``maxAgeMs`` lets through. Besides the seek by time,
+        records are checked one by one: a producer may write an old timestamp after young ones,
+        which offsets-for-times does not skip."""
+        return -(2**63) if max_age_ms is None else self.now_ms() - max_age_ms
 
     def _occurrence(self, found: Found, positions: Mapping[int, int]) -> Occurrence:
         return Occurrence(
@@ -208,6 +214,7 @@ class OffsetSource:
         if cursor is None:
             return PollBatch([], self.encode(ends), False, False, self.next_poll_ms)
         positions, truncated = await self._resumed(selection, cursor, max_age_ms, begins, ends)
+        floor = self._floor(max_age_ms)
         events: list[Occurrence] = []
         scanned = 0
         async with contextlib.aclosing(self._replay(positions, ends)) as items:
@@ -216,6 +223,8 @@ class OffsetSource:
                     truncated = True
                     continue
                 found = selection.match(item)
+                if found is not None and item.timestamp < floor:
+                    truncated, found = True, None  # one of ours, but older than asked for
                 if found is not None:
                     events.append(self._occurrence(found, positions))
                 scanned += 1
@@ -250,6 +259,9 @@ class _Push:
         self.positions: dict[int, int] = {}
         self.sent_at = time.monotonic()
         self.ended = False
+        #: Records older than this are skipped while the stream replays from its cursor.
+        self.floor = -(2**63)
+        self.skipping = False
 
     def _sent(self, item: StreamItem) -> StreamItem:
         self.sent_at = time.monotonic()
@@ -265,6 +277,12 @@ class _Push:
         found = self.selection.match(record)
         if found is None:
             return None
+        if record.timestamp < self.floor:  # one of ours, but older than asked for
+            if self.skipping:
+                return None
+            self.skipping = True  # said once per run of skipped records
+            return self._sent(Active(source.encode(self.positions), True))
+        self.skipping = False
         return self._sent(source._occurrence(found, self.positions))
 
     async def run(self, cursor: str | None, max_age_ms: int | None) -> AsyncIterator[StreamItem]:
@@ -279,6 +297,7 @@ class _Push:
                 self.positions, truncated = await source._resumed(
                     selection, cursor, max_age_ms, begins, ends
                 )
+                self.floor = source._floor(max_age_ms)
             yield self._sent(Active(source.encode(self.positions), truncated))
             if selection.over and cursor is None:
                 return
@@ -292,6 +311,7 @@ class _Push:
                             yield item
                         if self.ended:
                             return
+                self.floor = -(2**63)  # maxAgeMs bounds the replay only: live is young
                 async for item in self._live(feed):
                     yield item
                 if self.ended:
