@@ -582,3 +582,19 @@ async def test_push_of_one_task_ends_after_its_terminal_status_delivered_live() 
 
 async def collect(stream: AsyncIterator[StreamItem]) -> list[StreamItem]:
     return [item async for item in stream]
+
+
+async def test_max_age_also_drops_an_old_record_written_after_young_ones_by_poll_and_push() -> None:
+    topic = FakeTopic({0: []})
+    for seq, age_ms in enumerate((1_000, 60_000, 60_000, 1_000)):
+        rec = add_update(topic, "alice", "t1", seq, "working")
+        object.__setattr__(rec, "timestamp", NOW_MS - age_ms)
+    source = updates_source(topic)
+    polled = await poll(source, cursor=encode_partition(0, 0), maxAgeMs=10_000)
+    assert [e["data"]["seq"] for e in polled["events"]] == [0, 3] and polled["truncated"] is True
+    stream = await source.open_stream("alice", {}, encode_partition(0, 0), 10_000)
+    async with asyncio.timeout(10), contextlib.aclosing(stream):  # type: ignore[type-var]
+        got = [await anext(stream) for _ in range(4)]
+    assert [type(i).__name__ for i in got] == ["Active", "Occurrence", "Active", "Occurrence"]
+    assert got[2].truncated is True and got[2].cursor == encode_partition(0, 2)  # type: ignore[union-attr]
+    assert [i.data["seq"] for i in got if isinstance(i, Occurrence)] == [0, 3]
