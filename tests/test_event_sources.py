@@ -117,7 +117,7 @@ async def drain(
         cursor = page["cursor"]
         return len(got) >= want
 
-    await wait_until(more, what=f"{want} events of {name}")
+    await wait_until(more, what=f"{want} events of {name}")  # type: ignore[arg-type]
     return got, cursor
 
 

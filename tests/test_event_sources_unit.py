@@ -28,6 +28,7 @@ from bridge.mcpevents.cursor import (
 )
 from bridge.mcpevents.kafkalog import Chunk, Feed
 from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, StreamItem
+from bridge.mcpevents.offsets import OffsetSource
 from bridge.mcpevents.taskupdates import TaskUpdates, owner_record_key
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods
@@ -96,7 +97,7 @@ class FakeTopic:
         if offset < self.begins.get(partition, 0):
             raise OffsetOutOfRangeError({})
         records = self.records[partition][offset : offset + self.per_fetch]
-        return Chunk(partition, offset, offset + len(records), records)  # type: ignore[arg-type]
+        return Chunk(partition, offset, offset + len(records), records)
 
     async def close(self) -> None:
         pass
@@ -169,8 +170,8 @@ def updates_source(topic: FakeTopic, live: FakeLive | None = None) -> TaskUpdate
     return TaskUpdates(
         UPDATES,
         "p.task-updates",
-        topic,  # type: ignore[arg-type]
-        live or FakeLive(),  # type: ignore[arg-type]
+        topic,
+        live or FakeLive(),
         tasks=FakeTasks(),
         next_poll_ms=1000,
         queue_size=8,
@@ -187,8 +188,8 @@ def spec(**kw: Any) -> EventSourceSpec:
 def orders_source(topic: FakeTopic, live: FakeLive | None = None, **kw: Any) -> ConfiguredSource:
     return ConfiguredSource(
         spec(**kw),
-        topic,  # type: ignore[arg-type]
-        live or FakeLive(),  # type: ignore[arg-type]
+        topic,
+        live or FakeLive(),
         max_value_bytes=1024,
         queue_size=8,
         heartbeat_s=0.2,
@@ -478,14 +479,14 @@ async def test_the_list_has_each_source_with_its_schemas() -> None:
 
 
 async def items(
-    source: Any, arguments: dict[str, Any], cursor: str | None
+    source: OffsetSource, arguments: dict[str, Any], cursor: str | None
 ) -> AsyncIterator[StreamItem]:
     return await source.open_stream("alice", arguments, cursor, None)
 
 
 def live_chunk(topic: FakeTopic, partition: int, start: int) -> Chunk:
     records = topic.records[partition][start:]
-    return Chunk(partition, start, topic.end(partition), records)  # type: ignore[arg-type]
+    return Chunk(partition, start, topic.end(partition), records)
 
 
 async def test_push_replays_then_takes_live_chunks_and_heartbeats_with_the_position() -> None:
