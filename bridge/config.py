@@ -12,11 +12,13 @@ Nothing else in the package calls ``os.environ``; code that needs a setting take
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Self
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -24,6 +26,7 @@ from bridge.events import EventTypeRule, TaskEventTypes
 
 __all__ = [
     "AuthSettings",
+    "EventSourceSpec",
     "KafkaLocalSettings",
     "KafkaSaslSettings",
     "KafkaTlsSettings",
@@ -285,6 +288,63 @@ class ToolSpec(BaseModel):
     poll_interval_ms: int = Field(500, ge=10)
 
 
+#: An argument name of a configured event source (a JSON object member, kept simple).
+_ARGUMENT = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+class EventSourceSpec(BaseModel):
+    """An event type over an existing pipeline's Kafka topic (docs/events.md, "Configured
+    sources"): each record of ``topic`` that passes the filters is one occurrence, its JSON
+    value the occurrence's ``data``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    description: str = ""
+    #: Only records with exactly this key (UTF-8); or, with ``key_argument``, the key the
+    #: subscriber names in that (required) argument. At most one of the two.
+    key: str | None = None
+    key_argument: str | None = Field(None, pattern=_ARGUMENT)
+    #: Only records carrying each of these headers with exactly this (UTF-8) value.
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: Optional arguments that filter on a header: ``{argument: header name}``.
+    header_arguments: dict[str, str] = Field(default_factory=dict)
+    #: JSON Schema of the record values; records that are not a JSON object or fail it are
+    #: skipped and counted.
+    payload_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    #: Who may poll or stream it: principal names, or ``"*"`` for every caller. Nobody by
+    #: default: the topic is another pipeline's data, so reading it is granted explicitly.
+    principals: list[str] = Field(default_factory=list)
+    #: events/poll's ``nextPollMs``.
+    poll_interval_ms: int = Field(5000, ge=1000)
+
+    @field_validator("header_arguments")
+    @classmethod
+    def _argument_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for argument in value:
+            if re.fullmatch(_ARGUMENT, argument) is None:
+                raise ValueError(f"header_arguments: {argument!r} is not an argument name")
+        return value
+
+    @field_validator("payload_schema")
+    @classmethod
+    def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            jsonschema.Draft202012Validator.check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"payload_schema is not a JSON Schema: {exc.message}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_rule(self) -> Self:
+        if self.key is not None and self.key_argument is not None:
+            raise ValueError(f"event source {self.name}: set key or key_argument, not both")
+        if self.key_argument is not None and self.key_argument in self.header_arguments:
+            raise ValueError(f"event source {self.name}: argument {self.key_argument!r} twice")
+        return self
+
+
 JwtAlgorithm = Literal["HS256", "RS256"]
 _RS256: JwtAlgorithm = "RS256"
 
@@ -429,6 +489,8 @@ class Settings(BaseSettings):
     webhook_rotation_grace_s: float = Field(600.0, ge=0)
 
     _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
+    #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).
+    event_sources: list[EventSourceSpec] = Field(default_factory=list)
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
@@ -458,6 +520,24 @@ class Settings(BaseSettings):
                 "reverse-DNS under a real top-level domain (e.g. 'com.example') or list it in "
                 "accepted_event_prefixes"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _event_sources_apart(self) -> Self:
+        # Names must not shadow each other or the bridge's own event types, and a configured
+        # source must not read the bridge's own topics: that would serve task events (and
+        # webhook secrets) around the ownership checks.
+        own = {f"{self.event_type_prefix}.task.event", f"{self.event_type_prefix}.task.updated"}
+        seen: set[str] = set()
+        for source in self.event_sources:
+            if source.name in own or source.name in seen:
+                raise ValueError(f"event_sources: the name {source.name!r} is already taken")
+            seen.add(source.name)
+            if source.topic.startswith(f"{self.topics.prefix}."):
+                raise ValueError(
+                    f"event_sources: {source.name} reads {source.topic!r}, one of the bridge's "
+                    f"own topics (prefix {self.topics.prefix!r}); name a pipeline's topic"
+                )
         return self
 
     @model_validator(mode="after")

@@ -79,6 +79,7 @@ __all__ = [
     "refusals_explained",
     "role_acls",
     "roles_acls",
+    "source_acls",
     "webhook_group",
     "worker_group",
 ]
@@ -177,6 +178,7 @@ ROLE_NEEDS: dict[Role, tuple[Need, ...]] = {
         Need(_T, "events", _WRITE, "task.created and the statuses the server writes"),
         Need(_T, "index", _READ, "restoring the seq index of the partitions it gains"),
         Need(_T, "index", _WRITE, "the seq index of the partitions it owns, in transactions"),
+        Need(_T, "updates", _READ, "the task.updated event source reads its owner's updates"),
         Need(
             _T,
             "updates",
@@ -281,6 +283,12 @@ def roles_acls(
     return list(merged.values())
 
 
+def source_acls(topics: Iterable[str]) -> list[Acl]:
+    """READ on each pipeline topic a configured event source reads (not a role's: which topics
+    depends on the settings' ``event_sources``)."""
+    return [Acl(_T, topic, _READ, why="a configured event source reads it") for topic in topics]
+
+
 @dataclass(frozen=True)
 class Access:
     """What one process needs of Kafka: the ACLs of ``roles`` on the job topics it uses, or
@@ -289,9 +297,11 @@ class Access:
     roles: tuple[Role, ...]
     job_topics: tuple[str, ...] = ()
     only: frozenset[Operation] | None = None
+    #: Pipelines' topics that configured event sources read (``event_sources``): READ each.
+    source_topics: tuple[str, ...] = ()
 
     def acls(self, topics: TopicSettings) -> list[Acl]:
-        needed = roles_acls(self.roles, topics, self.job_topics)
+        needed = roles_acls(self.roles, topics, self.job_topics) + source_acls(self.source_topics)
         return [acl for acl in needed if self.only is None or acl.operation in self.only]
 
     @classmethod
@@ -301,7 +311,8 @@ class Access:
         roles: list[Role] = ["server"]
         if workers:
             roles.append("worker")
-        return cls(tuple(roles), tuple(job_topics))
+        sources = tuple(dict.fromkeys(source.topic for source in settings.event_sources))
+        return cls(tuple(roles), tuple(job_topics), source_topics=sources)
 
 
 # --- for people: the docs' tables and kafka-acls.sh -----------------------------------------

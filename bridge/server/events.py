@@ -41,8 +41,10 @@ from bridge.mcpevents import (
     PollBatch,
     StreamItem,
 )
+from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
 from bridge.mcpevents.delivery import Poll, Revoked, WebhookService
+from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
 from bridge.mcpevents.sources import LiveEvents, TaskEvents, TaskLog, TaskLookup
 from bridge.mcpevents.subscriptions import (
     DeliveryStatus,
@@ -50,6 +52,7 @@ from bridge.mcpevents.subscriptions import (
     TtlPolicy,
     subscription_id,
 )
+from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
 from bridge.server.wire import (
@@ -87,6 +90,8 @@ MAX_EVENTS = 1000
 PAGE_SIZE = 50
 #: Consecutive failed reads of a push stream before it is terminated.
 STREAM_ATTEMPTS = 5
+#: events/poll's nextPollMs for task.updated (the draft's recommended client floor).
+TASK_UPDATES_POLL_MS = 1000
 
 
 def _not_found(name: str) -> RpcError:
@@ -105,6 +110,8 @@ def _mapped() -> Iterator[None]:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
     except BadCursor as exc:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
+    except NotPermitted as exc:
+        raise RpcError(FORBIDDEN, "Forbidden", {"reason": str(exc)}) from None
 
 
 def _stream_message(item: StreamItem, subscription_id: Any) -> dict[str, Any]:
@@ -135,8 +142,36 @@ def events_extension(
         heartbeat_s=settings.stream_keepalive_s,
         stopping=stopping,
     )
-    sources: list[EventSource] = [task_events]
+    sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
     return EventsMethods(sources, stopping=stopping, webhooks=webhook_methods(settings, sources))
+
+
+def offset_sources(
+    settings: Settings, tasks: TaskLookup, stopping: asyncio.Event
+) -> list[EventSource]:
+    """``<prefix>.task.updated`` and the configured sources, in the settings' order; they share
+    one pool of history readers and one live tail per topic."""
+    reader = TopicReader(settings)
+    common: dict[str, Any] = {
+        "queue_size": settings.stream_queue_size,
+        "heartbeat_s": settings.stream_keepalive_s,
+        "stopping": stopping,
+    }
+    live = LiveTopics(settings, reader)
+    updates = TaskUpdates(
+        f"{settings.own_types.prefix}.task.updated",
+        settings.topics.updates,
+        reader,
+        live,
+        tasks=tasks,
+        next_poll_ms=TASK_UPDATES_POLL_MS,
+        **common,
+    )
+    configured = [
+        ConfiguredSource(spec, reader, live, max_value_bytes=settings.max_event_bytes, **common)
+        for spec in settings.event_sources
+    ]
+    return [updates, *configured]
 
 
 class EventsMethods:
@@ -163,8 +198,17 @@ class EventsMethods:
             await self.webhooks.start()
 
     async def stop(self) -> None:
+        """Stop webhook delivery, then close the sources' Kafka clients."""
         if self.webhooks is not None:
             await self.webhooks.stop()
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the Kafka clients of the sources that hold any."""
+        for source in self.sources.values():
+            close = getattr(source, "close", None)
+            if close is not None:
+                await close()
 
     def settings(self) -> dict[str, Any]:
         return {}  # listChanged false: the event types are fixed while the process runs
