@@ -173,7 +173,7 @@ async def test_the_list_offers_task_updated_and_the_configured_source(sbridge: B
         listed = await result(http, sbridge.url, "events/list")
     by_name = {entry["name"]: entry for entry in listed["events"]}
     assert list(by_name) == ["io.mcpbridge.task.event", UPDATED, ORDERS]
-    assert by_name[UPDATED]["delivery"] == ["poll", "push"]
+    assert by_name[UPDATED]["delivery"] == ["poll", "push", "webhook"]  # bearer auth: webhooks too
     orders = by_name[ORDERS]
     assert orders["inputSchema"]["required"] == ["customerId"]
     assert orders["payloadSchema"]["required"] == ["orderId"]
