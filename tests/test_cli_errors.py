@@ -22,7 +22,7 @@ BOUND_S = 20.0  # a misconfiguration must be reported within this many seconds
 #: Every command that needs Kafka, as typed after `bridge` (and as named in its error line).
 COMMANDS = {
     "serve": ["serve", "--port", "0"],
-    "index": ["index"],
+    "index migrate": ["index", "migrate"],
     "workers": ["workers", "--pack", "conformance"],  # no packs by default: nothing to run
     "verify": ["verify"],
     "topics create": ["topics", "create"],
