@@ -815,7 +815,7 @@ def test_no_secret_is_in_the_repository(
 #: the base with components/kafka-mtls, the variant an overlay can choose instead.
 SECURED = {"prod": "scram-sha-512", "kafka-mtls": "tls"}
 #: The roles with a KafkaUser: the server's and the workers' workloads, and pipelines of your own.
-KAFKA_USER_ROLES = {"server", "worker", "pipeline"}
+KAFKA_USER_ROLES: set[Role] = {"server", "worker", "pipeline"}
 CLUSTER_CA = "my-cluster-cluster-ca-cert"
 #: Strimzi's names (AclRule schema reference) for bridge.kafka.acls' resource and pattern types.
 STRIMZI_RESOURCE_TYPES = {
