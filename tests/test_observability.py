@@ -393,16 +393,19 @@ OWNERSHIP_RULE_TESTS: list[dict[str, Any]] = [
             _alert("BridgePartitionWithoutOwner", "10m", {"job": "lost"}),
         ],
     },
-    {  # "storm": both replicas count a rebalance every minute; "rolling": a scale-out and a
-        # crashed pod's return (3 rebalances in 5 minutes), then quiet
+    {  # every replica counts each rebalance of its group. "storm": one a minute; "steady": one
+        # every 5 minutes, for ever (2 per 10 minutes); "burst": a scale-out and a crashed pod's
+        # return (3 rebalances in 5 minutes), then quiet
         "interval": "1m",
         "input_series": [
             *_rebalances("storm", "0+1x40", "bridge-0:8080", "bridge-1:8080"),
-            *_rebalances("rolling", "0 0 1 1 2 3 3x35", "bridge-0:8080", "bridge-1:8080"),
+            *_rebalances("steady", "0+0.2x40", "bridge-0:8080", "bridge-1:8080"),
+            *_rebalances("burst", "0 0 1 1 2 3 3x35", "bridge-0:8080", "bridge-1:8080"),
         ],
         "alert_rule_test": [
             _alert("BridgeRebalanceStorm", "8m"),
             _alert("BridgeRebalanceStorm", "25m", {"job": "storm"}),
+            _alert("BridgeRebalanceStorm", "40m", {"job": "storm"}),
         ],
     },
 ]
