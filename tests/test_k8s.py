@@ -1070,6 +1070,9 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_and_replica_to_replica_on
     for policy in policies:
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == NAME
+        # Rules of a direction the policy does not declare in policyTypes are ignored.
+        assert ("egress" in spec) <= ("Egress" in spec["policyTypes"]), policy["metadata"]["name"]
+        assert ("ingress" in spec) <= ("Ingress" in spec["policyTypes"]), policy["metadata"]["name"]
         for rule in spec.get("egress", []):
             ports = {p["port"] for p in rule["ports"]}
             if _only_server_pods(rule["to"]):
