@@ -226,6 +226,7 @@ def test_the_optional_streams_autoscaling_component_is_valid(
     assert not _failures(_kubeconform(kubeconform, text, KUBERNETES_VERSIONS[-1]))
     (hpa,) = [d for d in _docs(text) if d["kind"] == "HorizontalPodAutoscaler"]
     metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
     assert metrics["Pods"]["pods"]["metric"]["name"] == "bridge_streams_active"
     assert metrics["Resource"]["resource"]["name"] == "cpu"
 
