@@ -294,40 +294,28 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 # --- the log ---------------------------------------------------------------------------------
 
 
-async def run_indexer(settings: Settings, flush_interval_s: float) -> None:
-    """Run the persisting indexer until cancelled (SIGINT/SIGTERM)."""
-    from bridge.component import stop_signal
-    from bridge.log.indexer import Indexer
-
-    stop = stop_signal()
-    async with Indexer(settings, persist=True, flush_interval_s=flush_interval_s) as indexer:
-        tasks = sum(len(i) for i in indexer.partitions.values())
-        print(
-            f"indexer running: restored {tasks} tasks in {indexer.restore_seconds:.2f}s; "
-            f"persisting every {flush_interval_s}s",
-            flush=True,
-        )
-        await stop.wait()
-    print("indexer stopped after a final flush", flush=True)
-
-
 def _log_topics(settings: Settings) -> list[str]:
     """The topics the indexer reads and writes."""
     return [settings.topics.events, settings.topics.index]
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
+    """``bridge index migrate``: rewrite an index of an older layout (bridge.log.migrate)."""
     from bridge.kafka.acls import Access
-    from bridge.log.indexer import IndexerError
+    from bridge.log.migrate import migrate_index
 
-    access = Access(("index-writer",))
-    try:
-        checked = require_kafka(settings, _log_topics(settings), access=access)
-        require_access(checked, access)
-        with denials_explained(checked, access):
-            asyncio.run(run_indexer(checked, args.flush_interval))
-    except IndexerError as exc:
-        raise UserError(str(exc)) from None
+    access = Access(("server",))
+    checked = require_kafka(settings, _log_topics(settings), access=access)
+    require_access(checked, access)
+    with denials_explained(checked, access):
+        report = asyncio.run(migrate_index(checked, progress=_progress))
+    print(
+        f"index migrated: {report.records_read} records read, {report.rewritten} rewritten, "
+        f"{report.tombstoned} moved out of another partition, {report.partitions_added} "
+        "partitions added"
+        if report.rewritten or report.partitions_added
+        else f"index already in the current layout ({report.records_read} records)"
+    )
     return 0
 
 
@@ -336,7 +324,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from bridge.log.indexer import IndexerError
     from bridge.log.verify import verify_index
 
-    access = Access(("index-writer",), only=frozenset({Operation.READ}))  # it only reads
+    access = Access(("server",), only=frozenset({Operation.READ}))  # it only reads
     try:
         checked = require_kafka(settings, _log_topics(settings), access=access)
         require_access(checked, access)
@@ -578,9 +566,13 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument("action", choices=["create"])
     topics.set_defaults(func=cmd_topics)
 
-    index = sub.add_parser("index", help="run the persisting seq indexer (one writer per cluster)")
+    index = sub.add_parser(
+        "index", help="the seq index (each serving replica writes its own partitions' share)"
+    )
     index.add_argument(
-        "--flush-interval", type=float, default=0.5, help="seconds between index writes"
+        "action",
+        choices=["migrate"],
+        help="migrate: rewrite an index of an older layout (stop every bridge process first)",
     )
     index.set_defaults(func=cmd_index)
 

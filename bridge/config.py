@@ -12,11 +12,13 @@ Nothing else in the package calls ``os.environ``; code that needs a setting take
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Self
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -24,6 +26,7 @@ from bridge.events import EventTypeRule, TaskEventTypes
 
 __all__ = [
     "AuthSettings",
+    "EventSourceSpec",
     "KafkaLocalSettings",
     "KafkaSaslSettings",
     "KafkaTlsSettings",
@@ -70,6 +73,11 @@ class TopicSettings(BaseModel):
     @property
     def updates(self) -> str:
         return f"{self.prefix}.task-updates"
+
+    @property
+    def subscriptions(self) -> str:
+        """The compacted topic of the Events extension's webhook subscriptions (key: id)."""
+        return f"{self.prefix}.event-subscriptions"
 
     def jobs(self, tool: str) -> str:
         return f"{self.prefix}.jobs.{tool}"
@@ -280,6 +288,63 @@ class ToolSpec(BaseModel):
     poll_interval_ms: int = Field(500, ge=10)
 
 
+#: An argument name of a configured event source (a JSON object member, kept simple).
+_ARGUMENT = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+class EventSourceSpec(BaseModel):
+    """An event type over an existing pipeline's Kafka topic (docs/events.md, "Configured
+    sources"): each record of ``topic`` that passes the filters is one occurrence, its JSON
+    value the occurrence's ``data``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    description: str = ""
+    #: Only records with exactly this key (UTF-8); or, with ``key_argument``, the key the
+    #: subscriber names in that (required) argument. At most one of the two.
+    key: str | None = None
+    key_argument: str | None = Field(None, pattern=_ARGUMENT)
+    #: Only records carrying each of these headers with exactly this (UTF-8) value.
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: Optional arguments that filter on a header: ``{argument: header name}``.
+    header_arguments: dict[str, str] = Field(default_factory=dict)
+    #: JSON Schema of the record values; records that are not a JSON object or fail it are
+    #: skipped and counted.
+    payload_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    #: Who may poll or stream it: principal names, or ``"*"`` for every caller. Nobody by
+    #: default: the topic is another pipeline's data, so reading it is granted explicitly.
+    principals: list[str] = Field(default_factory=list)
+    #: events/poll's ``nextPollMs``.
+    poll_interval_ms: int = Field(5000, ge=1000)
+
+    @field_validator("header_arguments")
+    @classmethod
+    def _argument_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for argument in value:
+            if re.fullmatch(_ARGUMENT, argument) is None:
+                raise ValueError(f"header_arguments: {argument!r} is not an argument name")
+        return value
+
+    @field_validator("payload_schema")
+    @classmethod
+    def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            jsonschema.Draft202012Validator.check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"payload_schema is not a JSON Schema: {exc.message}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_rule(self) -> Self:
+        if self.key is not None and self.key_argument is not None:
+            raise ValueError(f"event source {self.name}: set key or key_argument, not both")
+        if self.key_argument is not None and self.key_argument in self.header_arguments:
+            raise ValueError(f"event source {self.name}: argument {self.key_argument!r} twice")
+        return self
+
+
 JwtAlgorithm = Literal["HS256", "RS256"]
 _RS256: JwtAlgorithm = "RS256"
 
@@ -376,8 +441,56 @@ class Settings(BaseSettings):
     metrics_refresh_s: float = Field(5.0, gt=0)
     #: POST /admin/indexer/pause|resume, for operations drills and tests; never expose publicly.
     admin_endpoints: bool = False
-    #: Run the persisting index writer in this process (one writer per cluster; see docs).
-    index_writer: bool = True
+    #: Which events partitions this process indexes, persists and serves: ``all`` (one process
+    #: owns everything; nothing else to configure) or ``group`` (replicas divide the partitions
+    #: through the Kafka consumer group ``<prefix>.bridge`` and forward a request about another
+    #: replica's partition to its owner). ``group`` needs ``advertised_url`` and a peer secret.
+    ownership: Literal["all", "group"] = "all"
+    #: Static group membership (the pod's stable name): a restart within the session timeout
+    #: gets the same partitions back without a rebalance.
+    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    #: The base URL other replicas reach this one at (``http://<pod>.<headless service>:8080``).
+    advertised_url: str | None = Field(None, pattern=r"^https?://[^/\s]+$")
+    #: The shared secret that authenticates a forwarded request between replicas (at least 32
+    #: characters; prefer the file). Never logged; clients can never present it.
+    peer_secret: SecretStr | None = None
+    peer_secret_file: Path | None = None
+    #: The group's session timeout: how long a replica that died unannounced keeps its partitions.
+    group_session_timeout_ms: int = Field(10_000, ge=1_000, le=300_000)
+    #: How long a request about a partition that is moving waits for an owner before it is
+    #: answered with a retriable error.
+    owner_wait_s: float = Field(5.0, ge=0)
+
+    # --- Events extension: webhook subscriptions (docs/events.md, "Webhooks") --------------
+    #: Callback hosts (names) or CIDRs that may resolve to non-global addresses (loopback,
+    #: private networks). Empty: only globally routable addresses are ever contacted.
+    webhook_allowlist: list[str] = Field(default_factory=list)
+    #: A PEM bundle trusted for callback TLS in addition to the system CAs (private receivers).
+    webhook_ca_file: Path | None = None
+    #: TTL granted when the client suggests none; the least and the most ever granted (a
+    #: ``ttlMs: null`` request for no expiry gets the most: no subscription lives forever).
+    webhook_ttl_default_ms: int = Field(3_600_000, ge=1000)
+    webhook_ttl_min_ms: int = Field(60_000, ge=1000)
+    webhook_ttl_max_ms: int = Field(86_400_000, ge=1000)
+    #: Live webhook subscriptions one principal may hold (ResourceExhausted beyond).
+    webhook_max_subscriptions_per_principal: int = Field(100, ge=1)
+    #: Retries of one delivery: attempts, total time, full-jitter backoff base and ceiling.
+    webhook_max_attempts: int = Field(5, ge=1, le=20)
+    webhook_max_retry_s: float = Field(900.0, gt=0)
+    webhook_backoff_base_s: float = Field(5.0, gt=0)
+    webhook_backoff_max_s: float = Field(300.0, gt=0)
+    #: How long one POST may take before it counts as a ``timeout``.
+    webhook_timeout_s: float = Field(5.0, gt=0)
+    #: How often a quiet subscription looks for new events (the delivery loop polls).
+    webhook_poll_interval_s: float = Field(1.0, gt=0)
+    #: Deliveries given up in a row before a subscription is suspended until its next refresh.
+    webhook_suspend_after_failures: int = Field(10, ge=1)
+    #: How long the replaced secret still signs (beside the new one) after a rotation.
+    webhook_rotation_grace_s: float = Field(600.0, ge=0)
+
+    _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
+    #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).
+    event_sources: list[EventSourceSpec] = Field(default_factory=list)
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
@@ -387,6 +500,11 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("peer_secret_file")
+    @classmethod
+    def _peer_secret_file(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
 
     @field_validator("accepted_event_prefixes")
     @classmethod
@@ -402,6 +520,24 @@ class Settings(BaseSettings):
                 "reverse-DNS under a real top-level domain (e.g. 'com.example') or list it in "
                 "accepted_event_prefixes"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _event_sources_apart(self) -> Self:
+        # Names must not shadow each other or the bridge's own event types, and a configured
+        # source must not read the bridge's own topics: that would serve task events (and
+        # webhook secrets) around the ownership checks.
+        own = {f"{self.event_type_prefix}.task.event", f"{self.event_type_prefix}.task.updated"}
+        seen: set[str] = set()
+        for source in self.event_sources:
+            if source.name in own or source.name in seen:
+                raise ValueError(f"event_sources: the name {source.name!r} is already taken")
+            seen.add(source.name)
+            if source.topic.startswith(f"{self.topics.prefix}."):
+                raise ValueError(
+                    f"event_sources: {source.name} reads {source.topic!r}, one of the bridge's "
+                    f"own topics (prefix {self.topics.prefix!r}); name a pipeline's topic"
+                )
         return self
 
     @model_validator(mode="after")
@@ -425,6 +561,38 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"TLS files are set ({env_name('kafka_tls')}__*) but {setting} does not use TLS: "
                 "use SSL or SASL_SSL"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _group_can_forward(self) -> Self:
+        if self.ownership != "group":
+            return self
+        if self.advertised_url is None:
+            raise ValueError(
+                f"{env_name('ownership')}=group needs {env_name('advertised_url')}: the URL other "
+                "replicas forward requests to (e.g. http://bridge-0.bridge-peers:8080)"
+            )
+        secret = self.peer_secret_value
+        if secret is None or len(secret) < 32:
+            raise ValueError(
+                f"{env_name('ownership')}=group needs a peer secret of at least 32 characters in "
+                f"{env_name('peer_secret_file')} (or {env_name('peer_secret')}): it authenticates "
+                "requests forwarded between replicas"
+            )
+        return self
+
+    @property
+    def peer_secret_value(self) -> str | None:
+        """The peer secret (from the file if one is set), or None."""
+        return _read_secret(self.peer_secret, self.peer_secret_file)
+
+    @model_validator(mode="after")
+    def _webhook_ttls_in_order(self) -> Self:
+        if not self.webhook_ttl_min_ms <= self.webhook_ttl_default_ms <= self.webhook_ttl_max_ms:
+            raise ValueError(
+                "webhook TTLs must be ordered: webhook_ttl_min_ms <= webhook_ttl_default_ms "
+                "<= webhook_ttl_max_ms"
             )
         return self
 

@@ -9,6 +9,7 @@ computed at scrape time from the index. The full table is in docs/operations.md.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -167,11 +168,68 @@ class Metrics:
             registry=r,
         )
         self._oldest: dict[int, tuple[int, int]] = {}  # partition -> (log start, its timestamp)
+        self._per_partition = (
+            self.indexer_lag_records,
+            self.indexer_lag_seconds,
+            self.log_start_offset,
+            self.log_end_offset,
+            self.retention_headroom,
+        )
+        self.owned_partitions = Gauge(
+            "bridge_owned_partitions",
+            "Events partitions this replica owns (indexes, persists and serves)",
+            registry=r,
+        )
+        self.events_partitions = Gauge(
+            "bridge_events_partitions", "Partitions of the events topic", registry=r
+        )
+        self.rebalances = Counter(
+            "bridge_rebalances_total", "Assignments of the replicas' group applied", registry=r
+        )
+        self.partitions_moved = Counter(
+            "bridge_partitions_moved_total",
+            "Events partitions gained or lost at a rebalance",
+            ["direction"],
+            registry=r,
+        )
+        self.forwarded = Counter(
+            "bridge_forwarded_requests_total",
+            "Requests forwarded to the owner of their task's partition, by outcome",
+            ["method", "outcome"],
+            registry=r,
+        )
+        self.forward_seconds = Histogram(
+            "bridge_forward_seconds",
+            "Time from receiving a forwarded request to the owner's response headers",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self._tasks = _TaskCounts()
         r.register(self._tasks)
 
     def attach(self, indexer: Indexer) -> None:
         self._tasks.indexer = indexer
+        self.events_partitions.set(indexer.partition_count)
+        self.owned_partitions.set(len(indexer.partitions))
+        indexer.add_ownership_listener(lambda gained, lost: self._moved(indexer, gained, lost))
+
+    def _moved(self, indexer: Indexer, gained: set[int], lost: set[int]) -> None:
+        self.rebalances.inc()
+        self.partitions_moved.labels("gained").inc(len(gained))
+        self.partitions_moved.labels("lost").inc(len(lost))
+        self.owned_partitions.set(len(indexer.partitions))
+        for p in lost:  # a partition's series belong to its owner now
+            for gauge in self._per_partition:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(str(p))
+        self._oldest = {p: v for p, v in self._oldest.items() if p not in lost}
+
+    def forward(self, method: str, outcome: str, seconds: float | None) -> None:
+        label = method if method in KNOWN_METHODS else "other"
+        self.forwarded.labels(label, outcome).inc()
+        if seconds is not None:
+            self.forward_seconds.labels(label).observe(seconds)
 
     def rpc(self, method: str, code: int | str, seconds: float) -> None:
         label = method if method in KNOWN_METHODS else "other"
@@ -180,11 +238,15 @@ class Metrics:
 
     async def refresh_log_gauges(self, indexer: Indexer, reader: Reader) -> None:
         """Offsets, lag and retention headroom of every events partition (a few Kafka calls)."""
-        starts = await reader.log_starts(list(indexer.partitions))
+        owned = list(indexer.partitions)
+        starts = await reader.log_starts(owned)
         ends = await indexer.end_offsets()
         now = time.time()
         lost = 0
-        for p, idx in indexer.partitions.items():
+        for p in owned:
+            idx = indexer.partitions.get(p)
+            if idx is None or p not in starts or p not in ends:
+                continue  # moved to another replica meanwhile
             label = str(p)
             start, end = starts[p], ends[p]
             self.log_start_offset.labels(label).set(start)

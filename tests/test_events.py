@@ -70,15 +70,15 @@ def steps_of(events: list[dict[str, Any]]) -> list[int]:
     return [e["data"]["payload"]["i"] for e in events if e["data"]["type"] == "com.example.step"]
 
 
-async def test_discover_and_list_advertise_the_task_event_type_without_webhook(
+async def test_discover_and_list_advertise_the_task_event_type_with_webhook_to_a_bearer(
     ebridge: Bridge,
 ) -> None:
     async with client() as http:
         found = await result(http, ebridge.url, "server/discover")
         listed = await result(http, ebridge.url, "events/list")
     assert found["capabilities"]["extensions"][EXTENSION] == {}
-    (entry,) = listed["events"]
-    assert entry["name"] == NAME and entry["delivery"] == ["poll", "push"]
+    entry = next(e for e in listed["events"] if e["name"] == NAME)  # task.updated follows it
+    assert entry["name"] == NAME and entry["delivery"] == ["poll", "push", "webhook"]
     assert entry["inputSchema"]["required"] == ["taskId"] and "payloadSchema" in entry
     assert listed["resultType"] == "complete" and "nextCursor" not in listed
 
@@ -133,7 +133,7 @@ async def test_a_foreign_task_is_not_found_by_poll_or_push(ebridge: Bridge) -> N
     assert unknown["error"] == polled["error"]
 
 
-async def test_unknown_event_bad_arguments_and_webhook_get_the_drafts_errors(
+async def test_unknown_event_bad_arguments_and_a_subscribe_without_delivery_get_the_drafts_errors(
     ebridge: Bridge,
 ) -> None:
     task = await started_task(ebridge)
@@ -154,8 +154,7 @@ async def test_unknown_event_bad_arguments_and_webhook_get_the_drafts_errors(
     assert name["error"]["code"] == -32023 and name["error"]["data"] == {"kind": "event"}
     assert args["error"]["code"] == -32602
     assert cursor["error"]["code"] == -32602, cursor
-    assert hook["error"]["code"] == -32026
-    assert hook["error"]["data"] == {"feature": "deliveryMode", "value": "webhook"}
+    assert hook["error"]["code"] == -32602  # no delivery: statically invalid
 
 
 async def push(bridge: Bridge, params: dict[str, Any]) -> AsyncGenerator[dict[str, Any]]:

@@ -49,19 +49,20 @@ from bridge.kafka.acls import (
     AccessDenied,
     Acl,
     Operation,
+    PatternType,
     ResourceType,
     Role,
     check_access,
     create_acls,
     explain,
-    indexer_transactional_id,
+    index_writer_id,
+    index_writer_prefix,
     kafka_acls_commands,
     markdown_table,
     role_acls,
     roles_acls,
     worker_group,
 )
-from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.tools import job_topics
 from bridge.workers.sdk import Worker
@@ -76,7 +77,6 @@ PACK_JOB = "mcpbridge.jobs.agent_run"
 #: What each role runs (the pipeline is any producer: here the bridge's publisher SDK).
 COMMANDS: dict[Role, list[str]] = {
     "server": ["serve", "--port", "0"],
-    "index-writer": ["index"],
     "worker": ["workers", "--pack", PACK],
 }
 
@@ -114,12 +114,17 @@ def test_the_public_names_of_the_acls_module_are_its_all() -> None:
     assert all(hasattr(module, name) for name in module.__all__)
 
 
-def test_the_group_and_transactional_id_are_those_the_worker_and_the_indexer_use() -> None:
+def test_the_group_and_transactional_ids_are_those_the_worker_and_the_indexer_use() -> None:
     settings = make_settings("unused:9092", fresh_prefix())
-    assert Worker(settings, {}).group_id == worker_group(settings.topics)
-    assert Indexer(settings, persist=True).transactional_id == indexer_transactional_id(
-        settings.topics
-    )
+    t = settings.topics
+    assert Worker(settings, {}).group_id == worker_group(t)
+    # One prefixed ACL covers the index writer of every partition, and nothing of the workers'.
+    txn = [a for a in role_acls("server", t) if a.resource_type is ResourceType.TRANSACTIONAL_ID]
+    assert [(a.name, a.pattern_type) for a in txn] == [
+        (index_writer_prefix(t), PatternType.PREFIXED)
+    ]
+    assert all(index_writer_id(t, p).startswith(txn[0].name) for p in range(100))
+    assert not worker_group(t).startswith(txn[0].name)
 
 
 def test_no_acl_is_implied_by_another_so_each_can_be_missed() -> None:
@@ -134,7 +139,7 @@ def test_no_acl_is_implied_by_another_so_each_can_be_missed() -> None:
 
 def test_a_refusal_names_the_acls_of_its_resource_that_the_roles_need() -> None:
     settings = make_settings("unused:9092", "p", tool_packs=[PACK])
-    access = Access(("server", "index-writer"), ("p.jobs.agent_run",))
+    access = Access(("server",), ("p.jobs.agent_run",))
 
     def candidates(exc: BaseException, access: Access = access) -> set[str]:
         denied = explain(exc, access, settings)
@@ -147,7 +152,7 @@ def test_a_refusal_names_the_acls_of_its_resource_that_the_roles_need() -> None:
         "WRITE on TOPIC 'p.task-events'",
     }
     assert candidates(TransactionalIdAuthorizationFailed()) == {
-        "WRITE on TRANSACTIONAL_ID 'p.indexer'"
+        "WRITE on TRANSACTIONAL_ID 'p.index.' (prefixed)"
     }
     worker = Access(("worker",), ("p.jobs.agent_run",))
     wrapped = RuntimeError("the worker failed")
@@ -297,10 +302,9 @@ async def test_the_whole_flow_runs_under_exactly_the_acls_of_each_role(
 ) -> None:
     jobs = job_topics(layout)
     grants: dict[str, tuple[Role, ...]] = {
-        "server": ("server", "index-writer"),
+        "server": ("server",),
         "worker": ("worker",),
         "pipeline": ("pipeline",),
-        "index-writer": ("index-writer",),  # for `bridge verify`, which only reads
     }
     for user, roles in grants.items():
         await create_acls(layout, f"User:{user}", roles_acls(roles, layout.topics, jobs))
@@ -320,7 +324,7 @@ async def test_the_whole_flow_runs_under_exactly_the_acls_of_each_role(
     logs = "\n".join(proc.tail(400) for proc in [bridge.server, *bridge.workers] if proc)
     assert "AuthorizationFailed" not in logs, logs
 
-    verify_env = user_env(secure_kafka, layout, "index-writer", tmp_path)
+    verify_env = user_env(secure_kafka, layout, "server", tmp_path)
     verified = await run_bridge(["verify"], verify_env)
     assert verified.returncode == 0, verified.stderr
     assert "verify: OK" in verified.stdout, verified.stdout
@@ -396,9 +400,7 @@ async def test_a_role_without_one_of_its_acls_is_refused_in_one_line_naming_it(
     if role == "pipeline":
         await a_pipeline_is_told_what_it_lacks(secure_kafka, layout, removed)
         return
-    # a server that is not the index writer has only the server role
-    extra = {"BRIDGE_INDEX_WRITER": "false"} if role == "server" else {}
-    env = user_env(secure_kafka, layout, role, tmp_path, **extra)
+    env = user_env(secure_kafka, layout, role, tmp_path)
     done = await run_bridge(COMMANDS[role], env)
     command = COMMANDS[role][0]
     done.one_clear_line(command, f"User:{role}", str(removed), DOC, "kafka-acls.sh")
@@ -429,11 +431,10 @@ async def test_a_writer_that_may_only_describe_its_transactional_id_never_turns_
     """The check before the start sees a transactional id it may describe (asking about WRITE
     would fence the running writer): the writer's own start is refused, explained in one line
     in the log, and the replica exits without having been ready."""
-    acls = roles_acls(("server", "index-writer"), layout.topics, job_topics(layout))
-    txn = Acl(
-        ResourceType.TRANSACTIONAL_ID, indexer_transactional_id(layout.topics), Operation.WRITE
-    )
-    describe_only = Acl(txn.resource_type, txn.name, Operation.DESCRIBE)
+    acls = roles_acls(("server",), layout.topics, job_topics(layout))
+    prefix = index_writer_prefix(layout.topics)
+    txn = Acl(ResourceType.TRANSACTIONAL_ID, prefix, Operation.WRITE, PatternType.PREFIXED)
+    describe_only = Acl(txn.resource_type, txn.name, Operation.DESCRIBE, PatternType.PREFIXED)
     await create_acls(layout, "User:server", [*(a for a in acls if a != txn), describe_only])
     env = user_env(secure_kafka, layout, "server", tmp_path)
     port = free_port()
@@ -444,7 +445,7 @@ async def test_a_writer_that_may_only_describe_its_transactional_id_never_turns_
         server.stop()
     log = server.tail(200)
     assert server.popen is not None and server.popen.returncode != 0, log
-    line = "Kafka refused User:server (roles server, index-writer) (TransactionalIdAuthoriz"
+    line = "Kafka refused User:server (role server) (TransactionalIdAuthoriz"
     assert line in log and str(txn) in log, log
     assert "Application startup complete" not in log, log
 
@@ -452,7 +453,7 @@ async def test_a_writer_that_may_only_describe_its_transactional_id_never_turns_
 async def test_a_replica_asked_to_create_topics_under_acls_is_told_that_it_is_an_operators_job(
     secure_kafka: SecureBroker, layout: Settings, tmp_path: Path
 ) -> None:
-    acls = roles_acls(("server", "index-writer"), layout.topics, job_topics(layout))
+    acls = roles_acls(("server",), layout.topics, job_topics(layout))
     await create_acls(layout, "User:server", acls)
     env = user_env(secure_kafka, layout, "server", tmp_path, BRIDGE_AUTO_CREATE_TOPICS="true")
     done = await run_bridge(COMMANDS["server"], env)

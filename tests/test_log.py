@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -262,7 +263,7 @@ async def test_two_indexers_built_independently_agree(topics):
     async with Indexer(settings, persist=True, flush_interval_s=0.05) as first:
         await caught_up(first)
         await first.flush()
-    async with Indexer(settings) as restored, Indexer(settings, transactional_id="other") as second:
+    async with Indexer(settings) as restored, Indexer(settings) as second:
         await caught_up(restored)
         await caught_up(second)
         for p in restored.partitions:
@@ -279,8 +280,9 @@ async def test_two_indexers_built_independently_agree(topics):
 
 def _index_proc(settings) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli", "index", "--flush-interval", "0.02"],
+        [sys.executable, "-m", "support.index_writer", "0.02"],
         env=bridge_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=Path(__file__).parent,
     )  # fmt: skip
 
 

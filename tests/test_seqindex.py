@@ -101,7 +101,7 @@ def test_marker_and_task_records_round_trip_and_bad_ones_are_refused():
     for key, value in [
         (b"t:x", b"\x01"),
         (b"t:x", b"\x09" + b"\x00" * 30),
-        (b"p:3", b"\x02" + b"\x00" * 16),
+        (b"p:3", b"\x03" + b"\x00" * 16),
         (b"zz", b""),
         (b"p:nan", idx.marker()),
     ]:

@@ -28,24 +28,36 @@ async def test_topic_creation_is_idempotent_and_sets_the_design_configs(settings
     async with kafka_admin(settings) as admin:
         second = await ensure_topics(admin, settings)
         configs = await describe_topic_configs(
-            admin, [settings.topics.events, settings.topics.index]
+            admin, [settings.topics.events, settings.topics.index, settings.topics.subscriptions]
         )
-    assert [r.spec.role for r in first] == ["events", "index", "updates", "control"]
-    assert [r.created for r in first] == [True] * 4
-    assert [(r.created, r.differences) for r in second] == [(False, [])] * 4
+    roles = ["events", "index", "updates", "control", "subscriptions"]
+    assert [r.spec.role for r in first] == roles
+    assert [r.created for r in first] == [True] * 5
+    assert [(r.created, r.differences) for r in second] == [(False, [])] * 5
     events, index = configs[settings.topics.events], configs[settings.topics.index]
     assert events["cleanup.policy"] == "delete"
     assert events["retention.ms"] == str(settings.topics.retention_ms)
     assert index["cleanup.policy"] == "compact"
+    assert configs[settings.topics.subscriptions]["cleanup.policy"] == "compact"
     # The index and updates topics are co-partitioned with the events topic.
-    assert [r.partitions for r in second] == [3, 3, 3, 3]
+    assert [r.partitions for r in second] == [3, 3, 3, 3, 3]
 
 
 @pytest.mark.parametrize(
-    ("role", "policy"), [("events", "compact"), ("events", "compact,delete"), ("index", "delete")]
+    ("role", "policy"),
+    [
+        ("events", "compact"),
+        ("events", "compact,delete"),
+        ("index", "delete"),
+        ("subscriptions", "delete"),
+    ],
 )
 async def test_existing_topics_that_would_break_seq_are_refused(settings, role, policy):
-    name = settings.topics.events if role == "events" else settings.topics.index
+    name = {
+        "events": settings.topics.events,
+        "index": settings.topics.index,
+        "subscriptions": settings.topics.subscriptions,
+    }[role]
     async with kafka_admin(settings) as admin:
         await admin.create_topics([NewTopic(name, 1, 1, topic_configs={"cleanup.policy": policy})])
     with pytest.raises(TopicLayoutError, match=f"refusing to use {role} topic"):

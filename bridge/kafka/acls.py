@@ -1,9 +1,8 @@
 """Least privilege as code: the Kafka ACLs each role of the bridge needs, and what a refusal means.
 
-Four roles, whose tables docs/kafka-security.md renders from :data:`ROLE_NEEDS`: ``server`` (a
-serving replica), ``index-writer`` (``bridge index``, or a server with ``index_writer``),
-``worker`` (``bridge workers``) and ``pipeline`` (an existing producer that only writes task
-events). :func:`role_acls` gives a role's ACLs for a topic prefix and job topics;
+Three roles, whose tables docs/kafka-security.md renders from :data:`ROLE_NEEDS`: ``server`` (a
+serving replica, which also writes the index of the partitions it owns), ``worker``
+(``bridge workers``) and ``pipeline`` (an existing producer that only writes task events). :func:`role_acls` gives a role's ACLs for a topic prefix and job topics;
 :func:`create_acls` creates them as an admin would; :func:`check_access` asks Kafka which of
 them the connected principal lacks (a missing WRITE would otherwise show only at the first
 ``tools/call``); :func:`explain` turns an authorization error of aiokafka into the same one line.
@@ -64,10 +63,13 @@ __all__ = [
     "PatternType",
     "ResourceType",
     "Role",
+    "bridge_group",
     "check_access",
     "create_acls",
     "describe_acls",
     "explain",
+    "index_writer_id",
+    "index_writer_prefix",
     "indexer_transactional_id",
     "is_refusal",
     "kafka_acls_commands",
@@ -77,6 +79,8 @@ __all__ = [
     "refusals_explained",
     "role_acls",
     "roles_acls",
+    "source_acls",
+    "webhook_group",
     "worker_group",
 ]
 
@@ -118,7 +122,7 @@ class Operation(IntEnum):
 _ALLOW = 3
 _ANY = 1
 
-Role = Literal["server", "index-writer", "worker", "pipeline"]
+Role = Literal["server", "worker", "pipeline"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 
@@ -138,7 +142,18 @@ class Acl:
         return f"{self.operation.name} on {self.resource_type.name} {self.name!r}{prefixed}"
 
 
-Target = Literal["events", "index", "control", "jobs", "workers", "indexer"]
+Target = Literal[
+    "events",
+    "index",
+    "updates",
+    "control",
+    "jobs",
+    "subscriptions",
+    "workers",
+    "bridge",
+    "webhooks",
+    "index-writers",
+]
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,7 @@ class Need:
     target: Target
     operation: Operation
     why: str
+    pattern_type: PatternType = PatternType.LITERAL
 
 
 _T, _G, _X = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
@@ -158,17 +174,30 @@ _READ, _WRITE = Operation.READ, Operation.WRITE
 #: bridge/workers) and proven minimal by the tests.
 ROLE_NEEDS: dict[Role, tuple[Need, ...]] = {
     "server": (
-        Need(_T, "events", _READ, "the indexer tails it and the reader serves history"),
+        Need(_T, "events", _READ, "the indexer tails its partitions and the reader serves history"),
         Need(_T, "events", _WRITE, "task.created and the statuses the server writes"),
-        Need(_T, "index", _READ, "restoring the seq index at start"),
+        Need(_T, "index", _READ, "restoring the seq index of the partitions it gains"),
+        Need(_T, "index", _WRITE, "the seq index of the partitions it owns, in transactions"),
+        Need(_T, "updates", _READ, "the task.updated event source reads its owner's updates"),
+        Need(
+            _T,
+            "updates",
+            _WRITE,
+            "one task-updates record per status change, in the same transactions",
+        ),
         Need(_T, "control", _WRITE, "cancel requests and input answers for the workers"),
         Need(_T, "jobs", _WRITE, "a job request per tools/call, one topic per tool"),
-    ),
-    "index-writer": (
-        Need(_T, "events", _READ, "counting seq for every committed record"),
-        Need(_T, "index", _READ, "restoring the index it goes on writing"),
-        Need(_T, "index", _WRITE, "the seq index, written in transactions"),
-        Need(_X, "indexer", _WRITE, "its transactions; a newer writer fences an older one"),
+        Need(_T, "subscriptions", _READ, "webhook subscriptions (they hold callback secrets)"),
+        Need(_T, "subscriptions", _WRITE, "subscribe, unsubscribe, delivered positions"),
+        Need(_G, "webhooks", _READ, "the webhook group: which replica delivers which partition"),
+        Need(_G, "bridge", _READ, "the replicas' group: joining it, committing indexed positions"),
+        Need(
+            _X,
+            "index-writers",
+            _WRITE,
+            "one index writer per events partition; a partition's next owner fences the last",
+            PatternType.PREFIXED,
+        ),
     ),
     "worker": (
         Need(_G, "workers", _READ, "the job consumer group: joining it, committing offsets"),
@@ -186,8 +215,30 @@ def worker_group(topics: TopicSettings) -> str:
     return f"{topics.prefix}.workers"
 
 
+def bridge_group(topics: TopicSettings) -> str:
+    """The consumer group through which serving replicas divide the events partitions."""
+    return f"{topics.prefix}.bridge"
+
+
+def index_writer_prefix(topics: TopicSettings) -> str:
+    """What every index writer's transactional id starts with (one id per events partition)."""
+    return f"{topics.prefix}.index."
+
+
+def index_writer_id(topics: TopicSettings, partition: int) -> str:
+    """The transactional id of the index writer of one events partition: its next owner
+    fences the previous one by starting a producer with the same id."""
+    return f"{index_writer_prefix(topics)}{partition}"
+
+
+def webhook_group(topics: TopicSettings) -> str:
+    """The consumer group that shares webhook delivery among the serving replicas."""
+    return f"{topics.prefix}.webhooks"
+
+
 def indexer_transactional_id(topics: TopicSettings) -> str:
-    """The transactional id of the index writer (the indexer's default)."""
+    """The transactional id of the single index writer of versions before the per-partition
+    writers; ``bridge index migrate`` fences it."""
     return f"{topics.prefix}.indexer"
 
 
@@ -198,8 +249,12 @@ def _names(topics: TopicSettings, target: Target, job_topics: Sequence[str]) -> 
         "events": topics.events,
         "index": topics.index,
         "control": topics.control,
+        "updates": topics.updates,
+        "subscriptions": topics.subscriptions,
         "workers": worker_group(topics),
-        "indexer": indexer_transactional_id(topics),
+        "bridge": bridge_group(topics),
+        "webhooks": webhook_group(topics),
+        "index-writers": index_writer_prefix(topics),
     }
     return [named[target]]
 
@@ -209,7 +264,7 @@ def role_acls(role: Role, topics: TopicSettings, job_topics: Iterable[str] = ())
     entry per job topic in ``job_topics`` for what it does with jobs."""
     jobs = list(job_topics)
     return [
-        Acl(need.resource_type, name, need.operation, why=need.why)
+        Acl(need.resource_type, name, need.operation, need.pattern_type, why=need.why)
         for need in ROLE_NEEDS[role]
         for name in _names(topics, need.target, jobs)
     ]
@@ -228,6 +283,12 @@ def roles_acls(
     return list(merged.values())
 
 
+def source_acls(topics: Iterable[str]) -> list[Acl]:
+    """READ on each pipeline topic a configured event source reads (not a role's: which topics
+    depends on the settings' ``event_sources``)."""
+    return [Acl(_T, topic, _READ, why="a configured event source reads it") for topic in topics]
+
+
 @dataclass(frozen=True)
 class Access:
     """What one process needs of Kafka: the ACLs of ``roles`` on the job topics it uses, or
@@ -236,21 +297,22 @@ class Access:
     roles: tuple[Role, ...]
     job_topics: tuple[str, ...] = ()
     only: frozenset[Operation] | None = None
+    #: Pipelines' topics that configured event sources read (``event_sources``): READ each.
+    source_topics: tuple[str, ...] = ()
 
     def acls(self, topics: TopicSettings) -> list[Acl]:
-        needed = roles_acls(self.roles, topics, self.job_topics)
+        needed = roles_acls(self.roles, topics, self.job_topics) + source_acls(self.source_topics)
         return [acl for acl in needed if self.only is None or acl.operation in self.only]
 
     @classmethod
     def serving(cls, settings: Settings, job_topics: Iterable[str], *, workers: bool) -> Access:
-        """A ``bridge serve`` process: a server, the index writer if it is one, and a worker
-        when it runs the workers in-process."""
+        """A ``bridge serve`` process: a server, and a worker when it runs the workers
+        in-process."""
         roles: list[Role] = ["server"]
-        if settings.index_writer:
-            roles.append("index-writer")
         if workers:
             roles.append("worker")
-        return cls(tuple(roles), tuple(job_topics))
+        sources = tuple(dict.fromkeys(source.topic for source in settings.event_sources))
+        return cls(tuple(roles), tuple(job_topics), source_topics=sources)
 
 
 # --- for people: the docs' tables and kafka-acls.sh -----------------------------------------

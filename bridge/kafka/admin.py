@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, RecordsToDelete
 
 from bridge.config import Settings
 from bridge.kafka.clients import TopicPartition, admin_client
 
-__all__ = ["delete_records_before", "kafka_admin"]
+__all__ = ["add_partitions", "delete_records_before", "kafka_admin"]
 
 
 @contextlib.asynccontextmanager
@@ -37,3 +37,8 @@ async def delete_records_before(settings: Settings, tp: TopicPartition, offset: 
     """Kafka ``DeleteRecords``: the log start of ``tp`` moves to ``offset`` (what retention does)."""
     async with kafka_admin(settings) as admin:
         await admin.delete_records({tp: RecordsToDelete(offset)}, timeout_ms=30_000)
+
+
+async def add_partitions(admin: AIOKafkaAdminClient, topic: str, total: int) -> None:
+    """Grow ``topic`` to ``total`` partitions (Kafka never removes any)."""
+    await admin.create_partitions({topic: NewPartitions(total)}, timeout_ms=30_000)

@@ -33,6 +33,9 @@ __all__ = [
     "topic_partition_ids",
 ]
 
+#: The topics that must be compacted only, and what retention would delete from them.
+_COMPACTED = {"index": "the durable seq counts", "subscriptions": "live webhook subscriptions"}
+
 # Room for record batch overhead on top of the largest event we accept.
 _RECORD_OVERHEAD = 64 * 1024
 
@@ -44,7 +47,7 @@ class TopicLayoutError(Exception):
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
-    role: Literal["events", "index", "updates", "control", "jobs"]
+    role: Literal["events", "index", "updates", "control", "subscriptions", "jobs"]
     partitions: int
     replication_factor: int
     configs: dict[str, str]
@@ -115,6 +118,15 @@ def topic_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[Top
             "min.insync.replicas": min_isr,
         },
     )
+    # Webhook subscriptions (key = subscription id, latest record = the subscription, a
+    # tombstone when it ends): compaction keeps every live one without a retention horizon.
+    subscriptions = TopicSpec(
+        t.subscriptions,
+        "subscriptions",
+        t.partitions,
+        rf,
+        {"cleanup.policy": "compact", "min.insync.replicas": min_isr, "segment.ms": "3600000"},
+    )
     jobs = [
         TopicSpec(
             name,
@@ -129,7 +141,7 @@ def topic_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[Top
         )
         for name in job_topics
     ]
-    return [events, index, updates, control, *jobs]
+    return [events, index, updates, control, subscriptions, *jobs]
 
 
 async def describe_topic_configs(
@@ -198,11 +210,11 @@ def _check_safety(spec: TopicSpec, actual: dict[str, str]) -> None:
             "derived by counting a task's records would change. Use a topic with "
             "cleanup.policy=delete (or choose another prefix with BRIDGE_TOPICS__PREFIX)."
         )
-    if spec.role == "index" and policies != {"compact"}:
+    if spec.role in _COMPACTED and policies != {"compact"}:
         raise TopicLayoutError(
-            f"refusing to use index topic {spec.name!r}: its cleanup.policy is "
+            f"refusing to use {spec.role} topic {spec.name!r}: its cleanup.policy is "
             f"{actual.get('cleanup.policy')!r}, but it must be exactly 'compact' or retention "
-            "would delete the durable seq counts."
+            f"would delete {_COMPACTED[spec.role]}."
         )
 
 

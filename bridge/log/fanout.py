@@ -91,7 +91,9 @@ class Fanout:
     def __init__(self, indexer: Indexer, on_overflow: Callable[[], None] | None = None) -> None:
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._on_overflow = on_overflow
+        self._partition_of = indexer.partition_of
         indexer.add_listener(self._on_event)
+        indexer.add_ownership_listener(self._partitions_moved)
 
     @contextlib.contextmanager
     def subscribe(self, task_id: str, limit: int) -> Iterator[Subscription]:
@@ -105,6 +107,16 @@ class Fanout:
             subs.discard(sub)
             if not subs:
                 del self._subs[task_id]
+
+    def _partitions_moved(self, gained: set[int], lost: set[int]) -> None:
+        """Close the subscriptions of tasks in partitions this process no longer indexes:
+        nothing more will arrive on them here (their owner serves them now)."""
+        if not lost:
+            return
+        for task_id, subs in self._subs.items():
+            if self._partition_of(task_id) in lost:
+                for sub in subs:
+                    sub.close()
 
     def close_all(self) -> None:
         """Close every subscription (the process is draining)."""

@@ -1,19 +1,22 @@
-"""The indexer: tails every events partition and derives each record's seq.
+"""The indexer: tails the events partitions this process owns and derives each record's seq.
 
-Every bridge replica runs one :class:`Indexer`. On start it restores the seq index from the
-compacted index topic (reading committed records up to the last stable offset, which is a
-consistent cut because the index is only ever written in transactions), then tails each events
-partition with ``read_committed`` from the restored ``through`` offset, applying every record
-to :class:`~bridge.log.seqindex.PartitionIndex` and handing ``IndexedEvent``\\ s to listeners
-(the stream hub).
+Every bridge replica runs one :class:`Indexer`. It owns every partition (``ownership = "all"``)
+or the share the replicas' consumer group gives it (``"group"``, see
+:mod:`bridge.kafka.ownership`). For each partition it gains, it restores that partition's slice
+of the compacted index topic (the index partition of the same number; reading committed records
+up to the last stable offset is a consistent cut, since the index is only ever written in
+transactions), then tails it with ``read_committed`` from the restored ``through`` offset,
+applying every record to :class:`~bridge.log.seqindex.PartitionIndex` and handing
+``IndexedEvent``\\ s to listeners (the fan-out, the task service).
 
-One replica (``persist=True``; ``bridge index`` or the designated writer) also persists the
-index: every ``flush_interval_s`` it encodes the dirty task entries and the partition markers at
-one instant (a consistent cut, since records are applied between awaits) and writes them in one
-Kafka transaction. A crash at any point leaves either the whole cut or none of it; a newer
-writer with the same transactional id fences an older one, so a stale writer can never
-overwrite newer counts. Replaying records at or below a task's ``last_offset`` is a no-op, so a
-restart derives exactly the same seq for every record.
+With ``persist`` (every serving replica) it also writes the index of its partitions: every
+``flush_interval_s`` each partition's dirty task entries, its marker and the task-updates its
+status changes produced are encoded at one instant and written in one Kafka transaction of that
+partition's own writer (transactional id ``<prefix>.index.<partition>``). A crash at any point
+leaves either the whole cut or none of it; the partition's next owner starts a writer with the
+same id and so fences the previous one, which can never again overwrite newer counts. Replaying
+records at or below a task's ``last_offset`` is a no-op, so any owner derives exactly the same
+seq for every record.
 
 If retention deletes records before they were counted (``through`` below the log start
 offset), the partition is marked lost: tasks known then become untrusted, and later tasks are
@@ -26,14 +29,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from bridge.component import Component, NotStarted
+from bridge.component import Component, NotStarted, cancel_and_wait
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
+from bridge.events import TaskStatus
+from bridge.kafka.acls import bridge_group, index_writer_id
 from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
+    ConsumerRebalanceListener,
     ConsumerRecord,
     OffsetOutOfRangeError,
     ProducerFenced,
@@ -42,6 +48,7 @@ from bridge.kafka.clients import (
     partition_for_key,
     transactional_producer,
 )
+from bridge.kafka.ownership import OwnershipAssignor
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
 from bridge.log.seqindex import (
@@ -54,11 +61,14 @@ from bridge.log.seqindex import (
     marker_key,
     task_key,
 )
+from bridge.log.updates import TaskUpdate
 
 __all__ = [
     "IndexedEvent",
     "Indexer",
     "IndexerError",
+    "NotOwner",
+    "index_layout_error",
     "load_index",
     "read_to_end",
     "topic_partitions",
@@ -147,51 +157,90 @@ async def read_to_end(
                 remaining.discard(tp)
 
 
-async def load_index(settings: Settings, partitions: list[int]) -> dict[int, PartitionIndex]:
-    """Restore the persisted seq index (a consistent committed cut) for ``partitions``."""
+def index_layout_error(settings: Settings, what: str) -> IndexerError:
+    """The refusal for an index this version must not restore from, with the way out."""
+    return IndexerError(
+        f"the index topic {settings.topics.index!r} {what}. This version keeps each events "
+        "partition's index in the index partition of the same number (so a replica restores only "
+        "the partitions it owns). Stop every bridge process, then run `bridge index migrate` "
+        "once: it rewrites the index in place, without losing a count (docs/deployment.md)"
+    )
+
+
+async def load_index(
+    settings: Settings, partitions: Iterable[int], *, strict_layout: bool = True
+) -> dict[int, PartitionIndex]:
+    """Restore the persisted seq index (a consistent committed cut) of ``partitions``.
+
+    Reads only the index partitions of those numbers. With ``strict_layout`` a record written
+    by a version before the co-partitioned layout, or found in another partition's slice, is
+    refused (:func:`index_layout_error`): restoring around it could miss counts it holds.
+    """
     index = {p: PartitionIndex(p, settings.checkpoint_interval) for p in partitions}
-    latest: dict[bytes, bytes | None] = {}
+    if not index:
+        return index
+    # By partition and key: a migrated index holds a key's record in its partition and a
+    # tombstone in the one it was moved out of; compaction keeps the latest per partition.
+    latest: dict[tuple[int, bytes], bytes | None] = {}
 
     def keep(record: ConsumerRecord[bytes, bytes]) -> None:
         if record.key is not None:
-            latest[record.key] = record.value
+            latest[record.partition, record.key] = record.value
 
     consumer = committed_consumer(settings, role="index-restore")
     await consumer.start()
     try:
         topic = settings.topics.index
-        await read_to_end(
-            consumer,
-            [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)],
-            keep,
-        )
+        await read_to_end(consumer, [TopicPartition(topic, p) for p in sorted(index)], keep)
     finally:
         await consumer.stop()
-    for key, value in latest.items():
+    for (slice_, key), value in latest.items():
         if value is None:  # a tombstone: the entry was deleted on purpose
             continue
-        try:
-            record = decode_index_record(key, value)
-        except IndexRecordError as exc:
-            raise IndexerError(
-                f"the index topic {settings.topics.index!r} holds a record this version cannot "
-                f"read ({exc}); refusing to guess seq counts"
-            ) from None
+        record = _decoded(settings, key, value)
+        if strict_layout and (record.version < 2 or record.partition != slice_):
+            raise index_layout_error(settings, "was written by an older version of the bridge")
         target = index.get(record.partition)
         if target is None:
-            raise IndexerError(
-                f"the index names events partition {record.partition}, which the events topic "
-                "does not have: was the events topic recreated with fewer partitions?"
-            )
+            continue  # only with strict_layout off: another slice's record
         if isinstance(record, TaskRecord):
             target.restore_task(record.task_id, record.entry)
-        elif isinstance(record, MarkerRecord):
+        else:
             target.restore_marker(record.through, record.lost_before)
     return index
 
 
+def _decoded(settings: Settings, key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
+    try:
+        return decode_index_record(key, value)
+    except IndexRecordError as exc:
+        raise IndexerError(
+            f"the index topic {settings.topics.index!r} holds a record this version cannot "
+            f"read ({exc}); refusing to guess seq counts"
+        ) from None
+
+
+class NotOwner(Exception):
+    """The task's events partition is owned by another replica (or is moving)."""
+
+    def __init__(self, partition: int) -> None:
+        super().__init__(f"events partition {partition} is not owned by this replica")
+        self.partition = partition
+
+
+#: Called with the partitions gained and lost at each assignment (both may be empty).
+OwnershipListener = Callable[[set[int], set[int]], None]
+
+
 class Indexer(Component):
-    """Derives seq for every committed record of the events topic; optionally persists it."""
+    """Derives seq for the committed records of the events partitions this process owns, and
+    (``persist``) writes their index, one fenced transactional writer per partition.
+
+    Ownership is every partition (``settings.ownership == "all"``), or what the consumer group
+    assigns (``"group"``: see :mod:`bridge.kafka.ownership`). A partition gained is restored
+    from its index slice and tailed from there; a partition lost is flushed and dropped, and
+    the ownership listeners are told (streams on it end so that clients resume on its owner).
+    """
 
     def __init__(
         self,
@@ -199,23 +248,34 @@ class Indexer(Component):
         *,
         persist: bool = False,
         flush_interval_s: float = 0.5,
-        transactional_id: str | None = None,
     ) -> None:
         self.settings = settings
         self.persist = persist
         self.flush_interval_s = flush_interval_s
-        self.transactional_id = transactional_id or f"{settings.topics.prefix}.indexer"
+        self.group = settings.ownership == "group"
+        #: The events topic's partition count (murmur2 of the key modulo this is a partition).
+        self.partition_count = 0
+        #: The derived state of the partitions this process owns now.
         self.partitions: dict[int, PartitionIndex] = {}
+        self.assignor: OwnershipAssignor | None = None
         self._decoder = RecordDecoder(
             settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
         )
-        self.fenced = False
+        #: Partitions whose writer a newer writer fenced (in ``all`` mode they go on unpersisted).
+        self.fenced: set[int] = set()
+        self.rebalances = 0
+        self.moved = {"gained": 0, "lost": 0}
         self._listeners: list[Listener] = []
+        self._ownership_listeners: list[OwnershipListener] = []
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._writers: dict[int, AIOKafkaProducer] = {}
+        self._updates: dict[int, list[TaskUpdate]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._progress = asyncio.Event()
+        self._assigned = asyncio.Event()
+        self._rebalanced = asyncio.Event()
         self._flush_lock = asyncio.Lock()
+        self._moving = asyncio.Lock()
         self._persisted_markers: dict[int, bytes] = {}
         self.restore_seconds = 0.0
         self.last_flush_records = 0
@@ -223,71 +283,190 @@ class Indexer(Component):
     # --- start and stop -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Restore the index, reconcile with retention, and start tailing (and persisting)."""
-        topic = self.settings.topics.events
-        consumer = committed_consumer(self.settings, role="indexer")
-        await consumer.start()
-        self._consumer = consumer
+        """Take ownership (every partition, or the group's share), restore, and start tailing."""
+        s = self.settings
         try:
-            parts = await topic_partitions(self.settings, topic)
-            if self.persist:
-                # Fence any older writer first: its open transaction is aborted, so the restore
-                # below reads a cut that no zombie can still extend.
-                self._producer = transactional_producer(self.settings, self.transactional_id)
-                await self._producer.start()
-            started = time.perf_counter()
-            self.partitions = await load_index(self.settings, parts)
-            self.restore_seconds = time.perf_counter() - started
-            self._persisted_markers = {p: idx.marker() for p, idx in self.partitions.items()}
-            for idx in self.partitions.values():
-                idx.track_dirty = self.persist
-            tps = [TopicPartition(topic, p) for p in parts]
-            consumer.assign(tps)
-            await self._reconcile_with_retention(consumer, tps, seek_all=True)
+            parts = await topic_partitions(s, s.topics.events)
+            self.partition_count = len(parts)
+            index_parts = await topic_partitions(s, s.topics.index)
+            if len(index_parts) < len(parts):
+                raise index_layout_error(
+                    s, f"has {len(index_parts)} partitions and the events topic {len(parts)}"
+                )
+            if self.group:
+                await self._join_group()
+            else:
+                consumer = committed_consumer(s, role="indexer")
+                await consumer.start()
+                self._consumer = consumer
+                consumer.assign([TopicPartition(s.topics.events, p) for p in parts])
+                await self._gain(set(parts))
+                self._assigned.set()
+                self._tasks.append(asyncio.create_task(self._tail(), name="indexer-tail"))
         except BaseException:
             await self.stop()
             raise
-        log.info(
-            "indexer restored %d tasks over %d partitions in %.2fs (persist=%s)",
-            sum(len(i) for i in self.partitions.values()),
-            len(parts),
-            self.restore_seconds,
-            self.persist,
-        )
-        self._tasks.append(asyncio.create_task(self._tail(), name="indexer-tail"))
         if self.persist:
             self._tasks.append(asyncio.create_task(self._persist_loop(), name="indexer-persist"))
 
+    async def _join_group(self) -> None:
+        s = self.settings
+        if s.advertised_url is None:  # the settings refuse this; a guard for direct use
+            raise IndexerError("ownership 'group' needs advertised_url")
+        self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events)
+        consumer = committed_consumer(
+            s,
+            role="indexer",
+            group_id=bridge_group(s.topics),
+            group_instance_id=s.instance_id,
+            partition_assignment_strategy=(self.assignor,),
+            session_timeout_ms=s.group_session_timeout_ms,
+            heartbeat_interval_ms=max(500, s.group_session_timeout_ms // 5),
+            # Positions come from the index (seek on assignment); a committed offset, when there
+            # is one, is only ever at or below it, and records below ``through`` are skipped.
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        self._consumer = consumer
+        consumer.subscribe([s.topics.events], listener=_Rebalance(self))
+        self._tasks.append(asyncio.create_task(self._tail(), name="indexer-tail"))
+        async with asyncio.timeout(max(60.0, 3 * s.group_session_timeout_ms / 1000)):
+            await self._assigned.wait()
+
     async def stop(self) -> None:
         """Stop tailing; a persisting indexer flushes what it has first."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
-        if self._producer is not None:
-            if not self.fenced:
-                with contextlib.suppress(Exception):
-                    await self.flush()
-            await self._producer.stop()
-            self._producer = None
+        if self._writers:
+            with contextlib.suppress(Exception):
+                await self.flush()
+        await self._close_writers(set(self._writers))
         if self._consumer is not None:
-            await self._consumer.stop()
+            await self._consumer.stop()  # a dynamic member leaves the group here
             self._consumer = None
+
+    # --- ownership -------------------------------------------------------------------------
+
+    async def _gain(self, parts: set[int]) -> None:
+        """Own ``parts``: fence their previous writers, restore their slices, seek to them."""
+        if not parts:
+            return
+        consumer = self._started_consumer()
+        topic = self.settings.topics.events
+        if self.persist:
+            # Fence first: the old owner's open transaction is aborted, so the restore below
+            # reads a cut that no zombie can still extend.
+            await asyncio.gather(*(self._open_writer(p) for p in parts))
+        started = time.perf_counter()
+        restored = await load_index(self.settings, parts)
+        self.restore_seconds = time.perf_counter() - started
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        begins = await consumer.beginning_offsets(tps)
+        for tp in tps:
+            idx = restored[tp.partition]
+            idx.track_dirty = self.persist
+            if idx.through < begins[tp]:
+                self._lost(idx, begins[tp])
+            self.partitions[tp.partition] = idx
+            self._persisted_markers[tp.partition] = idx.marker()
+            self._updates[tp.partition] = []
+            consumer.seek(tp, idx.through)
+        log.info(
+            "owning events partitions %s: restored %d tasks in %.2fs",
+            sorted(parts),
+            sum(len(restored[p]) for p in parts),
+            self.restore_seconds,
+        )
+
+    async def _open_writer(self, partition: int) -> None:
+        writer = transactional_producer(
+            self.settings, index_writer_id(self.settings.topics, partition)
+        )
+        await writer.start()
+        self._writers[partition] = writer
+        self.fenced.discard(partition)
+
+    async def _lose(self, parts: set[int]) -> None:
+        """Give up ``parts``: persist what they have (if still allowed) and drop their state."""
+        if not parts:
+            return
+        for p in parts & set(self._writers):
+            with contextlib.suppress(Exception):
+                await self._flush_partition(p)
+        await self._close_writers(parts)
+        for p in parts:
+            self.partitions.pop(p, None)
+            self._persisted_markers.pop(p, None)
+            self._updates.pop(p, None)
+        log.info("no longer owning events partitions %s", sorted(parts))
+
+    async def _close_writers(self, parts: set[int]) -> None:
+        for p in parts:
+            writer = self._writers.pop(p, None)
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    await writer.stop()
+
+    async def _assigned_now(self, assigned: set[int]) -> None:
+        """The group's new assignment: lose, gain, and re-seek what is kept."""
+        async with self._moving:
+            owned = set(self.partitions)
+            lost, gained, kept = owned - assigned, assigned - owned, owned & assigned
+            await self._lose(lost)
+            await self._gain(gained)
+            consumer = self._started_consumer()
+            for p in kept:
+                consumer.seek(
+                    TopicPartition(self.settings.topics.events, p), self.partitions[p].through
+                )
+            self.rebalances += 1
+            self.moved["gained"] += len(gained)
+            self.moved["lost"] += len(lost)
+            self._assigned.set()
+        self._notify_progress()  # waiters re-check: their partition may have moved
+        self._rebalanced.set()
+        self._rebalanced = asyncio.Event()
+        for listener in self._ownership_listeners:
+            try:
+                listener(gained, lost)
+            except Exception:
+                log.exception("ownership listener failed")
+
+    async def next_rebalance(self) -> None:
+        """Return after the next assignment has been applied (bound the wait)."""
+        await self._rebalanced.wait()
+
+    def owner_url(self, partition: int) -> str | None:
+        """Where the owner of ``partition`` answers (group mode), as the last assignment said."""
+        if self.assignor is None:
+            return None
+        return self.assignor.map.owner(partition)
+
+    def owns(self, partition: int) -> bool:
+        return partition in self.partitions
 
     # --- queries -------------------------------------------------------------------------
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def add_ownership_listener(self, listener: OwnershipListener) -> None:
+        self._ownership_listeners.append(listener)
+
     def partition_of(self, task_id: str) -> int:
-        return partition_for_key(task_id.encode("utf-8"), len(self.partitions))
+        return partition_for_key(task_id.encode("utf-8"), self.partition_count)
+
+    def _owned(self, partition: int) -> PartitionIndex:
+        idx = self.partitions.get(partition)
+        if idx is None:
+            raise NotOwner(partition)
+        return idx
 
     def lookup(self, task_id: str) -> tuple[int, TaskEntry] | None:
-        """The task's partition and index entry, or None if no record of it was indexed."""
+        """The task's partition and index entry, or None if no record of it was indexed;
+        :class:`NotOwner` when another replica owns the task's partition."""
         partition = self.partition_of(task_id)
-        entry = self.partitions[partition].get(task_id)
+        entry = self._owned(partition).get(task_id)
         return None if entry is None else (partition, entry)
 
     def pause(self) -> None:
@@ -306,27 +485,34 @@ class Indexer(Component):
 
     def head(self, task_id: str) -> int | None:
         """The task's next seq (the number of its events indexed so far), or None."""
-        return self.partitions[self.partition_of(task_id)].next_seq_of(task_id)
+        return self._owned(self.partition_of(task_id)).next_seq_of(task_id)
 
     async def wait_indexed(self, partition: int, offset: int) -> None:
-        """Return once the record at ``offset`` (and all before it) has been applied.
+        """Return once the record at ``offset`` (and all before it) has been applied;
+        :class:`NotOwner` if the partition is (or becomes) another replica's.
 
         Callers bound the wait with ``asyncio.timeout``.
         """
-        while self.partitions[partition].through <= offset:
+        while self._owned(partition).through <= offset:
             await self._progress.wait()
 
     async def end_offsets(self) -> dict[int, int]:
-        """The current end (last stable offset) of every events partition."""
+        """The current end (last stable offset) of every owned events partition."""
         consumer = self._started_consumer()
         tps = [TopicPartition(self.settings.topics.events, p) for p in self.partitions]
+        if not tps:
+            return {}
         ends = await consumer.end_offsets(tps)
         return {tp.partition: off for tp, off in ends.items()}
 
     async def catch_up(self) -> None:
-        """Return once everything committed before this call has been applied (bound it)."""
+        """Return once everything committed before this call has been applied in the owned
+        partitions (bound it)."""
+        await self._assigned.wait()
         ends = await self.end_offsets()
-        while any(self.partitions[p].through < end for p, end in ends.items()):
+        while any(
+            p in self.partitions and self.partitions[p].through < end for p, end in ends.items()
+        ):
             await self._progress.wait()
 
     # --- tailing -------------------------------------------------------------------------
@@ -342,6 +528,8 @@ class Indexer(Component):
         idx.mark_lost(log_start)
 
     def _apply(self, idx: PartitionIndex, record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.offset < idx.through:
+            return  # counted already (a re-read after a rebalance)
         task_id = task_id_of(record)
         if task_id is None:
             idx.advance(record.offset + 1)
@@ -349,8 +537,13 @@ class Indexer(Component):
         # Only the bridge's own created and status records are decoded here (the facts); the
         # rest is decoded when a listener reads the event, if one ever does.
         (created, status, identity), event = self._decoder.facts(record)
+        before = idx.folded_status(task_id) if self.persist else None
         seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)
-        if seq is None or not self._listeners:
+        if seq is None:
+            return
+        if self.persist:
+            self._note_update(idx, task_id, seq, record, before, event)
+        if not self._listeners:
             return
         indexed = IndexedEvent(
             task_id,
@@ -365,97 +558,185 @@ class Indexer(Component):
             except Exception:  # a listener bug must not stop indexing
                 log.exception("indexer listener failed")
 
+    def _note_update(
+        self,
+        idx: PartitionIndex,
+        task_id: str,
+        seq: int,
+        record: ConsumerRecord[bytes, bytes],
+        before: tuple[int, int, int] | None,
+        event: TaskEvent | None,
+    ) -> None:
+        """Queue a task-updates record when this record changed the task's folded status."""
+        after = idx.folded_status(task_id)
+        if after is None or after[1] != record.offset or after[2] == 0:
+            return  # no status folded from this record, or a task without an owner
+        if before is not None and before[1] == after[1]:
+            return
+        message = event.payload.get("statusMessage") if event is not None else None
+        self._updates[idx.partition].append(
+            TaskUpdate(
+                owner=after[2],
+                task_id=task_id,
+                seq=seq,
+                status=TaskStatus(after[0]).wire,
+                partition=idx.partition,
+                offset=record.offset,
+                ts=record.timestamp,
+                status_message=message if isinstance(message, str) else None,
+            )
+        )
+
     async def _tail(self) -> None:
         consumer = self._started_consumer()
-        tps = list(consumer.assignment())
         while True:
             try:
                 batches = await consumer.getmany(timeout_ms=200, max_records=5000)
             except OffsetOutOfRangeError:
-                await self._reconcile_with_retention(consumer, tps, seek_all=False)
+                await self._reconcile_with_retention(consumer)
                 continue
             for tp, records in batches.items():
-                idx = self.partitions[tp.partition]
+                idx = self.partitions.get(tp.partition)
+                if idx is None:
+                    continue  # assigned a moment ago and not yet restored: re-read after seek
                 for record in records:
                     self._apply(idx, record)
-            for tp in tps:
-                # Transaction markers and aborted records move the position without records.
-                self.partitions[tp.partition].advance(await consumer.position(tp))
-            self._progress.set()
-            self._progress = asyncio.Event()
+            for tp in consumer.assignment():
+                idx = self.partitions.get(tp.partition)
+                if idx is not None:
+                    # Transaction markers and aborted records move the position without records.
+                    with contextlib.suppress(Exception):
+                        idx.advance(await consumer.position(tp))
+            self._notify_progress()
 
-    async def _reconcile_with_retention(
-        self, consumer: AIOKafkaConsumer, tps: list[TopicPartition], *, seek_all: bool
-    ) -> None:
-        """Mark partitions whose uncounted records retention deleted as lost, and seek where
-        counting goes on (every partition at start, only the lost ones after an out-of-range)."""
+    def _notify_progress(self) -> None:
+        """Wake every waiter once. The event is replaced, never left set: a waiter whose
+        condition still fails must wait for the next progress, not spin on a set event."""
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def _reconcile_with_retention(self, consumer: AIOKafkaConsumer) -> None:
+        """Mark owned partitions whose uncounted records retention deleted as lost, and seek
+        where counting goes on."""
+        topic = self.settings.topics.events
+        tps = [TopicPartition(topic, p) for p in self.partitions]
         begins = await consumer.beginning_offsets(tps)
         for tp in tps:
-            idx = self.partitions[tp.partition]
-            lost = idx.through < begins[tp]
-            if lost:
+            idx = self.partitions.get(tp.partition)
+            if idx is not None and idx.through < begins[tp]:
                 self._lost(idx, begins[tp])
-            if lost or seek_all:
                 consumer.seek(tp, idx.through)
 
     # --- persisting ----------------------------------------------------------------------
 
-    def _cut(self) -> list[tuple[bytes, bytes]]:
-        """Encode every dirty entry and changed marker at one instant (no await inside)."""
-        batch: list[tuple[bytes, bytes]] = []
-        for p, idx in self.partitions.items():
-            for task_id in idx.dirty:
-                batch.append((task_key(task_id), idx.encode_task(task_id)))
-            idx.dirty.clear()
-            marker = idx.marker()
-            if marker != self._persisted_markers.get(p):
-                batch.append((marker_key(p), marker))
-        return batch
+    def _cut(self, partition: int) -> tuple[list[tuple[bytes, bytes]], list[TaskUpdate]]:
+        """Encode the partition's dirty entries, changed marker and queued updates at one
+        instant (no await inside)."""
+        idx = self.partitions[partition]
+        batch = [(task_key(t), idx.encode_task(t)) for t in idx.dirty]
+        idx.dirty.clear()
+        marker = idx.marker()
+        if marker != self._persisted_markers.get(partition):
+            batch.append((marker_key(partition), marker))
+        updates, self._updates[partition] = self._updates[partition], []
+        return batch, updates
 
     async def flush(self) -> int:
-        """Persist the current cut in one transaction; returns the number of index records."""
-        producer = self._producer
-        if producer is None or self.fenced:
-            return 0
+        """Persist every owned partition's cut, one transaction per partition; returns the
+        number of index records written."""
+        total = 0
+        for partition in list(self._writers):
+            total += await self._flush_partition(partition)
+        self.last_flush_records = total
+        return total
+
+    async def _flush_partition(self, partition: int) -> int:
         async with self._flush_lock:
-            batch = self._cut()
-            if not batch:
+            writer = self._writers.get(partition)
+            if writer is None or partition not in self.partitions:
                 return 0
-            topic = self.settings.topics.index
+            batch, updates = self._cut(partition)
+            if not batch and not updates:
+                return 0
+            s = self.settings
             try:
-                async with producer.transaction():
+                async with writer.transaction():
                     for key, value in batch:
-                        await producer.send(topic, key=key, value=value)
+                        await writer.send(s.topics.index, key=key, value=value, partition=partition)
+                    for update in updates:
+                        await writer.send(s.topics.updates, key=update.key(), value=update.value())
             except ProducerFenced:
-                self.fenced = True
-                log.error(
-                    "indexer writer %r was fenced by a newer writer; no longer persisting",
-                    self.transactional_id,
-                )
-                raise IndexerError("fenced by a newer index writer") from None
+                await self._fenced(partition)
+                return 0
             except BaseException:
-                self._redirty(batch)
+                self._redirty(partition, batch, updates)
                 raise
             for key, value in batch:
                 if key.startswith(b"p:"):
-                    self._persisted_markers[int(key[2:])] = value
-            self.last_flush_records = len(batch)
+                    self._persisted_markers[partition] = value
             return len(batch)
 
-    def _redirty(self, batch: list[tuple[bytes, bytes]]) -> None:
+    async def _fenced(self, partition: int) -> None:
+        self.fenced.add(partition)
+        writer = self._writers.pop(partition, None)
+        log.error(
+            "the index writer of events partition %d was fenced by a newer one; %s",
+            partition,
+            "giving the partition up" if self.group else "no longer persisting it",
+        )
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await writer.stop()
+
+    def _redirty(
+        self, partition: int, batch: list[tuple[bytes, bytes]], updates: list[TaskUpdate]
+    ) -> None:
+        idx = self.partitions.get(partition)
+        if idx is None:
+            return
         for key, _ in batch:
             if key.startswith(b"t:"):
-                task_id = key[2:].decode("utf-8")
-                self.partitions[self.partition_of(task_id)].dirty.add(task_id)
+                idx.dirty.add(key[2:].decode("utf-8"))
             else:
-                self._persisted_markers.pop(int(key[2:]), None)
+                self._persisted_markers.pop(partition, None)
+        self._updates[partition][:0] = updates
+
+    async def commit_positions(self) -> None:
+        """Group mode: commit the owned partitions' ``through`` as the group's offsets, so
+        standard consumer-group tooling shows the bridge's lag (positions never come from it)."""
+        consumer = self._consumer
+        if consumer is None or not self.group or not self.partitions:
+            return
+        topic = self.settings.topics.events
+        offsets = {TopicPartition(topic, p): idx.through for p, idx in self.partitions.items()}
+        with contextlib.suppress(Exception):  # a rebalance in progress: the next one commits
+            await consumer.commit(offsets)
 
     async def _persist_loop(self) -> None:
-        while not self.fenced:
+        while True:
             await asyncio.sleep(self.flush_interval_s)  # the flush cadence, not synchronisation
             try:
                 await self.flush()
-            except IndexerError:
-                return
+                await self.commit_positions()
             except Exception:
                 log.exception("index flush failed; will retry")
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """The group's callbacks: flush before giving partitions back, then apply the new share."""
+
+    def __init__(self, indexer: Indexer) -> None:
+        self.indexer = indexer
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        # Eager rebalancing revokes everything before the new round: persist now, so whoever
+        # gets a partition restores its latest counts (partitions kept lose nothing).
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await self.indexer.flush()
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        try:
+            await self.indexer._assigned_now({tp.partition for tp in assigned})
+        except Exception:
+            log.exception("could not take the assigned partitions")

@@ -42,7 +42,11 @@ __all__ = [
     "task_key",
 ]
 
-_VERSION = 1
+#: 2: the co-partitioned layout (a record lives in the index partition numbered like its events
+#: partition); the bytes are those of 1, which was written wherever the key hashed. Version 1
+#: records are still decoded, for ``bridge index migrate``, and refused when restoring.
+_VERSION = 2
+_READABLE = (1, 2)
 _TASK = struct.Struct("<BiqqBBqqqqq")
 _CHECKPOINT = struct.Struct("<qq")
 _MARKER = struct.Struct("<Bqq")
@@ -259,6 +263,14 @@ class PartitionIndex:
         row = self.rows.get(task_id)
         return None if row is None else self._next_seq[row]
 
+    def folded_status(self, task_id: str) -> tuple[int, int, int] | None:
+        """The task's status code, the offset of the event it came from and its owner key
+        (cheap: no entry is built), or None."""
+        row = self.rows.get(task_id)
+        if row is None:
+            return None
+        return self._status[row], self._status_offset[row], self._owner[row]
+
     def status_counts(self) -> dict[TaskStatus, int]:
         return {status: self._status.count(int(status)) for status in TaskStatus}
 
@@ -388,6 +400,7 @@ class TaskRecord:
     task_id: str
     partition: int
     entry: TaskEntry
+    version: int = _VERSION
 
 
 @dataclass(frozen=True)
@@ -395,6 +408,7 @@ class MarkerRecord:
     partition: int
     through: int
     lost_before: int
+    version: int = _VERSION
 
 
 def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
@@ -414,7 +428,7 @@ def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
                 ttl_ms,
                 poll_ms,
             ) = _TASK.unpack_from(value)
-            if version != _VERSION or (len(value) - _TASK.size) % _CHECKPOINT.size:
+            if version not in _READABLE or (len(value) - _TASK.size) % _CHECKPOINT.size:
                 raise IndexRecordError(f"task record of version {version}, {len(value)} bytes")
             entry = TaskEntry()
             entry.next_seq = next_seq
@@ -427,12 +441,12 @@ def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
             entry.ttl_ms = ttl_ms
             entry.poll_ms = poll_ms
             entry.checkpoints.frombytes(value[_TASK.size :])
-            return TaskRecord(key[2:].decode("utf-8"), partition, entry)
+            return TaskRecord(key[2:].decode("utf-8"), partition, entry, version)
         if key.startswith(b"p:"):
             version, through, lost_before = _MARKER.unpack(value)
-            if version != _VERSION:
+            if version not in _READABLE:
                 raise IndexRecordError(f"marker record of version {version}")
-            return MarkerRecord(int(key[2:]), through, lost_before)
+            return MarkerRecord(int(key[2:]), through, lost_before, version)
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         if isinstance(exc, IndexRecordError):
             raise

@@ -6,7 +6,12 @@ cursors (an unknown version is refused, never guessed at). Cursors carry only lo
 never replica state: any replica, before or after a restart, reads the same position.
 
 * a task's own events: ``t1.<last>``, the seq of the last event the client has (``-1``: none);
-* an ``events/list`` page: ``p1.<index>``, the first entry of the page.
+* an ``events/list`` page: ``p1.<index>``, the first entry of the page;
+* a topic partition read by offset (``task.updated``, the owner's partition of the updates
+  topic): ``u1.<partition>.<offset>``, the next offset to read;
+* every partition of a topic (a configured source): ``k1.<tag>.<offset 0>.<offset 1>...``, the
+  next offset to read in each partition by number, ``tag`` 8 hex digits of the topic name's
+  SHA-256 so that one source's cursor is never taken for another's.
 
 This module is pure: no Kafka, no JSON-RPC. A malformed cursor raises :class:`BadCursor`.
 """
@@ -15,11 +20,29 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+from collections.abc import Mapping
 
-__all__ = ["BadCursor", "decode_page", "decode_task", "encode_page", "encode_task"]
+__all__ = [
+    "BadCursor",
+    "decode_offsets",
+    "decode_page",
+    "decode_partition",
+    "decode_task",
+    "encode_offsets",
+    "encode_page",
+    "encode_partition",
+    "encode_task",
+    "topic_tag",
+]
 
 _TASK = "t1"
 _PAGE = "p1"
+_PARTITION = "u1"
+_OFFSETS = "k1"
+#: The longest offsets cursor read: 8 KiB of text holds ~400 partitions at 20 digits each, more
+#: than a pipeline's topic has; a longer one is not of this server.
+_MAX_TEXT = 8192
 #: The largest seq (seq counts records at Kafka's int64 offsets).
 _MAX_SEQ = 2**63 - 1
 
@@ -35,20 +58,41 @@ def _encode(text: str) -> str:
     return base64.urlsafe_b64encode(text.encode("ascii")).rstrip(b"=").decode("ascii")
 
 
-def _decode(cursor: str, version: str, what: str) -> int:
-    """The integer after ``<version>.`` in ``cursor``; BadCursor for anything else."""
+def _text(cursor: str, what: str) -> str:
+    """The text inside ``cursor``; BadCursor when it is not base64url of ASCII."""
+    if len(cursor) > _MAX_TEXT * 4 // 3 + 4:
+        raise BadCursor(what)
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        text = base64.urlsafe_b64decode(padded.encode("ascii")).decode("ascii")
+        return base64.urlsafe_b64decode(padded.encode("ascii")).decode("ascii")
     except (UnicodeError, binascii.Error, ValueError):
         raise BadCursor(what) from None
-    head, _, number = text.partition(".")
-    if head != version or not number.lstrip("-").isdigit() or number.startswith("+"):
+
+
+def _number(text: str, what: str, *, low: int = 0) -> int:
+    """``text`` as an integer in ``low..2**63-1`` spelled the one way this module writes it."""
+    if not text.lstrip("-").isdigit() or text.startswith("+"):
         raise BadCursor(what)
-    value = int(number)
-    if not -1 <= value <= _MAX_SEQ or text != f"{version}.{value}":
+    value = int(text)
+    if not low <= value <= _MAX_SEQ or text != str(value):
         raise BadCursor(what)  # one spelling per position: no "-0", no leading zeros
     return value
+
+
+def _fields(cursor: str, version: str, what: str) -> list[str]:
+    """The dot-separated fields after ``<version>.`` in ``cursor``."""
+    head, *fields = _text(cursor, what).split(".")
+    if head != version or not fields:
+        raise BadCursor(what)
+    return fields
+
+
+def _decode(cursor: str, version: str, what: str) -> int:
+    """The integer after ``<version>.`` in ``cursor``; BadCursor for anything else."""
+    fields = _fields(cursor, version, what)
+    if len(fields) != 1:
+        raise BadCursor(what)
+    return _number(fields[0], what, low=-1)
 
 
 def encode_task(last: int) -> str:
@@ -71,3 +115,37 @@ def decode_page(cursor: str) -> int:
     if index < 0:
         raise BadCursor("events/list")
     return index
+
+
+def encode_partition(partition: int, offset: int) -> str:
+    """The cursor before ``offset`` of ``partition`` (the next record to read)."""
+    return _encode(f"{_PARTITION}.{partition}.{offset}")
+
+
+def decode_partition(cursor: str) -> tuple[int, int]:
+    """The partition and offset :func:`encode_partition` was given."""
+    fields = _fields(cursor, _PARTITION, "task update")
+    if len(fields) != 2:
+        raise BadCursor("task update")
+    partition, offset = (_number(field, "task update") for field in fields)
+    return partition, offset
+
+
+def topic_tag(topic: str) -> str:
+    """What an offsets cursor carries of its topic: 8 hex digits of the name's SHA-256."""
+    return hashlib.sha256(topic.encode("utf-8")).hexdigest()[:8]
+
+
+def encode_offsets(tag: str, offsets: Mapping[int, int]) -> str:
+    """The cursor before ``offsets[p]`` of each partition ``p`` (numbered from 0, none left
+    out) of the topic whose :func:`topic_tag` is ``tag``."""
+    vector = [offsets[partition] for partition in range(len(offsets))]
+    return _encode(".".join([_OFFSETS, tag, *map(str, vector)]))
+
+
+def decode_offsets(cursor: str, tag: str) -> dict[int, int]:
+    """The offsets :func:`encode_offsets` was given; BadCursor for another topic's cursor."""
+    fields = _fields(cursor, _OFFSETS, "event source")
+    if fields[0] != tag or len(fields) < 2:
+        raise BadCursor("event source")
+    return {p: _number(field, "event source") for p, field in enumerate(fields[1:])}

@@ -70,6 +70,9 @@ class Ticket:
     request_id: str | int | None
     #: Set by :meth:`Admission.cancel` (``notifications/cancelled``): end without a result.
     cancelled: bool = False
+    #: Set when the task's partition moved to another replica: end without a result, so the
+    #: client resumes (with its cursor) where the partition is served now.
+    moved: bool = False
     released: bool = False
     on_cancel: list[Callable[[], None]] = field(default_factory=list)
 

@@ -1,7 +1,7 @@
 """The ASGI application: routes, and the lifespan that owns the Kafka-side components.
 
-Start order (:func:`start_components`): indexer (restores the seq index, then tails; the index
-writer if configured) → reader → the fan-out of live events → task service → stream hub → the
+Start order (:func:`start_components`): indexer (takes its partitions, every one or the group's
+share, restores their index slices, then tails and persists them) → reader → the fan-out of live events → task service → stream hub → the
 MCP endpoint → companions (in-process workers, when asked) → catch-up. ``/healthz`` answers while
 the process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
 the log as it was at start (readiness), so a replica never serves a stale view.
@@ -33,6 +33,8 @@ from bridge.server.events import events_extension
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
 from bridge.server.listen import Listen
+from bridge.server.peers import PeerAuth, Peers
+from bridge.server.routing import Routing
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
 from bridge.tasks.tools import job_topics, tool_catalog
@@ -78,7 +80,7 @@ async def start_components(
     access = Access.serving(settings, job_topics(settings), workers=bool(companions))
     try:
         with refusals_explained(access, settings):
-            indexer = Indexer(settings, persist=settings.index_writer)
+            indexer = Indexer(settings, persist=True)
             await indexer.start()
             stack.push_async_callback(indexer.stop)
             reader = Reader(settings, indexer)
@@ -90,10 +92,21 @@ async def start_components(
             metrics.attach(indexer)
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
             events = events_extension(settings, service, reader, fanout, hub.draining)
+            await events.start()  # webhook delivery, when offered
+            stack.push_async_callback(events.stop)
             handlers = MethodHandlers(
                 settings, service, tools, hub, [events, Listen(settings, service, hub)]
             )
-            endpoint = McpHttp(settings, auth, handlers, metrics, on_cancelled=hub.cancel)
+            peers = _peers(settings, stack)
+            endpoint = McpHttp(
+                settings,
+                auth,
+                handlers,
+                metrics,
+                on_cancelled=hub.cancel,
+                routing=Routing(settings, indexer),
+                peers=peers,
+            )
             for companion in companions:
                 await companion(settings, stack)
             async with asyncio.timeout(300):
@@ -176,6 +189,16 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
     )
     app.state.components = None
     return app
+
+
+def _peers(settings: Settings, stack: contextlib.AsyncExitStack) -> Peers | None:
+    """The client of the hops to other replicas, when replicas divide the partitions."""
+    secret = settings.peer_secret_value
+    if settings.ownership != "group" or secret is None:
+        return None
+    peers = Peers(PeerAuth(secret))
+    stack.push_async_callback(peers.close)
+    return peers
 
 
 def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> None:

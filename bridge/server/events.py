@@ -3,10 +3,13 @@
 A :class:`~bridge.server.handlers.MethodSet` (declared in ``server/discover`` as
 ``io.modelcontextprotocol/events`` with empty settings: no ``notifications/events/list_changed``)
 over the event sources of :mod:`bridge.mcpevents`. This module owns the wire shapes of the
-extension (params, notifications, the five error codes) and maps the sources' exceptions to them
-once (:func:`_mapped`). Webhook delivery is not offered: ``events/subscribe`` and
-``events/unsubscribe`` answer ``Unsupported`` for a known event name, as the draft says for a
-delivery mode an event type does not list.
+extension (params, notifications, the draft's error codes) and maps the sources' exceptions to
+them once (:func:`_mapped`).
+
+Webhooks (:class:`WebhookMethods`): ``events/subscribe`` and ``events/unsubscribe`` over the
+durable subscriptions of :class:`~bridge.mcpevents.delivery.WebhookService`, offered only when
+callers authenticate (auth mode ``none`` answers ``Forbidden``, as the draft requires). The
+delivery loops read events through :func:`delivery_poll`, the very ``events/poll`` path.
 
 Push: one SSE response per ``events/stream``; ``notifications/events/active`` first, then
 ``event`` and ``heartbeat`` (carrying the cursor), each with the request id in
@@ -21,38 +24,60 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
+import httpx
+
 from bridge.config import Settings
-from bridge.events import NOT_FOUND, UNSUPPORTED
+from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
 from bridge.mcpevents import (
     BadCursor,
     EventSource,
     Heartbeat,
     InvalidArguments,
     Occurrence,
+    PollBatch,
     StreamItem,
 )
+from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
+from bridge.mcpevents.delivery import Poll, Revoked, WebhookService
+from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
 from bridge.mcpevents.sources import LiveEvents, TaskEvents, TaskLog, TaskLookup
+from bridge.mcpevents.subscriptions import (
+    DeliveryStatus,
+    Subscription,
+    TtlPolicy,
+    subscription_id,
+)
+from bridge.mcpevents.taskupdates import TaskUpdates
+from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
 from bridge.server.wire import (
+    CALLBACK_ENDPOINT_ERROR,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    RESOURCE_EXHAUSTED,
     SUBSCRIPTION_ID_META,
     EventsListParams,
     EventsPollParams,
+    EventsSubscribeParams,
     EventsSubscriptionParams,
+    EventsUnsubscribeParams,
     RpcError,
     events_notification,
     result_response,
 )
+from bridge.tasks.messages import iso_ms
 from bridge.tasks.service import TaskNotFound
 
 __all__ = [
     "EVENTS_EXTENSION",
     "EventsMethods",
+    "WebhookMethods",
+    "delivery_poll",
     "events_extension",
 ]
 
@@ -65,6 +90,8 @@ MAX_EVENTS = 1000
 PAGE_SIZE = 50
 #: Consecutive failed reads of a push stream before it is terminated.
 STREAM_ATTEMPTS = 5
+#: events/poll's nextPollMs for task.updated (the draft's recommended client floor).
+TASK_UPDATES_POLL_MS = 1000
 
 
 def _not_found(name: str) -> RpcError:
@@ -83,6 +110,8 @@ def _mapped() -> Iterator[None]:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
     except BadCursor as exc:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
+    except NotPermitted as exc:
+        raise RpcError(FORBIDDEN, "Forbidden", {"reason": str(exc)}) from None
 
 
 def _stream_message(item: StreamItem, subscription_id: Any) -> dict[str, Any]:
@@ -113,7 +142,36 @@ def events_extension(
         heartbeat_s=settings.stream_keepalive_s,
         stopping=stopping,
     )
-    return EventsMethods([task_events], stopping=stopping)
+    sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
+    return EventsMethods(sources, stopping=stopping, webhooks=webhook_methods(settings, sources))
+
+
+def offset_sources(
+    settings: Settings, tasks: TaskLookup, stopping: asyncio.Event
+) -> list[EventSource]:
+    """``<prefix>.task.updated`` and the configured sources, in the settings' order; they share
+    one pool of history readers and one live tail per topic."""
+    reader = TopicReader(settings)
+    common: dict[str, Any] = {
+        "queue_size": settings.stream_queue_size,
+        "heartbeat_s": settings.stream_keepalive_s,
+        "stopping": stopping,
+    }
+    live = LiveTopics(settings, reader)
+    updates = TaskUpdates(
+        f"{settings.own_types.prefix}.task.updated",
+        settings.topics.updates,
+        reader,
+        live,
+        tasks=tasks,
+        next_poll_ms=TASK_UPDATES_POLL_MS,
+        **common,
+    )
+    configured = [
+        ConfiguredSource(spec, reader, live, max_value_bytes=settings.max_event_bytes, **common)
+        for spec in settings.event_sources
+    ]
+    return [updates, *configured]
 
 
 class EventsMethods:
@@ -127,10 +185,30 @@ class EventsMethods:
         *,
         stopping: asyncio.Event | None = None,
         retry_s: float = 1.0,
+        webhooks: WebhookMethods | None = None,
     ) -> None:
         self.sources = {source.name: source for source in sources}
         self.stopping = stopping or asyncio.Event()
         self.retry_s = retry_s
+        self.webhooks = webhooks
+
+    async def start(self) -> None:
+        """Start webhook delivery, when offered (the other methods need no start)."""
+        if self.webhooks is not None:
+            await self.webhooks.start()
+
+    async def stop(self) -> None:
+        """Stop webhook delivery, then close the sources' Kafka clients."""
+        if self.webhooks is not None:
+            await self.webhooks.stop()
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the Kafka clients of the sources that hold any."""
+        for source in self.sources.values():
+            close = getattr(source, "close", None)
+            if close is not None:
+                await close()
 
     def settings(self) -> dict[str, Any]:
         return {}  # listChanged false: the event types are fixed while the process runs
@@ -140,8 +218,8 @@ class EventsMethods:
             "events/list": self.list,
             "events/poll": self.poll,
             "events/stream": self.stream,
-            "events/subscribe": self.webhook,
-            "events/unsubscribe": self.webhook,
+            "events/subscribe": self.webhooks.subscribe if self.webhooks else self.webhook,
+            "events/unsubscribe": self.webhooks.unsubscribe if self.webhooks else self.webhook,
         }
 
     def _source(self, name: str) -> EventSource:
@@ -157,11 +235,17 @@ class EventsMethods:
         except BadCursor as exc:
             raise RpcError(INVALID_PARAMS, str(exc)) from None
         names = list(self.sources)
-        page = [self.sources[name].descriptor() for name in names[start : start + PAGE_SIZE]]
+        page = [self._descriptor(name) for name in names[start : start + PAGE_SIZE]]
         result: dict[str, Any] = {"events": page}
         if start + PAGE_SIZE < len(names):
             result["nextCursor"] = encode_page(start + PAGE_SIZE)
         return result
+
+    def _descriptor(self, name: str) -> dict[str, Any]:
+        descriptor = self.sources[name].descriptor()
+        if self.webhooks is not None and self.webhooks.offered:
+            descriptor["delivery"] = [*descriptor["delivery"], "webhook"]
+        return descriptor
 
     async def poll(self, call: Call) -> Outcome:
         params = EventsPollParams.model_validate(call.params)
@@ -234,3 +318,240 @@ class EventsMethods:
             "webhook delivery is not offered by this server",
             {"feature": "deliveryMode", "value": "webhook"},
         )
+
+
+# --- webhooks ------------------------------------------------------------------------------
+
+#: How long events/subscribe waits for this replica's view of the subscriptions at start.
+RESTORE_WAIT_S = 30.0
+
+
+def delivery_poll(sources: dict[str, EventSource]) -> Poll:
+    """The delivery loops' read: ``events/poll`` of the subscription's source, with the errors
+    that end a subscription (unknown event, a task no longer visible) as :class:`Revoked`."""
+
+    async def poll(
+        principal: str,
+        name: str,
+        arguments: dict[str, Any],
+        cursor: str | None,
+        max_age_ms: int | None,
+        max_events: int,
+    ) -> PollBatch:
+        try:
+            source = sources.get(name)
+            if source is None:
+                raise _not_found(name)
+            with _mapped():
+                return await source.poll(principal, arguments, cursor, max_age_ms, max_events)
+        except RpcError as exc:
+            raise Revoked(exc.error()) from None
+
+    return poll
+
+
+def webhook_methods(settings: Settings, sources: Sequence[EventSource]) -> WebhookMethods:
+    """Webhook subscriptions over ``sources``; delivery only when callers authenticate."""
+    by_name = {source.name: source for source in sources}
+    service = None
+    if settings.auth.mode != "none":
+        service = WebhookService(settings, delivery_poll(by_name))
+    return WebhookMethods(settings, by_name, service)
+
+
+def _callback_url(url: str) -> str:
+    """``url`` if it can be a callback (https, a host, no credentials), else InvalidParams."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        raise RpcError(INVALID_PARAMS, "delivery.url is not a valid URL") from None
+    if parsed.scheme != "https":
+        raise RpcError(INVALID_PARAMS, "delivery.url must be an https URL")
+    if not parsed.host:
+        raise RpcError(INVALID_PARAMS, "delivery.url has no host")
+    if parsed.userinfo:
+        raise RpcError(INVALID_PARAMS, "delivery.url must not carry credentials")
+    return url
+
+
+def _status(sub: Subscription) -> dict[str, Any]:
+    """The draft's ``deliveryStatus`` (categories only, never the endpoint's words)."""
+    status: DeliveryStatus = sub.status
+    out: dict[str, Any] = {
+        "active": sub.active,
+        "lastDeliveryAt": None
+        if status.last_delivery_ms is None
+        else iso_ms(status.last_delivery_ms),
+        "lastError": status.last_error,
+    }
+    if status.failed_since_ms is not None:
+        out["failedSince"] = iso_ms(status.failed_since_ms)
+    return out
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class WebhookMethods:
+    """``events/subscribe`` and ``events/unsubscribe`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sources: dict[str, EventSource],
+        service: WebhookService | None,
+        *,
+        now_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.sources = sources
+        self.service = service
+        self.now_ms = now_ms
+        self.ttl = TtlPolicy(
+            settings.webhook_ttl_default_ms,
+            settings.webhook_ttl_min_ms,
+            settings.webhook_ttl_max_ms,
+        )
+        self.max_per_principal = settings.webhook_max_subscriptions_per_principal
+        self.grace_ms = int(settings.webhook_rotation_grace_s * 1000)
+
+    @property
+    def offered(self) -> bool:
+        return self.service is not None
+
+    async def start(self) -> None:
+        if self.service is not None:
+            await self.service.start()
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+
+    def _running(self) -> WebhookService:
+        """The service; ``Forbidden`` when callers do not authenticate (the draft: webhooks
+        need a principal, or anyone could guess another tenant's subscription key)."""
+        if self.service is None:
+            raise RpcError(
+                FORBIDDEN,
+                "webhook delivery requires an authenticated principal",
+                {"reason": "unauthenticated"},
+            )
+        return self.service
+
+    def _source(self, name: str) -> EventSource:
+        source = self.sources.get(name)
+        if source is None:
+            raise _not_found(name)
+        return source
+
+    async def _restored(self, service: WebhookService) -> None:
+        try:
+            async with asyncio.timeout(RESTORE_WAIT_S):
+                await service.registry.restored.wait()
+        except TimeoutError:
+            raise RpcError(INTERNAL_ERROR, "webhook subscriptions are not available yet") from None
+
+    async def subscribe(self, call: Call) -> Outcome:
+        service = self._running()
+        params = EventsSubscribeParams.model_validate(call.params)
+        source = self._source(params.name)
+        url = _callback_url(params.delivery.url)
+        try:
+            secret = check_secret(params.delivery.secret)
+        except InvalidSecret as exc:
+            raise RpcError(INVALID_PARAMS, f"delivery.secret: {exc}") from None
+        await self._restored(service)
+        arguments = params.arguments or {}
+        sid = subscription_id(call.principal, url, params.name, arguments)
+        now = self.now_ms()
+        existing = service.registry.table.live(sid, now)
+        # Authorization and arguments as events/poll checks them; for a new subscription the
+        # read also places the start (cursor null: now) and says whether events were skipped.
+        cursor = None if existing else params.cursor
+        with _mapped():
+            probe = await source.poll(
+                call.principal, arguments, cursor, None if existing else params.max_age_ms, 1
+            )
+        if existing is None:
+            self._within_limit(service, call.principal, now)
+        await self._verify(service, call.principal, url, sid, secret, now)
+        expires = now + self.ttl.grant(params.ttl_ms, given=params.ttl_given)
+        if existing is not None:
+            await service.put(existing.refreshed(secret, expires, now, self.grace_ms))
+        else:
+            fresh = self._new(service, sid, call.principal, url, params, probe, expires, now)
+            await service.put(fresh)
+        stored = service.registry.table.get(sid)
+        assert stored is not None, "a subscription is in the view once put returned"
+        result: dict[str, Any] = {
+            "id": sid,
+            "refreshBefore": iso_ms(stored.expires_ms),
+            "cursor": stored.cursor,
+            "truncated": existing is None and probe.truncated,
+        }
+        if existing is not None:
+            result["deliveryStatus"] = _status(existing)  # what this refresh resumes, if anything
+        return result
+
+    def _new(
+        self,
+        service: WebhookService,
+        sid: str,
+        principal: str,
+        url: str,
+        params: EventsSubscribeParams,
+        probe: PollBatch,
+        expires: int,
+        now: int,
+    ) -> Subscription:
+        table = service.registry.table
+        lapsed = table.get(sid)  # expired but not yet tombstoned: its delivery state is replaced
+        replay = params.cursor is not None
+        return Subscription(
+            id=sid,
+            name=params.name,
+            principal=principal,
+            arguments=params.arguments or {},
+            url=url,
+            secrets=(params.delivery.secret,),
+            previous_until_ms=0,
+            expires_ms=expires,
+            refreshed_ms=max(now, table.deleted_rev(sid) + 1),
+            cursor=params.cursor if replay else probe.cursor,
+            floor_ms=now - params.max_age_ms if replay and params.max_age_ms is not None else None,
+            delivery_rev=0 if lapsed is None else lapsed.delivery_rev + 1,
+        )
+
+    def _within_limit(self, service: WebhookService, principal: str, now: int) -> None:
+        if service.registry.table.count_live(principal, now) >= self.max_per_principal:
+            raise RpcError(
+                RESOURCE_EXHAUSTED,
+                "too many webhook subscriptions",
+                {"limit": "subscriptions", "max": self.max_per_principal},
+            )
+
+    async def _verify(
+        self, service: WebhookService, principal: str, url: str, sid: str, secret: str, now: int
+    ) -> None:
+        """The draft's challenge before delivery to an unverified (principal, url) starts."""
+        if service.registry.table.verified(principal, url, now):
+            return
+        outcome = await service.sender.verify_endpoint(url, subscription_id=sid, secrets=[secret])
+        if outcome.verdict is not Verdict.DELIVERED:
+            raise RpcError(
+                CALLBACK_ENDPOINT_ERROR,
+                "the callback endpoint failed verification",
+                {"reason": outcome.error or "challenge_failed"},
+            )
+
+    async def unsubscribe(self, call: Call) -> Outcome:
+        service = self._running()
+        params = EventsUnsubscribeParams.model_validate(call.params)
+        self._source(params.name)
+        await self._restored(service)
+        arguments = params.arguments or {}
+        sid = subscription_id(call.principal, params.delivery.url, params.name, arguments)
+        if service.registry.table.live(sid, self.now_ms()) is None:
+            raise RpcError(NOT_FOUND, "No such subscription", {"kind": "subscription"})
+        await service.delete(sid)
+        return {}

@@ -23,9 +23,12 @@ from pydantic import ValidationError
 from bridge import __version__
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
+from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket
 from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
+from bridge.server.peers import routed_task_id
+from bridge.server.routing import partition_moving_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -55,7 +58,6 @@ from bridge.server.wire import (
     result_response,
     tasks_capability,
 )
-from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskNotFound, TaskService, TaskView, TooManyTasks
 
 __all__ = [
@@ -210,6 +212,9 @@ class MethodHandlers:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {call.rpc.method}") from None
         except TaskNotFound as exc:
             raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
+        except NotOwner:
+            # Forwarded here a moment before the partition moved on: the client retries.
+            raise partition_moving_error(_named_task(call)) from None
         except TooManyTasks as exc:
             raise RpcError(
                 INVALID_REQUEST,
@@ -340,7 +345,7 @@ class MethodHandlers:
                 tool, arguments, call.principal, input_responses=answers or None
             )
             return {"resultType": "task", **view.task_fields()}
-        task_id = new_task_id()
+        task_id = self.service.new_task_id()
         return await self._direct(
             call,
             tool,
@@ -497,8 +502,9 @@ class MethodHandlers:
                 yield Frame(None)
                 continue
             yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
-        # A cancelled request gets no response (MCP cancellation); a drained one resumes elsewhere.
-        if not ticket.cancelled and not self.streams.draining.is_set():
+        # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
+        # partition moved, resumes elsewhere.
+        if not ticket.cancelled and not ticket.moved and not self.streams.draining.is_set():
             yield Frame(result_response(request_id, {"resultType": "complete"}))
 
     async def tasks_cancel(self, call: Call) -> Outcome:
@@ -548,3 +554,7 @@ def _check_param_headers(call: Call, tool: ToolSpec, arguments: dict[str, Any]) 
                 f"Mcp-Param-{header} header does not match arguments.{prop}",
                 http_status=400,
             )
+
+
+def _named_task(call: Call) -> str:
+    return routed_task_id(call.rpc.method, call.params) or ""

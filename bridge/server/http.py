@@ -25,6 +25,8 @@ from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.classify import Inbound, Methods, Rejected, classify
 from bridge.server.cursor import decode_cursor
 from bridge.server.handlers import Call, MethodHandlers, Streamed
+from bridge.server.peers import PeerAuth, PeerIdentity, Peers, hop_target, routed_task_id
+from bridge.server.routing import RETRY_AFTER_MS, Routing, partition_moving_error
 from bridge.server.wire import (
     EVENTS_GONE,
     INTERNAL_ERROR,
@@ -91,12 +93,16 @@ class McpHttp:
         handlers: MethodHandlers,
         metrics: Metrics,
         on_cancelled: Callable[[str, str | int], Any],
+        routing: Routing | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.settings = settings
         self.auth = auth
         self.handlers = handlers
         self.metrics = metrics
         self._on_cancelled = on_cancelled
+        self.routing = routing
+        self.peers = peers
         self._methods = Methods(modern=handlers.modern.keys(), legacy=handlers.legacy.keys())
         self._allowed_hosts = {h.lower() for h in settings.allowed_hosts} | _LOOPBACK
         if settings.http_host not in ("0.0.0.0", "::", ""):
@@ -149,18 +155,40 @@ class McpHttp:
             client = f"{principal}@{request.client.host if request.client else 'unknown'}"
         return Caller(principal, client, connection_of(request.scope))
 
+    def _hop(self, request: Request, body: bytes) -> Caller | Response | None:
+        """A request forwarded by another replica: the caller its signature vouches for, or
+        401; None for a request that is not a hop."""
+        if self.peers is None or not PeerAuth.is_hop(request.headers):
+            return None
+        identity = self.peers.auth.verify(
+            request.headers, hop_target(request.method, request.headers), body
+        )
+        if identity is None:
+            log.warning("refused a forwarded request with a bad or stale peer signature")
+            return JSONResponse({"error": "bad peer signature"}, status_code=401)
+        return Caller(identity.principal, identity.client, connection_of(request.scope))
+
     async def post(self, request: Request) -> Response:
-        caller = self._gate(request)
+        hop = self.peers is not None and PeerAuth.is_hop(request.headers)
+        caller: Caller | Response | None = None if hop else self._gate(request)
         if isinstance(caller, Response):
             return caller
         started = time.perf_counter()
         method, request_id = "invalid", None
         try:
-            inbound = classify(request.headers, await self._read_body(request), self._methods)
+            body = await self._read_body(request)
+            if caller is None:  # a hop: the signature says who the caller is
+                caller = self._hop(request, body) or Response(status_code=401)
+                if isinstance(caller, Response):
+                    return caller
+            inbound = classify(request.headers, body, self._methods)
             if inbound.is_notification:
                 self._notification(caller, inbound)
                 return Response(status_code=202)  # notifications need no answer
             method, request_id = inbound.rpc.method, inbound.rpc.id
+            owner = await self._owner(routed_task_id(method, inbound.params), hop)
+            if owner is not None:
+                return await self._forward(request, body, caller, owner, method)
             call = Call(inbound.rpc, caller, inbound.legacy, inbound.params, request.headers)
             outcome = await self.handlers.dispatch(call)
         except Rejected as exc:
@@ -176,6 +204,55 @@ class McpHttp:
         if isinstance(outcome, Streamed):
             return SseResponse(self._sse(outcome, request_id), outcome.on_close)
         return self._json(result_response(request_id, outcome), 200)
+
+    async def _owner(self, task_id: str | None, hop: bool) -> str | None:
+        """The owner's URL when the request must be forwarded; None to serve it here. A hop is
+        never forwarded again: its partition moved twice, so the client is told to retry."""
+        if task_id is None or self.routing is None:
+            return None
+        owner = await self.routing.where(task_id)
+        if owner is not None and hop:
+            raise partition_moving_error(task_id)
+        return owner
+
+    async def _forward(
+        self, request: Request, body: bytes, caller: Caller, owner: str, method: str
+    ) -> Response:
+        """One hop: send the request to the owner and pass its answer back as it comes."""
+        if self.peers is None:  # the app builds routing that divides only with peers
+            raise RuntimeError("a request to forward, but no peer client")
+        started = time.perf_counter()
+        identity = PeerIdentity(caller.principal, caller.client)
+        try:
+            answer = await self.peers.forward(
+                owner, request.method, request.headers, body, identity
+            )
+        except Exception as exc:
+            self.metrics.forward(method, "unavailable", None)
+            log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
+            error = RpcError(
+                INTERNAL_ERROR,
+                "The replica that owns this task did not answer; retry shortly",
+                {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
+                http_status=503,
+            )
+            return self._json(error_response(None, error), 503)
+        self.metrics.forward(
+            method, "ok" if answer.status < 500 else "error", time.perf_counter() - started
+        )
+
+        async def body_of() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in answer.body:
+                    yield chunk
+            except Exception as exc:
+                # The owner went away mid-answer (a stream's replica died): end this response
+                # too, without a result, so the client resumes with its cursor.
+                log.warning("the owner's answer to %s broke off: %s", method, type(exc).__name__)
+            finally:
+                await answer.close()
+
+        return StreamingResponse(body_of(), status_code=answer.status, headers=answer.headers)
 
     def _refuse(
         self, method: str, request_id: str | int | None, error: RpcError, started: float
@@ -194,7 +271,11 @@ class McpHttp:
 
     @staticmethod
     def _json(message: dict[str, Any], status: int) -> Response:
-        return Response(dumps(message), status_code=status, media_type="application/json")
+        # 503 is only ever a retriable answer here (a partition moving, an owner not answering).
+        headers = {"Retry-After": str(max(1, RETRY_AFTER_MS // 1000))} if status == 503 else None
+        return Response(
+            dumps(message), status_code=status, media_type="application/json", headers=headers
+        )
 
     async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[bytes]:
         try:
@@ -218,7 +299,10 @@ class McpHttp:
         cursor = request.headers.get("last-event-id")
         if cursor is None:
             return Response(status_code=405, headers={"Allow": "POST"})
-        caller = self._gate(request)
+        hop = self.peers is not None and PeerAuth.is_hop(request.headers)
+        caller = (
+            (self._hop(request, b"") or Response(status_code=401)) if hop else self._gate(request)
+        )
         if isinstance(caller, Response):
             return caller
         try:
@@ -226,6 +310,12 @@ class McpHttp:
         except ValueError:
             error = RpcError(INVALID_PARAMS, "Last-Event-ID is not a stream cursor")
             return self._json(error_response(None, error), 400)
+        try:
+            owner = await self._owner(task_id, hop)
+        except RpcError as exc:
+            return self._json(error_response(request_id, exc), exc.http_status)
+        if owner is not None:
+            return await self._forward(request, b"", caller, owner, "tasks/stream")
         try:
             outcome = await self.handlers.open_stream(caller, request_id, task_id, seq)
         except TaskNotFound as exc:

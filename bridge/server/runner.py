@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
+import io
 import logging
+import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
@@ -145,6 +148,8 @@ class _Uvicorn(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self._handle_signals:
+            _dump_on_signals()
         self._owner._mark_started()
 
     @contextlib.contextmanager
@@ -191,3 +196,17 @@ def bridge_server(
         on_stop=drain_streams,
         handle_signals=handle_signals,
     )
+
+
+def _dump_on_signals() -> None:
+    """Operations aids: SIGUSR1 writes every thread's stack to stderr (works even when the
+    event loop is stuck), SIGUSR2 every asyncio task's (what each coroutine awaits)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    def dump_tasks() -> None:
+        for task in asyncio.all_tasks():
+            buffer = io.StringIO()
+            task.print_stack(limit=12, file=buffer)
+            log.warning("task %s:\n%s", task.get_name(), buffer.getvalue())
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump_tasks)

@@ -28,7 +28,7 @@ from typing import Protocol
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.log.fanout import Fanout, Subscription
-from bridge.log.indexer import Indexer
+from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.reader import NotRetained, Reader, SeqUntrusted
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
@@ -117,7 +117,8 @@ class StreamHub:
         self.fanout = fanout
         self.metrics = metrics
         self.draining = asyncio.Event()
-        self._streams: set[Subscription] = set()
+        self._streams: dict[Subscription, Ticket] = {}
+        indexer.add_ownership_listener(self._partitions_moved)
         self.admission = Admission(
             Limits(
                 streams_per_client=settings.max_streams_per_principal,
@@ -133,6 +134,16 @@ class StreamHub:
         # Only the streams: the fan-out also serves calls waiting for a status, which go on.
         for sub in list(self._streams):
             sub.close()
+
+    def _partitions_moved(self, gained: set[int], lost: set[int]) -> None:
+        """End the streams of partitions this replica no longer owns, without their result:
+        their clients resume on the new owner from their cursor. Kept partitions' streams go on."""
+        if not lost:
+            return
+        for sub, ticket in list(self._streams.items()):
+            if self.indexer.partition_of(sub.task_id) in lost:
+                ticket.moved = True
+                sub.close()
 
     @property
     def active_streams(self) -> int:
@@ -207,12 +218,14 @@ class StreamHub:
         partition = self.indexer.partition_of(task_id)
         with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
             ticket.on_cancel.append(sub.close)
-            self._streams.add(sub)
+            self._streams[sub] = ticket
             try:
                 async for item in self._run(sub, partition, after):
                     yield item
+            except NotOwner:
+                ticket.moved = True  # the partition moved during a read: resume at its owner
             finally:
-                self._streams.discard(sub)
+                self._streams.pop(sub, None)
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
@@ -290,7 +303,8 @@ class StreamHub:
         """Count a batch about to be written: one backlog and one latency sample per write."""
         m = self.metrics
         m.events_delivered.inc(len(batch))
-        head = self.indexer.partitions[partition].next_seq_of(task_id)
+        idx = self.indexer.partitions.get(partition)
+        head = idx.next_seq_of(task_id) if idx is not None else None
         if head is not None:
             m.backlog.observe(max(0, head - 1 - batch[-1][0]))
         if live:  # the oldest event of the batch waited longest

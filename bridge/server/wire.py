@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -43,6 +43,7 @@ from bridge.events import (
 )
 
 __all__ = [
+    "CALLBACK_ENDPOINT_ERROR",
     "CLIENT_CAPS_META",
     "CLIENT_INFO_META",
     "EVENTS_GONE",
@@ -58,6 +59,7 @@ __all__ = [
     "PARSE_ERROR",
     "PROTOCOL_VERSION_META",
     "RELATED_TASK_META",
+    "RESOURCE_EXHAUSTED",
     "SERVER_INFO_META",
     "SUBSCRIPTION_ID_META",
     "SUPPORTED_VERSIONS",
@@ -65,7 +67,9 @@ __all__ = [
     "UNSUPPORTED_VERSION",
     "EventsListParams",
     "EventsPollParams",
+    "EventsSubscribeParams",
     "EventsSubscriptionParams",
+    "EventsUnsubscribeParams",
     "Frame",
     "InitializeParams",
     "JsonRpcRequest",
@@ -74,6 +78,8 @@ __all__ = [
     "TasksStreamParams",
     "TasksUpdateParams",
     "ToolsCallParams",
+    "WebhookDelivery",
+    "WebhookTarget",
     "cursor_ahead_error",
     "dumps",
     "error_response",
@@ -365,6 +371,50 @@ class EventsListParams(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     cursor: StrictStr | None = None
+
+
+#: The draft's codes beside NotFound, Forbidden and Unsupported (provisional, like them).
+RESOURCE_EXHAUSTED = -32025
+CALLBACK_ENDPOINT_ERROR = -32027
+
+
+class WebhookTarget(BaseModel):
+    """``delivery`` of events/unsubscribe: where the subscription delivers."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    mode: Literal["webhook"] = "webhook"
+    url: StrictStr = Field(max_length=2048)
+
+
+class WebhookDelivery(WebhookTarget):
+    """``delivery`` of events/subscribe; the secret is never echoed (not even in errors)."""
+
+    secret: StrictStr = Field(repr=False, max_length=256)
+
+
+class EventsUnsubscribeParams(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    arguments: dict[str, Any] | None = None
+    delivery: WebhookTarget
+
+
+class EventsSubscribeParams(EventsUnsubscribeParams):
+    """events/subscribe. ``ttlMs`` absent (server default) and ``null`` (a request for no
+    expiry) differ: :meth:`ttl_given` tells them apart."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    delivery: WebhookDelivery
+    cursor: StrictStr | None = None
+    max_age_ms: StrictInt | None = Field(default=None, alias="maxAgeMs", ge=0)
+    ttl_ms: StrictInt | None = Field(default=None, alias="ttlMs", ge=1)
+
+    @property
+    def ttl_given(self) -> bool:
+        return "ttl_ms" in self.model_fields_set
 
 
 def notification_message(method: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from bridge.envelope import TaskEvent
 from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
 from bridge.log.fanout import Fanout, Subscription
-from bridge.log.indexer import IndexedEvent, Indexer
+from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader
 from bridge.log.seqindex import owner_key
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 #: How long a replica that does not know a task id catches up before saying "not found".
 _CATCH_UP_S = 5.0
 _WRITE_VISIBLE_S = 30.0
+#: Ids drawn at most to find one in an owned partition (1 - (1 - k/P)**64 of the time).
+_OWNED_ID_DRAWS = 64
 #: Events a waiting call buffers before it falls back to re-reading the task's state.
 _WATCH_BUFFER = 256
 
@@ -199,6 +201,21 @@ class TaskService:
 
     # --- create --------------------------------------------------------------------------
 
+    def new_task_id(self) -> str:
+        """A fresh task id (192 random bits) whose partition this replica owns when it owns
+        any, so that creating the task, waiting for it and streaming it need no hop.
+
+        Drawing until the partition fits keeps every id uniformly random among the ids of the
+        owned partitions: with P partitions of which this replica owns k, an id keeps
+        192 - log2(P/k) bits of randomness (far above 128 for any partition count).
+        """
+        owned = self.indexer.partitions
+        for _ in range(_OWNED_ID_DRAWS):
+            task_id = new_task_id()
+            if not owned or self.indexer.partition_of(task_id) in owned:
+                return task_id
+        return task_id  # owning very few of many partitions: the owner serves it, one hop away
+
     def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]:
         """Events of ``task_id`` indexed from now on, in a bounded buffer, while in the block.
 
@@ -225,10 +242,9 @@ class TaskService:
         limit = self.settings.max_active_tasks_per_principal
         if self._owners.count(owner_key(owner), now) >= limit:
             raise TooManyTasks(limit)
-        task_id = task_id or new_task_id()
+        task_id = task_id or self.new_task_id()
         where = await publish_created(self.publisher, self._types, tool, principal, task_id, now)
-        async with asyncio.timeout(_WRITE_VISIBLE_S):
-            await self.indexer.wait_indexed(where.partition, where.offset)
+        await self._visible(where.partition, where.offset)
         job = JobRequest(
             task_id=task_id,
             tool=tool.name,
@@ -257,8 +273,15 @@ class TaskService:
 
     async def _publish_status(self, task_id: str, status: StatusPayload) -> None:
         where = await self.publisher.publish(task_id, self._types.status, status.payload())
-        async with asyncio.timeout(_WRITE_VISIBLE_S):
-            await self.indexer.wait_indexed(where.partition, where.offset)
+        await self._visible(where.partition, where.offset)
+
+    async def _visible(self, partition: int, offset: int) -> None:
+        """Wait until this replica's view holds the record just written (acks=all: it is
+        durable). A partition owned elsewhere is its owner's to index: a replica asked about a
+        task it does not know catches up with the partition's end before it answers."""
+        with contextlib.suppress(NotOwner):
+            async with asyncio.timeout(_WRITE_VISIBLE_S):
+                await self.indexer.wait_indexed(partition, offset)
 
     # --- get -----------------------------------------------------------------------------
 

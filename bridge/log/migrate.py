@@ -1,0 +1,149 @@
+"""``bridge index migrate``: rewrite an index written before the co-partitioned layout.
+
+Versions before per-partition ownership wrote every index record wherever its key hashed, with
+record version 1, through one writer. This version keeps each events partition's records in
+the index partition of the same number (version 2) and refuses to restore from anything else
+(:func:`bridge.log.indexer.index_layout_error`). The migration, run once with every bridge
+process stopped:
+
+1. gives the index topic as many partitions as the events topic, if it has fewer (Kafka only
+   ever adds partitions; existing records stay where they are);
+2. reads the whole index (the latest record of each key) and, per events partition, in one
+   transaction of that partition's own writer (which also fences any writer still running),
+   writes each of its records as version 2 into its partition and a tombstone where a record
+   sat in another partition.
+
+Counts are copied, never recomputed, so nothing retention deleted is needed. Running it again
+finds nothing to move. What it does not do: touch the events topic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bridge.config import Settings
+from bridge.kafka.acls import index_writer_id, indexer_transactional_id
+from bridge.kafka.admin import add_partitions, kafka_admin
+from bridge.kafka.clients import (
+    ConsumerRecord,
+    TopicPartition,
+    committed_consumer,
+    transactional_producer,
+)
+from bridge.log.indexer import read_to_end, topic_partitions
+from bridge.log.seqindex import (
+    IndexRecordError,
+    MarkerRecord,
+    PartitionIndex,
+    decode_index_record,
+)
+
+__all__ = ["MigrationReport", "migrate_index"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MigrationReport:
+    partitions_added: int = 0
+    records_read: int = 0
+    rewritten: int = 0
+    tombstoned: int = 0
+    #: Events partitions rewritten, each in its own transaction.
+    partitions_written: list[int] = field(default_factory=list)
+
+
+async def migrate_index(
+    settings: Settings, progress: Callable[[str], None] = lambda line: None
+) -> MigrationReport:
+    """Rewrite the index topic into the co-partitioned layout; idempotent."""
+    report = MigrationReport()
+    topics = settings.topics
+    events = len(await topic_partitions(settings, topics.events))
+    index = await topic_partitions(settings, topics.index)
+    if len(index) < events:
+        async with kafka_admin(settings) as admin:
+            await add_partitions(admin, topics.index, events)
+        report.partitions_added = events - len(index)
+        progress(f"index topic: {len(index)} -> {events} partitions")
+        index = await topic_partitions(settings, topics.index)
+    latest = await _read_index(settings, index)
+    report.records_read = len(latest)
+    progress(f"read {len(latest)} index records from {len(index)} partitions")
+    writes: dict[int, list[tuple[int, bytes, bytes | None]]] = defaultdict(list)
+    for (slice_, key), value in latest.items():
+        if value is None:
+            continue
+        try:
+            record = decode_index_record(key, value)
+        except IndexRecordError as exc:
+            raise IndexRecordError(f"cannot migrate {key[:40]!r}: {exc}") from None
+        target = record.partition
+        if record.version == 2 and slice_ == target:
+            continue
+        writes[target].append((target, key, _reencoded(record, value)))
+        report.rewritten += 1
+        if slice_ != target:
+            writes[target].append((slice_, key, None))
+            report.tombstoned += 1
+    await _fence_the_single_writer(settings)
+    for target in sorted(writes):
+        await _write(settings, target, writes[target])
+        report.partitions_written.append(target)
+        progress(f"events partition {target}: {len(writes[target])} index records written")
+    return report
+
+
+def _reencoded(record: object, value: bytes) -> bytes:
+    if isinstance(record, MarkerRecord):
+        return PartitionIndex(record.partition, 1, record.through, record.lost_before).marker()
+    # A task record's bytes differ from version 2 only in the version byte.
+    return bytes([2]) + value[1:]
+
+
+async def _read_index(
+    settings: Settings, partitions: list[int]
+) -> dict[tuple[int, bytes], bytes | None]:
+    """The latest record of each key in each index partition (a key moved by an earlier run
+    has a tombstone where it was and its record where it belongs)."""
+    latest: dict[tuple[int, bytes], bytes | None] = {}
+
+    def keep(record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.key is not None:
+            latest[record.partition, record.key] = record.value
+
+    consumer = committed_consumer(settings, role="index-migrate")
+    await consumer.start()
+    try:
+        topic = settings.topics.index
+        await read_to_end(consumer, [TopicPartition(topic, p) for p in partitions], keep)
+    finally:
+        await consumer.stop()
+    return latest
+
+
+async def _fence_the_single_writer(settings: Settings) -> None:
+    """Abort any open transaction of the old single writer (best effort: a principal without
+    WRITE on its id could never have written with it)."""
+    old = transactional_producer(settings, indexer_transactional_id(settings.topics))
+    with contextlib.suppress(Exception):
+        await old.start()
+    with contextlib.suppress(Exception):
+        await old.stop()
+
+
+async def _write(
+    settings: Settings, events_partition: int, records: list[tuple[int, bytes, bytes | None]]
+) -> None:
+    writer = transactional_producer(settings, index_writer_id(settings.topics, events_partition))
+    await writer.start()
+    try:
+        async with writer.transaction():
+            for partition, key, value in records:
+                await writer.send(settings.topics.index, key=key, value=value, partition=partition)
+    finally:
+        await writer.stop()

@@ -1,0 +1,36 @@
+"""Counting the records an event source skips: any bytes a producer can write must never crash
+a poll or a stream, and must not pass silently either.
+
+Counts are kept per reason on the source (``skips.counts``); a warning names the source and
+the counts at most once a minute, never a record's content.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+__all__ = ["Skips"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two warnings of one source.
+WARN_EVERY_S = 60.0
+
+
+class Skips:
+    """Records of one source skipped so far, by reason."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.counts: Counter[str] = Counter()
+        self._warned_at: float | None = None
+
+    def add(self, reason: str) -> None:
+        self.counts[reason] += 1
+        now = time.monotonic()
+        if self._warned_at is None or now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            counts = ", ".join(f"{name}={n}" for name, n in sorted(self.counts.items()))
+            log.warning("event source %s skipped records since start: %s", self.source, counts)

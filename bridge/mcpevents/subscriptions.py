@@ -1,0 +1,265 @@
+"""Webhook subscriptions of the Events extension (SEP-3415) as data: identity, TTL, records, merge.
+
+Where it sits: ``events/subscribe`` (any replica) builds a :class:`Subscription` and writes it to
+the compacted ``<prefix>.event-subscriptions`` topic under its id; the replica that owns the
+record's partition delivers it and writes it back with its delivered cursor and delivery status
+(:mod:`bridge.mcpevents.delivery`); every replica keeps the latest state of every subscription in
+a :class:`SubscriptionTable` (:mod:`bridge.mcpevents.registry` feeds it from the topic).
+
+Two writers may race on one key: a refresh (new TTL, new secret) from the replica that served
+it, and a write-back (cursor, status) from the owner. A record therefore carries two revisions,
+and :func:`merge` takes the *definition* from the record with the newer ``refreshed_ms`` and the
+*delivery state* from the one with the higher ``delivery_rev``: replicas converge whatever the
+order, and a refresh is never undone by a delivery. A write-back that lands after the
+subscription's tombstone (a zombie) carries a definition no newer than the deleted one and is
+ignored.
+
+Secrets: a record holds the callback's signing secrets, because a replica that takes the
+partition over must sign with them. They never appear in a ``repr`` (nor do the principal, the
+URL or the arguments); this module logs nothing.
+
+Pure: no Kafka, no HTTP, no JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BadRecord",
+    "DeliveryStatus",
+    "Subscription",
+    "SubscriptionTable",
+    "TtlPolicy",
+    "merge",
+    "subscription_id",
+]
+
+_VERSION = 1
+
+
+class BadRecord(ValueError):
+    """A subscriptions-topic record this version cannot read (its content is never shown)."""
+
+
+def subscription_id(principal: str, url: str, name: str, arguments: dict[str, Any]) -> str:
+    """The draft's deterministic id over ``(principal, url, name, arguments)``: 128 bits of a
+    SHA-256 of their canonical JSON (arguments compared by canonical-JSON equality)."""
+    key = json.dumps(
+        [principal, url, name, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return "sub_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class TtlPolicy:
+    """What the server grants: the suggestion clamped into ``[min_ms, max_ms]``."""
+
+    default_ms: int
+    min_ms: int
+    max_ms: int
+
+    def grant(self, suggested_ms: int | None, *, given: bool) -> int:
+        """The granted TTL. ``given`` False: no ``ttlMs`` (the default); ``None``: a request for
+        no expiry, answered with the longest finite grant (this server never grants none)."""
+        if not given:
+            return self.default_ms
+        if suggested_ms is None:
+            return self.max_ms
+        return min(max(suggested_ms, self.min_ms), self.max_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryStatus:
+    """How delivery to the callback goes; ``last_error`` is one of the draft's categories."""
+
+    last_delivery_ms: int | None = None
+    last_error: str | None = None
+    failed_since_ms: int | None = None
+    consecutive_failures: int = 0
+    #: When the owner suspended delivery after repeated failures; a later refresh resumes it.
+    suspended_ms: int | None = None
+
+    def succeeded(self, now_ms: int) -> DeliveryStatus:
+        return DeliveryStatus(last_delivery_ms=now_ms)
+
+    def failed(self, error: str | None, now_ms: int, *, suspend_after: int) -> DeliveryStatus:
+        """One delivery given up (retries exhausted, or refused); suspended at the threshold."""
+        failures = self.consecutive_failures + 1
+        return dataclasses.replace(
+            self,
+            last_error=error,
+            failed_since_ms=self.failed_since_ms or now_ms,
+            consecutive_failures=failures,
+            suspended_ms=now_ms if failures >= suspend_after else self.suspended_ms,
+        )
+
+    def suspended(self, now_ms: int) -> DeliveryStatus:
+        return dataclasses.replace(self, suspended_ms=now_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """One webhook subscription: its definition (from subscribe) and its delivery state."""
+
+    id: str
+    name: str
+    principal: str = field(repr=False)
+    arguments: dict[str, Any] = field(repr=False)
+    url: str = field(repr=False)
+    #: Signing secrets, newest first; the older ones sign until ``previous_until_ms``.
+    secrets: tuple[str, ...] = field(repr=False)
+    previous_until_ms: int
+    expires_ms: int
+    #: The definition's revision: the time of the subscribe (or refresh) that wrote it.
+    refreshed_ms: int
+    #: Delivered (or abandoned) up to here: the safe-to-persist watermark.
+    cursor: str | None
+    #: Events older than this are skipped by the first delivery read (the subscribe's maxAgeMs).
+    floor_ms: int | None
+    #: The delivery state's revision, raised by every write-back of the owner.
+    delivery_rev: int
+    status: DeliveryStatus = DeliveryStatus()
+
+    def signing_secrets(self, now_ms: int) -> list[str]:
+        """The secrets a delivery is signed with now (both during a rotation's grace window)."""
+        if now_ms < self.previous_until_ms:
+            return list(self.secrets)
+        return list(self.secrets[:1])
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms >= self.expires_ms
+
+    @property
+    def active(self) -> bool:
+        """False while suspended: a refresh after the suspension makes it active again."""
+        suspended = self.status.suspended_ms
+        return suspended is None or suspended < self.refreshed_ms
+
+    def refreshed(self, secret: str, expires_ms: int, now_ms: int, grace_ms: int) -> Subscription:
+        """The idempotent upsert of a refresh: new TTL, the secret replaced (the old one signs
+        for ``grace_ms`` more), delivery state kept."""
+        rotated = secret != self.secrets[0]
+        return dataclasses.replace(
+            self,
+            secrets=(secret, self.secrets[0]) if rotated else self.secrets,
+            previous_until_ms=now_ms + grace_ms if rotated else self.previous_until_ms,
+            expires_ms=expires_ms,
+            refreshed_ms=max(now_ms, self.refreshed_ms + 1),
+        )
+
+    def delivered(
+        self, cursor: str | None, status: DeliveryStatus, *, floor_ms: int | None = None
+    ) -> Subscription:
+        """The owner's write-back: a new watermark and status, one delivery revision later."""
+        return dataclasses.replace(
+            self,
+            cursor=cursor,
+            status=status,
+            floor_ms=floor_ms,
+            delivery_rev=self.delivery_rev + 1,
+        )
+
+    def to_record(self) -> bytes:
+        """The record value (JSON; secrets included: see the module docstring)."""
+        body = {
+            "v": _VERSION,
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+            "secrets": list(self.secrets),
+            "status": dataclasses.asdict(self.status),
+        }
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_record(cls, value: bytes) -> Subscription:
+        """Parse a record value; :class:`BadRecord` for anything else."""
+        try:
+            body = json.loads(value)
+            if not isinstance(body, dict) or body.pop("v", None) != _VERSION:
+                raise BadRecord("unknown subscription record version")
+            body["secrets"] = tuple(body["secrets"])
+            body["status"] = DeliveryStatus(**body["status"])
+            return cls(**body)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise BadRecord(f"unreadable subscription record ({type(exc).__name__})") from None
+
+
+def merge(old: Subscription | None, new: Subscription) -> Subscription:
+    """The state after ``new`` when ``old`` was known: definition by ``refreshed_ms``, delivery
+    state by ``delivery_rev`` (ties go to ``new``, the later record)."""
+    if old is None:
+        return new
+    definition = new if new.refreshed_ms >= old.refreshed_ms else old
+    delivery = new if new.delivery_rev >= old.delivery_rev else old
+    return dataclasses.replace(
+        definition,
+        cursor=delivery.cursor,
+        floor_ms=delivery.floor_ms,
+        delivery_rev=delivery.delivery_rev,
+        status=delivery.status,
+    )
+
+
+class SubscriptionTable:
+    """The latest merged state of every subscription, by id, with its partition."""
+
+    def __init__(self) -> None:
+        self._subs: dict[str, Subscription] = {}
+        self._partition: dict[str, int] = {}
+        #: The definition revision each deleted id had: older records after it are zombies.
+        self._deleted: dict[str, int] = {}
+
+    def apply(self, partition: int, key: str, value: bytes | None) -> bool:
+        """Apply one record; True when the state of ``key`` changed. Raises :class:`BadRecord`."""
+        if value is None:
+            gone = self._subs.pop(key, None)
+            if gone is not None:
+                self._deleted[key] = max(gone.refreshed_ms, self._deleted.get(key, 0))
+            return gone is not None
+        sub = Subscription.from_record(value)
+        if sub.id != key:
+            raise BadRecord("a subscription record under another id's key")
+        if sub.refreshed_ms <= self._deleted.get(key, -1):
+            return False  # a write-back that raced the tombstone
+        before = self._subs.get(key)
+        self._subs[key] = merged = merge(before, sub)
+        self._partition[key] = partition
+        return merged != before
+
+    def get(self, sub_id: str) -> Subscription | None:
+        return self._subs.get(sub_id)
+
+    def live(self, sub_id: str, now_ms: int) -> Subscription | None:
+        """The subscription unless it is unknown or expired (the owner tombstones it soon)."""
+        sub = self._subs.get(sub_id)
+        return sub if sub is not None and not sub.expired(now_ms) else None
+
+    def deleted_rev(self, sub_id: str) -> int:
+        """A new definition of ``sub_id`` must be newer than this to outlive its tombstone."""
+        return self._deleted.get(sub_id, 0)
+
+    def count_live(self, principal: str, now_ms: int) -> int:
+        return sum(
+            1 for s in self._subs.values() if s.principal == principal and not s.expired(now_ms)
+        )
+
+    def verified(self, principal: str, url: str, now_ms: int) -> bool:
+        """Whether ``principal`` proved ``url``'s consent already: every stored subscription
+        passed the challenge, so a live one to the same URL stands for it (the draft caches
+        verification per principal and URL)."""
+        return any(
+            s.principal == principal and s.url == url and not s.expired(now_ms)
+            for s in self._subs.values()
+        )
+
+    def partition_of(self, sub_id: str) -> int | None:
+        return self._partition.get(sub_id)
+
+    def in_partitions(self, partitions: Iterable[int]) -> list[str]:
+        wanted = set(partitions)
+        return [sid for sid in self._subs if self._partition.get(sid) in wanted]

@@ -1,0 +1,326 @@
+"""Event sources read by offset, end to end: real Kafka, a real `bridge serve`, real HTTP.
+
+``io.mcpbridge.task.updated`` over the task-updates topic (records produced here in the format of
+:mod:`bridge.log.updates`, as the index writer will write them) and a configured source over a
+pipeline's topic: poll with cursors that survive a restart, maxAgeMs and retention, only the
+caller's updates, garbage records skipped, authorization, and push with live records,
+heartbeats carrying the cursor and the end of a one-task stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka.admin import NewTopic
+from conformance.wire import loads
+from support.layout import fresh_prefix, make_settings
+from support.mcp import call, create_task, request, result
+from support.procs import Bridge, running_bearer_bridge
+from support.sse import sse_events
+from support.waits import BOUND, wait_until
+
+from bridge.config import Settings
+from bridge.kafka.admin import delete_records_before, kafka_admin
+from bridge.kafka.clients import TopicPartition, partition_for_key, plain_producer
+from bridge.log.seqindex import owner_key
+from bridge.log.updates import TaskUpdate
+from bridge.mcpevents.cursor import decode_partition
+from bridge.tasks.messages import owner_digest
+
+pytestmark = pytest.mark.kafka
+
+UPDATED = "io.mcpbridge.task.updated"
+ORDERS = "com.example.orders.shipped"
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+HEARTBEAT_S = 0.5
+SID = "io.modelcontextprotocol/subscriptionId"
+
+
+def pipeline_topic(settings: Settings) -> str:
+    return f"pipe-{settings.topics.prefix}.orders"
+
+
+def orders_source(settings: Settings) -> dict[str, Any]:
+    return {
+        "name": ORDERS,
+        "topic": pipeline_topic(settings),
+        "description": "An order of the customer was shipped",
+        "key_argument": "customerId",
+        "headers": {"type": "shipped"},
+        "payload_schema": {
+            "type": "object",
+            "properties": {"orderId": {"type": "string"}},
+            "required": ["orderId"],
+        },
+        "principals": ["alice"],
+        "poll_interval_ms": 1000,
+    }
+
+
+async def create_pipeline_topic(settings: Settings) -> None:
+    async with kafka_admin(settings) as admin:
+        await admin.create_topics([NewTopic(pipeline_topic(settings), 3, 1)])
+
+
+@pytest.fixture(scope="module")
+def sbridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+    root: Path = tmp_path_factory.mktemp("sources")
+    settings = make_settings(kafka_bootstrap, fresh_prefix("s"))
+    asyncio.run(create_pipeline_topic(settings))
+    with running_bearer_bridge(
+        settings,
+        root,
+        TOKENS,
+        BRIDGE_STREAM_KEEPALIVE_S=str(HEARTBEAT_S),
+        BRIDGE_EVENT_SOURCES=json.dumps([orders_source(settings)]),
+    ) as running:
+        yield running
+
+
+def client(token: str = "tok-alice") -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=BOUND, headers={"Authorization": f"Bearer {token}"})
+
+
+async def poll(
+    bridge: Bridge, name: str, params: dict[str, Any], token: str = "tok-alice"
+) -> dict[str, Any]:
+    async with client(token) as http:
+        return await call(http, bridge.url, "events/poll", {"name": name, **params})
+
+
+async def polled(
+    bridge: Bridge, name: str, params: dict[str, Any], token: str = "tok-alice"
+) -> dict[str, Any]:
+    out = await poll(bridge, name, params, token)
+    assert "result" in out, out
+    return dict(out["result"])
+
+
+async def drain(
+    bridge: Bridge, name: str, params: dict[str, Any], want: int, token: str = "tok-alice"
+) -> tuple[list[dict[str, Any]], str]:
+    """Poll from ``params["cursor"]`` until ``want`` events came (a bounded wait); the events
+    and the last cursor."""
+    got: list[dict[str, Any]] = []
+    cursor = params["cursor"]
+
+    async def more() -> bool:
+        nonlocal cursor
+        page = await polled(bridge, name, {**params, "cursor": cursor}, token)
+        got.extend(page["events"])
+        cursor = page["cursor"]
+        return len(got) >= want
+
+    await wait_until(more, what=f"{want} events of {name}")  # type: ignore[arg-type]
+    return got, cursor
+
+
+def owner(principal: str) -> int:
+    return owner_key(owner_digest(principal))
+
+
+async def produce_updates(settings: Settings, *updates: tuple[str, str, int, str]) -> None:
+    """Task-updates records ``(principal, taskId, seq, status)`` in the topic's own format."""
+    async with plain_producer(settings) as producer:
+        for principal, task, seq, status in updates:
+            update = TaskUpdate(owner(principal), task, seq, status, 0, seq, 1_700_000_000_000)
+            await producer.send_and_wait(settings.topics.updates, update.value(), update.key())
+
+
+async def produce_orders(
+    settings: Settings, *records: tuple[bytes | None, bytes | None, str]
+) -> None:
+    """Records ``(key, value, type header)`` on the pipeline topic, as any producer writes."""
+    async with plain_producer(settings) as producer:
+        for key, value, kind in records:
+            headers = [("type", kind.encode())]
+            await producer.send_and_wait(pipeline_topic(settings), value, key, headers=headers)
+
+
+def shipped(order: str) -> bytes:
+    return json.dumps({"orderId": order}).encode()
+
+
+def server(bridge: Bridge) -> Any:
+    assert bridge.server is not None
+    return bridge.server
+
+
+async def push(
+    bridge: Bridge, name: str, params: dict[str, Any], token: str = "tok-alice"
+) -> AsyncGenerator[dict[str, Any]]:
+    headers, body = request("events/stream", {"name": name, **params})
+    async with (
+        client(token) as http,
+        http.stream("POST", bridge.url, json=body, headers=headers) as reply,
+    ):
+        assert reply.status_code == 200
+        async for event in sse_events(reply):
+            yield loads(event.data)
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+
+async def test_the_list_offers_task_updated_and_the_configured_source(sbridge: Bridge) -> None:
+    async with client() as http:
+        listed = await result(http, sbridge.url, "events/list")
+    by_name = {entry["name"]: entry for entry in listed["events"]}
+    assert list(by_name) == ["io.mcpbridge.task.event", UPDATED, ORDERS]
+    assert by_name[UPDATED]["delivery"] == ["poll", "push"]
+    orders = by_name[ORDERS]
+    assert orders["inputSchema"]["required"] == ["customerId"]
+    assert orders["payloadSchema"]["required"] == ["orderId"]
+
+
+async def test_task_updated_polls_only_the_callers_updates_and_resumes_across_a_restart(
+    sbridge: Bridge,
+) -> None:
+    settings = sbridge.settings
+    start = await polled(sbridge, UPDATED, {"arguments": {}, "cursor": None})
+    assert start["events"] == [] and start["hasMore"] is False and start["nextPollMs"] == 1000
+    await produce_updates(
+        settings,
+        ("alice", "ta", 0, "working"),
+        ("bob", "tb", 0, "working"),
+        ("alice", "ta", 2, "input_required"),
+        ("alice", "ta", 3, "completed"),
+    )
+    first, cursor = await drain(sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"]}, 3)
+    assert [e["eventId"] for e in first] == ["ta.0", "ta.2", "ta.3"]
+    assert first[2]["data"]["resultRequest"] == {"method": "tasks/get", "params": {"taskId": "ta"}}
+    bobs, _ = await drain(
+        sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"]}, 1, "tok-bob"
+    )
+    assert [e["eventId"] for e in bobs] == ["tb.0"]
+    server(sbridge).stop()
+    await produce_updates(settings, ("alice", "tc", 0, "working"), ("alice", "tc", 1, "failed"))
+    sbridge.start_server()
+    rest, _ = await drain(sbridge, UPDATED, {"arguments": {}, "cursor": cursor}, 2)
+    assert [e["eventId"] for e in rest] == ["tc.0", "tc.1"]  # nothing lost, nothing repeated
+
+
+async def test_max_age_seeks_by_time_and_a_cursor_past_retention_is_truncated(
+    sbridge: Bridge,
+) -> None:
+    settings = sbridge.settings
+    start = await polled(sbridge, UPDATED, {"arguments": {}, "cursor": None})
+    key = TaskUpdate(owner("alice"), "x", 0, "working", 0, 0, 0).key()
+    old_ms = 1_600_000_000_000  # 2020: far older than any maxAgeMs below
+    async with plain_producer(settings) as producer:
+        for seq in range(3):
+            update = TaskUpdate(owner("alice"), "tm", seq, "working", 0, seq, old_ms)
+            await producer.send_and_wait(
+                settings.topics.updates, update.value(), key, timestamp_ms=old_ms
+            )
+    await produce_updates(settings, ("alice", "tm", 3, "working"))
+    aged, _ = await drain(
+        sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"], "maxAgeMs": 600_000}, 1
+    )
+    assert [e["eventId"] for e in aged] == ["tm.3"]
+    again = await polled(
+        sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"], "maxAgeMs": 600_000}
+    )
+    assert again["truncated"] is True
+    partition, end = decode_partition(again["cursor"])
+    assert partition == partition_for_key(key, settings.topics.partitions)
+    tp = TopicPartition(settings.topics.updates, partition)
+    await delete_records_before(settings, tp, end)  # retention by hand: everything so far
+    gone = await polled(sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"]})
+    assert gone["truncated"] is True and gone["events"] == []
+
+
+async def test_task_updated_push_of_one_task_delivers_live_beats_and_ends_with_it(
+    sbridge: Bridge,
+) -> None:
+    async with client() as http:
+        task = await create_task(http, sbridge.url, "slow_compute", {"seconds": 120, "label": "u"})
+    async with client("tok-bob") as http:
+        foreign = await call(
+            http, sbridge.url, "events/stream", {"name": UPDATED, "arguments": {"taskId": task}}
+        )
+    assert foreign["error"]["code"] == -32023, foreign
+    seen: list[dict[str, Any]] = []
+    async with asyncio.timeout(BOUND):
+        messages = push(sbridge, UPDATED, {"arguments": {"taskId": task}, "cursor": None})
+        active = await anext(messages)
+        assert active["method"] == "notifications/events/active"
+        beat = await anext(messages)
+        assert beat["method"] == "notifications/events/heartbeat"
+        assert beat["params"]["cursor"] == active["params"]["cursor"]
+        await produce_updates(
+            sbridge.settings,
+            ("alice", "other", 0, "working"),
+            ("alice", task, 5, "working"),
+            ("alice", task, 6, "cancelled"),
+            ("alice", task, 7, "working"),
+        )
+        async for message in messages:
+            seen.append(message)
+    events = [m["params"] for m in seen if m.get("method") == "notifications/events/event"]
+    assert [e["eventId"] for e in events] == [f"{task}.5", f"{task}.6"]
+    sid = active["params"]["_meta"][SID]
+    assert seen[-1]["result"] == {"resultType": "complete", "_meta": {SID: sid}}
+
+
+async def test_a_configured_source_skips_garbage_filters_and_is_only_for_its_principals(
+    sbridge: Bridge,
+) -> None:
+    settings = sbridge.settings
+    args = {"customerId": "c1"}
+    start = await polled(sbridge, ORDERS, {"arguments": args, "cursor": None})
+    assert start["nextPollMs"] == 1000
+    await produce_orders(
+        settings,
+        (b"c1", shipped("o1"), "shipped"),
+        (b"c1", b"\xff\xfe not json", "shipped"),
+        (b"c1", b'{"n": NaN}', "shipped"),
+        (b"c1", b"[1, 2]", "shipped"),
+        (b"c1", b'{"orderId": 7}', "shipped"),
+        (b"c1", None, "shipped"),
+        (None, shipped("keyless"), "shipped"),
+        (b"c2", shipped("o2"), "shipped"),
+        (b"c1", shipped("o3"), "created"),
+        (b"c1", shipped("o4"), "shipped"),
+    )
+    got, cursor = await drain(sbridge, ORDERS, {"arguments": args, "cursor": start["cursor"]}, 2)
+    assert sorted(e["data"]["orderId"] for e in got) == ["o1", "o4"]
+    assert all(e["name"] == ORDERS and "-" in e["eventId"] for e in got)
+    empty = await polled(sbridge, ORDERS, {"arguments": args, "cursor": cursor})
+    assert empty["events"] == [] and empty["hasMore"] is False
+    refused = await poll(sbridge, ORDERS, {"arguments": args, "cursor": None}, "tok-bob")
+    assert refused["error"]["code"] == -32024, refused
+    bad = await poll(sbridge, ORDERS, {"arguments": {}, "cursor": None})
+    assert bad["error"]["code"] == -32602, bad
+    other = await polled(sbridge, UPDATED, {"arguments": {}, "cursor": None})
+    foreign = await poll(sbridge, ORDERS, {"arguments": args, "cursor": other["cursor"]})
+    assert foreign["error"]["code"] == -32602, foreign  # another event type's cursor
+
+
+async def test_a_configured_source_pushes_live_records_from_a_polled_cursor(
+    sbridge: Bridge,
+) -> None:
+    args = {"customerId": "c9"}
+    start = await polled(sbridge, ORDERS, {"arguments": args, "cursor": None})
+    await produce_orders(sbridge.settings, (b"c9", shipped("before"), "shipped"))
+    got: list[dict[str, Any]] = []
+    async with asyncio.timeout(BOUND):
+        messages = push(sbridge, ORDERS, {"arguments": args, "cursor": start["cursor"]})
+        active = await anext(messages)
+        assert active["params"]["truncated"] is False
+        async for message in messages:
+            if message["method"] == "notifications/events/event":
+                got.append(message["params"])
+                if len(got) == 1:
+                    await produce_orders(sbridge.settings, (b"c9", shipped("live"), "shipped"))
+                else:
+                    break
+        await messages.aclose()
+    assert [e["data"]["orderId"] for e in got] == ["before", "live"]
+    assert got[1]["cursor"] != got[0]["cursor"]

@@ -1,0 +1,572 @@
+"""Webhook subscriptions (events/subscribe, events/unsubscribe) end to end, and their pure rules.
+
+End to end: a real `bridge serve` (auth mode bearer) on real Kafka delivers a task's events to
+real HTTPS receivers on 127.0.0.1 (a trustme certificate for ``localhost``; the bridge trusts the
+CA through ``webhook_ca_file`` and reaches loopback through ``webhook_allowlist``). Signatures are
+checked with the ``standardwebhooks`` library. Each test uses a principal of its own, so the
+per-principal limit and the verification cache never cross tests. In-process: the subscription
+records, their merge, TTL grants, and the refusal of unauthenticated callers.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+from support.layout import fresh_prefix, make_settings
+from support.mcp import call, create_task, result
+from support.procs import Bridge, running_bearer_bridge
+from support.waits import BOUND, wait_until
+
+from bridge.log.publisher import TaskEventPublisher
+from bridge.mcpevents.subscriptions import (
+    DeliveryStatus,
+    Subscription,
+    SubscriptionTable,
+    TtlPolicy,
+    merge,
+    subscription_id,
+)
+from bridge.server.admission import Caller
+from bridge.server.events import EventsMethods, webhook_methods
+from bridge.server.handlers import Call
+from bridge.server.wire import JsonRpcRequest, RpcError
+
+NAME = "io.mcpbridge.task.event"
+SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
+ROTATED = "whsec_" + base64.b64encode(b"r" * 32).decode()
+PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida")
+TOKENS = {f"tok-{name}": name for name in PRINCIPALS}
+#: The bridge's retry policy here: three attempts within three seconds.
+ATTEMPTS = 3
+RETRY_S = 3.0
+LIMIT = 3
+
+kafka = pytest.mark.kafka
+
+
+# --- the receivers ----------------------------------------------------------------------------
+
+
+@dataclass
+class Post:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def message(self) -> dict[str, Any]:
+        return dict(json.loads(self.body))
+
+    @property
+    def step(self) -> int | None:
+        """The ``i`` of a ``com.example.step`` event body (None for anything else)."""
+        data = self.message.get("data") or {}
+        return data["payload"]["i"] if data.get("type") == "com.example.step" else None
+
+
+@dataclass
+class Receiver:
+    """An HTTPS listener on 127.0.0.1 that records every POST and answers as told: challenges
+    are echoed while ``echo`` is set, events get ``answer(post)`` (200 by default)."""
+
+    port: int = 0
+    posts: list[Post] = field(default_factory=list)
+    echo: bool = True
+    answer: Callable[[Post], int] = lambda post: 200
+    location: str | None = None
+
+    def url(self, path: str) -> str:
+        return f"https://localhost:{self.port}/hooks/{path}"
+
+    def to(self, path: str) -> list[Post]:
+        return [p for p in self.posts if p.path == f"/hooks/{path}"]
+
+    def events(self, path: str) -> list[Post]:
+        return [p for p in self.to(path) if "type" not in p.message]
+
+    def steps(self, path: str) -> list[int]:
+        return [s for p in self.events(path) if (s := p.step) is not None]
+
+    def respond(self, post: Post) -> tuple[int, bytes]:
+        if self.location:
+            return 307, b""
+        message = post.message
+        if message.get("type") == "verification":
+            if not self.echo:
+                return 200, b"{}"
+            return 200, json.dumps({"challenge": message["challenge"]}).encode()
+        return self.answer(post), b""
+
+
+def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            post = Post(self.path, dict(self.headers.items()), body)
+            receiver.posts.append(post)
+            status, answer = receiver.respond(post)
+            self.send_response(status)
+            if receiver.location:
+                self.send_header("Location", receiver.location)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def receiver(ca: trustme.CA) -> Iterator[Receiver]:
+    receiver = Receiver()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    receiver.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+# --- the bridge --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wbridge(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA
+) -> Iterator[Bridge]:
+    root: Path = tmp_path_factory.mktemp("webhooks")
+    ca_file = root / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    settings = make_settings(kafka_bootstrap, fresh_prefix("w"))
+    with running_bearer_bridge(
+        settings,
+        root,
+        TOKENS,
+        BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
+        BRIDGE_WEBHOOK_CA_FILE=str(ca_file),
+        BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
+        BRIDGE_WEBHOOK_TIMEOUT_S="2",
+        BRIDGE_WEBHOOK_MAX_ATTEMPTS=str(ATTEMPTS),
+        BRIDGE_WEBHOOK_MAX_RETRY_S=str(RETRY_S),
+        BRIDGE_WEBHOOK_BACKOFF_BASE_S="0.2",
+        BRIDGE_WEBHOOK_BACKOFF_MAX_S="1",
+        BRIDGE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_PRINCIPAL=str(LIMIT),
+    ) as running:
+        yield running
+
+
+def client(principal: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=BOUND, headers={"Authorization": f"Bearer tok-{principal}"})
+
+
+async def started_task(bridge: Bridge, principal: str) -> str:
+    async with client(principal) as http:
+        return await create_task(
+            http, bridge.url, "slow_compute", {"seconds": 120, "label": "webhooks"}
+        )
+
+
+async def publish(bridge: Bridge, task: str, steps: range) -> None:
+    async with TaskEventPublisher(bridge.settings) as pub:
+        for i in steps:
+            await pub.publish(task, "com.example.step", {"i": i})
+
+
+def hook(task: str, url: str, **more: Any) -> dict[str, Any]:
+    delivery = {"mode": "webhook", "url": url, "secret": more.pop("secret", SECRET)}
+    return {"name": NAME, "arguments": {"taskId": task}, "delivery": delivery, **more}
+
+
+async def subscribe(bridge: Bridge, principal: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with client(principal) as http:
+        return await call(http, bridge.url, "events/subscribe", params)
+
+
+async def subscribed(bridge: Bridge, principal: str, params: dict[str, Any]) -> dict[str, Any]:
+    async with client(principal) as http:
+        return await result(http, bridge.url, "events/subscribe", params)
+
+
+async def steps_reach(receiver: Receiver, path: str, n: int) -> list[int]:
+    return await wait_until(
+        lambda: len(receiver.steps(path)) >= n and receiver.steps(path),
+        what=f"{n} steps delivered to /hooks/{path}",
+    )
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+
+@kafka
+async def test_list_offers_webhook_delivery_to_authenticated_callers(wbridge: Bridge) -> None:
+    async with client("ann") as http:
+        listed = await result(http, wbridge.url, "events/list")
+    assert listed["events"][0]["delivery"] == ["poll", "push", "webhook"]
+
+
+@kafka
+async def test_a_verified_subscription_gets_the_tasks_events_signed_with_its_secret(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "ann")
+    url = receiver.url("a")
+    got = await subscribed(wbridge, "ann", hook(task, url, ttlMs=120_000))
+    [challenge] = receiver.to("a")  # the handshake came first, within the subscribe
+    assert challenge.message["type"] == "verification"
+    assert got["id"].startswith("sub_") and got["truncated"] is False
+    assert got["cursor"] and got["refreshBefore"].endswith("Z") and got["resultType"] == "complete"
+    await publish(wbridge, task, range(3))
+    assert await steps_reach(receiver, "a", 3) == [0, 1, 2]
+    for post in receiver.events("a"):
+        assert Webhook(SECRET).verify(post.body, post.headers) == post.message
+        assert post.headers["X-MCP-Subscription-Id"] == got["id"]
+        assert post.headers["webhook-id"] == post.message["eventId"]
+        assert post.message["name"] == NAME and post.message["cursor"]
+    post = receiver.events("a")[-1]
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(post.body.replace(b'"i":2', b'"i":3'), post.headers)
+    with pytest.raises(WebhookVerificationError):
+        stale = int(post.headers["webhook-timestamp"]) - 1
+        Webhook(SECRET).verify(post.body, {**post.headers, "webhook-timestamp": str(stale)})
+    with pytest.raises(WebhookVerificationError):
+        Webhook(ROTATED).verify(post.body, post.headers)
+
+
+@kafka
+async def test_a_refresh_keeps_the_id_skips_the_challenge_and_reports_delivery_status(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "ben")
+    first = await subscribed(wbridge, "ben", hook(task, receiver.url("b")))
+    await publish(wbridge, task, range(1))
+    await steps_reach(receiver, "b", 1)
+    again = await subscribed(wbridge, "ben", hook(task, receiver.url("b"), secret=ROTATED))
+    assert again["id"] == first["id"] and again["refreshBefore"] >= first["refreshBefore"]
+    assert again["deliveryStatus"]["active"] is True
+    assert again["deliveryStatus"]["lastError"] is None
+    assert again["deliveryStatus"]["lastDeliveryAt"].endswith("Z")
+    assert len([p for p in receiver.to("b") if p.message.get("type")]) == 1  # one challenge
+    await publish(wbridge, task, range(1, 2))
+    await steps_reach(receiver, "b", 2)
+    rotated = receiver.events("b")[-1]  # signed with the new secret and, for a while, the old
+    assert Webhook(ROTATED).verify(rotated.body, rotated.headers)
+    assert Webhook(SECRET).verify(rotated.body, rotated.headers)
+    # the same URL for another of ben's tasks: verification is cached per principal and URL
+    other = await started_task(wbridge, "ben")
+    await subscribed(wbridge, "ben", hook(other, receiver.url("b")))
+    assert len([p for p in receiver.to("b") if p.message.get("type")]) == 1
+
+
+@kafka
+async def test_delivery_resumes_after_a_restart_from_the_stored_cursor_with_nothing_lost(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "cat")
+    params = hook(task, receiver.url("c"))
+    await subscribed(wbridge, "cat", params)
+    await publish(wbridge, task, range(2))
+    await steps_reach(receiver, "c", 2)
+    last = receiver.events("c")[-1].message["cursor"]
+
+    async def stored() -> bool:  # the write-back after the delivery reached Kafka
+        return bool((await subscribed(wbridge, "cat", params))["cursor"] == last)
+
+    await wait_until(stored, what="the delivered cursor is stored")
+    assert wbridge.server is not None
+    wbridge.server.stop()
+    await publish(wbridge, task, range(2, 5))  # while no bridge runs
+    wbridge.start_server()
+    await steps_reach(receiver, "c", 5)
+    assert receiver.steps("c") == [0, 1, 2, 3, 4]  # resumed after 1: nothing lost, no repeat
+
+
+@kafka
+async def test_a_410_or_413_abandons_that_delivery_without_retrying_and_delivery_goes_on(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    receiver.answer = lambda post: {0: 410, 1: 413}.get(post.step, 200)  # type: ignore[arg-type]
+    task = await started_task(wbridge, "dan")
+    await subscribed(wbridge, "dan", hook(task, receiver.url("d")))
+    await publish(wbridge, task, range(3))
+    await steps_reach(receiver, "d", 3)
+    assert receiver.steps("d") == [0, 1, 2]  # each POSTed once
+
+
+@kafka
+async def test_a_failing_endpoint_is_retried_with_bounded_backoff_then_given_up(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    receiver.answer = lambda post: 503 if post.step == 0 else 200
+    task = await started_task(wbridge, "eve")
+    params = hook(task, receiver.url("e"))
+    await subscribed(wbridge, "eve", params)
+    await publish(wbridge, task, range(1))
+    await steps_reach(receiver, "e", ATTEMPTS)
+
+    async def given_up() -> dict[str, Any] | None:
+        status = (await subscribed(wbridge, "eve", params))["deliveryStatus"]
+        return status if status["lastError"] else None
+
+    status = await wait_until(given_up, what="the failed delivery is recorded")
+    assert status["lastError"] == "http_5xx" and status["failedSince"].endswith("Z")
+    attempts = receiver.events("e")
+    assert [p.step for p in attempts] == [0] * ATTEMPTS  # never more than the bound
+    stamps = [int(p.headers["webhook-timestamp"]) for p in attempts]
+    assert stamps[-1] - stamps[0] <= RETRY_S + 1  # within the total-time bound
+    assert len({p.headers["webhook-signature"] for p in attempts}) >= 1
+    await publish(wbridge, task, range(1, 2))  # the next event is delivered
+    await steps_reach(receiver, "e", ATTEMPTS + 1)
+    assert receiver.steps("e")[-1] == 1
+
+
+@kafka
+@pytest.mark.parametrize(
+    ("url", "code", "reason"),
+    [
+        ("http://localhost:{port}/hooks/f", -32602, None),
+        ("https://10.1.2.3/hooks/f", -32027, "connection_refused"),
+        ("https://169.254.169.254/latest/meta-data", -32027, "connection_refused"),
+        ("https://[fe80::1]/hooks/f", -32027, "connection_refused"),
+        ("https://[::1]:{port}/hooks/f", -32027, "connection_refused"),
+        ("https://user:pw@localhost:{port}/hooks/f", -32602, None),
+    ],
+    ids=["http", "private", "metadata", "link-local", "loopback-v6", "credentials"],
+)
+async def test_a_callback_that_fails_the_ssrf_rules_is_refused_at_subscribe(
+    wbridge: Bridge, receiver: Receiver, url: str, code: int, reason: str | None
+) -> None:
+    task = await started_task(wbridge, "fay")
+    refused = await subscribe(wbridge, "fay", hook(task, url.format(port=receiver.port)))
+    assert refused["error"]["code"] == code, refused
+    assert refused["error"].get("data", {}).get("reason") == reason
+    assert receiver.posts == []  # nothing reached the listener
+
+
+@kafka
+async def test_a_redirect_or_a_missing_echo_fails_verification_and_stores_nothing(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "fay")
+    receiver.echo = False
+    silent = await subscribe(wbridge, "fay", hook(task, receiver.url("g")))
+    assert silent["error"]["code"] == -32027
+    assert silent["error"]["data"] == {"reason": "challenge_failed"}
+    receiver.echo, receiver.location = True, "https://10.0.0.1/x"
+    moved = await subscribe(wbridge, "fay", hook(task, receiver.url("h")))
+    assert moved["error"]["data"] == {"reason": "http_4xx"}
+    assert [p.path for p in receiver.posts] == ["/hooks/g", "/hooks/h"]  # no redirect followed
+    async with client("fay") as http:
+        gone = await call(http, wbridge.url, "events/unsubscribe", hook(task, receiver.url("g")))
+    assert gone["error"]["code"] == -32023 and gone["error"]["data"] == {"kind": "subscription"}
+
+
+@kafka
+async def test_bad_params_a_foreign_task_and_too_many_subscriptions_get_the_drafts_errors(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "gus")
+    bad_secret = await subscribe(wbridge, "gus", hook(task, receiver.url("i"), secret="whsec_x"))
+    assert bad_secret["error"]["code"] == -32602
+    assert "whsec_x" not in json.dumps(bad_secret)
+    foreign = await subscribe(wbridge, "hal", hook(task, receiver.url("i")))
+    assert foreign["error"]["code"] == -32023 and foreign["error"]["data"] == {"kind": "task"}
+    for n in range(LIMIT):
+        await subscribed(wbridge, "gus", hook(task, receiver.url(f"i{n}")))
+    over = await subscribe(wbridge, "gus", hook(task, receiver.url("i-over")))
+    assert over["error"]["code"] == -32025
+    assert over["error"]["data"] == {"limit": "subscriptions", "max": LIMIT}
+
+
+@kafka
+async def test_unsubscribe_stops_delivery_at_once(wbridge: Bridge, receiver: Receiver) -> None:
+    task = await started_task(wbridge, "ida")
+    gone = hook(task, receiver.url("gone"))
+    await subscribed(wbridge, "ida", gone)
+    await subscribed(wbridge, "ida", hook(task, receiver.url("witness")))
+    await publish(wbridge, task, range(1))
+    await steps_reach(receiver, "gone", 1)
+    async with client("ida") as http:
+        done = await result(http, wbridge.url, "events/unsubscribe", gone)
+        again = await call(http, wbridge.url, "events/unsubscribe", gone)
+    assert done == {"resultType": "complete"}
+    assert again["error"]["data"] == {"kind": "subscription"}
+    # Two rounds through the other subscription: a loop still running would have delivered
+    # the first round to /hooks/gone by the end of the second.
+    await publish(wbridge, task, range(1, 3))
+    await steps_reach(receiver, "witness", 3)
+    await publish(wbridge, task, range(3, 5))
+    await steps_reach(receiver, "witness", 5)
+    assert receiver.steps("gone") == [0]
+
+
+@kafka
+async def test_a_callback_refused_at_delivery_time_suspends_delivery_until_a_refresh(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    """The allowlist is checked at every delivery, not only at subscribe: restarted without
+    it, the bridge refuses the stored loopback callback, sends nothing and keeps the events;
+    allowed again, a refresh resumes delivery with nothing lost."""
+    task = await started_task(wbridge, "hal")
+    params = hook(task, receiver.url("k"))
+    await subscribed(wbridge, "hal", params)
+    env = dict(wbridge.env)
+    restart(wbridge, BRIDGE_WEBHOOK_ALLOWLIST="[]")
+    try:
+        await publish(wbridge, task, range(2))
+
+        async def suspended() -> dict[str, Any] | None:
+            status = (await subscribed(wbridge, "hal", params))["deliveryStatus"]
+            return status if not status["active"] else None
+
+        status = await wait_until(suspended, what="delivery is suspended")
+        assert status["lastError"] == "connection_refused"
+        assert receiver.steps("k") == []
+    finally:
+        restart(wbridge, **env)
+    await subscribed(wbridge, "hal", params)  # the refresh that resumes delivery
+    assert await steps_reach(receiver, "k", 2) == [0, 1]
+
+
+def restart(bridge: Bridge, **env: str) -> None:
+    assert bridge.server is not None
+    bridge.server.stop()
+    bridge.env.update(env)
+    bridge.start_server()
+
+
+# --- in-process: the rules ---------------------------------------------------------------------
+
+
+def _sub(**changes: Any) -> Subscription:
+    base = Subscription(
+        id="sub_1",
+        name=NAME,
+        principal="ann",
+        arguments={"taskId": "t"},
+        url="https://example.com/hooks/1",
+        secrets=(SECRET,),
+        previous_until_ms=0,
+        expires_ms=10_000,
+        refreshed_ms=100,
+        cursor="c0",
+        floor_ms=None,
+        delivery_rev=0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_the_subscription_id_is_deterministic_over_principal_url_name_and_arguments() -> None:
+    one = subscription_id("ann", "https://x/h", NAME, {"taskId": "t", "a": 1})
+    assert one == subscription_id("ann", "https://x/h", NAME, {"a": 1, "taskId": "t"})
+    assert one.startswith("sub_") and len(one) == 36
+    others = [
+        subscription_id("ben", "https://x/h", NAME, {"taskId": "t", "a": 1}),
+        subscription_id("ann", "https://x/i", NAME, {"taskId": "t", "a": 1}),
+        subscription_id("ann", "https://x/h", NAME + "2", {"taskId": "t", "a": 1}),
+        subscription_id("ann", "https://x/h", NAME, {"taskId": "t", "a": 2}),
+    ]
+    assert one not in others and len(set(others)) == 4
+
+
+def test_a_record_round_trips_and_no_repr_shows_the_secret_or_the_url() -> None:
+    sub = _sub(status=DeliveryStatus(last_delivery_ms=5, consecutive_failures=2))
+    assert Subscription.from_record(sub.to_record()) == sub
+    shown = repr(sub) + str(sub)
+    assert SECRET not in shown and "example.com" not in shown and "ann" not in shown
+
+
+def test_ttl_grants_clamp_the_suggestion_and_never_grant_no_expiry() -> None:
+    policy = TtlPolicy(default_ms=3_600_000, min_ms=60_000, max_ms=86_400_000)
+    assert policy.grant(None, given=False) == 3_600_000
+    assert policy.grant(None, given=True) == 86_400_000
+    assert policy.grant(1000, given=True) == 60_000
+    assert policy.grant(10**12, given=True) == 86_400_000
+    assert policy.grant(120_000, given=True) == 120_000
+
+
+def test_a_refresh_and_a_write_back_merge_the_same_way_in_either_order() -> None:
+    stored = _sub()
+    refresh = stored.refreshed(ROTATED, 20_000, now_ms=200, grace_ms=50)
+    written = stored.delivered("c1", DeliveryStatus(last_delivery_ms=150))
+    for first, second in ((refresh, written), (written, refresh)):
+        both = merge(merge(stored, first), second)
+        assert both.secrets == (ROTATED, SECRET) and both.expires_ms == 20_000
+        assert both.cursor == "c1" and both.delivery_rev == 1
+
+
+def test_a_write_back_after_the_tombstone_does_not_bring_the_subscription_back() -> None:
+    table = SubscriptionTable()
+    stored = _sub()
+    table.apply(0, "sub_1", stored.to_record())
+    table.apply(0, "sub_1", None)
+    late = stored.delivered("c9", DeliveryStatus())
+    assert table.apply(0, "sub_1", late.to_record()) is False and table.get("sub_1") is None
+    again = _sub(refreshed_ms=table.deleted_rev("sub_1") + 1)
+    assert table.apply(0, "sub_1", again.to_record()) and table.get("sub_1") == again
+
+
+def test_the_old_secret_signs_only_during_the_rotation_grace_window() -> None:
+    rotated = _sub().refreshed(ROTATED, 20_000, now_ms=200, grace_ms=50)
+    assert rotated.signing_secrets(249) == [ROTATED, SECRET]
+    assert rotated.signing_secrets(250) == [ROTATED]
+
+
+def test_a_suspended_subscription_is_active_again_after_a_refresh() -> None:
+    suspended = _sub(status=DeliveryStatus().suspended(150))
+    assert not suspended.active
+    assert suspended.refreshed(SECRET, 20_000, now_ms=200, grace_ms=0).active
+
+
+async def test_an_unauthenticated_caller_is_forbidden_and_webhook_is_not_listed() -> None:
+    settings = make_settings("unused:9092", fresh_prefix())
+    assert settings.auth.mode == "none"
+
+    class Source:
+        name = NAME
+
+        def descriptor(self) -> dict[str, Any]:
+            return {"name": NAME, "delivery": ["poll", "push"]}
+
+    source: Any = Source()
+    methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
+    params = hook("t", "https://example.com/h")
+
+    def request(method: str, params: dict[str, Any]) -> Call:
+        rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method=method, params=params)
+        return Call(rpc, Caller("anonymous", "conn"), legacy=False, params=params)
+
+    for method in ("events/subscribe", "events/unsubscribe"):
+        with pytest.raises(RpcError) as refused:
+            await methods.methods()[method](request(method, params))
+        assert refused.value.code == -32024
+        assert refused.value.data == {"reason": "unauthenticated"}
+    listed = await methods.list(request("events/list", {}))
+    assert listed["events"][0]["delivery"] == ["poll", "push"]  # type: ignore[index]
