@@ -518,9 +518,12 @@ def test_the_events_topic_is_delete_only_and_the_index_topic_compacted(
     events = topics["mcpbridge.task-events"]["config"]
     assert events["cleanup.policy"] == "delete"  # never compact: seq counts a task's records
     assert int(events["retention.ms"]) > 0
-    assert topics["mcpbridge.task-index"]["config"]["cleanup.policy"] == "compact"
+    # Compacted: the index and the webhook subscriptions (the latest record of each key counts).
+    compacted = {"mcpbridge.task-index", "mcpbridge.event-subscriptions"}
+    for name in compacted:
+        assert topics[name]["config"]["cleanup.policy"] == "compact", name
     for name, spec in topics.items():
-        if name != "mcpbridge.task-index":
+        if name not in compacted:
             assert "compact" not in str(spec["config"]["cleanup.policy"]), name
 
 
@@ -980,6 +983,7 @@ def test_the_server_user_may_join_the_group_fence_per_partition_and_write_the_up
         # <prefix>.index.<partition>: whoever owns a partition fences its previous owner
         Acl(X, f"{prefix}.index.", Operation.WRITE, PatternType.PREFIXED),
         Acl(T, f"{prefix}.task-updates", Operation.WRITE),
+        Acl(G, f"{prefix}.webhooks", Operation.READ),  # the webhook deliverers' group
         Acl(T, f"{prefix}.task-index", Operation.READ),
         Acl(T, f"{prefix}.task-index", Operation.WRITE),
     } <= granted
