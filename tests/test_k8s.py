@@ -1059,7 +1059,7 @@ def _only_server_pods(peers: list[dict[str, Any]]) -> bool:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policies_allow_kafka_dns_the_mcp_port_and_replica_to_replica_only(
+def test_network_policies_allow_kafka_dns_the_mcp_port_replicas_and_public_https_only(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     policies = _kind(rendered[overlay], "NetworkPolicy")
@@ -1072,6 +1072,7 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_and_replica_to_replica_on
     ingress_ports = []
     to_kafka: set[int] = set()
     between_replicas = {"ingress": 0, "egress": 0}
+    webhooks = 0
     for policy in policies:
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == NAME
@@ -1086,6 +1087,17 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_and_replica_to_replica_on
                 assert ports == {mcp_port}
                 between_replicas["egress"] += 1
                 continue
+            if all("ipBlock" in peer for peer in rule["to"]):
+                # Webhook deliveries: server pods only, https only, never a private range.
+                assert spec["podSelector"]["matchLabels"] == SERVER_PODS
+                assert ports == {443}
+                blocks = {
+                    peer["ipBlock"]["cidr"]: set(peer["ipBlock"]["except"]) for peer in rule["to"]
+                }
+                assert {"10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8"} <= blocks["0.0.0.0/0"]
+                assert {"fc00::/7", "fe80::/10"} <= blocks["::/0"]
+                webhooks += 1
+                continue
             egress_peers += rule["to"]
             assert ports <= {kafka_port, 53}
             if any("strimzi.io/cluster" in p["podSelector"]["matchLabels"] for p in rule["to"]):
@@ -1096,6 +1108,7 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_and_replica_to_replica_on
             between_replicas["ingress"] += _only_server_pods(rule["from"])
     assert set(ingress_ports) == {"http"}
     assert between_replicas == {"ingress": 1, "egress": 1}
+    assert webhooks == 1
     # Peers must keep their own labels: the kustomize `labels` must not have reached them.
     for peer in egress_peers:
         assert not any(
