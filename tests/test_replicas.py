@@ -236,7 +236,9 @@ async def test_three_replicas_divide_the_partitions_and_a_killed_ones_streams_re
                     replica.proc.popen.send_signal(signal.SIGUSR1)
                     replica.proc.popen.send_signal(signal.SIGUSR2)
             stuck = [(c.task_id[:8], c.last, c.resumes) for c in clients if not c.finished]
-            raise AssertionError(f"streams not finished (task, last seq, resumes): {stuck}") from None
+            raise AssertionError(
+                f"streams not finished (task, last seq, resumes): {stuck}"
+            ) from None
         survivors = [r for r in replicas if r.proc.alive()]
         await wait_until(lambda: owned(survivors) == [3, 3], 30, what="survivors own 3 and 3")
 
