@@ -66,6 +66,7 @@ from bench_streams import (
     mcp_headers,
     pct,
     raise_nofile,
+    run_against,
     server_metric,
     steady_producer,
     stream_request,
@@ -865,15 +866,7 @@ def main(argv: list[str] | None = None) -> int:
         res.environment.update(
             bridge_pid=bridge.pid, topics_prefix=bs.topics.prefix, bridge_env=bridge_env
         )
-        try:
-            asyncio.run(run(bridge, bs, sizes, only, res))
-        except BaseException:
-            say(f"bridge log tail:\n{bridge.tail()}")
-            raise
-        finally:
-            if not bridge.alive():
-                res.note(f"the bridge exited during the run:\n{bridge.tail()}")
-            bridge.stop()
+        run_against(bridge, run(bridge, bs, sizes, only, res), res)
     env = res.environment
     env["wall_seconds"] = round(time.perf_counter() - wall, 1)
     if not args.keep_logs:

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,20 @@ class BridgeProcess:
 _SS_PID = re.compile(r"pid=(\d+),")
 _SS_RECEIVED = re.compile(r"\bbytes_received:(\d+)")
 _SS_ACKED = re.compile(r"\bbytes_acked:(\d+)")
+
+
+def run_against(bridge: BridgeProcess, work: Coroutine[Any, Any, None], res: Results) -> None:
+    """Run a bench's ``work`` against a started ``bridge``, then stop it: its log tail is shown
+    when the work fails, and its exit during the run is noted in the results."""
+    try:
+        asyncio.run(work)
+    except BaseException:
+        say(f"bridge log tail:\n{bridge.tail()}")
+        raise
+    finally:
+        if not bridge.alive():
+            res.note(f"the bridge exited during the run:\n{bridge.tail()}")
+        bridge.stop()
 
 
 def broker_ports(bootstrap: str) -> set[int]:
@@ -1234,15 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"the bridge's RLIMIT_NOFILE is {server_nofile}: too low for {sizes.idle_streams} streams"
             )
         say(f"bridge pid {bridge.pid} on port {bridge.port}, RLIMIT_NOFILE {server_nofile}")
-        try:
-            asyncio.run(run(bridge, bs, sizes, args, res))
-        except BaseException:
-            say(f"bridge log tail:\n{bridge.tail()}")
-            raise
-        finally:
-            if not bridge.alive():
-                res.note(f"the bridge exited during the run:\n{bridge.tail()}")
-            bridge.stop()
+        run_against(bridge, run(bridge, bs, sizes, args, res), res)
     env = res.environment
     env["wall_seconds"] = round(time.perf_counter() - wall, 1)
     if not args.keep_logs:
