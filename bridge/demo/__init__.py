@@ -4,8 +4,14 @@
 and the bridge (in this process, with workers, on a socket bound up front), then runs the
 narrated walkthrough of SEP-2694 (:mod:`bridge.demo.walkthrough`, printed by
 :mod:`bridge.demo.narrator`): a live stream, a disconnect and resume with ``after``, a late
-joiner, a second writer that knows nothing of MCP (kcat), and ``events_gone`` after forced
-retention. Every step checks its own outcome and prints PASS or FAIL; see ``docs/demo.md``.
+joiner, a second writer that knows nothing of MCP (kcat), ``events_gone`` after forced
+retention, and an agent process that sleeps until a webhook wakes it (the Events extension's
+``events/subscribe``). Every step checks its own outcome and prints PASS or FAIL; see
+``docs/demo.md``.
+
+The bridge authenticates with a bearer token made for the run (webhooks need an authenticated
+principal): every client of the walkthrough presents it, and the demo prints it for the
+commands a reviewer tries afterwards.
 
 The session file format and the replay live in :mod:`bridge.replay` (``bridge replay`` uses
 them without the demo). The demo is an application: nothing in the library imports it.
@@ -17,17 +23,20 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridge.component import cancel_and_wait, stop_signal
-from bridge.config import Settings
+from bridge.config import AuthSettings, Settings
 from bridge.demo.narrator import Narrator
+from bridge.demo.receiver import LOOPBACK, ReceiverTls, throwaway_tls
 from bridge.demo.walkthrough import STEP_BOUND_S, Step, StepFailed, Walkthrough
 from bridge.log.publisher import TaskEventPublisher
 from bridge.replay import SessionEvent, load_session
@@ -42,6 +51,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SESSION = Path(__file__).resolve().parents[2] / "data" / "agent-session.jsonl"
 #: Bound of the bridge's start (the indexer catches up with the log first).
 START_BOUND_S = 180.0
+#: The principal of the demo's token: every task of the walkthrough belongs to it.
+DEMO_PRINCIPAL = "demo"
 
 
 class DemoError(Exception):
@@ -68,8 +79,11 @@ def demo_command(
         progress(line)
     relative = os.path.relpath(path)
     shown = relative if not relative.startswith("..") else str(path)
-    with _narration_only(settings):
-        return asyncio.run(_run_demo(settings, session, shown, speed, exit_after))
+    token = secrets.token_urlsafe(24)  # this run's only credential: never a fixed default
+    with tempfile.TemporaryDirectory(prefix="bridge-demo-") as workdir, _narration_only(settings):
+        tls = throwaway_tls(Path(workdir))
+        demo = _Demo(_with_auth_and_webhooks(settings, token, tls), token, tls, Path(workdir))
+        return asyncio.run(_run_demo(demo, session, shown, speed, exit_after))
 
 
 def _default_data() -> Path:
@@ -85,7 +99,7 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
     """The configured cluster, else the long-lived local broker; the demo pack's tools served."""
     if settings.auth.mode != "none":
         raise DemoError(
-            "bridge demo runs the bridge with auth mode none (its clients are 'anonymous'); "
+            "bridge demo runs the bridge with a bearer token of its own (made for the run); "
             f"unset BRIDGE_AUTH__MODE (it is {settings.auth.mode!r})"
         )
     if not settings.kafka_bootstrap_servers:
@@ -96,6 +110,26 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
         settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
     packs = list(dict.fromkeys([*settings.tool_packs, "demo"]))
     return settings.model_copy(update={"tool_packs": packs})
+
+
+def _with_auth_and_webhooks(settings: Settings, token: str, tls: ReceiverTls) -> Settings:
+    """Bearer auth with the run's one token, and webhooks to the demo's loopback receiver:
+    its CA trusted, loopback allowed (nothing else is added to what the SSRF rules allow)."""
+    auth = AuthSettings(mode="bearer", tokens={token: DEMO_PRINCIPAL})
+    allow = list(dict.fromkeys([*settings.webhook_allowlist, f"{LOOPBACK}/32"]))
+    return settings.model_copy(
+        update={"auth": auth, "webhook_allowlist": allow, "webhook_ca_file": tls.ca_file}
+    )
+
+
+@dataclass(frozen=True)
+class _Demo:
+    """The run's settings and what was made for it: the token, the receiver's TLS, a workdir."""
+
+    settings: Settings
+    token: str = field(repr=False)
+    tls: ReceiverTls
+    workdir: Path
 
 
 @contextlib.contextmanager
@@ -136,8 +170,9 @@ def _url_of(settings: Settings, sock: socket.socket) -> str:
 
 
 async def _run_demo(
-    settings: Settings, session: list[SessionEvent], source: str, speed: float, exit_after: bool
+    demo: _Demo, session: list[SessionEvent], source: str, speed: float, exit_after: bool
 ) -> int:
+    settings = demo.settings
     say = Narrator(sys.stdout)
     stop = stop_signal()  # the demo handles SIGINT/SIGTERM: a step is interrupted, not killed
     sock = _listen(settings.http_host, settings.http_port)
@@ -151,15 +186,29 @@ async def _run_demo(
     )
     say.title("SEP-2694 resumable task event streams: the reviewer demo")
     say.say(f"Kafka: {settings.kafka_bootstrap_servers} · topics {settings.topics.prefix}.*")
+    say.say(
+        f"Auth: bearer. The demo token of this run (principal {DEMO_PRINCIPAL!r}; every client "
+        f"below presents it; it dies with the run): {demo.token}"
+    )
     try:
         await _start_bridge(server, settings, url, say)
-        async with contextlib.AsyncExitStack() as stack:
-            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bridge-demo-"))
-            publisher = await stack.enter_async_context(TaskEventPublisher(settings))
-            walk = Walkthrough(settings, publisher, url, session, source, speed, Path(workdir), say)
+        async with TaskEventPublisher(settings) as publisher:
+            walk = Walkthrough(
+                settings=settings,
+                publisher=publisher,
+                url=url,
+                session=session,
+                source=source,
+                speed=speed,
+                workdir=demo.workdir,
+                say=say,
+                token=demo.token,
+                principal=DEMO_PRINCIPAL,
+                tls=demo.tls,
+            )
             code = await _run_steps(walk, say, stop, server)
             if code == 0 and not exit_after:
-                _suggest_next(say, url, walk.task_id, source)
+                _suggest_next(say, url, walk.task_id, source, demo.token)
                 await _until_done_or_stopped(stop, server.task)
     finally:
         await server.close()
@@ -252,11 +301,13 @@ async def _until_done_or_stopped(stop: asyncio.Event, *tasks: asyncio.Task[Any] 
         await cancel_and_wait(stopping)
 
 
-def _suggest_next(say: Narrator, url: str, task_id: str, source: str) -> None:
+def _suggest_next(say: Narrator, url: str, task_id: str, source: str, token: str) -> None:
     tail_url = "" if url == "http://127.0.0.1:8080/mcp" else f" --url {url}"
     say.say(f"The bridge keeps serving at {url}. Try, in another terminal:")
+    say.command(f"export BRIDGE_CLIENT_TOKEN={token}")
+    say.note("    (the demo token: the bridge answers 401 without it)")
     say.command(f"bridge tail {task_id}{tail_url}")
     say.note("    (the whole session again, from seq 0; add --after N to resume)")
-    say.command(f"bridge replay {source} --speed 2{tail_url}")
+    say.command(f"bridge replay {source} --speed 2 --principal {DEMO_PRINCIPAL}{tail_url}")
     say.note("    (a new task from the data set at 2x; tail the id it prints)")
     say.say("Ctrl-C stops the bridge (the local Kafka keeps running: bridge kafka stop).")
