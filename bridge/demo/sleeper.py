@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import secrets
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -185,7 +186,7 @@ class SleepingAgent:
         forged = _forged(waking.body)
         headers = {k: v for k, v in waking.headers.items() if k.lower().startswith("webhook-")}
         headers["Content-Type"] = "application/json"
-        context = httpx.create_ssl_context(verify=str(self.tls.ca_file))
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
         async with httpx.AsyncClient(verify=context, trust_env=False) as http:
             reply = await http.post(callback, content=forged, headers=headers)
         self.note(
