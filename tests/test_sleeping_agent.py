@@ -109,10 +109,12 @@ def test_an_update_the_agent_has_nothing_to_do_for_is_acknowledged_without_wakin
 
 def test_header_names_are_matched_whatever_their_case() -> None:
     hook, woken = receiver()
-    body = update("failed")
-    headers = {k.title(): v for k, v in signed(body, "T1.7").items()}
-    assert hook.handle(headers, body) == Answer(204)
-    assert woken == [Wake("T1", 7, "failed")]
+    for task_id in ("T1", "T2"):  # two deliveries: two webhook-ids, whatever the names' case
+        body = update("failed", task_id=task_id)
+        headers = {k.title(): v for k, v in signed(body, f"{task_id}.7").items()}
+        assert hook.handle(headers, body) == Answer(204)
+    assert woken == [Wake("T1", 7, "failed"), Wake("T2", 7, "failed")]
+    assert [d.webhook_id for d in hook.deliveries] == ["T1.7", "T2.7"]
 
 
 def test_a_new_webhook_secret_is_a_standard_webhooks_secret_of_32_random_bytes() -> None:

@@ -95,7 +95,7 @@ class WebhookReceiver:
         """Judge one POST: 401 unless its signature verifies, else the challenge's echo or 204."""
         webhook_id = _header(headers, "webhook-id")
         try:
-            message = self._webhook.verify(body, _lowered(headers))
+            message = self._webhook.verify(body, dict(headers))
         except WebhookVerificationError:
             return self._record(headers, body, webhook_id, False, "refused", Answer(401))
         if not isinstance(message, dict):
@@ -141,12 +141,8 @@ class WebhookReceiver:
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
-    return _lowered(headers).get(name, "")
-
-
-def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
-    # The library looks headers up by their lower-case names; HTTP names are case-insensitive.
-    return {key.lower(): value for key, value in headers.items()}
+    """A header by its lower-case ``name``: HTTP header names are case-insensitive."""
+    return next((value for key, value in headers.items() if key.lower() == name), "")
 
 
 # --- TLS and serving ---------------------------------------------------------------------------
