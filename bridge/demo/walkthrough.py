@@ -586,11 +586,11 @@ class Walkthrough:
         self.say.note(f"{who:>9} │ {text}")
 
 
-#: Step 6's task: ``agent_run`` of the demo pack, about 8 s of agent events.
+#: Step 6's task: ``agent_run`` of the demo pack, about 6 s of agent events.
 AGENT_TOOL = "agent_run"
 AGENT_ARGUMENTS: dict[str, Any] = {
     "prompt": "Why did the nightly export miss orders?",
-    "steps": 32,
+    "steps": 24,
     "delay_ms": 250,
 }
 #: Events the agent processes before it goes to sleep.
