@@ -158,8 +158,9 @@ class ReceiverTls:
 
 
 def throwaway_tls(directory: Path) -> ReceiverTls:
-    """A new CA and server certificate, made now (nothing leaves this run): the CA's PEM goes to
-    ``directory``; the server key stays in memory, in the returned context."""
+    """A new CA and server certificate, made now (nothing outlives the run): the CA's PEM goes
+    to ``directory``; the server key only into the returned context (trustme loads it through a
+    temporary file that it deletes at once)."""
     ca = trustme.CA(organization_name="bridge demo receiver (throwaway)")
     ca_file = directory / "receiver-ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
