@@ -122,10 +122,7 @@ class SleepingAgent:
                     f"the agent (pid {first.pid}) has exited: no agent process runs now; the "
                     "task goes on",
                 )
-                async with asyncio.timeout(wake_bound_s):
-                    await self._woke.wait()
-                    assert self._woken_run is not None
-                    await self._woken_run
+                await self._until_woken_run_ended(wake_bound_s, receiver)
                 forged = await self._post_forged(receiver, callback)
             finally:
                 await cancel_and_wait(self._woken_run)
@@ -137,6 +134,18 @@ class SleepingAgent:
             forged,
             list(self.wakes),
         )
+
+    async def _until_woken_run_ended(self, bound_s: float, receiver: WebhookReceiver) -> None:
+        try:
+            async with asyncio.timeout(bound_s):
+                await self._woke.wait()
+        except TimeoutError:
+            kinds = [d.kind for d in receiver.deliveries]
+            raise TimeoutError(
+                f"no webhook woke the agent within {bound_s:.0f} s (the receiver got: {kinds})"
+            ) from None
+        assert self._woken_run is not None
+        await self._woken_run  # bounded by RUN_BOUND_S
 
     def _woken(self, wake: Wake) -> None:
         """The receiver asks for the agent (from its thread, through the loop)."""
