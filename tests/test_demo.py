@@ -297,8 +297,21 @@ def test_demo_exit_runs_every_step_and_every_step_passes(kafka_bootstrap, tmp_pa
     done = run_cli(env, "demo", "--exit", bound=300)
     (tmp_path / "demo.out").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
-    for step in range(1, 6):
+    for step in range(1, 7):
         assert re.search(rf"^  PASS  step {step}: ", done.stdout, re.M), done.stdout[-4000:]
     assert "FAIL" not in done.stdout
-    assert "All 5 steps passed" in done.stdout
+    assert "All 6 steps passed" in done.stdout
     assert "events_gone" in done.stdout and '"earliestSeq": 100' in done.stdout
+    # step 6: the agent slept, a verified webhook woke it, a forged copy was refused
+    assert re.search(r"signed webhook verified: task \S+ is completed", done.stdout)
+    assert "a forged copy got 401" in done.stdout
+
+
+def test_the_demo_refuses_an_auth_mode_of_the_environment_as_it_makes_its_own_token():
+    from conftest import bridge_env, make_settings
+
+    settings = make_settings("127.0.0.1:9", f"d-{secrets.token_hex(5)}")  # never reached
+    env = bridge_env(settings, BRIDGE_AUTH__MODE="bearer")
+    done = run_cli(env, "demo", "--exit", bound=60)
+    assert done.returncode == 2
+    assert "bearer token of its own" in done.stderr and "BRIDGE_AUTH__MODE" in done.stderr

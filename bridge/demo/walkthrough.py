@@ -6,7 +6,10 @@
 4. a second writer that knows nothing of MCP (kcat) appends to the task, and its terminal
    status ends every open stream;
 5. retention removes the start of a second task: ``events_gone`` with ``earliestSeq``, then a
-   resume from ``earliestSeq - 1``.
+   resume from ``earliestSeq - 1``;
+6. the sleeping agent: an agent process starts a long task, subscribes a webhook for its
+   updates, saves its cursor and exits; the task's end reaches a receiver by webhook, which
+   starts the agent again, and it resumes from its cursor (:mod:`bridge.demo.sleeper`).
 
 The session is replayed with :mod:`bridge.replay`, read with :mod:`bridge.client`. A step
 returns its one-line summary or raises :class:`StepFailed`; it never prints PASS or FAIL itself
@@ -24,11 +27,14 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
+from bridge.demo.agenthome import AgentConfig
 from bridge.demo.narrator import INDENT, Narrator
+from bridge.demo.receiver import Delivery, ReceiverTls
+from bridge.demo.sleeper import SleepingAgent, SleepOutcome
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.replay import (
     ReplayResult,
@@ -38,6 +44,9 @@ from bridge.replay import (
     finish_task,
     replay_events,
 )
+
+if TYPE_CHECKING:
+    from bridge.client import TaskStreamClient
 
 __all__ = ["STEP_BOUND_S", "Step", "StepFailed", "Walkthrough"]
 
@@ -65,10 +74,8 @@ class Seen:
 class Collector:
     """A stream client running in the background, keeping what it received."""
 
-    def __init__(self, url: str, task_id: str, after: int | None = None) -> None:
-        from bridge.client import MemoryCursorStore, TaskStreamClient
-
-        self.client = TaskStreamClient(url, store=MemoryCursorStore())
+    def __init__(self, client: TaskStreamClient, task_id: str, after: int | None = None) -> None:
+        self.client = client
         self.task_id = task_id
         self.seen: list[Seen] = []
         self.on_event: Callable[[Seen], None] | None = None
@@ -123,6 +130,11 @@ class Walkthrough:
     speed: float
     workdir: Path
     say: Narrator
+    #: The demo's bearer token (every client presents it) and its principal (tasks' owner).
+    token: str = field(repr=False)
+    principal: str
+    #: The sleeping agent's receiver: its throwaway TLS (the bridge trusts its CA).
+    tls: ReceiverTls
     task_id: str = ""
     a_seen: list[Seen] = field(default_factory=list)
     b: Collector | None = None
@@ -131,13 +143,14 @@ class Walkthrough:
     cursor_file: Path | None = None
 
     def steps(self) -> list[Step]:
-        """The five steps, in the order they must run (each builds on the one before)."""
+        """The six steps, in the order they must run (each builds on the one before)."""
         return [
             ("A long task, streaming live", self.step_live),
             ("Disconnect, then resume with `after`", self.step_resume),
             ("A late joiner replays the retained history", self.step_late_joiner),
             ("A second writer that knows nothing of MCP", self.step_second_writer),
             ("Retention: events_gone and earliestSeq", self.step_events_gone),
+            ("The sleeping agent, woken by a webhook", self.step_sleeping_agent),
         ]
 
     async def close(self) -> None:
@@ -162,9 +175,15 @@ class Walkthrough:
         )
 
     async def tasks_get(self, task_id: str) -> dict[str, Any]:
-        from bridge.client import TaskStreamClient
+        return await self.client().call("tasks/get", {"taskId": task_id}, task_id)
 
-        return await TaskStreamClient(self.url).call("tasks/get", {"taskId": task_id}, task_id)
+    def client(self, cursor_file: Path | None = None) -> TaskStreamClient:
+        """A client of the demo's bridge with the demo's token; its cursors in ``cursor_file``
+        (else in memory)."""
+        from bridge.client import FileCursorStore, MemoryCursorStore, TaskStreamClient
+
+        store = FileCursorStore(cursor_file) if cursor_file else MemoryCursorStore()
+        return TaskStreamClient(self.url, token=self.token, store=store)
 
     # --- step 1 and 2 --------------------------------------------------------------------------
 
@@ -180,8 +199,6 @@ class Walkthrough:
         return longest[len(longest) // 2]
 
     async def step_live(self) -> str:
-        from bridge.client import FileCursorStore, TaskStreamClient
-
         say, n = self.say, len(self.session)
         span = (self.session[-1].offset_ms - self.session[0].offset_ms) / 1000
         say.say(
@@ -192,13 +209,13 @@ class Walkthrough:
             "TaskStreamClient) streams the task through the bridge."
         )
         publisher = self.publisher
-        self.task_id, where = await create_task(publisher, self.settings)
+        self.task_id, where = await create_task(publisher, self.settings, principal=self.principal)
         say.say(f"task {self.task_id}: created (seq 0), partition {where.partition}")
         view = await self.tasks_get(self.task_id)
         _check(view.get("status") == "working", f"tasks/get says {view.get('status')!r}")
         say.note("tasks/get → status working; client A opens tasks/stream {taskId}")
         cursor_file = self.workdir / "client-a-cursors.json"
-        client = TaskStreamClient(self.url, store=FileCursorStore(cursor_file))
+        client = self.client(cursor_file)
         drop_at = self._disconnect_index() + 1  # the seq A is about to receive when it drops
         writer: asyncio.Task[ReplayResult] | None = None
         self.replay = ReplayResult(self.task_id)
@@ -255,8 +272,6 @@ class Walkthrough:
         )
 
     async def step_resume(self) -> str:
-        from bridge.client import FileCursorStore, TaskStreamClient
-
         say = self.say
         cursor_file, writer = self.cursor_file, self.writer
         assert cursor_file is not None and writer is not None
@@ -274,7 +289,7 @@ class Walkthrough:
             f"{while_away} more events. A restarts (a new client, same cursor file) and sends "
             f"tasks/stream {{taskId, after: {cursor}}}"
         )
-        client = TaskStreamClient(self.url, store=FileCursorStore(cursor_file))
+        client = self.client(cursor_file)
         last_seq = len(self.session)  # seq 0 is task.created
         after: list[Seen] = []
         stream = cast(AsyncGenerator[Any, None], client.stream(self.task_id))
@@ -318,7 +333,7 @@ class Walkthrough:
         )
         _check(view.get("status") == "working", "the task is not live any more")
         started = time.monotonic()
-        self.b = Collector(self.url, self.task_id)
+        self.b = Collector(self.client(), self.task_id)
         await self.b.wait_for(lambda seen: bool(seen) and seen[-1].seq >= last_seq)
         took = time.monotonic() - started
         seen = self.b.seen
@@ -440,7 +455,9 @@ class Walkthrough:
             "forced. A second task gets the same session at full speed, then DeleteRecords "
             "removes the start of its partition."
         )
-        _, created = await create_task(self.publisher, settings, task_id=task_id)
+        _, created = await create_task(
+            self.publisher, settings, principal=self.principal, task_id=task_id
+        )
         marks = {n * k // 4 for k in (1, 2, 3, 4)}
 
         def progress(i: int, where: Published) -> None:
@@ -454,7 +471,7 @@ class Walkthrough:
             self.publisher, settings, task_id, completed_result(self.session, self.source)
         )
         last_seq = n + 1
-        full = Collector(self.url, task_id)
+        full = Collector(self.client(), task_id)
         await full.runner
         seqs = [s.seq for s in full.seen]
         _check(_contiguous(seqs) and seqs[-1] == last_seq, f"task 2 reads {_seq_range(seqs)}")
@@ -492,13 +509,13 @@ class Walkthrough:
 
     async def _resume_too_old(self, task_id: str, old_cursor: int, cut_seq: int) -> None:
         """A cursor from before the cut is refused with exactly SEP-2694's events_gone."""
-        from bridge.client import StreamError, TaskStreamClient
+        from bridge.client import StreamError
 
         self.say.say(
             f"A client that saved cursor {old_cursor} yesterday resumes: after={old_cursor}"
         )
         try:
-            await TaskStreamClient(self.url).call(
+            await self.client().call(
                 "tasks/stream", {"taskId": task_id, "after": old_cursor}, task_id
             )
             error: dict[str, Any] = {}
@@ -516,7 +533,7 @@ class Walkthrough:
         """``after = earliestSeq - 1`` delivers the rest; no cursor starts there too."""
         say = self.say
         say.say(f"It resumes from earliestSeq - 1: after={cut_seq - 1}")
-        resumed = Collector(self.url, task_id, after=cut_seq - 1)
+        resumed = Collector(self.client(), task_id, after=cut_seq - 1)
         await resumed.runner
         rseqs = [s.seq for s in resumed.seen]
         for s in [*resumed.seen[:2], *resumed.seen[-1:]]:
@@ -524,11 +541,107 @@ class Walkthrough:
         _check(_contiguous(rseqs, cut_seq), f"resumed seqs {_seq_range(rseqs)}")
         _check(bool(rseqs) and rseqs[-1] == last_seq, "the resumed stream did not reach the end")
         _check(self.matches_file(resumed.seen[:-1], cut_seq - 1), "resumed events differ")
-        fresh = Collector(self.url, task_id)
+        fresh = Collector(self.client(), task_id)
         await fresh.runner
         _check(bool(fresh.seen) and fresh.seen[0].seq == cut_seq, "no-cursor stream start")
         say.note(f"(without a cursor the stream starts at seq {fresh.seen[0].seq}, too)")
         return rseqs
+
+    # --- step 6 --------------------------------------------------------------------------------
+
+    async def step_sleeping_agent(self) -> str:
+        say = self.say
+        say.say(
+            f"An agent runs as its own process with the demo token. It starts {AGENT_TOOL} (the "
+            "demo pack's long task) with tools/call, subscribes a webhook for that task's "
+            f"updates ({self.settings.event_type_prefix}.task.updated, events/subscribe), "
+            "processes the first events, saves its cursor, and exits. The receiver is a small "
+            "HTTPS endpoint on loopback (a certificate of a CA made for this run, which the "
+            "bridge trusts); it verifies every signature with the standardwebhooks library."
+        )
+        began = time.monotonic()
+        story = SleepingAgent(
+            self.workdir / "agent", self.tls, self._agent_config, note=self._agent_note
+        )
+        outcome = await story.run(wake_bound_s=AGENT_WAKE_BOUND_S)
+        for delivery in outcome.deliveries:
+            say.note(f"{'receiver':>9} │ {_delivery_line(delivery)}")
+        view = await self.tasks_get(outcome.task_id)
+        summary = _judged_sleep(outcome, view.get("status"))
+        return f"{summary} ({time.monotonic() - began:.1f} s)"
+
+    def _agent_config(self, callback: str, secret: str) -> AgentConfig:
+        return AgentConfig(
+            url=self.url,
+            token=self.token,
+            callback=callback,
+            secret=secret,
+            event=f"{self.settings.event_type_prefix}.task.updated",
+            tool=AGENT_TOOL,
+            arguments=AGENT_ARGUMENTS,
+            read_before_sleep=AGENT_READS_BEFORE_SLEEP,
+        )
+
+    def _agent_note(self, who: str, text: str) -> None:
+        self.say.note(f"{who:>9} │ {text}")
+
+
+#: Step 6's task: ``agent_run`` of the demo pack, about 6 s of agent events.
+AGENT_TOOL = "agent_run"
+AGENT_ARGUMENTS: dict[str, Any] = {
+    "prompt": "Why did the nightly export miss orders?",
+    "steps": 24,
+    "delay_ms": 250,
+}
+#: Events the agent processes before it goes to sleep.
+AGENT_READS_BEFORE_SLEEP = 5
+#: Bound of the wait for the webhook and the woken agent's run.
+AGENT_WAKE_BOUND_S = 60.0
+
+
+def _delivery_line(delivery: Delivery) -> str:
+    """One POST the receiver got, as the narration shows it."""
+    verdict = "signature verified" if delivery.verified else "signature REFUSED"
+    what = delivery.kind
+    if delivery.kind == "event":
+        data = json.loads(delivery.body).get("data", {})
+        what = f"task.updated {data.get('status')} (seq {data.get('seq')})"
+    woke = " → starts the agent" if delivery.wake is not None else ""
+    return f"{what}: {verdict}, answered {delivery.status}{woke}"
+
+
+def _judged_sleep(outcome: SleepOutcome, status: Any) -> str:
+    """Step 6's checks on what happened, and its summary."""
+    start, woken = (outcome.run(kind) for kind in ("start", "wake"))
+    waking = outcome.waking
+    _check(start is not None and start.ended is not None, "the agent's first run did not end")
+    _check(waking is not None and woken is not None, "no webhook woke the agent")
+    assert start is not None and start.ended is not None and waking is not None
+    assert waking.wake is not None and woken is not None
+    _check(waking.verified, "the waking delivery's signature did not verify")
+    _check(start.ended < waking.at, "the agent was still running when the webhook came")
+    first, later = (outcome.journal_of(kind) for kind in ("start", "wake"))
+    seqs, resumed = first.get("seqs", []), later.get("seqs", [])
+    cursor = later.get("after")
+    _check(
+        bool(seqs) and _contiguous(seqs) and isinstance(cursor, int) and cursor == seqs[-1],
+        f"first run: seqs {seqs}, resumed after {cursor}",
+    )
+    assert isinstance(cursor, int)
+    _check(
+        _contiguous(resumed, cursor + 1) and resumed[-1] == waking.wake.seq,
+        f"resumed after {cursor}: {_seq_range(resumed)}, not {cursor + 1}..{waking.wake.seq}",
+    )
+    _check(later.get("status") == status == "completed", f"the task is {status!r}")
+    _check(outcome.forged_status == 401, f"a forged copy was answered {outcome.forged_status}")
+    _check(len(outcome.wakes) == 1, f"the agent was woken {len(outcome.wakes)} times")
+    asleep = waking.at - start.ended
+    return (
+        f"the agent (pid {start.pid}) exited after seq {cursor}; {asleep:.1f} s later the "
+        f"signed webhook ({waking.wake.status}) woke it (pid {woken.pid}), which resumed after "
+        f"{cursor}: seqs {_seq_range(resumed)}, each once; a forged copy got 401; result: "
+        f"{later.get('result')}"
+    )
 
 
 #: Step 4's records: what the nightly export job of the story appends to the task.
