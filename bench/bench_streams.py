@@ -965,11 +965,13 @@ async def bench_bytes(
 async def bench_gauges(settings: Settings, logs: Path, sizes: Sizes, res: Results) -> None:
     """Bytes an idle bridge with the default gauge refresh receives (informational).
 
-    A second, short-lived ``bridge serve`` (no index writer) on the same topics, with the
-    default ``metrics_refresh_s``; the main bridge runs with the refresh off so that the
-    refresher's reads do not land at random in the windows of ``bench_bytes``.
+    A second, short-lived ``bridge serve`` on the same topics, with the default
+    ``metrics_refresh_s``; the main bridge runs with the refresh off so that the refresher's
+    reads do not land at random in the windows of ``bench_bytes``. The second one fences the
+    main bridge's index writers; the main bridge keeps serving from memory, which is all the
+    later stages use.
     """
-    second = BridgeProcess(settings, {"BRIDGE_INDEX_WRITER": "false"}, logs / "bridge-gauges.log")
+    second = BridgeProcess(settings, {}, logs / "bridge-gauges.log")
     second.start()
     try:
         await asyncio.sleep(2.0)

@@ -22,7 +22,7 @@ BOUND_S = 20.0  # a misconfiguration must be reported within this many seconds
 #: Every command that needs Kafka, as typed after `bridge` (and as named in its error line).
 COMMANDS = {
     "serve": ["serve", "--port", "0"],
-    "index": ["index"],
+    "index migrate": ["index", "migrate"],
     "workers": ["workers", "--pack", "conformance"],  # no packs by default: nothing to run
     "verify": ["verify"],
     "topics create": ["topics", "create"],
@@ -80,7 +80,7 @@ def test_a_refused_port_is_one_line_naming_the_bootstrap_setting(command: str) -
     assert_one_clear_line(run, command, "connection refused", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
 
 
-@pytest.mark.parametrize("command", ["serve", "index", "replay"])
+@pytest.mark.parametrize("command", ["serve", "index migrate", "replay"])
 def test_an_unresolvable_host_is_one_line_naming_the_bootstrap_setting(command: str) -> None:
     run = run_bridge(command, "kafka.invalid:9092")  # .invalid never resolves (RFC 2606)
     assert_one_clear_line(run, command, "cannot resolve", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
@@ -147,7 +147,7 @@ def test_tail_of_an_unreachable_bridge_is_one_line_naming_the_url_option() -> No
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize("command", ["serve", "index", "verify", "replay"])
+@pytest.mark.parametrize("command", ["serve", "index migrate", "verify", "replay"])
 def test_missing_topics_are_one_line_naming_them_and_how_to_create_them(
     command: str, kafka_bootstrap: str, topic_prefix: str
 ) -> None:

@@ -324,3 +324,43 @@ async def test_a_configured_source_pushes_live_records_from_a_polled_cursor(
         await messages.aclose()
     assert [e["data"]["orderId"] for e in got] == ["before", "live"]
     assert got[1]["cursor"] != got[0]["cursor"]
+
+
+async def test_the_bridges_own_status_changes_reach_task_updated_once_each(sbridge: Bridge) -> None:
+    """End to end: the partition owner's indexer writes the updates, in its index transaction."""
+    from bridge.log.publisher import TaskEventPublisher
+
+    settings = sbridge.settings
+    start = await polled(sbridge, UPDATED, {"arguments": {}, "cursor": None})
+    async with client() as http:
+        task_id = await create_task(http, sbridge.url, "slow_compute", {"seconds": 600})
+    async with TaskEventPublisher(settings) as pub:
+        status = f"{settings.event_type_prefix}.task.status"
+        await pub.publish(task_id, "com.example.step", {"i": 1})
+        await pub.publish(task_id, status, {"status": "completed", "statusMessage": "done"})
+        await pub.publish(task_id, status, {"status": "failed"})  # after a terminal: no change
+    mine = {"arguments": {"taskId": task_id}, "cursor": start["cursor"]}
+    got: list[dict[str, Any]] = []
+    cursor = start["cursor"]
+    while not got or got[-1]["data"]["status"] != "completed":  # the worker may add a working
+        more, cursor = await drain(sbridge, UPDATED, {**mine, "cursor": cursor}, 1)
+        got += more
+    statuses = [e["data"]["status"] for e in got]
+    assert statuses[0] == "working" and statuses[-1] == "completed", statuses
+    assert set(statuses[1:-1]) <= {"working"}, statuses
+    assert got[0]["eventId"] == f"{task_id}.0"  # task.created: seq 0
+    assert got[-1]["data"]["statusMessage"] == "done"
+    seqs = [e["data"]["seq"] for e in got]
+    assert seqs == sorted(set(seqs))  # each change once, in log order
+    # Exactly once: nothing more for this task, however often the owner flushed since.
+    await sbridge_flushed(sbridge)
+    rest = await polled(sbridge, UPDATED, {**mine, "cursor": cursor})
+    assert rest["events"] == []
+
+
+async def sbridge_flushed(bridge: Bridge) -> None:
+    """A later task's update has arrived: the owner has flushed past everything before it."""
+    start = await polled(bridge, UPDATED, {"arguments": {}, "cursor": None})
+    async with client() as http:
+        later = await create_task(http, bridge.url, "slow_compute", {"seconds": 600})
+    await drain(bridge, UPDATED, {"arguments": {"taskId": later}, "cursor": start["cursor"]}, 1)

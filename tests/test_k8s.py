@@ -28,6 +28,7 @@ them these tests skip, except under CI, where they fail.
 
 from __future__ import annotations
 
+import base64
 import functools
 import importlib.util
 import json
@@ -36,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,16 @@ import jsonschema
 import pytest
 
 from bridge.config import Settings, load_settings, running_in_ci
-from bridge.kafka.acls import ROLES, Acl, Operation, PatternType, ResourceType, role_acls
+from bridge.kafka.acls import (
+    ROLES,
+    Access,
+    Acl,
+    Operation,
+    PatternType,
+    ResourceType,
+    Role,
+    role_acls,
+)
 from bridge.kafka.topics import topic_layout
 from bridge.server.app import tool_catalog
 from bridge.workers.packs import PACKS, pack_tools
@@ -179,7 +190,14 @@ def test_every_overlay_is_valid_against_the_kubernetes_and_crd_schemas(
     skipped = sorted({r["kind"] for r in results if r["status"] == "statusSkipped"})
     assert skipped == ["KafkaTopic"]
     valid = {r["kind"] for r in results if r["status"] == "statusValid"}
-    assert {"Deployment", "Service", "NetworkPolicy", "ServiceMonitor", "PrometheusRule"} <= valid
+    assert {
+        "StatefulSet",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "ServiceMonitor",
+        "PrometheusRule",
+    } <= valid
     assert ("KafkaUser" in valid) == (overlay == "prod")  # k8s/schemas/kafkauser-kafka-v1beta2
     assert len(results) == len(_docs(text))
 
@@ -208,6 +226,7 @@ def test_the_optional_streams_autoscaling_component_is_valid(
     assert not _failures(_kubeconform(kubeconform, text, KUBERNETES_VERSIONS[-1]))
     (hpa,) = [d for d in _docs(text) if d["kind"] == "HorizontalPodAutoscaler"]
     metrics = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
     assert metrics["Pods"]["pods"]["metric"]["name"] == "bridge_streams_active"
     assert metrics["Resource"]["resource"]["name"] == "cpu"
 
@@ -226,6 +245,7 @@ def _read_on_a_transactional_id(acl: dict[str, Any]) -> None:
     ("kind", "mistake"),
     [
         ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imag="x")),
+        ("StatefulSet", lambda d: d["spec"].update(serviceNam="bridge-peers")),
         ("Service", lambda d: d["spec"]["ports"][0].update(port="http")),
         ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(scrapeTimeut="10s")),
         ("PrometheusRule", lambda d: d["spec"].update(group=[])),
@@ -327,29 +347,52 @@ def _kafka_port(docs: list[dict[str, Any]]) -> int:
     return int(_config_map(docs)["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1])
 
 
-def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+def _container(workload: dict[str, Any]) -> dict[str, Any]:
     container: dict[str, Any]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
     return container
 
 
-def _env(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> dict[str, str]:
-    """The BRIDGE_* environment a container gets: its ConfigMap, then its own env on top."""
-    container = _container(deployment)
-    env = {}
+def _pod_name(workload: dict[str, Any], ordinal: int = 0) -> str:
+    """The name of a pod of ``workload``: stable ``<name>-<ordinal>`` for a StatefulSet."""
+    name: str = workload["metadata"]["name"]
+    return f"{name}-{ordinal}" if workload["kind"] == "StatefulSet" else f"{name}-7d9f8-x2x4q"
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of ``$(NAME)`` from the variables defined before (else kept)."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), value)
+
+
+def _env(docs: list[dict[str, Any]], workload: dict[str, Any], ordinal: int = 0) -> dict[str, str]:
+    """The environment a container of the pod ``ordinal`` gets: its ConfigMap, then its own env
+    in order, downward API fields resolved and ``$(NAME)`` references expanded."""
+    container = _container(workload)
+    fields = {
+        "metadata.name": _pod_name(workload, ordinal),
+        "metadata.namespace": workload["metadata"].get("namespace", "default"),
+    }
+    env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         name = source["configMapRef"]["name"]
         env.update(_one(docs, "ConfigMap", name)["data"])
-    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = _expand(entry["value"], env)
+        elif "fieldRef" in entry.get("valueFrom", {}):
+            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
 
 
+#: The Secret holding the replicas' shared secret (docs/deployment.md, "The peer secret").
+PEER_SECRET = "mcp-kafka-bridge-peer"
 #: The keys of the Secrets the pods mount, as their makers create them: Strimzi's cluster CA
 #: (Cluster Operator), the auth Secret of docs/deployment.md "Authentication", and the Secret the
 #: User Operator makes for a KafkaUser, by the user's authentication type.
 SECRET_KEYS = {
     "my-cluster-cluster-ca-cert": {"ca.crt", "ca.p12", "ca.password"},
     "mcp-kafka-bridge-auth": {"jwks.json"},
+    PEER_SECRET: {"secret"},
 }
 KAFKA_USER_SECRET_KEYS = {
     "scram-sha-512": {"password", "sasl.jaas.config"},
@@ -361,15 +404,18 @@ def _secret_keys(docs: list[dict[str, Any]], name: str) -> set[str]:
     users = {u["metadata"]["name"]: u for u in _kind(docs, "KafkaUser")}
     if name in users:
         return KAFKA_USER_SECRET_KEYS[users[name]["spec"]["authentication"]["type"]]
+    rendered = {s["metadata"]["name"]: s for s in _kind(docs, "Secret")}
+    if name in rendered:
+        return set(rendered[name].get("data", {})) | set(rendered[name].get("stringData", {}))
     assert name in SECRET_KEYS, f"a pod mounts the Secret {name}, which nothing here creates"
     return SECRET_KEYS[name]
 
 
-def _secret_files(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> dict[str, str]:
+def _secret_files(docs: list[dict[str, Any]], workload: dict[str, Any]) -> dict[str, str]:
     """The files a container sees from Secret volumes: path -> "<secret>/<key>"."""
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
     files = {}
-    for mount in _container(deployment).get("volumeMounts", []):
+    for mount in _container(workload).get("volumeMounts", []):
         secret = volumes[mount["name"]].get("secret")
         if secret is None:
             continue
@@ -390,16 +436,16 @@ def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[A
     """
     pods = iter(range(1_000_000))
 
-    def load(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> Settings:
+    def load(docs: list[dict[str, Any]], workload: dict[str, Any]) -> Settings:
         root = tmp_path / f"pod-{next(pods)}"
-        for path, source in _secret_files(docs, deployment).items():
+        for path, source in _secret_files(docs, workload).items():
             staged = root / path.lstrip("/")
             staged.parent.mkdir(parents=True, exist_ok=True)
             staged.write_text(f"staged {source}\n")
         for key in list(os.environ):
             if key.startswith("BRIDGE_") or key == "KAFKA_BOOTSTRAP_SERVERS":
                 monkeypatch.delenv(key)
-        for key, value in _env(docs, deployment).items():
+        for key, value in _env(docs, workload).items():
             staged = root / value.lstrip("/")
             monkeypatch.setenv(
                 key, str(staged) if value.startswith("/") and staged.exists() else value
@@ -409,13 +455,18 @@ def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[A
     yield load
 
 
-def _deployment(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
-    (deployment,) = [
-        d
-        for d in _kind(docs, "Deployment")
-        if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What runs pods: the server's StatefulSet and the workers' Deployment."""
+    return _kind(docs, "StatefulSet") + _kind(docs, "Deployment")
+
+
+def _workload(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (workload,) = [
+        w
+        for w in _workloads(docs)
+        if w["metadata"]["labels"]["app.kubernetes.io/component"] == component
     ]
-    return deployment
+    return workload
 
 
 def _worker_packs(worker: dict[str, Any]) -> list[str]:
@@ -429,7 +480,7 @@ def _job_topics(docs: list[dict[str, Any]], role: str, settings: Settings) -> li
     if role == "server":
         return [t.job_topic or settings.topics.jobs(t.name) for t in tool_catalog(settings)]
     if role == "worker":
-        packs = _worker_packs(_deployment(docs, "worker"))
+        packs = _worker_packs(_workload(docs, "worker"))
         return [settings.topics.jobs(t.name) for t in pack_tools(packs)]
     return []
 
@@ -441,7 +492,7 @@ def test_kafka_topics_are_the_layout_the_bridge_would_create(
     # The bridge runs with auto_create_topics false, so Strimzi must create exactly the topics
     # (names, partitions, replication, configs) that `bridge topics create` would.
     docs = rendered[overlay]
-    server = _deployment(docs, "server")
+    server = _workload(docs, "server")
     settings = settings_from(docs, server)
     assert settings.auto_create_topics is False
     served = _job_topics(docs, "server", settings)
@@ -467,10 +518,28 @@ def test_the_events_topic_is_delete_only_and_the_index_topic_compacted(
     events = topics["mcpbridge.task-events"]["config"]
     assert events["cleanup.policy"] == "delete"  # never compact: seq counts a task's records
     assert int(events["retention.ms"]) > 0
-    assert topics["mcpbridge.task-index"]["config"]["cleanup.policy"] == "compact"
+    # Compacted: the index and the webhook subscriptions (the latest record of each key counts).
+    compacted = {"mcpbridge.task-index", "mcpbridge.event-subscriptions"}
+    for name in compacted:
+        assert topics[name]["config"]["cleanup.policy"] == "compact", name
     for name, spec in topics.items():
-        if name != "mcpbridge.task-index":
+        if name not in compacted:
             assert "compact" not in str(spec["config"]["cleanup.policy"]), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_index_and_updates_topics_are_co_partitioned_with_the_events_topic(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    # The owner of events partition N persists to partition N of both: same count, same
+    # retention for the updates as for the events they describe.
+    topics = {t["spec"]["topicName"]: t["spec"] for t in _kind(rendered[overlay], "KafkaTopic")}
+    events = topics["mcpbridge.task-events"]
+    for name in ("mcpbridge.task-index", "mcpbridge.task-updates"):
+        assert topics[name]["partitions"] == events["partitions"], name
+    updates = topics["mcpbridge.task-updates"]["config"]
+    assert updates["cleanup.policy"] == "delete"
+    assert updates["retention.ms"] == events["config"]["retention.ms"]
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -480,11 +549,11 @@ def test_the_events_topic_is_delete_only_and_the_index_topic_compacted(
 def test_every_container_is_hardened_and_sized(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
-    deployments = _kind(rendered[overlay], "Deployment")
-    assert len(deployments) == 3
-    for deployment in deployments:
-        name = deployment["metadata"]["name"]
-        pod = deployment["spec"]["template"]["spec"]
+    workloads = _workloads(rendered[overlay])
+    assert len(workloads) == 2
+    for workload in workloads:
+        name = workload["metadata"]["name"]
+        pod = workload["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False, name
         assert pod["serviceAccountName"] == NAME, name
         assert pod["securityContext"]["runAsNonRoot"] is True, name
@@ -511,8 +580,8 @@ def test_every_container_is_hardened_and_sized(
 
 
 def test_prod_pins_a_released_image(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    for deployment in _kind(rendered["prod"], "Deployment"):
-        image = _container(deployment)["image"]
+    for workload in _workloads(rendered["prod"]):
+        image = _container(workload)["image"]
         assert re.search(r":v?\d+\.\d+\.\d+$|@sha256:[0-9a-f]{64}$", image), image
 
 
@@ -521,7 +590,7 @@ def test_the_server_probes_drains_and_spreads(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     docs = rendered[overlay]
-    server = _deployment(docs, "server")
+    server = _workload(docs, "server")
     pod = server["spec"]["template"]["spec"]
     container = _container(server)
     assert container["args"] == ["serve"]
@@ -537,16 +606,28 @@ def test_the_server_probes_drains_and_spreads(
     # preStop, then the 10 s graceful drain of streams, with time left to close Kafka clients.
     assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + 10
     assert pod.get("topologySpreadConstraints") or pod.get("affinity", {}).get("podAntiAffinity")
-    assert server["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    # One pod at a time, the next only once the new one is ready (a StatefulSet cannot surge).
+    assert server["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    expected = 1 if overlay == "dev" else 2
+    assert server["spec"]["replicas"] >= expected
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_autoscaler_scales_the_statefulset_up_to_one_replica_per_events_partition(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    server = _workload(docs, "server")
     hpa = _one(docs, "HorizontalPodAutoscaler", NAME)
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "name": NAME,
+        "kind": "StatefulSet",
+        "name": server["metadata"]["name"],
     }
     assert hpa["spec"]["minReplicas"] == server["spec"]["replicas"]
-    expected = 1 if overlay == "dev" else 2
-    assert server["spec"]["replicas"] >= expected
+    # A replica beyond the partition count would own nothing.
+    partitions = int(_config_map(docs)["BRIDGE_TOPICS__PARTITIONS"])
+    assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= partitions
 
 
 def test_prod_keeps_two_replicas_through_disruptions(
@@ -554,22 +635,122 @@ def test_prod_keeps_two_replicas_through_disruptions(
 ) -> None:
     pdb = _one(rendered["prod"], "PodDisruptionBudget", NAME)
     assert pdb["spec"] == {"minAvailable": 2, "selector": pdb["spec"]["selector"]}
-    assert _deployment(rendered["prod"], "server")["spec"]["replicas"] > 2
+    assert _workload(rendered["prod"], "server")["spec"]["replicas"] > 2
+
+
+#: The server's settings of "replicas divide the work" (docs/deployment.md, "Ownership and
+#: failover"); BRIDGE_PEER_SECRET (inline) is the discouraged alternative of the _FILE one.
+OWNERSHIP_ENV = (
+    "BRIDGE_OWNERSHIP",
+    "BRIDGE_INSTANCE_ID",
+    "BRIDGE_ADVERTISED_URL",
+    "BRIDGE_PEER_SECRET_FILE",
+    "BRIDGE_GROUP_SESSION_TIMEOUT_MS",
+)
+PEERS = "bridge-peers"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_exactly_one_index_writer_runs(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str, settings_from: Any
+def test_no_index_writer_runs_the_server_replicas_divide_the_partitions(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     docs = rendered[overlay]
-    writer = _deployment(docs, "index-writer")
-    assert _container(writer)["args"] == ["index"]  # ENTRYPOINT ["bridge"]: `bridge index`
-    assert writer["spec"]["replicas"] == 1
-    assert writer["spec"]["strategy"] == {"type": "Recreate"}
-    # Neither the servers nor anything else persists the index.
-    assert settings_from(docs, _deployment(docs, "server")).index_writer is False
-    writers = [d for d in _kind(docs, "Deployment") if _container(d)["args"][0] == "index"]
-    assert writers == [writer]
+    for workload in _workloads(docs):
+        assert _container(workload)["args"][0] != "index", workload["metadata"]["name"]
+        assert _role(workload) in {"server", "worker"}
+        assert "BRIDGE_INDEX_WRITER" not in _env(docs, workload)
+    assert not any("index-writer" in d["metadata"]["name"] for d in docs)
+    server_env = _env(docs, _workload(docs, "server"))
+    assert set(OWNERSHIP_ENV) <= set(server_env)
+    assert server_env["BRIDGE_OWNERSHIP"] == "group"
+    assert "BRIDGE_PEER_SECRET" not in server_env  # the file, never the value in the manifest
+    # Only the server divides partitions: the workers keep their own consumer group.
+    worker_env = _env(docs, _workload(docs, "worker"))
+    assert not set(OWNERSHIP_ENV) & set(worker_env)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_server_is_a_parallel_statefulset_with_a_headless_peer_service(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    server = _workload(docs, "server")
+    assert server["kind"] == "StatefulSet"
+    assert server["spec"]["podManagementPolicy"] == "Parallel"
+    assert not server["spec"].get("volumeClaimTemplates")  # nothing is kept on disk
+    peers = _one(docs, "Service", server["spec"]["serviceName"])
+    assert peers["metadata"]["name"] == PEERS
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["publishNotReadyAddresses"] is False  # only ready owners get requests
+    (port,) = peers["spec"]["ports"]
+    assert port["port"] == 8080 and port["targetPort"] == "http"
+    assert _selects(peers["spec"]["selector"], server["spec"]["template"]["metadata"]["labels"])
+    assert not _selects(peers["spec"]["selector"], _pod_labels(_workload(docs, "worker")))
+    client = _one(docs, "Service", NAME)
+    assert client["spec"].get("clusterIP") != "None"
+    # Prometheus scrapes each pod once: the ServiceMonitor's port is on the client Service only.
+    monitor = _one(docs, "ServiceMonitor", NAME)
+    scraped = [
+        service["metadata"]["name"]
+        for service in _kind(docs, "Service")
+        if _selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+        for endpoint in monitor["spec"]["endpoints"]
+        if endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    ]
+    assert scraped == [NAME]
+
+
+def _pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_replica_is_a_static_group_member_reachable_at_its_own_name(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    server = _workload(docs, "server")
+    namespace = server["metadata"]["namespace"]
+    peers = _one(docs, "Service", server["spec"]["serviceName"])
+    (port,) = peers["spec"]["ports"]
+    container_port = {p["name"]: p["containerPort"] for p in _container(server)["ports"]}
+    urls = []
+    for ordinal in range(2):
+        env = _env(docs, server, ordinal)
+        pod = f"{NAME}-{ordinal}"
+        assert env["BRIDGE_INSTANCE_ID"] == pod  # stable across restarts: the static member id
+        url = urllib.parse.urlsplit(env["BRIDGE_ADVERTISED_URL"])
+        # The pod's DNS name under the headless Service, on the port it listens on.
+        assert url.scheme == "http" and url.path in ("", "/")
+        assert url.hostname == f"{pod}.{PEERS}.{namespace}.svc.cluster.local"
+        assert url.port == port["port"] == container_port[port["targetPort"]]
+        urls.append(url.geturl())
+    assert len(set(urls)) == 2
+    # Within what Kafka brokers accept by default (group.min/max.session.timeout.ms).
+    timeout_ms = int(_env(docs, server)["BRIDGE_GROUP_SESSION_TIMEOUT_MS"])
+    assert 6_000 <= timeout_ms <= 1_800_000
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_peer_secret_is_a_mounted_file_and_only_dev_ships_a_placeholder(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    docs = rendered[overlay]
+    server = _workload(docs, "server")
+    secret_file = _env(docs, server)["BRIDGE_PEER_SECRET_FILE"]
+    source = _secret_files(docs, server)[secret_file]
+    secret_name, key = source.split("/")
+    assert key == "secret"
+    secrets = _kind(docs, "Secret")
+    if overlay == "prod":
+        assert secret_name == PEER_SECRET and not secrets  # the operator's Secret
+    else:
+        (placeholder,) = secrets
+        assert secret_name == placeholder["metadata"]["name"]
+        assert secret_name.startswith(f"{PEER_SECRET}-")  # kustomize's content hash
+        value = base64.b64decode(placeholder["data"]["secret"]).decode()
+        assert "placeholder" in value and "not-for-production" in value, value
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -577,25 +758,25 @@ def test_every_role_loads_its_settings(
     rendered: dict[str, list[dict[str, Any]]], overlay: str, settings_from: Any
 ) -> None:
     docs = rendered[overlay]
-    namespace = _deployment(docs, "server")["metadata"]["namespace"]
-    for deployment in _kind(docs, "Deployment"):
-        settings = settings_from(docs, deployment)
+    namespace = _workload(docs, "server")["metadata"]["namespace"]
+    for workload in _workloads(docs):
+        settings = settings_from(docs, workload)
         assert settings.kafka_bootstrap_servers == f"my-cluster-kafka-bootstrap:{_kafka_port(docs)}"
         assert settings.auto_create_topics is False
-    server = settings_from(docs, _deployment(docs, "server"))
+    server = settings_from(docs, _workload(docs, "server"))
     assert server.http_host == "0.0.0.0" and server.http_port == 8080
     # DNS rebinding protection: the names clients use for the Service must be allowed.
     for host in (NAME, f"{NAME}.{namespace}.svc", f"{NAME}.{namespace}.svc.cluster.local"):
         assert host in server.allowed_hosts, host
     assert "*" not in server.allowed_hosts
-    pack_tools(_worker_packs(_deployment(docs, "worker")))  # the packs exist
+    pack_tools(_worker_packs(_workload(docs, "worker")))  # the packs exist
 
 
 def test_prod_authenticates_with_a_secret_mounted_read_only(
     rendered: dict[str, list[dict[str, Any]]], settings_from: Any
 ) -> None:
     docs = rendered["prod"]
-    server = _deployment(docs, "server")
+    server = _workload(docs, "server")
     settings = settings_from(docs, server)
     assert settings.auth.mode == "jwt"
     assert settings.auth.jwks_file is not None
@@ -607,9 +788,9 @@ def test_prod_authenticates_with_a_secret_mounted_read_only(
 def test_every_secret_is_mounted_read_only_and_readable_by_the_pod_only(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
-    for deployment in _kind(rendered[overlay], "Deployment"):
-        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-        for mount in _container(deployment).get("volumeMounts", []):
+    for workload in _workloads(rendered[overlay]):
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        for mount in _container(workload).get("volumeMounts", []):
             secret = volumes[mount["name"]].get("secret")
             if secret is not None:
                 assert mount["readOnly"] is True, mount
@@ -621,7 +802,10 @@ def test_no_secret_is_in_the_repository(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     docs = rendered[overlay]
-    assert not _kind(docs, "Secret")
+    # Only dev's generated placeholder peer secret (checked above) is rendered.
+    rendered_secrets = [s["metadata"]["name"] for s in _kind(docs, "Secret")]
+    assert all(name.startswith(f"{PEER_SECRET}-") for name in rendered_secrets)
+    assert len(rendered_secrets) == (1 if overlay == "dev" else 0)
     for key, value in _config_map(docs).items():
         if re.search(r"TOKEN|SECRET|PASSWORD", key):
             # Only where a mounted Secret holds it (BRIDGE_KAFKA_SASL__PASSWORD_FILE).
@@ -634,6 +818,8 @@ def test_no_secret_is_in_the_repository(
 #: How each rendering authenticates to Kafka: overlays/prod (with components/kafka-scram), and
 #: the base with components/kafka-mtls, the variant an overlay can choose instead.
 SECURED = {"prod": "scram-sha-512", "kafka-mtls": "tls"}
+#: The roles with a KafkaUser: the server's and the workers' workloads, and pipelines of your own.
+KAFKA_USER_ROLES: set[Role] = {"server", "worker", "pipeline"}
 CLUSTER_CA = "my-cluster-cluster-ca-cert"
 #: Strimzi's names (AclRule schema reference) for bridge.kafka.acls' resource and pattern types.
 STRIMZI_RESOURCE_TYPES = {
@@ -662,7 +848,7 @@ def secured(secured_text: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
 
 def _kafka_user(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     """The KafkaUser of a role of bridge.kafka.acls: its app.kubernetes.io/component, as on the
-    Deployment that runs as it ("pipeline" stands for pipelines of your own)."""
+    workload that runs as it ("pipeline" stands for pipelines of your own)."""
     (user,) = [
         u
         for u in _kind(docs, "KafkaUser")
@@ -671,8 +857,8 @@ def _kafka_user(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     return user
 
 
-def _role(deployment: dict[str, Any]) -> str:
-    role: str = deployment["metadata"]["labels"]["app.kubernetes.io/component"]
+def _role(workload: dict[str, Any]) -> str:
+    role: str = workload["metadata"]["labels"]["app.kubernetes.io/component"]
     return role
 
 
@@ -682,7 +868,7 @@ def test_the_kafka_mtls_variant_is_valid(kubeconform: str, secured_text: dict[st
         results = _kubeconform(kubeconform, secured_text["kafka-mtls"], version)
         assert not _failures(results)
         valid = [r["kind"] for r in results if r["status"] == "statusValid"]
-        assert valid.count("KafkaUser") == len(ROLES)
+        assert valid.count("KafkaUser") == len(KAFKA_USER_ROLES)
 
 
 @pytest.mark.parametrize("variant", SECURED)
@@ -691,8 +877,11 @@ def test_every_role_has_a_kafka_user_of_the_chosen_authentication(
 ) -> None:
     docs = secured[variant]
     users = _kind(docs, "KafkaUser")
-    assert {u["metadata"]["labels"]["app.kubernetes.io/component"] for u in users} == set(ROLES)
-    assert len(users) == len(ROLES)
+    # One per workload's role and one for pipelines of your own; no index writer any more.
+    roles = {u["metadata"]["labels"]["app.kubernetes.io/component"] for u in users}
+    assert roles == {_role(w) for w in _workloads(docs)} | {"pipeline"} == KAFKA_USER_ROLES
+    assert roles <= set(ROLES)
+    assert len(users) == len(KAFKA_USER_ROLES)
     bootstrap = _config_map(docs)["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"]
     for user in users:
         # Managed by the User Operator of the cluster the bridge connects to.
@@ -708,14 +897,14 @@ def test_each_role_connects_over_tls_as_its_own_kafka_user(
     secured: dict[str, list[dict[str, Any]]], variant: str, settings_from: Any
 ) -> None:
     docs = secured[variant]
-    deployments = _kind(docs, "Deployment")
-    assert {_role(d) for d in deployments} == set(ROLES) - {"pipeline"}
-    for deployment in deployments:
+    workloads = _workloads(docs)
+    assert {_role(w) for w in workloads} == KAFKA_USER_ROLES - {"pipeline"}
+    for workload in workloads:
         # Loading fails if a file setting names a file that no mounted Secret key provides.
-        settings = settings_from(docs, deployment)
-        env = _env(docs, deployment)
-        files = _secret_files(docs, deployment)
-        user = _kafka_user(docs, _role(deployment))["metadata"]["name"]
+        settings = settings_from(docs, workload)
+        env = _env(docs, workload)
+        files = _secret_files(docs, workload)
+        user = _kafka_user(docs, _role(workload))["metadata"]["name"]
         # The broker's certificate is checked against Strimzi's cluster CA, hostname included.
         assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9093"
         assert files[env["BRIDGE_KAFKA_TLS__CA_FILE"]] == f"{CLUSTER_CA}/ca.crt"
@@ -723,7 +912,7 @@ def test_each_role_connects_over_tls_as_its_own_kafka_user(
         # The pod sees its own user's Secret and nothing of any other user's.
         users = {u["metadata"]["name"] for u in _kind(docs, "KafkaUser")}
         mounted = {source.split("/")[0] for source in files.values()} & users
-        assert mounted == {user}, deployment["metadata"]["name"]
+        assert mounted == {user}, workload["metadata"]["name"]
         if SECURED[variant] == "scram-sha-512":
             assert settings.kafka_security_protocol == "SASL_SSL"
             assert settings.kafka_sasl.mechanism == "SCRAM-SHA-512"
@@ -764,14 +953,42 @@ def test_kafka_users_carry_exactly_the_acls_of_their_role(
     secured: dict[str, list[dict[str, Any]]], variant: str, settings_from: Any
 ) -> None:
     docs = secured[variant]
-    for role in ROLES:
-        # A role's own Deployment's settings; the pipeline's topics are the server's.
-        runs_as = _deployment(docs, "server" if role == "pipeline" else role)
+    for role in sorted(KAFKA_USER_ROLES):
+        # A role's own workload's settings; the pipeline's topics are the server's.
+        runs_as = _workload(docs, "server" if role == "pipeline" else role)
         settings = settings_from(docs, runs_as)
-        expected = role_acls(role, settings.topics, _job_topics(docs, role, settings))
+        expected = _expected_acls(role, settings, _job_topics(docs, role, settings))
         granted = _strimzi_acls(_kafka_user(docs, role))
         assert len(granted) == len(set(granted)), f"{role}: an ACL listed twice"
         assert sorted(granted) == sorted(expected), role
+
+
+def _expected_acls(role: Role, settings: Settings, job_topics: list[str]) -> list[Acl]:
+    """What the process running as ``role`` needs: for the server, what `bridge serve` checks at
+    start with the server's own settings (an owner of partitions persists their index)."""
+    if role == "server":
+        return Access.serving(settings, job_topics, workers=False).acls(settings.topics)
+    return role_acls(role, settings.topics, job_topics)
+
+
+@pytest.mark.parametrize("variant", SECURED)
+def test_the_server_user_may_join_the_group_fence_per_partition_and_write_the_updates(
+    secured: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    granted = set(_strimzi_acls(_kafka_user(secured[variant], "server")))
+    prefix = "mcpbridge"
+    T, G, X = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+    assert {
+        Acl(G, f"{prefix}.bridge", Operation.READ),  # the replicas' consumer group
+        # <prefix>.index.<partition>: whoever owns a partition fences its previous owner
+        Acl(X, f"{prefix}.index.", Operation.WRITE, PatternType.PREFIXED),
+        Acl(T, f"{prefix}.task-updates", Operation.WRITE),
+        Acl(G, f"{prefix}.webhooks", Operation.READ),  # the webhook deliverers' group
+        Acl(T, f"{prefix}.task-index", Operation.READ),
+        Acl(T, f"{prefix}.task-index", Operation.WRITE),
+    } <= granted
+    # The single writer's literal id is gone with the index-writer Deployment.
+    assert not any(acl.name == f"{prefix}.indexer" for acl in granted)
 
 
 def test_dev_connects_in_plaintext_and_creates_no_kafka_users(
@@ -779,12 +996,14 @@ def test_dev_connects_in_plaintext_and_creates_no_kafka_users(
 ) -> None:
     docs = rendered["dev"]
     assert not _kind(docs, "KafkaUser")
-    for deployment in _kind(docs, "Deployment"):
-        settings = settings_from(docs, deployment)
+    for workload in _workloads(docs):
+        settings = settings_from(docs, workload)
         assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9092"
         assert settings.kafka_security_protocol == "PLAINTEXT"
         assert not settings.kafka_tls.configured and not settings.kafka_sasl.configured
-        assert not _secret_files(docs, deployment)
+        # No Kafka credentials; the server mounts only the replicas' peer secret.
+        mounted = {source.split("/")[0] for source in _secret_files(docs, workload).values()}
+        assert all(name.startswith(f"{PEER_SECRET}-") for name in mounted)
 
 
 # --- labels and selectors ----------------------------------------------------------------------
@@ -802,20 +1021,21 @@ def test_labels_and_selectors(rendered: dict[str, list[dict[str, Any]]], overlay
         assert labels["app.kubernetes.io/name"] == NAME, doc["metadata"]["name"]
         assert labels["app.kubernetes.io/part-of"] == NAME, doc["metadata"]["name"]
     pods = {}
-    for deployment in _kind(docs, "Deployment"):
-        template = deployment["spec"]["template"]["metadata"]["labels"]
-        selector = deployment["spec"]["selector"]["matchLabels"]
+    for workload in _workloads(docs):
+        template = _pod_labels(workload)
+        selector = workload["spec"]["selector"]["matchLabels"]
         assert {"app.kubernetes.io/name", "app.kubernetes.io/component"} <= set(selector)
         assert _selects(selector, template)
         assert template["app.kubernetes.io/part-of"] == NAME
         pods[template["app.kubernetes.io/component"]] = template
-    assert set(pods) == {"server", "index-writer", "worker"}
+    assert set(pods) == {"server", "worker"}
 
     def selected(selector: dict[str, str]) -> set[str]:
         return {component for component, labels in pods.items() if _selects(selector, labels)}
 
     service = _one(docs, "Service", NAME)
     assert selected(service["spec"]["selector"]) == {"server"}
+    assert selected(_one(docs, "Service", PEERS)["spec"]["selector"]) == {"server"}
     assert selected(_one(docs, "PodDisruptionBudget", NAME)["spec"]["selector"]["matchLabels"]) == {
         "server"
     }
@@ -827,28 +1047,68 @@ def test_labels_and_selectors(rendered: dict[str, list[dict[str, Any]]], overlay
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
+#: The server's pods, as the NetworkPolicies name them (written out, not added by kustomize).
+SERVER_PODS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "server"}
+
+
+def _only_server_pods(peers: list[dict[str, Any]]) -> bool:
+    return all(
+        p.keys() == {"podSelector"} and p["podSelector"] == {"matchLabels": SERVER_PODS}
+        for p in peers
+    )
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policies_allow_kafka_dns_and_the_mcp_port_only(
+def test_network_policies_allow_kafka_dns_the_mcp_port_replicas_and_public_https_only(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     policies = _kind(rendered[overlay], "NetworkPolicy")
     kafka_port = _kafka_port(rendered[overlay])
+    mcp_port = {
+        p["name"]: p["containerPort"]
+        for p in _container(_workload(rendered[overlay], "server"))["ports"]
+    }["http"]
     egress_peers = []
     ingress_ports = []
     to_kafka: set[int] = set()
+    between_replicas = {"ingress": 0, "egress": 0}
+    webhooks = 0
     for policy in policies:
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == NAME
+        # Rules of a direction the policy does not declare in policyTypes are ignored.
+        assert ("egress" in spec) <= ("Egress" in spec["policyTypes"]), policy["metadata"]["name"]
+        assert ("ingress" in spec) <= ("Ingress" in spec["policyTypes"]), policy["metadata"]["name"]
         for rule in spec.get("egress", []):
-            egress_peers += rule["to"]
             ports = {p["port"] for p in rule["ports"]}
+            if _only_server_pods(rule["to"]):
+                # A replica forwarding to the owner of a partition: server to server, MCP port.
+                assert spec["podSelector"]["matchLabels"] == SERVER_PODS
+                assert ports == {mcp_port}
+                between_replicas["egress"] += 1
+                continue
+            if all("ipBlock" in peer for peer in rule["to"]):
+                # Webhook deliveries: server pods only, https only, never a private range.
+                assert spec["podSelector"]["matchLabels"] == SERVER_PODS
+                assert ports == {443}
+                blocks = {
+                    peer["ipBlock"]["cidr"]: set(peer["ipBlock"]["except"]) for peer in rule["to"]
+                }
+                assert {"10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8"} <= blocks["0.0.0.0/0"]
+                assert {"fc00::/7", "fe80::/10"} <= blocks["::/0"]
+                webhooks += 1
+                continue
+            egress_peers += rule["to"]
             assert ports <= {kafka_port, 53}
             if any("strimzi.io/cluster" in p["podSelector"]["matchLabels"] for p in rule["to"]):
                 to_kafka |= ports
         for rule in spec.get("ingress", []):
             ingress_ports += [p["port"] for p in rule["ports"]]
             assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
-    assert ingress_ports == ["http"]
+            between_replicas["ingress"] += _only_server_pods(rule["from"])
+    assert set(ingress_ports) == {"http"}
+    assert between_replicas == {"ingress": 1, "egress": 1}
+    assert webhooks == 1
     # Peers must keep their own labels: the kustomize `labels` must not have reached them.
     for peer in egress_peers:
         assert not any(

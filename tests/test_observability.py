@@ -50,7 +50,7 @@ PROVISIONING = ROOT / "grafana" / "provisioning"
 RULES = ROOT / "k8s" / "base" / "prometheusrule.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
-ROWS = ["Streams", "Lag", "Retention", "Index", "Tasks", "Wire"]
+ROWS = ["Streams", "Lag", "Retention", "Index", "Ownership", "Tasks", "Wire"]
 ALERTS = {
     "BridgeIndexerStalled": "critical",
     "BridgeIndexerBehindRetention": "critical",
@@ -58,6 +58,8 @@ ALERTS = {
     "BridgeStreamSeqGap": "critical",
     "BridgeDeliveryLatencyHigh": "warning",
     "BridgeRetentionHeadroomLow": "warning",
+    "BridgePartitionWithoutOwner": "critical",
+    "BridgeRebalanceStorm": "warning",
 }
 JOB = "mcp-kafka-bridge"
 #: Grafana's variables, as concrete values: windows long enough to cover the whole test run.
@@ -353,12 +355,69 @@ RULE_TESTS: list[dict[str, Any]] = [
 ]
 
 
+def _replicas(job: str, events: str, owned: dict[str, str]) -> list[dict[str, str]]:
+    """The ownership gauges of a job's replicas: ``owned`` by instance; every replica reports
+    the events topic's partition count ``events`` while it is scraped."""
+    return [
+        s
+        for instance, values in owned.items()
+        for s in (
+            _series("bridge_owned_partitions", values, job=job, instance=instance),
+            _series("bridge_events_partitions", events, job=job, instance=instance),
+        )
+    ]
+
+
+def _rebalances(job: str, values: str, *instances: str) -> list[dict[str, str]]:
+    return [
+        _series("bridge_rebalances_total", values, job=job, instance=instance)
+        for instance in instances
+    ]
+
+
+# The ownership alerts, by deployment (job): the condition fires, a healthy look-alike does not.
+OWNERSHIP_RULE_TESTS: list[dict[str, Any]] = [
+    {  # "lost": 6 partitions, from 2m the two replicas own 5 together (one partition orphaned);
+        # "failover": bridge-1 is killed at 2m (its series go stale), bridge-0 owns all 6 from
+        # 3m; "all": two processes with ownership "all", each owning every partition
+        "interval": "1m",
+        "input_series": [
+            *_replicas("lost", "6x12", {"bridge-0:8080": "3x12", "bridge-1:8080": "3 3 2x10"}),
+            *_replicas("failover", "6 6 6 6x9", {"bridge-0:8080": "3 3 3 6x9"}),
+            *_replicas("failover", "6 6 stale", {"bridge-1:8080": "3 3 stale"}),
+            *_replicas("all", "6x12", {"bridge-0:8080": "6x12", "bridge-1:8080": "6x12"}),
+        ],
+        "alert_rule_test": [
+            _alert("BridgePartitionWithoutOwner", "3m"),
+            _alert("BridgePartitionWithoutOwner", "5m", {"job": "lost"}),
+            _alert("BridgePartitionWithoutOwner", "10m", {"job": "lost"}),
+        ],
+    },
+    {  # every replica counts each rebalance of its group. "storm": one a minute; "steady": one
+        # every 5 minutes, for ever (2 per 10 minutes); "burst": a scale-out and a crashed pod's
+        # return (3 rebalances in 5 minutes), then quiet
+        "interval": "1m",
+        "input_series": [
+            *_rebalances("storm", "0+1x40", "bridge-0:8080", "bridge-1:8080"),
+            *_rebalances("steady", "0+0.2x40", "bridge-0:8080", "bridge-1:8080"),
+            *_rebalances("burst", "0 0 1 1 2 3 3x35", "bridge-0:8080", "bridge-1:8080"),
+        ],
+        "alert_rule_test": [
+            _alert("BridgeRebalanceStorm", "8m"),
+            _alert("BridgeRebalanceStorm", "25m", {"job": "storm"}),
+            _alert("BridgeRebalanceStorm", "40m", {"job": "storm"}),
+        ],
+    },
+]
+
+
 def test_every_alert_fires_on_its_condition_and_not_on_a_healthy_look_alike(tmp_path):
     promtool = require_tool("promtool")
     (tmp_path / "rules.yaml").write_text(without_annotations(rules_spec()))
-    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": RULE_TESTS}
+    rule_tests = RULE_TESTS + OWNERSHIP_RULE_TESTS
+    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": rule_tests}
     (tmp_path / "tests.yaml").write_text(json.dumps(tests, indent=1))  # JSON is YAML
-    tested = [x["alertname"] for t in RULE_TESTS for x in t["alert_rule_test"]]
+    tested = [x["alertname"] for t in rule_tests for x in t["alert_rule_test"]]
     assert set(tested) == set(ALERTS)
     ran = subprocess.run(
         [promtool, "test", "rules", "tests.yaml"],

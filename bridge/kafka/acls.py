@@ -190,7 +190,7 @@ ROLE_NEEDS: dict[Role, tuple[Need, ...]] = {
         Need(_T, "subscriptions", _READ, "webhook subscriptions (they hold callback secrets)"),
         Need(_T, "subscriptions", _WRITE, "subscribe, unsubscribe, delivered positions"),
         Need(_G, "webhooks", _READ, "the webhook group: which replica delivers which partition"),
-        Need(_G, "bridge", _READ, "the replicas' group: joining it, committing indexed positions"),
+        Need(_G, "bridge", _READ, "the replicas' group: joining it (no offsets are committed)"),
         Need(
             _X,
             "index-writers",

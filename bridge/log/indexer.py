@@ -701,23 +701,14 @@ class Indexer(Component):
                 self._persisted_markers.pop(partition, None)
         self._updates[partition][:0] = updates
 
-    async def commit_positions(self) -> None:
-        """Group mode: commit the owned partitions' ``through`` as the group's offsets, so
-        standard consumer-group tooling shows the bridge's lag (positions never come from it)."""
-        consumer = self._consumer
-        if consumer is None or not self.group or not self.partitions:
-            return
-        topic = self.settings.topics.events
-        offsets = {TopicPartition(topic, p): idx.through for p, idx in self.partitions.items()}
-        with contextlib.suppress(Exception):  # a rebalance in progress: the next one commits
-            await consumer.commit(offsets)
-
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval_s)  # the flush cadence, not synchronisation
             try:
+                # No offsets are committed to the group: positions come from the index, and a
+                # commit racing a rebalance (IllegalGeneration) makes aiokafka rejoin, which
+                # turned one rebalance into a storm of them.
                 await self.flush()
-                await self.commit_positions()
             except Exception:
                 log.exception("index flush failed; will retry")
 
