@@ -10,7 +10,9 @@ own partitions, and every request is sent to replica A, whichever replica owns t
 * ``events/stream`` of tasks on every partition, while a third replica joins and takes two of
   them: those streams end without the final result and resume from their cursors.
 
-No worker runs: the tests write the tasks' events and statuses themselves.
+No worker runs: the tests write the tasks' events and statuses themselves. In-process, without
+a broker: how a push stream ends when its task moved, and how an owner's events/poll answer
+becomes what a webhook delivery loop reads.
 """
 
 from __future__ import annotations
@@ -40,12 +42,21 @@ from support.waits import BOUND, wait_until, wait_until_sync
 from test_replicas import Replica, owned
 
 from bridge.config import Settings
+from bridge.events import NOT_FOUND
 from bridge.kafka.clients import partition_for_key
 from bridge.log.publisher import TaskEventPublisher
+from bridge.mcpevents import Active, Occurrence, PollBatch, StreamItem
 from bridge.mcpevents.cursor import encode_task
+from bridge.mcpevents.delivery import Revoked
+from bridge.mcpevents.sources import Moved
 from bridge.mcpevents.subscriptions import subscription_id
+from bridge.server.admission import Caller
+from bridge.server.events import EVENT_CURSORS_META, EventsMethods, owner_poll
+from bridge.server.handlers import Call, Streamed
+from bridge.server.peers import PeerIdentity
+from bridge.server.wire import INTERNAL_ERROR, JsonRpcRequest, RpcError
 
-pytestmark = pytest.mark.kafka
+kafka = pytest.mark.kafka
 
 PARTITIONS = 6
 SESSION_TIMEOUT_MS = 6000
@@ -167,6 +178,7 @@ async def read_listen(url: str, task_ids: list[str], listen_id: int, into: list[
             into.append(loads(event.data))
 
 
+@kafka
 async def test_a_listen_on_one_replica_follows_tasks_of_both_as_tasks_get_answers(
     cluster: Cluster,
 ) -> None:
@@ -291,6 +303,7 @@ def paths_in_every_partition(receiver: Receiver, task_id: str) -> list[str]:
     raise AssertionError("no path for some partition")
 
 
+@kafka
 async def test_webhooks_of_tasks_on_either_replica_are_delivered_whoever_delivers_them(
     cluster: Cluster, receiver: Receiver
 ) -> None:
@@ -380,6 +393,7 @@ async def following(url: str, pushes: list[Push]) -> AsyncIterator[list[asyncio.
         await asyncio.gather(*readers, return_exceptions=True)
 
 
+@kafka
 async def test_a_push_stream_whose_partition_moves_ends_without_its_result_and_resumes(
     cluster: Cluster,
 ) -> None:
@@ -414,3 +428,91 @@ async def test_a_push_stream_whose_partition_moves_ends_without_its_result_and_r
         assert push.seqs == [0, 1, 2, 3, 4], (push.task_id, push.seqs)
     assert all(p.ends == ["result"] for p in kept)
     assert all(p.ends == ["closed", "result"] for p in moved)
+
+
+# --- in-process ----------------------------------------------------------------------------------
+
+
+class MovingSource:
+    """An event type whose stream says ``active``, then finds its task's partition gone."""
+
+    name = EVENT
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"name": EVENT, "delivery": ["poll", "push"], "inputSchema": {}}
+
+    async def poll(self, *args: Any) -> PollBatch:
+        first = Occurrence("t.1", EVENT, 1_000, {"seq": 1}, "c1")
+        return PollBatch(
+            [first, Occurrence("t.2", EVENT, 2_000, {"seq": 2}, "c2")], "c2", False, False, 1000
+        )
+
+    async def open_stream(self, *args: Any) -> AsyncIterator[StreamItem]:
+        async def items() -> AsyncIterator[StreamItem]:
+            yield Active("c0", False)
+            raise Moved("t")
+
+        return items()
+
+
+def events_call(method: str, params: dict[str, Any]) -> Call:
+    rpc = JsonRpcRequest(jsonrpc="2.0", id=5, method=method, params=params)
+    return Call(rpc, Caller("alice", "alice"), legacy=False, params=params)
+
+
+async def test_a_push_stream_whose_task_moved_ends_without_a_result_or_a_termination() -> None:
+    methods = EventsMethods([MovingSource()], retry_s=0)
+    outcome = await methods.stream(events_call("events/stream", {"name": EVENT, "arguments": {}}))
+    assert isinstance(outcome, Streamed)
+    async with asyncio.timeout(BOUND):
+        messages = [message async for message in outcome.messages]
+    assert [m.get("method") for m in messages] == ["notifications/events/active"]
+
+
+async def test_a_poll_that_asks_for_event_cursors_gets_each_occurrences_own() -> None:
+    methods = EventsMethods([MovingSource()])
+    plain = await methods.poll(events_call("events/poll", {"name": EVENT}))
+    asked = {"name": EVENT, "_meta": {EVENT_CURSORS_META: True}}
+    flagged = await methods.poll(events_call("events/poll", asked))
+    assert isinstance(plain, dict) and isinstance(flagged, dict)
+    assert ["cursor" in e for e in plain["events"]] == [False, False]
+    assert [e["cursor"] for e in flagged["events"]] == ["c1", "c2"]
+
+
+class OwnerAnswers:
+    """``Peers.call`` of a replica that answers events/poll with ``answer`` (or raises it)."""
+
+    def __init__(self, answer: dict[str, Any] | RpcError) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, str, dict[str, Any], PeerIdentity]] = []
+
+    async def call(
+        self, owner: str, method: str, params: dict[str, Any], identity: PeerIdentity
+    ) -> dict[str, Any]:
+        self.asked.append((owner, method, params, identity))
+        if isinstance(self.answer, RpcError):
+            raise self.answer
+        return self.answer
+
+
+async def test_an_owners_poll_answer_is_the_batch_a_delivery_loop_reads() -> None:
+    methods = EventsMethods([MovingSource()])
+    asked = {"name": EVENT, "_meta": {EVENT_CURSORS_META: True}}
+    answer = await methods.poll(events_call("events/poll", asked))
+    assert isinstance(answer, dict)
+    peers = OwnerAnswers(answer)
+    batch = await owner_poll(peers, "http://b", "alice", asked)  # type: ignore[arg-type]
+    assert batch == await MovingSource().poll()
+    assert peers.asked == [("http://b", "events/poll", asked, PeerIdentity("alice", "alice"))]
+
+
+async def test_an_owners_not_found_ends_the_subscription_and_a_moving_partition_is_retried() -> (
+    None
+):
+    gone = RpcError(NOT_FOUND, "Task not found", {"kind": "task"})
+    with pytest.raises(Revoked) as revoked:
+        await owner_poll(OwnerAnswers(gone), "http://b", "alice", {})  # type: ignore[arg-type]
+    assert revoked.value.error == gone.error()
+    moving = RpcError(INTERNAL_ERROR, "moving", {"reason": "partition_moving"}, http_status=503)
+    with pytest.raises(RpcError):
+        await owner_poll(OwnerAnswers(moving), "http://b", "alice", {})  # type: ignore[arg-type]
