@@ -27,10 +27,13 @@ from support.waits import BOUND, wait_until
 from bridge.config import Settings, load_settings
 from bridge.events import INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY
 from bridge.log.fanout import Subscription
+from bridge.mcpevents import Active, Occurrence, StreamItem
+from bridge.server import listen as listen_module
 from bridge.server.admission import Admission, Caller, Limits, Ticket
-from bridge.server.handlers import Call, MethodHandlers, Streamed
+from bridge.server.handlers import Call, MethodHandlers, Streamed, detailed_task
 from bridge.server.listen import SUBSCRIPTION_ID_META, Listen
-from bridge.server.wire import LATEST_VERSION, Frame, JsonRpcRequest, RpcError
+from bridge.server.routing import partition_moving_error
+from bridge.server.wire import INTERNAL_ERROR, LATEST_VERSION, Frame, JsonRpcRequest, RpcError
 from bridge.tasks.service import TaskNotFound, TaskView
 
 TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
@@ -335,6 +338,112 @@ async def test_a_closed_listen_unsubscribes_from_every_task(
     assert len(tasks.subs["a1"]) == len(tasks.subs["a2"]) == 1
     await messages.aclose()  # type: ignore[attr-defined]
     assert tasks.subs["a1"] == tasks.subs["a2"] == []
+
+
+# --- several replicas (in-process) --------------------------------------------------------
+
+
+class FakeReplicas:
+    """Another replica's tasks (``there``: its task service) behind the hop, and the feed of
+    status changes the task-updates topic would give."""
+
+    def __init__(self) -> None:
+        self.there = FakeTasks()
+        self.there.add("r1", "alice")
+        self.there.add("rb", "bob")
+        self.moving: set[str] = set()
+        self.unreachable = 0
+        self.feed: asyncio.Queue[StreamItem] = asyncio.Queue()
+
+    async def owner(self, task_id: str) -> str | None:
+        if task_id in self.moving:
+            raise partition_moving_error(task_id)
+        return "http://replica-b" if task_id in self.there.views else None
+
+    async def get(self, owner: str, task_id: str, caller: Caller) -> dict[str, Any]:
+        if self.unreachable:
+            self.unreachable -= 1
+            raise RpcError(
+                INTERNAL_ERROR, "owner down", {"reason": "owner_unavailable"}, http_status=503
+            )
+        try:
+            return detailed_task(await self.there.get(task_id, caller.principal))
+        except TaskNotFound as exc:
+            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
+
+    async def updates(self, principal: str, cursor: str | None) -> AsyncIterator[StreamItem]:
+        async def items() -> AsyncIterator[StreamItem]:
+            yield Active("u0", False)
+            while True:
+                yield await self.feed.get()
+
+        return items()
+
+    def changed(self, task_id: str, status: str, **fields: Any) -> None:
+        """The owner folds a status change and writes it to the task-updates topic."""
+        self.there.change(task_id, status, **fields)
+        data = {"taskId": task_id, "seq": 1, "status": status}
+        self.feed.put_nowait(Occurrence(f"{task_id}.1", "u", 1, data, "u1"))
+
+
+@pytest.fixture
+def replicas() -> FakeReplicas:
+    return FakeReplicas()
+
+
+@pytest.fixture
+def grouped(tasks: FakeTasks, streams: FakeStreams, replicas: FakeReplicas) -> MethodHandlers:
+    listen = Listen(config(stream_keepalive_s=3600), tasks, streams, replicas=replicas)
+    return MethodHandlers(config(), tasks, [], streams, [listen])
+
+
+async def test_a_task_another_replica_owns_is_read_there_and_its_changes_come_from_the_updates(
+    grouped: MethodHandlers, replicas: FakeReplicas
+) -> None:
+    messages = await opened(grouped, listen_on("a1", "r1", "rb", "nope"))
+    got, reading = await waiting_after(messages, 3)
+    try:
+        ack = got[0]["params"]
+        assert ack["notifications"] == {"taskIds": ["a1", "r1"]}
+        assert set(ack["_meta"][ERRORS_META]) == {"rb", "nope"}
+        assert ack["_meta"][ERRORS_META]["rb"] == ack["_meta"][ERRORS_META]["nope"]
+        assert {state_of(m)["taskId"] for m in got[1:]} == {"a1", "r1"}
+        replicas.changed("rb", "cancelled")  # bob's: not even read for alice
+        replicas.changed("r1", "completed", result={"content": []})
+        await wait_until(lambda: len(got) == 4, what="r1's change")
+        assert state_of(got[3]) == detailed_task(await replicas.there.get("r1", "alice"))
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+    assert [state_of(m)["taskId"] for m in got[1:]].count("r1") == 2
+
+
+async def test_a_listen_naming_a_task_whose_partition_is_moving_is_refused_as_retriable(
+    grouped: MethodHandlers, replicas: FakeReplicas
+) -> None:
+    replicas.moving.add("r1")
+    with pytest.raises(RpcError) as refused:
+        await grouped.dispatch(listen_on("a1", "r1"))
+    assert refused.value.http_status == 503
+    assert refused.value.data["reason"] == "partition_moving"
+
+
+async def test_a_state_its_owner_cannot_give_for_a_moment_is_read_again(
+    grouped: MethodHandlers, replicas: FakeReplicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listen_module, "RETRY_S", 0.05)
+    messages = await opened(grouped, listen_on("r1"))
+    got, reading = await waiting_after(messages, 2)
+    try:
+        replicas.unreachable = 2
+        replicas.changed("r1", "failed", error={"code": 1, "message": "x"})
+        await wait_until(lambda: len(got) == 3, what="r1's change, read on a later try")
+        assert state_of(got[2])["status"] == "failed"
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
 
 
 # --- over real HTTP, on the real broker -----------------------------------------------------

@@ -8,7 +8,10 @@ process's fan-out; a cursor older than retention resumes at the earliest retaine
 ``truncated``. Poll and push share the one read rule (:meth:`TaskEvents._history`).
 
 No JSON-RPC here: unknown or foreign tasks raise the task service's ``TaskNotFound`` and bad
-arguments :class:`InvalidArguments`; :mod:`bridge.server.events` maps them to wire errors.
+arguments :class:`InvalidArguments`; :mod:`bridge.server.events` maps them to wire errors. When
+replicas divide the partitions and the task's partition moves to another replica while a push
+stream is open, the stream raises :class:`Moved`: it ends without its final result, so the
+client resumes with its cursor wherever the task is served now.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jsonschema
 
 from bridge.envelope import TaskEvent
 from bridge.events import TERMINAL_WIRE
+from bridge.log.indexer import NotOwner
 from bridge.log.reader import NotRetained
 from bridge.mcpevents.cursor import decode_task, encode_task
 from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
@@ -32,6 +36,7 @@ from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatc
 __all__ = [
     "EventSource",
     "InvalidArguments",
+    "Moved",
     "TaskEvents",
     "TaskLog",
     "TaskLookup",
@@ -45,6 +50,14 @@ _GAP_ATTEMPTS = 5
 
 class InvalidArguments(ValueError):
     """Subscription arguments that do not match the event type's ``inputSchema``."""
+
+
+class Moved(Exception):
+    """The task's partition moved to another replica while its push stream was open."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"the partition of task {task_id!r} moved to another replica")
+        self.task_id = task_id
 
 
 class Sequenced(Protocol):
@@ -301,31 +314,45 @@ class TaskEvents:
         self, task_id: str, principal: str, last: int | None, floor: int | None
     ) -> AsyncIterator[StreamItem]:
         """``active`` first, then events as they are committed, heartbeats when idle; ends
-        after the task's terminal status event, or without a word when the process stops."""
+        after the task's terminal status event, or without a word when the process stops;
+        raises :class:`Moved` when the task's partition goes to another replica."""
         with self.live.subscribe(task_id, self.queue_size) as sub:
-            if last is None:
-                last = await self.log.head(task_id) - 1
-            yield Active(encode_task(last), False)
-            while not (self.stopping.is_set() or sub.closed):
-                sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
-                finished = (await self.tasks.get(task_id, principal)).status in TERMINAL_WIRE
-                tail = _Tail(self, task_id, last, floor)
-                async with _closing(self._history(task_id, last)) as history:
-                    async for item in history:
-                        for out in tail.step(item):
-                            yield out
-                        if tail.ended:
-                            return
-                for out in tail.caught_up():
-                    yield out
-                last, floor = tail.last, None
-                if finished:
-                    return  # the terminal status event was at or before the head just read
-                async for out in self._live(task_id, sub, tail):
-                    yield out
-                if tail.ended:
-                    return
-                last = tail.last
+            try:
+                async for item in self._followed(task_id, principal, sub, last, floor):
+                    yield item
+            except NotOwner:
+                raise Moved(task_id) from None
+
+    async def _followed(
+        self, task_id: str, principal: str, sub: LiveFeed, last: int | None, floor: int | None
+    ) -> AsyncIterator[StreamItem]:
+        """:meth:`_stream`'s items while the subscription is open and the process runs."""
+        if last is None:
+            last = await self.log.head(task_id) - 1
+        yield Active(encode_task(last), False)
+        while not (self.stopping.is_set() or sub.closed):
+            sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
+            finished = (await self.tasks.get(task_id, principal)).status in TERMINAL_WIRE
+            tail = _Tail(self, task_id, last, floor)
+            async with _closing(self._history(task_id, last)) as history:
+                async for item in history:
+                    for out in tail.step(item):
+                        yield out
+                    if tail.ended:
+                        return
+            for out in tail.caught_up():
+                yield out
+            last, floor = tail.last, None
+            if finished:
+                return  # the terminal status event was at or before the head just read
+            async for out in self._live(task_id, sub, tail):
+                yield out
+            if tail.ended:
+                return
+            last = tail.last
+        if not self.stopping.is_set():
+            # The fan-out closes a subscription only for a partition this replica lost.
+            raise Moved(task_id)
 
     async def _live(self, task_id: str, sub: LiveFeed, tail: _Tail) -> AsyncIterator[StreamItem]:
         """Live events from the fan-out while they follow on; returns to re-read from Kafka

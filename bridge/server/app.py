@@ -29,10 +29,10 @@ from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator
-from bridge.server.events import events_extension
+from bridge.server.events import EventsMethods, events_extension
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
-from bridge.server.listen import Listen
+from bridge.server.listen import Listen, PeerTasks
 from bridge.server.peers import PeerAuth, Peers
 from bridge.server.routing import Routing
 from bridge.server.streams import StreamHub
@@ -91,20 +91,23 @@ async def start_components(
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
-            events = events_extension(settings, service, reader, fanout, hub.draining)
+            routing, peers = Routing(settings, indexer), _peers(settings, stack)
+            events = events_extension(
+                settings, service, reader, fanout, hub.draining, routing=routing, peers=peers
+            )
             await events.start()  # webhook delivery, when offered
             stack.push_async_callback(events.stop)
-            handlers = MethodHandlers(
-                settings, service, tools, hub, [events, Listen(settings, service, hub)]
+            listen = Listen(
+                settings, service, hub, replicas=_replicas(settings, routing, peers, events)
             )
-            peers = _peers(settings, stack)
+            handlers = MethodHandlers(settings, service, tools, hub, [events, listen])
             endpoint = McpHttp(
                 settings,
                 auth,
                 handlers,
                 metrics,
                 on_cancelled=hub.cancel,
-                routing=Routing(settings, indexer),
+                routing=routing,
                 peers=peers,
             )
             for companion in companions:
@@ -199,6 +202,16 @@ def _peers(settings: Settings, stack: contextlib.AsyncExitStack) -> Peers | None
     peers = Peers(PeerAuth(secret))
     stack.push_async_callback(peers.close)
     return peers
+
+
+def _replicas(
+    settings: Settings, routing: Routing, peers: Peers | None, events: EventsMethods
+) -> PeerTasks | None:
+    """What a listen reads of tasks other replicas own (None: this process owns every one)."""
+    updates = events.sources.get(f"{settings.own_types.prefix}.task.updated")
+    if peers is None or updates is None:
+        return None
+    return PeerTasks(routing, peers, updates)
 
 
 def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> None:

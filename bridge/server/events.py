@@ -17,7 +17,13 @@ Push: one SSE response per ``events/stream``; ``notifications/events/active`` fi
 ``notifications/events/error`` and retried from the last cursor sent; repeated failures, or the
 task becoming invisible, end the stream with ``notifications/events/terminated``. The final
 ``StreamEventsResult`` is sent only when the server ends the stream (after a task's terminal
-status event); a draining process closes streams without it, so clients resume elsewhere.
+status event); a draining process closes streams without it, so clients resume elsewhere, and
+so does a stream whose task's partition moved to another replica.
+
+Several replicas (``ownership = "group"``): a request naming a task is served by the owner of
+its partition (the HTTP layer forwards it). A webhook delivery loop runs wherever the webhooks
+group placed its subscription, so its read of a task goes to the task's owner as an internal
+``events/poll`` (:func:`delivery_poll`), signed for the subscription's principal.
 """
 
 from __future__ import annotations
@@ -25,13 +31,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
 from bridge.config import Settings
 from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
+from bridge.log.indexer import NotOwner
 from bridge.mcpevents import (
     BadCursor,
     EventSource,
@@ -45,7 +53,7 @@ from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
 from bridge.mcpevents.delivery import Poll, Revoked, WebhookService
 from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
-from bridge.mcpevents.sources import LiveEvents, TaskEvents, TaskLog, TaskLookup
+from bridge.mcpevents.sources import LiveEvents, Moved, TaskEvents, TaskLog, TaskLookup
 from bridge.mcpevents.subscriptions import (
     DeliveryStatus,
     Subscription,
@@ -55,6 +63,8 @@ from bridge.mcpevents.subscriptions import (
 from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
+from bridge.server.peers import PeerIdentity, Peers, routed_task_id
+from bridge.server.routing import Routing
 from bridge.server.wire import (
     CALLBACK_ENDPOINT_ERROR,
     INTERNAL_ERROR,
@@ -75,13 +85,21 @@ from bridge.tasks.service import TaskNotFound
 
 __all__ = [
     "EVENTS_EXTENSION",
+    "EVENT_CURSORS_META",
     "EventsMethods",
     "WebhookMethods",
     "delivery_poll",
     "events_extension",
+    "owner_poll",
 ]
 
 EVENTS_EXTENSION = "io.modelcontextprotocol/events"
+#: ``_meta`` flag of an events/poll asking for each occurrence's own cursor, as push and webhook
+#: occurrences carry it (the draft puts only the batch cursor in a poll result). A webhook
+#: delivery reading at a task's owner sets it: it writes its cursor back after every event.
+EVENT_CURSORS_META = "io.mcpbridge/eventCursors"
+#: Errors of an owner's events/poll that end a webhook subscription (as they do locally).
+_REVOKING = frozenset({NOT_FOUND, FORBIDDEN, INVALID_PARAMS})
 
 #: events/poll's maxEvents when the client gives none, and the most it may ask for.
 DEFAULT_MAX_EVENTS = 100
@@ -130,8 +148,12 @@ def events_extension(
     log: TaskLog,
     live: LiveEvents,
     stopping: asyncio.Event,
+    *,
+    routing: Routing | None = None,
+    peers: Peers | None = None,
 ) -> EventsMethods:
-    """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires)."""
+    """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires);
+    ``routing`` and ``peers`` when replicas divide the partitions."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
         tasks,
@@ -143,7 +165,8 @@ def events_extension(
         stopping=stopping,
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
-    return EventsMethods(sources, stopping=stopping, webhooks=webhook_methods(settings, sources))
+    webhooks = webhook_methods(settings, sources, routing=routing, peers=peers)
+    return EventsMethods(sources, stopping=stopping, webhooks=webhooks)
 
 
 def offset_sources(
@@ -255,8 +278,9 @@ class EventsMethods:
             batch = await source.poll(
                 call.principal, params.arguments or {}, params.cursor, params.max_age_ms, limit
             )
+        with_cursor = call.meta.get(EVENT_CURSORS_META) is True
         return {
-            "events": [event.wire(with_cursor=False) for event in batch.events],
+            "events": [event.wire(with_cursor=with_cursor) for event in batch.events],
             "cursor": batch.cursor,
             "truncated": batch.truncated,
             "hasMore": batch.has_more,
@@ -290,6 +314,8 @@ class EventsMethods:
                     cursor = item.cursor or cursor
                     yield _stream_message(item, sid)
                 break
+            except (Moved, NotOwner):
+                return  # the task's partition moved: no result, the client resumes at its owner
             except Exception as exc:  # the reads failed: say so, and try again from the cursor
                 failures += 1
                 error = RpcError(INTERNAL_ERROR, "UpstreamError", {"reason": type(exc).__name__})
@@ -303,6 +329,8 @@ class EventsMethods:
                     items = await source.open_stream(
                         call.principal, params.arguments or {}, cursor, None
                     )
+            except NotOwner:
+                return
             except RpcError as gone:
                 yield events_notification("terminated", sid, error=gone.error())
                 return
@@ -326,9 +354,19 @@ class EventsMethods:
 RESTORE_WAIT_S = 30.0
 
 
-def delivery_poll(sources: dict[str, EventSource]) -> Poll:
+def delivery_poll(
+    sources: dict[str, EventSource],
+    *,
+    routing: Routing | None = None,
+    peers: Peers | None = None,
+) -> Poll:
     """The delivery loops' read: ``events/poll`` of the subscription's source, with the errors
-    that end a subscription (unknown event, a task no longer visible) as :class:`Revoked`."""
+    that end a subscription (unknown event, a task no longer visible) as :class:`Revoked`.
+
+    With ``routing`` and ``peers`` (replicas divide the partitions) a subscription naming a
+    task is read where that task is served: here, or at its owner through :func:`owner_poll`.
+    A partition moving, or an owner not answering, is a read failure that the loop retries.
+    """
 
     async def poll(
         principal: str,
@@ -338,6 +376,12 @@ def delivery_poll(sources: dict[str, EventSource]) -> Poll:
         max_age_ms: int | None,
         max_events: int,
     ) -> PollBatch:
+        task_id = routed_task_id("events/poll", {"arguments": arguments})
+        if routing is not None and peers is not None and task_id is not None:
+            owner = await routing.where(task_id)
+            if owner is not None:
+                request = _poll_params(name, arguments, cursor, max_age_ms, max_events)
+                return await owner_poll(peers, owner, principal, request)
         try:
             source = sources.get(name)
             if source is None:
@@ -350,12 +394,70 @@ def delivery_poll(sources: dict[str, EventSource]) -> Poll:
     return poll
 
 
-def webhook_methods(settings: Settings, sources: Sequence[EventSource]) -> WebhookMethods:
+def _poll_params(
+    name: str,
+    arguments: dict[str, Any],
+    cursor: str | None,
+    max_age_ms: int | None,
+    max_events: int,
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "name": name,
+        "arguments": arguments,
+        "cursor": cursor,
+        "maxEvents": max_events,
+        "_meta": {EVENT_CURSORS_META: True},
+    }
+    if max_age_ms is not None:
+        params["maxAgeMs"] = max_age_ms
+    return params
+
+
+async def owner_poll(peers: Peers, owner: str, principal: str, params: dict[str, Any]) -> PollBatch:
+    """``events/poll`` at the replica ``owner`` for ``principal``, as a :class:`PollBatch`;
+    the errors that end a subscription as :class:`Revoked`, others raised for a retry."""
+    try:
+        answer = await peers.call(owner, "events/poll", params, PeerIdentity(principal, principal))
+    except RpcError as exc:
+        if exc.code in _REVOKING:
+            raise Revoked(exc.error()) from None
+        raise
+    return PollBatch(
+        [_occurrence(event) for event in answer["events"]],
+        answer["cursor"],
+        bool(answer["truncated"]),
+        bool(answer["hasMore"]),
+        int(answer["nextPollMs"]),
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _occurrence(wire: Mapping[str, Any]) -> Occurrence:
+    """An occurrence from its wire form (with its own cursor: see :data:`EVENT_CURSORS_META`)."""
+    moment = datetime.fromisoformat(str(wire["timestamp"]).replace("Z", "+00:00"))
+    return Occurrence(
+        event_id=str(wire["eventId"]),
+        name=str(wire["name"]),
+        timestamp_ms=(moment - _EPOCH) // timedelta(milliseconds=1),
+        data=dict(wire["data"]),
+        cursor=wire["cursor"],
+    )
+
+
+def webhook_methods(
+    settings: Settings,
+    sources: Sequence[EventSource],
+    *,
+    routing: Routing | None = None,
+    peers: Peers | None = None,
+) -> WebhookMethods:
     """Webhook subscriptions over ``sources``; delivery only when callers authenticate."""
     by_name = {source.name: source for source in sources}
     service = None
     if settings.auth.mode != "none":
-        service = WebhookService(settings, delivery_poll(by_name))
+        service = WebhookService(settings, delivery_poll(by_name, routing=routing, peers=peers))
     return WebhookMethods(settings, by_name, service)
 
 

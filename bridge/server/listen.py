@@ -12,6 +12,15 @@ the bounded buffer) makes the listen re-read the task's state, so nothing depend
 every event. The current state of each task is sent first, right after the acknowledgement:
 a change between the client's last ``tasks/get`` and its listen is never missed.
 
+Several replicas (``ownership = "group"``, :class:`Replicas`): a listen names tasks that may
+live on several owners, so it is served where it arrives. Each state is read where the task is
+served: here, or at its owner by a signed internal ``tasks/get`` (the owner's answer, as the
+client would get it). Changes of tasks owned elsewhere come from the task-updates topic, which
+every partition's owner writes (the ``task.updated`` source, followed from the moment the
+listen opens; each (re)start of that follower re-reads every state, so a change made before it
+was in place is not missed either). A read that fails for a moment (a partition moving, an
+owner not answering) is retried after :data:`RETRY_S`.
+
 Choices where the texts are open, written down in docs/tasks-stream.md:
 
 * A task id the caller may not see (unknown, expired, another principal's: the three alike, as
@@ -34,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -44,9 +54,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.log.fanout import Subscription
+from bridge.log.indexer import NotOwner
+from bridge.mcpevents import Active, EventSource, Occurrence, StreamItem
 from bridge.server.admission import Caller, Ticket
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
+from bridge.server.peers import PeerIdentity, Peers
+from bridge.server.routing import Routing, partition_moving_error
 from bridge.server.wire import (
+    CLIENT_CAPS_META,
     INVALID_PARAMS,
     INVALID_REQUEST,
     SUBSCRIPTION_ID_META,
@@ -63,14 +78,21 @@ from bridge.tasks.service import TaskNotFound, TaskView
 __all__ = [
     "MAX_LISTENS_PER_CLIENT",
     "MAX_TASK_IDS",
+    "RETRY_S",
     "Listen",
+    "PeerTasks",
+    "Replicas",
     "TaskStates",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Task ids one listen may name: each is a fan-out subscription held while the listen is open.
 MAX_TASK_IDS = 64
 #: Concurrent listens of one client (within its tasks/stream budget, which they count in).
 MAX_LISTENS_PER_CLIENT = 8
+#: After a state read or the updates follower failed for a moment: when to try again.
+RETRY_S = 1.0
 
 
 class TaskStates(Protocol):
@@ -81,6 +103,44 @@ class TaskStates(Protocol):
     def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]: ...
 
     def status_changed(self, sub: Subscription) -> bool: ...
+
+
+class Replicas(Protocol):
+    """The other replicas, when they divide the partitions (:class:`PeerTasks`)."""
+
+    async def owner(self, task_id: str) -> str | None:
+        """None: the task is served here; else its owner's URL (RpcError while it moves)."""
+        ...
+
+    async def get(self, owner: str, task_id: str, caller: Caller) -> dict[str, Any]:
+        """tasks/get at ``owner`` for ``caller``: the task as it answers (RpcError if not)."""
+        ...
+
+    async def updates(self, principal: str, cursor: str | None) -> AsyncIterator[StreamItem]:
+        """The status changes of ``principal``'s tasks after ``cursor`` (None: from now)."""
+        ...
+
+
+class PeerTasks:
+    """:class:`Replicas` over the routing, the signed hop and the ``task.updated`` source."""
+
+    def __init__(self, routing: Routing, peers: Peers, updates: EventSource) -> None:
+        self.routing = routing
+        self.peers = peers
+        self.source = updates
+
+    async def owner(self, task_id: str) -> str | None:
+        return await self.routing.where(task_id)
+
+    async def get(self, owner: str, task_id: str, caller: Caller) -> dict[str, Any]:
+        params = {"taskId": task_id, "_meta": {CLIENT_CAPS_META: tasks_capability()}}
+        identity = PeerIdentity(caller.principal, caller.client)
+        answer = await self.peers.call(owner, "tasks/get", params, identity)
+        answer.pop("resultType", None)  # a notification carries the task, not a result
+        return answer
+
+    async def updates(self, principal: str, cursor: str | None) -> AsyncIterator[StreamItem]:
+        return await self.source.open_stream(principal, {}, cursor, None)
 
 
 class _Filter(BaseModel):
@@ -142,10 +202,12 @@ class Listen:
         *,
         max_task_ids: int = MAX_TASK_IDS,
         listens_per_client: int = MAX_LISTENS_PER_CLIENT,
+        replicas: Replicas | None = None,
     ) -> None:
         self.config = config
         self.tasks = tasks
         self.streams = streams
+        self.replicas = replicas
         self.max_task_ids = max_task_ids
         self.listens_per_client = listens_per_client
         self._listens: Counter[str] = Counter()
@@ -174,7 +236,7 @@ class Listen:
                 f"at most {self.max_task_ids} taskIds in one subscriptions/listen",
                 {"reason": "too_many_task_ids", "limit": self.max_task_ids},
             )
-        visible, refused = await self._sort(task_ids, call.principal)
+        visible, refused = await self._sort(task_ids, call.caller)
         request_id = call.rpc.id if call.rpc.id is not None else ""  # handlers see requests only
         ticket = self._admit(call.caller, request_id)
         listening = _Listening(
@@ -186,23 +248,38 @@ class Listen:
         )
 
     async def _sort(
-        self, task_ids: list[str], principal: str
+        self, task_ids: list[str], caller: Caller
     ) -> tuple[list[str], dict[str, dict[str, Any]]]:
-        """The task ids the caller may see, and for the others what tasks/get answers."""
+        """The task ids the caller may see, and for the others what tasks/get answers. A task
+        that cannot be read right now (its partition moving) fails the whole listen with that
+        retriable error: the client cannot be told yet whether it may see the task."""
         found = await asyncio.gather(
-            *(self.tasks.get(task_id, principal) for task_id in task_ids), return_exceptions=True
+            *(self._read(task_id, caller) for task_id in task_ids), return_exceptions=True
         )
         visible: list[str] = []
         refused: dict[str, dict[str, Any]] = {}
         for task_id, outcome in zip(task_ids, found, strict=True):
-            if isinstance(outcome, TaskNotFound):
-                error = RpcError(INVALID_PARAMS, f"Failed to retrieve task: {outcome}")
-                refused[task_id] = error.error()
+            if isinstance(outcome, RpcError) and outcome.code == INVALID_PARAMS:
+                refused[task_id] = outcome.error()
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
                 visible.append(task_id)
         return visible, refused
+
+    async def _read(self, task_id: str, caller: Caller) -> dict[str, Any]:
+        """The task as tasks/get answers it, wherever it is served; the error tasks/get would
+        answer as :class:`RpcError` (``-32602`` for a task the caller may not see)."""
+        if self.replicas is not None:
+            owner = await self.replicas.owner(task_id)
+            if owner is not None:
+                return await self.replicas.get(owner, task_id, caller)
+        try:
+            return detailed_task(await self.tasks.get(task_id, caller.principal))
+        except TaskNotFound as exc:
+            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
+        except NotOwner:
+            raise partition_moving_error(task_id) from None
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -238,6 +315,8 @@ class Listen:
             # Subscribed before the first read: a change from here on is never missed.
             watchers = [asyncio.create_task(self._watch(sub, listening)) for sub in subs]
             watchers.append(asyncio.create_task(self._wake_on_drain(listening)))
+            if self.replicas is not None and listening.task_ids:
+                watchers.append(asyncio.create_task(self._follow(self.replicas, listening)))
             try:
                 yield self._acknowledged(listening)
                 for task_id in listening.task_ids:
@@ -278,7 +357,7 @@ class Listen:
                 continue
             task_id = next(iter(listening.changed))
             del listening.changed[task_id]
-            state = await self._state(task_id, listening.principal)
+            state = await self._state(task_id, listening)
             # An overflow or a status event that left the task as it was is no change.
             if state is not None and state != sent.get(task_id):
                 sent[task_id] = state
@@ -286,12 +365,42 @@ class Listen:
                     "notifications/tasks", {**state, "_meta": listening.meta}
                 )
 
-    async def _state(self, task_id: str, principal: str) -> dict[str, Any] | None:
-        """The task as tasks/get answers it; None once it has expired (nothing more to say)."""
+    async def _state(self, task_id: str, listening: _Listening) -> dict[str, Any] | None:
+        """The task as tasks/get answers it; None once it has expired (nothing more to say),
+        and None for now when it cannot be read: it is read again after :data:`RETRY_S`."""
         try:
-            return detailed_task(await self.tasks.get(task_id, principal))
-        except TaskNotFound:
+            return await self._read(task_id, listening.ticket.caller)
+        except RpcError as exc:
+            if exc.code != INVALID_PARAMS:
+                log.info("listen: task state unavailable (%s); retrying", exc.message)
+                loop = asyncio.get_running_loop()
+                loop.call_later(RETRY_S, listening.mark, task_id)
             return None
+
+    async def _follow(self, replicas: Replicas, listening: _Listening) -> None:
+        """Mark the listen's tasks whose status changed, from the task-updates topic (any
+        owner's tasks); every (re)start re-reads every state, then only what changed."""
+        listed, cursor = set(listening.task_ids), None
+        while not self._ended(listening):
+            items: AsyncIterator[StreamItem] | None = None
+            try:
+                items = await replicas.updates(listening.principal, cursor)
+                async for item in items:
+                    cursor = item.cursor or cursor
+                    if isinstance(item, Active):
+                        for task_id in listening.task_ids:
+                            listening.mark(task_id)
+                    elif isinstance(item, Occurrence) and item.data.get("taskId") in listed:
+                        listening.mark(item.data["taskId"])
+                return  # the process is draining
+            except Exception as exc:
+                log.warning("listen: following task updates failed (%s)", type(exc).__name__)
+            finally:
+                # Its live-tail registration ends now, not when the generator is collected.
+                close = getattr(items, "aclose", None)
+                if close is not None:
+                    await close()
+            await asyncio.sleep(RETRY_S)  # the retry cadence, not synchronisation
 
     async def _watch(self, sub: Subscription, listening: _Listening) -> None:
         while await sub.wait() and not sub.closed:

@@ -11,12 +11,17 @@ principal, the client key the limits count, a timestamp, the method, and the bod
 last minute; a client cannot forge one without the secret, and a forwarded request is never
 forwarded again (a partition moving twice is answered with the retriable error instead).
 
+:meth:`Peers.call` is the other kind of hop: a request of this replica's own, made for a verified
+caller (a listen reading a task's state at its owner, a webhook delivery reading events there),
+signed the same way, whose JSON-RPC result comes back as a dict.
+
 What it does not do: decide ownership (the group does) or know what a method means beyond the
 task id it names (:func:`routed_task_id`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
@@ -26,6 +31,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from bridge.server.classify import NAME_PARAM
+from bridge.server.routing import RETRY_AFTER_MS
+from bridge.server.wire import (
+    CLIENT_CAPS_META,
+    INTERNAL_ERROR,
+    LATEST_VERSION,
+    PROTOCOL_VERSION_META,
+    RpcError,
+    dumps,
+)
 
 __all__ = [
     "FORWARDED_HEADERS",
@@ -168,6 +184,8 @@ class Peers:
 
     def __init__(self, auth: PeerAuth, timeout_s: float = 30.0) -> None:
         self.auth = auth
+        #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
+        self._call_timeout = httpx.Timeout(timeout_s)
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
         self._client = httpx.AsyncClient(
@@ -198,3 +216,76 @@ class Peers:
             if k.lower() in ("content-type", "cache-control", "retry-after", "www-authenticate")
         }
         return Forwarded(response.status_code, passed, response.aiter_raw(), response.aclose)
+
+    async def call(
+        self,
+        base_url: str,
+        method: str,
+        params: Mapping[str, Any],
+        identity: PeerIdentity,
+    ) -> dict[str, Any]:
+        """One JSON-RPC request to the replica at ``base_url`` on behalf of ``identity``; its
+        result. The owner's error is raised as :class:`RpcError` (with its HTTP status); an
+        owner that does not answer, or not in JSON-RPC, is the retriable ``owner_unavailable``.
+
+        ``params._meta`` may carry the client capabilities the request needs; the protocol
+        version is added here.
+        """
+        given = params.get("_meta")
+        meta = {CLIENT_CAPS_META: {}, **(given if isinstance(given, Mapping) else {})}
+        meta[PROTOCOL_VERSION_META] = LATEST_VERSION
+        sent = {**params, "_meta": meta}
+        body = dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": sent}).encode()
+        headers = _request_headers(method, sent)
+        headers.update(self.auth.sign(identity, hop_target("POST", {}), body))
+        try:
+            reply = await self._client.post(
+                f"{base_url}/mcp", content=body, headers=headers, timeout=self._call_timeout
+            )
+            message = reply.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise _unavailable(method, base_url, type(exc).__name__) from None
+        if not isinstance(message, dict):
+            raise _unavailable(method, base_url, f"HTTP {reply.status_code}")
+        if isinstance(message.get("result"), dict):
+            return dict(message["result"])
+        error = message.get("error")
+        if not isinstance(error, dict) or not isinstance(error.get("code"), int):
+            raise _unavailable(method, base_url, f"HTTP {reply.status_code}")
+        raise RpcError(
+            error["code"],
+            str(error.get("message", "")),
+            error.get("data"),
+            http_status=reply.status_code,
+        )
+
+
+def _request_headers(method: str, params: Mapping[str, Any]) -> dict[str, str]:
+    """What a 2026-07-28 request carries besides its body: the routing headers."""
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": LATEST_VERSION,
+        "mcp-method": method,
+    }
+    name = params.get(NAME_PARAM.get(method, ""))
+    if isinstance(name, str):
+        headers["mcp-name"] = _name_header(name)
+    return headers
+
+
+def _name_header(value: str) -> str:
+    """``Mcp-Name`` as written, or in the ``=?base64?…?=`` form when it is not plain ASCII."""
+    if value.isascii() and value.isprintable() and value == value.strip():
+        return value
+    return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="
+
+
+def _unavailable(method: str, base_url: str, why: str) -> RpcError:
+    log.warning("%s at %s did not answer: %s", method, base_url, why)
+    return RpcError(
+        INTERNAL_ERROR,
+        "The replica that owns this task did not answer; retry shortly",
+        {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
+        http_status=503,
+    )
