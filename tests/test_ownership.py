@@ -198,3 +198,28 @@ def test_group_ownership_without_a_url_or_a_long_enough_secret_is_refused() -> N
             kafka_bootstrap_servers="k:9092", ownership="group", advertised_url="http://a:1",
             peer_secret="short",
         )  # fmt: skip
+
+
+# --- task ids ------------------------------------------------------------------------------
+
+
+def test_task_ids_never_start_like_a_command_line_option() -> None:
+    from bridge.tasks.messages import new_task_id
+
+    ids = [new_task_id() for _ in range(5000)]  # a leading "-" is 1 in 64 of the raw draws
+    assert not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 32 for i in ids) and len(set(ids)) == len(ids)
+
+
+def test_a_replica_creates_tasks_in_its_own_partitions() -> None:
+    from types import SimpleNamespace
+
+    from bridge.kafka.clients import partition_for_key
+    from bridge.tasks.service import TaskService
+
+    owned = {1: object(), 4: object()}
+    indexer = SimpleNamespace(
+        partitions=owned, partition_of=lambda t: partition_for_key(t.encode(), 6)
+    )
+    draw = TaskService.new_task_id.__get__(SimpleNamespace(indexer=indexer))
+    assert {partition_for_key(draw().encode(), 6) for _ in range(300)} == {1, 4}

@@ -53,6 +53,9 @@ class FakeLog:
     def add_listener(self, listener: Callable[[IndexedEvent], None]) -> None:
         self.listeners.append(listener)
 
+    def add_ownership_listener(self, listener: Callable[[set[int], set[int]], None]) -> None:
+        """One process owning its one partition for good: no assignment ever changes."""
+
     def partition_of(self, task_id: str) -> int:
         return 0
 

@@ -86,7 +86,10 @@ class DeliveryStatus:
     suspended_ms: int | None = None
 
     def succeeded(self, now_ms: int) -> DeliveryStatus:
-        return DeliveryStatus(last_delivery_ms=now_ms)
+        """A delivery went through: the failure streak ends (``failedSince`` goes), while
+        ``lastError`` stays the last error seen, so an operator who looks a moment after a
+        given-up event still sees why it was given up."""
+        return DeliveryStatus(last_delivery_ms=now_ms, last_error=self.last_error)
 
     def failed(self, error: str | None, now_ms: int, *, suspend_after: int) -> DeliveryStatus:
         """One delivery given up (retries exhausted, or refused); suspended at the threshold."""

@@ -28,8 +28,16 @@ __all__ = [
 
 
 def new_task_id() -> str:
-    """A task id with 192 random bits (32 URL-safe characters)."""
-    return secrets.token_urlsafe(24)
+    """A task id with 192 random bits (32 URL-safe characters), never starting with ``-``.
+
+    Ids are typed into command lines (``bridge tail <id>``), where a leading ``-`` reads as an
+    option: such draws (1 in 64) are drawn again, which keeps the id uniform over the rest
+    (still more than 191 bits).
+    """
+    while True:
+        task_id = secrets.token_urlsafe(24)
+        if not task_id.startswith("-"):
+            return task_id
 
 
 def owner_digest(principal: str) -> str:
