@@ -22,11 +22,9 @@ import base64
 import contextlib
 import json
 import secrets
-import ssl
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import httpx
 import pytest
 import trustme
 from conformance.wire import loads
+from support.https import serving
 from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, request, result
 from support.procs import Proc, bridge_env, free_port
@@ -275,19 +274,8 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def receiver(ca: trustme.CA) -> Iterator[Receiver]:
     receiver = Receiver()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ca.issue_cert("localhost").configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    receiver.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(receiver), ca) as receiver.port:
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def paths_in_every_partition(receiver: Receiver, task_id: str) -> list[str]:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import ssl
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import pytest
 import trustme
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
+from support.https import serving
 from support.layout import fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
@@ -141,19 +140,8 @@ def ca() -> trustme.CA:
 @pytest.fixture
 def receiver(ca: trustme.CA) -> Iterator[Receiver]:
     receiver = Receiver()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ca.issue_cert("localhost").configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    receiver.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(receiver), ca) as receiver.port:
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 # --- the bridge --------------------------------------------------------------------------------

@@ -16,12 +16,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import trustme
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
+from support.https import serving
 
 from bridge.mcpevents.webhooks import (
     SUBSCRIPTION_ID_HEADER,
@@ -210,21 +211,12 @@ def client_tls(ca: trustme.CA) -> ssl.SSLContext:
 
 def _serve(receiver_scheme: str, ca: trustme.CA) -> Iterator[Receiver]:
     receiver = Receiver(port=0, scheme=receiver_scheme)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
-    if receiver_scheme == "https":
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ca.issue_cert("localhost", "receiver.invalid").configure_cert(context)
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-    receiver.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield receiver
-    finally:
-        receiver.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    tls = ca if receiver_scheme == "https" else None
+    with serving(_handler(receiver), tls, ("localhost", "receiver.invalid")) as receiver.port:
+        try:
+            yield receiver
+        finally:
+            receiver.release.set()  # a held request must not keep the server from stopping
 
 
 @pytest.fixture
