@@ -19,9 +19,10 @@ What is measured (see docs/benchmarks-replicas.md):
 1. ``divide``   - with N = 1, 2, 3 replicas and the same load (the same tasks, as many in each
    partition, each ``task.created``, ticks and ``completed``, produced at once after the
    partitions are divided): per replica, the records indexed, the bytes received from Kafka
-   (``ss`` ``bytes_received`` of its sockets to the broker; ``/proc/<pid>/io`` ``rchar`` beside
-   it) and the VmRSS growth while indexing, each against 1/N of the single replica's.
-   Target: within 15%.
+   (``ss`` ``bytes_received`` of its sockets to the broker; ``bytes_acked`` of what it wrote
+   beside it) and the index memory: the VmRSS growth while indexing, and the tasks it holds
+   times the per-task cost fitted over all runs (growth = fixed + cost x tasks), each against
+   1/N of the single replica's. Target: within 15%.
 2. ``capacity`` - from the same runs: CPU seconds (``/proc/<pid>/stat`` utime + stime, less the
    replica's idle rate) per million records indexed, per replica, against N; and the wall
    time to index the load on this machine (informational).
@@ -125,7 +126,7 @@ class Sizes:
     tail_pairs: int  # before/after pairs of tail runs
 
 
-FULL = Sizes(96_000, 6, 100, 25, 4, 0.3, 2)
+FULL = Sizes(60_000, 4, 100, 25, 4, 0.2, 2)
 SMALL = Sizes(6_000, 5, 10, 3, 2, 0.05, 1)
 
 _ORDER = {"divide": 0, "capacity": 1, "hop": 2, "failover": 3, "tail": 4}
@@ -152,15 +153,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(after_name[11]) + int(after_name[12])) / _CLOCK_TICKS  # fields 14 and 15
 
 
-def read_chars(pid: int) -> int:
-    """``rchar`` of ``/proc/<pid>/io``: bytes the process read through any descriptor."""
-    with open(f"/proc/{pid}/io", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("rchar:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no rchar in /proc/{pid}/io")
-
-
 @dataclass(frozen=True)
 class Usage:
     """What a replica had used at one moment."""
@@ -168,7 +160,6 @@ class Usage:
     at: float
     cpu_s: float
     rss_kib: int
-    rchar: int
     sockets: dict[str, tuple[int, int]]
 
     @classmethod
@@ -177,7 +168,6 @@ class Usage:
             time.monotonic(),
             cpu_seconds(pid),
             rss_kib(pid),
-            read_chars(pid),
             kafka_socket_bytes(pid, ports),
         )
 
@@ -339,7 +329,7 @@ class Share:
     tasks: int
     records: int
     received: int
-    rchar: int
+    sent: int
     rss_growth_kib: int
     cpu_s: float  # over the indexing window
     idle_cpu_per_s: float
@@ -409,13 +399,13 @@ async def divide_run(cluster: Cluster, ids: list[list[str]], sizes: Sizes) -> Ru
     shares = []
     for i, replica in enumerate(cluster.replicas):
         tasks = int(await asyncio.to_thread(replica.metric, "bridge_tasks"))
-        received, _, opened, closed = bytes_delta(before[i].sockets, after[i].sockets)
+        received, sent, opened, closed = bytes_delta(before[i].sockets, after[i].sockets)
         shares.append(
             Share(
                 tasks=tasks,
                 records=tasks * sizes.events_per_task,
                 received=received,
-                rchar=after[i].rchar - before[i].rchar,
+                sent=sent,
                 rss_growth_kib=rss1[i] - rss0[i],
                 cpu_s=after[i].cpu_s - before[i].cpu_s,
                 idle_cpu_per_s=idle_rate[i],
@@ -430,56 +420,69 @@ async def _all_completed(cluster: Cluster, tasks: int) -> bool:
     return await tasks_completed(cluster) >= tasks
 
 
+Measure = Callable[[Share], float]
+
+
+def mib(value: float) -> str:
+    return f"{value / 2**20:.1f}"
+
+
 def report_divide(runs: list[Run], sizes: Sizes, args: argparse.Namespace, res: Results) -> None:
-    single = runs[0].shares[0]
     total = sizes.tasks * sizes.events_per_task
-    per_task = single.rss_growth_kib * 1024 / single.tasks
     res.add(
         "divide",
         f"load: {sizes.tasks:,} tasks x {sizes.events_per_task} events = {total:,} records, "
         f"{sizes.tasks // PARTITIONS:,} tasks per partition",
         "",
     )
-    measures: list[tuple[str, str, Callable[[Share], float], Callable[[float], str]]] = [
+    shares = [s for run in runs for s in run.shares]
+    fit = statistics.linear_regression(
+        [s.tasks for s in shares], [s.rss_growth_kib * 1024 for s in shares]
+    )
+    measures: list[tuple[str, str, Measure, Callable[[float], str]]] = [
         ("records indexed", "records", lambda s: s.records, lambda v: f"{v:,.0f}"),
-        (
-            "bytes received from Kafka (ss)",
-            "MiB",
-            lambda s: s.received,
-            lambda v: f"{v / 2**20:.1f}",
-        ),
-        (
-            "bytes read, any descriptor (rchar)",
-            "MiB",
-            lambda s: s.rchar,
-            lambda v: f"{v / 2**20:.1f}",
-        ),
-        (
-            "VmRSS growth while indexing",
-            "MiB",
-            lambda s: s.rss_growth_kib * 1024,
-            lambda v: f"{v / 2**20:.1f}",
-        ),
+        ("bytes received from Kafka (ss)", "MiB", lambda s: s.received, mib),
+        ("  bytes sent to Kafka (ss: index, task updates)", "MiB", lambda s: s.sent, mib),
+        ("VmRSS growth while indexing", "MiB", lambda s: s.rss_growth_kib * 1024, mib),
+        ("index memory: tasks x fitted cost per task", "MiB", lambda s: s.tasks * fit.slope, mib),
     ]
     for name, unit, value, fmt in measures:
-        base = value(single)
-        res.add("divide", f"N=1: {name}", fmt(base), unit)
-        for run in runs[1:]:
-            shares = [value(s) / (base / run.n) for s in run.shares]
-            res.add(
-                "divide",
-                f"N={run.n}: {name} per replica (vs N=1 / {run.n})",
-                f"{' / '.join(fmt(value(s)) for s in run.shares)} "
-                f"({' / '.join(f'{x:.2f}' for x in shares)}x)",
-                unit,
-                target=f"each {1 - TARGET_SHARE_TOLERANCE:.2f}-{1 + TARGET_SHARE_TOLERANCE:.2f}x",
-                status=sized_verdict(all(within(x) for x in shares), args),
-            )
-    res.add("divide", "  N=1: VmRSS growth per task indexed", per_task, "B")
+        share_rows(res, runs, name, unit, value, fmt, args)
+    res.add(
+        "divide",
+        f"  VmRSS growth fitted over the {len(shares)} replicas: fixed + per task",
+        f"{fit.intercept / 2**20:.1f} MiB + {fit.slope:.0f} B",
+        "",
+    )
     for run in runs:
         changed = [s.sockets_changed for s in run.shares if s.sockets_changed != (0, 0)]
         if changed:
             res.note(f"divide: N={run.n}: broker sockets (opened, closed) in the window: {changed}")
+
+
+def share_rows(
+    res: Results,
+    runs: list[Run],
+    name: str,
+    unit: str,
+    value: Measure,
+    fmt: Callable[[float], str],
+    args: argparse.Namespace,
+) -> None:
+    """The single replica's ``value``, then each N's per replica against 1/N of it."""
+    base = value(runs[0].shares[0])
+    res.add("divide", f"N=1: {name}", fmt(base), unit)
+    for run in runs[1:]:
+        shares = [value(s) / (base / run.n) for s in run.shares]
+        res.add(
+            "divide",
+            f"N={run.n}: {name.strip()} per replica (vs N=1 / {run.n})",
+            f"{' / '.join(fmt(value(s)) for s in run.shares)} "
+            f"({' / '.join(f'{x:.2f}' for x in shares)}x)",
+            unit,
+            target=f"each {1 - TARGET_SHARE_TOLERANCE:.2f}-{1 + TARGET_SHARE_TOLERANCE:.2f}x",
+            status=sized_verdict(all(within(x) for x in shares), args),
+        )
 
 
 def report_capacity(runs: list[Run], res: Results) -> None:
@@ -569,6 +572,28 @@ async def timed_first_event(port: int, task_id: str) -> float:
     return elapsed * 1000
 
 
+Pair = tuple[str, Replica, Replica]  # a task, its owner, a replica that does not own it
+
+
+async def cpu_per_get(
+    cluster: Cluster,
+    clients: dict[int, httpx.AsyncClient],
+    pairs: list[Pair],
+    forwarded: bool,
+    rounds: int,
+) -> float:
+    """CPU ms all replicas spend per tasks/get (idle included), asked only of the owners or
+    only of the others."""
+    pids = [r.pid for r in cluster.replicas]
+    before = sum(cpu_seconds(p) for p in pids)
+    for _ in range(rounds):
+        for task_id, owner, other in pairs:
+            replica = other if forwarded else owner
+            await timed_get(clients[replica.port], replica.url, task_id)
+    spent = sum(cpu_seconds(p) for p in pids) - before
+    return spent / (rounds * len(pairs)) * 1000
+
+
 async def bench_hop(
     cluster: Cluster,
     probes: list[str],
@@ -579,7 +604,7 @@ async def bench_hop(
 ) -> None:
     """``probes``: a task of each partition; ``found``: the index of each one's owner."""
     n = len(cluster.replicas)
-    pairs = [
+    pairs: list[Pair] = [
         (t, cluster.replicas[o], cluster.replicas[(o + 1) % n])
         for t, o in zip(probes, found, strict=True)
     ]
@@ -594,6 +619,10 @@ async def bench_hop(
             for task_id, owner, other in pairs:
                 gets["direct"].append(await timed_get(clients[owner.port], owner.url, task_id))
                 gets["forwarded"].append(await timed_get(clients[other.port], other.url, task_id))
+        cpu = {
+            path: await cpu_per_get(cluster, clients, pairs, path == "forwarded", sizes.hop_rounds)
+            for path in ("direct", "forwarded")
+        }
         for _ in range(sizes.stream_rounds):
             for task_id, owner, other in pairs:
                 streams["direct"].append(await timed_first_event(owner.port, task_id))
@@ -601,6 +630,12 @@ async def bench_hop(
     finally:
         for client in clients.values():
             await client.aclose()
+    res.add(
+        "hop",
+        "  tasks/get: CPU of all replicas per request, direct / forwarded (runs of each alone)",
+        f"{cpu['direct']:.2f} / {cpu['forwarded']:.2f}",
+        "ms",
+    )
     for what, samples in (("tasks/get", gets), ("tasks/stream first event", streams)):
         direct, hop = samples["direct"], samples["forwarded"]
         for path, values in (("direct (owner)", direct), ("forwarded (one hop)", hop)):
@@ -817,6 +852,7 @@ def tail_rate(tree: Path, bootstrap: str, scale: float, out: Path) -> float:
     where = subprocess.run(
         [sys.executable, "-c", "import bridge; print(bridge.__file__)"],
         env=env,
+        cwd=tree,  # ``-c`` puts the working directory first on sys.path
         capture_output=True,
         text=True,
         check=True,
@@ -826,7 +862,7 @@ def tail_rate(tree: Path, bootstrap: str, scale: float, out: Path) -> float:
         raise RuntimeError(f"bridge of {tree} not imported (got {where})")
     command = [sys.executable, str(tree / "bench" / "bench_log.py"), "--only", "resume"]
     command += ["--repeat", "1", "--scale", str(scale), "--json", str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"bench_log.py of {tree} failed:\n{done.stderr[-2000:]}")
     rows = json.loads(out.read_text())["rows"]
