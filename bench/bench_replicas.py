@@ -126,7 +126,7 @@ class Sizes:
     tail_pairs: int  # before/after pairs of tail runs
 
 
-FULL = Sizes(60_000, 4, 100, 25, 4, 0.2, 2)
+FULL = Sizes(48_000, 4, 40, 15, 4, 0.15, 2)
 SMALL = Sizes(6_000, 5, 10, 3, 2, 0.05, 1)
 
 _ORDER = {"divide": 0, "capacity": 1, "hop": 2, "failover": 3, "tail": 4}
@@ -439,15 +439,24 @@ def report_divide(runs: list[Run], sizes: Sizes, args: argparse.Namespace, res: 
     fit = statistics.linear_regression(
         [s.tasks for s in shares], [s.rss_growth_kib * 1024 for s in shares]
     )
-    measures: list[tuple[str, str, Measure, Callable[[float], str]]] = [
-        ("records indexed", "records", lambda s: s.records, lambda v: f"{v:,.0f}"),
-        ("bytes received from Kafka (ss)", "MiB", lambda s: s.received, mib),
-        ("  bytes sent to Kafka (ss: index, task updates)", "MiB", lambda s: s.sent, mib),
-        ("VmRSS growth while indexing", "MiB", lambda s: s.rss_growth_kib * 1024, mib),
-        ("index memory: tasks x fitted cost per task", "MiB", lambda s: s.tasks * fit.slope, mib),
+    # (name, unit, value, its format, whether the 1/N target applies)
+    measures: list[tuple[str, str, Measure, Callable[[float], str], bool]] = [
+        ("records indexed", "records", lambda s: s.records, lambda v: f"{v:,.0f}", True),
+        ("bytes received from Kafka (ss)", "MiB", lambda s: s.received, mib, True),
+        # Informational: a task's index entry is rewritten at every flush (0.5 s) in which it
+        # changed, so what is written depends on how the indexing falls across flushes.
+        ("  bytes sent to Kafka (ss: index, task updates)", "MiB", lambda s: s.sent, mib, False),
+        ("VmRSS growth while indexing", "MiB", lambda s: s.rss_growth_kib * 1024, mib, True),
+        (
+            "index memory: tasks x fitted cost per task",
+            "MiB",
+            lambda s: s.tasks * fit.slope,
+            mib,
+            True,
+        ),
     ]
-    for name, unit, value, fmt in measures:
-        share_rows(res, runs, name, unit, value, fmt, args)
+    for name, unit, value, fmt, targeted in measures:
+        share_rows(res, runs, name, unit, value, fmt, args if targeted else None)
     res.add(
         "divide",
         f"  VmRSS growth fitted over the {len(shares)} replicas: fixed + per task",
@@ -467,9 +476,10 @@ def share_rows(
     unit: str,
     value: Measure,
     fmt: Callable[[float], str],
-    args: argparse.Namespace,
+    args: argparse.Namespace | None,
 ) -> None:
-    """The single replica's ``value``, then each N's per replica against 1/N of it."""
+    """The single replica's ``value``, then each N's per replica against 1/N of it (with a
+    verdict unless ``args`` is None: informational)."""
     base = value(runs[0].shares[0])
     res.add("divide", f"N=1: {name}", fmt(base), unit)
     for run in runs[1:]:
@@ -480,8 +490,10 @@ def share_rows(
             f"{' / '.join(fmt(value(s)) for s in run.shares)} "
             f"({' / '.join(f'{x:.2f}' for x in shares)}x)",
             unit,
-            target=f"each {1 - TARGET_SHARE_TOLERANCE:.2f}-{1 + TARGET_SHARE_TOLERANCE:.2f}x",
-            status=sized_verdict(all(within(x) for x in shares), args),
+            target=""
+            if args is None
+            else f"each {1 - TARGET_SHARE_TOLERANCE:.2f}-{1 + TARGET_SHARE_TOLERANCE:.2f}x",
+            status="" if args is None else sized_verdict(all(within(x) for x in shares), args),
         )
 
 
@@ -559,16 +571,12 @@ async def timed_get(http: httpx.AsyncClient, url: str, task_id: str) -> float:
 
 
 async def timed_first_event(port: int, task_id: str) -> float:
+    """ms from connecting to the first event (seq 0) of a fresh tasks/stream; then it closes."""
     started = time.perf_counter()
-    stream = await open_stream(port, task_id)
+    async with asyncio.timeout(30):
+        stream = await open_stream(port, task_id)
     elapsed = time.perf_counter() - started
-    try:
-        async with asyncio.timeout(30):
-            final = await stream.done
-    finally:
-        stream.close()
-    if "result" not in final:
-        raise RuntimeError(f"tasks/stream of {task_id} on port {port} ended with {final}")
+    stream.close()
     return elapsed * 1000
 
 
@@ -615,14 +623,17 @@ async def bench_hop(
         for task_id, owner, other in pairs:  # warm: connections, the hop's pool
             await timed_get(clients[owner.port], owner.url, task_id)
             await timed_get(clients[other.port], other.url, task_id)
+        say(f"hop: tasks/get, {sizes.hop_rounds} rounds over the {len(pairs)} partitions")
         for _ in range(sizes.hop_rounds):
             for task_id, owner, other in pairs:
                 gets["direct"].append(await timed_get(clients[owner.port], owner.url, task_id))
                 gets["forwarded"].append(await timed_get(clients[other.port], other.url, task_id))
+        say("hop: tasks/get CPU, direct only then forwarded only")
         cpu = {
             path: await cpu_per_get(cluster, clients, pairs, path == "forwarded", sizes.hop_rounds)
             for path in ("direct", "forwarded")
         }
+        say(f"hop: tasks/stream, {sizes.stream_rounds} rounds")
         for _ in range(sizes.stream_rounds):
             for task_id, owner, other in pairs:
                 streams["direct"].append(await timed_first_event(owner.port, task_id))
