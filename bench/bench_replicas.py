@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import itertools
 import json
 import os
 import random
@@ -733,12 +734,16 @@ def take(client: Follower, seq: int, opened_after_kill: bool) -> None:
         client.resumed_first_event = time.monotonic()
 
 
-async def tick(settings: Settings, task_ids: list[str], stop: asyncio.Event) -> int:
-    """Publish a tick to every task every 100 ms (the SDK's producer) until ``stop``."""
+async def tick(
+    settings: Settings, task_ids: list[str], stop: asyncio.Event, acked: list[float]
+) -> int:
+    """Publish a tick to every task every 100 ms (the SDK's producer) until ``stop``; the time
+    each round was acknowledged goes to ``acked`` (a stalled producer shows as a gap)."""
     sent = 0
     async with TaskEventPublisher(settings) as pub:
         while not stop.is_set():
             await asyncio.gather(*(pub.publish(t, TICK_TYPE, {"i": sent}) for t in task_ids))
+            acked.append(time.monotonic())
             sent += 1
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
@@ -767,7 +772,8 @@ async def bench_failover(cluster: Cluster, owner_of: list[int], sizes: Sizes, re
     clients += [Follower(t, survivors[i % len(survivors)]) for i, t in enumerate(live_tasks)]
     stop = asyncio.Event()
     kill: dict[str, float] = {}
-    ticking = asyncio.create_task(tick(settings, live_tasks, stop))
+    acked: list[float] = []
+    ticking = asyncio.create_task(tick(settings, live_tasks, stop, acked))
     following = [asyncio.create_task(follow(c, cluster, kill, stop)) for c in clients]
     try:
         await bounded(
@@ -822,6 +828,13 @@ async def bench_failover(cluster: Cluster, owner_of: list[int], sizes: Sizes, re
         "failover",
         f"  kill -> survivors own {moved} partitions, restored (polled every {POLL_S:g} s)",
         rebalanced,
+        "s",
+    )
+    after_kill = [kill["at"], *(t for t in acked if t > kill["at"])]
+    res.add(
+        "failover",
+        "  longest pause of the producer's acknowledged ticks after the kill",
+        max(b - a for a, b in itertools.pairwise(after_kill)) if len(after_kill) > 1 else 0.0,
         "s",
     )
     gaps = [(c.task_id[:8], c.disorder) for c in clients if c.disorder]
