@@ -245,29 +245,36 @@ class Cluster:
     async def divided(self) -> list[int]:
         """Wait until the live replicas own the six partitions evenly; returns the counts."""
         share = [PARTITIONS // len(self.live)] * len(self.live)
+        seen: list[list[int]] = [[]]
         counts: list[int] = await bounded(
-            lambda: self._owns(share), 60, f"{len(self.live)} replicas own {share} partitions"
+            lambda: self._owns(share, seen),
+            60,
+            lambda: f"{len(self.live)} replicas own {share} partitions (they own {seen[0]})",
         )
         return counts
 
-    async def _owns(self, share: list[int]) -> list[int] | None:
-        counts = await self.owned()
-        return counts if counts == share else None
+    async def _owns(self, share: list[int], seen: list[list[int]]) -> list[int] | None:
+        seen[0] = await self.owned()
+        return seen[0] if seen[0] == share else None
 
     def tail(self) -> str:
         return "\n".join(f"--- {r.log_path.name}\n{r.tail(15)}" for r in self.replicas)
 
 
-async def bounded(condition: Callable[[], Awaitable[Any]], bound_s: float, what: str) -> Any:
-    """The first truthy value of ``condition``, polled every POLL_S; fails naming ``what``."""
+async def bounded(
+    condition: Callable[[], Awaitable[Any]], bound_s: float, what: str | Callable[[], str]
+) -> Any:
+    """The first truthy value of ``condition``, polled every POLL_S; fails naming ``what``
+    (or what it returns by then)."""
     last: Any = None
     try:
         async with asyncio.timeout(bound_s):
             while not (last := await condition()):  # noqa: ASYNC110 - nothing signals /metrics
                 await asyncio.sleep(POLL_S)  # poll interval of a bounded wait on /metrics
     except TimeoutError:
+        text = what() if callable(what) else what
         raise TimeoutError(
-            f"not reached within {bound_s:g} s: {what} (last seen: {last!r})"
+            f"not reached within {bound_s:g} s: {text} (last seen: {last!r})"
         ) from None
     return last
 
