@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: progress output, where a run happened, settings on fresh
-topics, the results table and report, fast producing.
+topics, the results table and report, fast producing (to one partition or to several).
 
 Not a package module: the benchmark scripts import it from their own folder.
 """
@@ -222,8 +222,20 @@ def report(res: Results, headline: str, *details: str, json_path: str | None = N
 async def produce(settings: Settings, records: Iterable[Record], total: int) -> float:
     """Write ``records`` to events partition 0 as fast as one raw producer goes; returns seconds.
 
-    Hand-built record batches (``create_batch``/``send_batch``), acks=1, no idempotence: the
-    fastest way to get a large partition; the acks are gathered in chunks, never one by one.
+    See :func:`produce_partitioned`.
+    """
+    return await produce_partitioned(settings, ((0, record) for record in records), total)
+
+
+async def produce_partitioned(
+    settings: Settings, records: Iterable[tuple[int, Record]], total: int
+) -> float:
+    """Write ``(partition, record)`` pairs to the events topic as fast as one raw producer goes;
+    returns seconds.
+
+    Hand-built record batches (``create_batch``/``send_batch``, one open batch per partition),
+    acks=1, no idempotence: the fastest way to get large partitions; the acks are gathered in
+    chunks, never one by one.
     """
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap_servers,
@@ -239,13 +251,14 @@ async def produce(settings: Settings, records: Iterable[Record], total: int) -> 
     started = time.perf_counter()
     try:
         pending: list[asyncio.Future[Any]] = []
-        batch = producer.create_batch()
+        batches: dict[int, Any] = {}
         sent = 0
         next_report = total // 10 or 1
-        for key, value, headers in records:
+        for partition, (key, value, headers) in records:
+            batch = batches.setdefault(partition, producer.create_batch())
             if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                pending.append(await producer.send_batch(batch, topic, partition=0))
-                batch = producer.create_batch()
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[partition] = producer.create_batch()
                 if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     raise RuntimeError("a single record does not fit in an empty batch")
                 if len(pending) >= 32:
@@ -255,8 +268,9 @@ async def produce(settings: Settings, records: Iterable[Record], total: int) -> 
             if sent >= next_report:
                 say(f"  produced {sent:,}/{total:,}")
                 next_report += total // 10 or 1
-        if batch.record_count():
-            pending.append(await producer.send_batch(batch, topic, partition=0))
+        for partition, batch in batches.items():
+            if batch.record_count():
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
