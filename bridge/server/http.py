@@ -241,6 +241,9 @@ class McpHttp:
             method, "ok" if answer.status < 500 else "error", time.perf_counter() - started
         )
 
+        if answer.content is not None:
+            return Response(answer.content, status_code=answer.status, headers=answer.headers)
+
         async def body_of() -> AsyncIterator[bytes]:
             try:
                 async for chunk in answer.body:

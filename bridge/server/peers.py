@@ -169,14 +169,26 @@ def _header_value(value: str) -> str:
     return unquote(value, errors="strict")
 
 
+async def _nothing() -> AsyncIterator[bytes]:
+    empty: tuple[bytes, ...] = ()
+    for chunk in empty:  # an async generator that yields nothing
+        yield chunk
+
+
+async def _closed() -> None:
+    """Closing an answer that was read whole: nothing left to release."""
+
+
 @dataclass
 class Forwarded:
-    """The owner's answer: status, the headers worth passing back, and the body as it comes."""
+    """The owner's answer: status, the headers worth passing back, and the body: whole
+    (``content``) for a JSON answer, as it comes (``body``) for an SSE stream."""
 
     status: int
     headers: dict[str, str]
     body: AsyncIterator[bytes]
     close: Any
+    content: bytes | None = None
 
 
 class Peers:
@@ -215,6 +227,14 @@ class Peers:
             for k, v in response.headers.items()
             if k.lower() in ("content-type", "cache-control", "retry-after", "www-authenticate")
         }
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            # A JSON answer is small and whole: passed back with its length, not streamed
+            # chunk by chunk (which cost both replicas a chunked response).
+            try:
+                content = await response.aread()
+            finally:
+                await response.aclose()
+            return Forwarded(response.status_code, passed, _nothing(), _closed, content)
         return Forwarded(response.status_code, passed, response.aiter_raw(), response.aclose)
 
     async def call(
