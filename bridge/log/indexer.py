@@ -321,7 +321,8 @@ class Indexer(Component):
             group_instance_id=s.instance_id,
             partition_assignment_strategy=(self.assignor,),
             session_timeout_ms=s.group_session_timeout_ms,
-            heartbeat_interval_ms=max(500, s.group_session_timeout_ms // 5),
+            # Survivors learn of a dead member's eviction at their next heartbeat: keep it short.
+            heartbeat_interval_ms=max(300, s.group_session_timeout_ms // 10),
             # Positions come from the index (seek on assignment); a committed offset, when there
             # is one, is only ever at or below it, and records below ``through`` are skipped.
             auto_offset_reset="earliest",
