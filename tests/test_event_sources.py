@@ -239,8 +239,13 @@ async def test_max_age_seeks_by_time_and_a_cursor_past_retention_is_truncated(
 async def test_task_updated_push_of_one_task_delivers_live_beats_and_ends_with_it(
     sbridge: Bridge,
 ) -> None:
+    before = await polled(sbridge, UPDATED, {"arguments": {}, "cursor": None})
     async with client() as http:
         task = await create_task(http, sbridge.url, "slow_compute", {"seconds": 120, "label": "u"})
+    # The bridge's own update of the new task (working, seq 0) is written at the owner's next
+    # index flush: wait for it, so that the stream opened "now" below sees only what follows.
+    mine = {"arguments": {"taskId": task}, "cursor": before["cursor"]}
+    assert [e["eventId"] for e in (await drain(sbridge, UPDATED, mine, 1))[0]] == [f"{task}.0"]
     async with client("tok-bob") as http:
         foreign = await call(
             http, sbridge.url, "events/stream", {"name": UPDATED, "arguments": {"taskId": task}}
