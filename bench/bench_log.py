@@ -50,6 +50,7 @@ from common import (
     report,
     say,
     verdict,
+    within,
 )
 
 from bridge.config import Settings, load_settings
@@ -86,7 +87,7 @@ async def build_index(indexer: Indexer, bound_s: float) -> float:
     """Start ``indexer`` and wait until it has applied everything; returns seconds."""
     started = time.perf_counter()
     await indexer.start()
-    async with asyncio.timeout(bound_s):
+    async with within(bound_s, "the indexer applied every record"):
         await indexer.catch_up()
     return time.perf_counter() - started
 
@@ -195,7 +196,7 @@ async def bench_resume(bootstrap: str, args: argparse.Namespace, res: Results) -
         indexed: list[float] = []
         scans: list[float] = []
         for rep in range(args.repeat):
-            async with asyncio.timeout(bound):
+            async with within(bound, "an indexed resume read to its end"):
                 r_s, r_seq, r_off, r_scanned = await indexed_resume()
                 n_s, n_seq, n_off, n_scanned = await naive_scan()
             indexed.append(r_s)
@@ -465,7 +466,7 @@ async def bench_restore(bootstrap: str, args: argparse.Namespace, res: Results) 
             "records/s",
         )
         started = time.perf_counter()
-        async with asyncio.timeout(max(300.0, 600 * args.scale)):
+        async with within(max(300.0, 600 * args.scale), "the index flushed"):
             written = await writer.flush()
         flush_s = time.perf_counter() - started
         res.add("restore", f"flush of {written:,} index records (one transaction)", flush_s, "s")
@@ -476,7 +477,7 @@ async def bench_restore(bootstrap: str, args: argparse.Namespace, res: Results) 
     loads: list[float] = []
     for _ in range(args.repeat):
         started = time.perf_counter()
-        async with asyncio.timeout(max(120.0, 300 * args.scale)):
+        async with within(max(120.0, 300 * args.scale), "the index restored"):
             index = await load_index(settings, partitions)
         loads.append(time.perf_counter() - started)
         restored = sum(len(p) for p in index.values())
@@ -501,7 +502,7 @@ async def bench_restore(bootstrap: str, args: argparse.Namespace, res: Results) 
         started = time.perf_counter()
         try:
             await reader_indexer.start()
-            async with asyncio.timeout(120.0):
+            async with within(120.0, "the reader's indexer caught up"):
                 await reader_indexer.catch_up()
             starts.append(time.perf_counter() - started)
             restores.append(reader_indexer.restore_seconds)

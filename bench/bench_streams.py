@@ -69,6 +69,7 @@ from common import (
     report,
     say,
     verdict,
+    within,
 )
 
 from bridge.config import Settings, load_settings
@@ -553,7 +554,7 @@ async def open_streams(
                 say(f"  {len(opened):,}/{len(task_ids):,} {what} open")
 
     try:
-        async with asyncio.timeout(bound_s):
+        async with within(bound_s, f"{len(task_ids):,} {what} opened"):
             await asyncio.gather(*(one(t) for t in task_ids))
     except BaseException:
         for stream in opened:
@@ -582,7 +583,7 @@ async def wait_active(bridge: BridgeProcess, streams: int, base_sockets: int) ->
     finished streams) and, as a cross-check, its count of open sockets.
     """
     started = time.perf_counter()
-    async with asyncio.timeout(120):
+    async with within(120, f"the bridge counts {streams:,} active streams"):
         while True:
             active = await asyncio.to_thread(server_metric, bridge.port, "bridge_streams_active")
             sockets = socket_fds(bridge.pid)
@@ -669,7 +670,8 @@ async def tasks_get(http: httpx.AsyncClient, url: str, task_id: str) -> dict[str
 
 async def wait_visible(url: str, task_ids: list[str], bound_s: float = 60.0) -> None:
     """Return once the bridge serves the last of ``task_ids`` (it indexes in log order)."""
-    async with httpx.AsyncClient(timeout=30) as http, asyncio.timeout(bound_s):
+    what = f"the bridge serves the last of {len(task_ids):,} tasks"
+    async with httpx.AsyncClient(timeout=30) as http, within(bound_s, what):
         while "result" not in await tasks_get(http, url, task_ids[-1]):  # noqa: ASYNC110
             await asyncio.sleep(0.2)  # poll interval of a bounded wait on the indexer
 
@@ -682,7 +684,7 @@ async def prewarm(port: int, task_ids: list[str]) -> float:
     """
     started = time.perf_counter()
     requests = [http_post(port, "tasks/get", {"taskId": t}, t) for t in task_ids]
-    async with asyncio.timeout(600):
+    async with within(600, f"{len(requests):,} tasks/get answered"):
         answers = await rpc_many(port, requests)
     bad = [a for a in answers if "result" not in a]
     if bad:
@@ -846,7 +848,7 @@ async def bench_latency(
             first = sizes.warmup_events
             await steady_producer(settings, pub, [task_id], sizes.rate, n, start_i=first)
         wanted = set(range(first, first + n))
-        async with asyncio.timeout(30):
+        async with within(30, f"{n:,} events seen by the stream and by the consumer"):
             while not (wanted <= sse_at.keys() and wanted <= kafka_at.keys()):  # noqa: ASYNC110
                 await asyncio.sleep(0.1)  # poll interval of a bounded wait for the receivers
     finally:
@@ -1077,7 +1079,10 @@ async def bench_hot(
     produce_s = await produce(settings, records(), n)
     end = await end_offset(settings)
     res.add("hot", f"produce {n:,} events (raw aiokafka, acks=1)", n / produce_s, "events/s")
-    async with httpx.AsyncClient(timeout=30) as http, asyncio.timeout(120):
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        within(120, "the bridge indexed the hot task"),
+    ):
         while True:
             view = (await tasks_get(http, bridge.url, task_id)).get("result", {})
             if view.get("status") == "completed":
@@ -1109,7 +1114,7 @@ async def bench_hot(
             bridge.port,
         )
         try:
-            async with asyncio.timeout(600):
+            async with within(600, "the replay reached its result"):
                 final = await stream.done
         finally:
             stream.close()

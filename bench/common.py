@@ -16,7 +16,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -36,6 +36,20 @@ VERSIONED = ("aiokafka", "uvicorn", "starlette", "h11")
 #: (key, value, headers) of one record.
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 PRODUCE_BATCH_BYTES = 200_000
+
+
+class NotReached(Exception):
+    """A bench stage waited for a condition that did not come within its bound."""
+
+
+@contextlib.asynccontextmanager
+async def within(seconds: float, what: str) -> AsyncIterator[None]:
+    """``asyncio.timeout`` that fails with what was not reached, never a bare TimeoutError."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise NotReached(f"not reached within {seconds:g} s: {what}") from None
 
 
 def say(message: str) -> None:
