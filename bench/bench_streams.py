@@ -60,6 +60,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from common import (
+    NotReached,
     Record,
     Results,
     bench_settings,
@@ -580,18 +581,28 @@ async def wait_active(bridge: BridgeProcess, streams: int, base_sockets: int) ->
     """Wait until the server has exactly ``streams`` active streams; returns seconds waited.
 
     The condition is the bridge's own ``bridge_streams_active`` gauge (admitted and not yet
-    finished streams) and, as a cross-check, its count of open sockets.
+    finished streams) and, as a cross-check, its count of open sockets: at least one per
+    stream. (It was ``base + streams``, with the base counted before the opens: sockets that
+    were open then and closed since, an earlier stage's or a client's keep-alive, made it
+    unreachable now and then, and the 1,000-stream stage timed out with every stream open.)
     """
     started = time.perf_counter()
-    async with within(120, f"the bridge counts {streams:,} active streams"):
-        while True:
-            active = await asyncio.to_thread(server_metric, bridge.port, "bridge_streams_active")
-            sockets = socket_fds(bridge.pid)
-            if (active is None or int(active) == streams) and (
-                sockets >= base_sockets + streams if streams else sockets <= base_sockets + 5
-            ):
-                return time.perf_counter() - started
-            await asyncio.sleep(0.2)  # poll interval of a bounded wait on the server
+    seen = "nothing yet"
+    try:
+        async with within(120, f"the bridge counts {streams:,} active streams"):
+            while True:
+                active = await asyncio.to_thread(
+                    server_metric, bridge.port, "bridge_streams_active"
+                )
+                sockets = socket_fds(bridge.pid)
+                seen = f"gauge {active}, {sockets} sockets (base {base_sockets})"
+                if (active is None or int(active) == streams) and (
+                    sockets >= streams if streams else sockets <= base_sockets + 5
+                ):
+                    return time.perf_counter() - started
+                await asyncio.sleep(0.2)  # poll interval of a bounded wait on the server
+    except NotReached as exc:
+        raise NotReached(f"{exc} (last seen: {seen})") from None
 
 
 async def close_streams(
