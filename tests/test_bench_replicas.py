@@ -8,39 +8,21 @@ the SIGKILL got every event in seq order.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bench import run_small
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "bench" / "bench_replicas.py"
 BOUND_S = 480  # the small run takes about two minutes on two shared cores
 
 
 @pytest.fixture(scope="module")
 def measured(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("replicas") / "out.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
-    env["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--small", "--json", str(out)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=BOUND_S,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    data: dict[str, Any] = json.loads(out.read_text())
-    return data
+    return run_small("bench_replicas.py", kafka_bootstrap, out, BOUND_S)
 
 
 def rows(data: dict[str, Any], bench: str, metric_part: str) -> list[dict[str, Any]]:
