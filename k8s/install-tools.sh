@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what tests/test_k8s.py needs to render and validate k8s/ offline (`make k8s-tools`):
-#   kustomize and kubeconform, built from the Go module proxy with `go install`;
+#   kustomize, kubeconform and helm (for tests/test_helm.py), built from the Go module proxy
+#   with `go install`;
 #   the Kubernetes JSON schemas bundled in the PyPI package kubernetes-validate, laid out for
 #   kubeconform by k8s/schemas/kubernetes_schemas.py;
 #   PyYAML in $PYTHON's environment, for the tests to read what kustomize renders.
@@ -10,6 +11,7 @@ set -eu
 
 KUSTOMIZE_VERSION=v5.8.1        # v5.8.2+ need Go 1.27
 KUBECONFORM_VERSION=v0.8.0
+HELM_VERSION=v3.22.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 
 DIR=${K8S_TOOLS_DIR:-$HOME/.cache/mcp-kafka-bridge/k8s-tools}
@@ -29,6 +31,7 @@ go_tool() {  # name module version
 
 go_tool kustomize sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION"
 go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
+go_tool helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 
 SITE="$DIR/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
 if [ ! -d "$SITE/kubernetes_validate" ]; then

@@ -102,6 +102,11 @@ def kustomize() -> str:
 
 @pytest.fixture(scope="session")
 def kubeconform() -> str:
+    return kubeconform_path()
+
+
+def kubeconform_path() -> str:
+    """kubeconform and its offline schemas (tests/test_helm.py shares them), or skip/fail."""
     path = TOOLS_DIR / "bin" / "kubeconform"
     if not os.access(path, os.X_OK):
         _missing(f"kubeconform is not installed in {path.parent}")
@@ -434,6 +439,11 @@ def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[A
     staged under a fresh directory and the paths in the environment moved there: a setting that
     names a file no mount provides fails to load, as it would in the pod.
     """
+    yield settings_loader(monkeypatch, tmp_path)
+
+
+def settings_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """What :func:`settings_from` yields (tests/test_helm.py shares it)."""
     pods = iter(range(1_000_000))
 
     def load(docs: list[dict[str, Any]], workload: dict[str, Any]) -> Settings:
@@ -452,7 +462,7 @@ def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[A
             )
         return load_settings()
 
-    yield load
+    return load
 
 
 def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

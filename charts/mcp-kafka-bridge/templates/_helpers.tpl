@@ -1,0 +1,276 @@
+{{/*
+Shared names, labels and derived settings of the chart. Every template includes these, so a
+name or a rule (when do the replicas divide the partitions, which job topics exist) is decided
+here once.
+*/}}
+
+{{- define "bridge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-mcp-kafka-bridge, or the release name alone when it already names the chart. */}}
+{{- define "bridge.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "bridge.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The headless Service that gives each server pod its DNS name. */}}
+{{- define "bridge.peers" -}}
+{{- printf "%s-peers" (include "bridge.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "bridge.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "bridge.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object; selectors use bridge.selectorLabels (name, instance) + component. */}}
+{{- define "bridge.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "bridge.selectorLabels" . }}
+app.kubernetes.io/part-of: mcp-kafka-bridge
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "bridge.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bridge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "bridge.image" -}}
+{{- if .Values.image.digest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .Values.image.digest) -}}
+{{- fail (printf "image.digest must be sha256:<64 hex digits>, not %q" .Values.image.digest) -}}
+{{- end -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if eq $tag "latest" -}}
+{{- fail "image.tag: pin a released version (or image.digest), not latest" -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the server replicas divide the events partitions (ownership "group"): more than one
+replica, or an autoscaler that may add some. Checks the counts against the partitions here, so
+every template that includes it refuses the same bad values.
+*/}}
+{{- define "bridge.divides" -}}
+{{- $partitions := int .Values.topics.partitions -}}
+{{- if .Values.autoscaling.enabled -}}
+{{- $min := int .Values.autoscaling.minReplicas -}}
+{{- $max := int .Values.autoscaling.maxReplicas -}}
+{{- if or (lt $min 1) (lt $max $min) -}}
+{{- fail (printf "autoscaling: need 1 <= minReplicas (%d) <= maxReplicas (%d)" $min $max) -}}
+{{- end -}}
+{{- if gt $max $partitions -}}
+{{- fail (printf "autoscaling.maxReplicas (%d) exceeds topics.partitions (%d): a replica beyond the events partitions would own nothing" $max $partitions) -}}
+{{- end -}}
+{{- if gt $max 1 -}}true{{- end -}}
+{{- else -}}
+{{- $replicas := int .Values.server.replicas -}}
+{{- if lt $replicas 1 -}}
+{{- fail (printf "server.replicas must be at least 1, not %d" $replicas) -}}
+{{- end -}}
+{{- if gt $replicas $partitions -}}
+{{- fail (printf "server.replicas (%d) exceeds topics.partitions (%d): a replica beyond the events partitions would own nothing" $replicas $partitions) -}}
+{{- end -}}
+{{- if gt $replicas 1 -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The peer Secret's name: the user's, or the one the chart generates. */}}
+{{- define "bridge.peerSecretName" -}}
+{{- default (printf "%s-peer" (include "bridge.fullname" .)) .Values.peerSecret.existingSecret -}}
+{{- end -}}
+
+{{/*
+The tools of each built-in pack (bridge/workers/packs.py); tests/test_helm.py checks this map
+against the packs, so a tool added there fails the test until it is added here.
+*/}}
+{{- define "bridge.packTools" -}}
+demo: [agent_run]
+conformance:
+  - test_simple_text
+  - test_image_content
+  - test_audio_content
+  - test_embedded_resource
+  - test_multiple_content_types
+  - test_error_handling
+  - test_tool_with_progress
+  - json_schema_2020_12_tool
+  - test_missing_capability
+  - test_streaming_elicitation
+  - test_logging_tool
+  - test_header_param
+  - greet
+  - slow_compute
+  - failing_job
+  - protocol_error_job
+  - confirm_delete
+  - multi_input
+  - test_tool_with_task
+{{- end -}}
+
+{{/* The tools of a list of packs, in pack order, as a JSON list; an unknown pack fails. */}}
+{{- define "bridge.toolsOf" -}}
+{{- $packs := include "bridge.packTools" .root | fromYaml -}}
+{{- $tools := list -}}
+{{- range .packs -}}
+{{- if not (hasKey $packs .) -}}
+{{- fail (printf "unknown tool pack %q (known: %s)" . (keys $packs | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- $tools = concat $tools (get $packs .) -}}
+{{- end -}}
+{{- toJson $tools -}}
+{{- end -}}
+
+{{/* Job topics (<prefix>.jobs.<tool>) the server sends to: its packs' tools and the extra tools. */}}
+{{- define "bridge.serverJobTopics" -}}
+{{- $tools := concat (include "bridge.toolsOf" (dict "root" . "packs" .Values.bridge.toolPacks) | fromJsonArray) .Values.topics.extraJobTools -}}
+{{- $prefix := .Values.topics.prefix -}}
+{{- $out := list -}}
+{{- range $tools }}{{ $out = append $out (printf "%s.jobs.%s" $prefix .) }}{{ end -}}
+{{- toJson (uniq $out) -}}
+{{- end -}}
+
+{{/* Job topics the workers consume: their packs' tools (none when workers are off). */}}
+{{- define "bridge.workerJobTopics" -}}
+{{- $prefix := .Values.topics.prefix -}}
+{{- $out := list -}}
+{{- if .Values.workers.enabled -}}
+{{- range (include "bridge.toolsOf" (dict "root" . "packs" .Values.workers.packs) | fromJsonArray) }}{{ $out = append $out (printf "%s.jobs.%s" $prefix .) }}{{ end -}}
+{{- end -}}
+{{- toJson (uniq $out) -}}
+{{- end -}}
+
+{{/* The Kafka listener's port, from the first bootstrap server (for the NetworkPolicy). */}}
+{{- define "bridge.kafkaPort" -}}
+{{- $first := first (splitList "," .Values.kafka.bootstrapServers) | trim -}}
+{{- $port := last (splitList ":" $first) -}}
+{{- if not (regexMatch "^[0-9]+$" $port) -}}
+{{- fail (printf "kafka.bootstrapServers: %q has no :port" $first) -}}
+{{- end -}}
+{{- $port -}}
+{{- end -}}
+
+{{- define "bridge.security" -}}
+{{- $mode := .Values.kafka.security -}}
+{{- if not (has $mode (list "none" "scram" "mtls")) -}}
+{{- fail (printf "kafka.security must be none, scram or mtls, not %q" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
+{{/* A role's Kafka user Secret (and SCRAM name): the value given, else its KafkaUser's name. */}}
+{{- define "bridge.kafkaUserSecret" -}}
+{{- $user := get .root.Values.kafka.users .role -}}
+{{- if $user.secret -}}
+{{- $user.secret -}}
+{{- else if .root.Values.strimzi.kafkaUsers -}}
+{{- printf "%s-%s" (include "bridge.fullname" .root) .role -}}
+{{- else -}}
+{{- fail (printf "kafka.security=%s: set kafka.users.%s.secret (the Secret with its credentials) or strimzi.kafkaUsers=true" .root.Values.kafka.security .role) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "bridge.kafkaUsername" -}}
+{{- $user := get .root.Values.kafka.users .role -}}
+{{- if $user.username -}}
+{{- $user.username -}}
+{{- else if .root.Values.strimzi.kafkaUsers -}}
+{{- printf "%s-%s" (include "bridge.fullname" .root) .role -}}
+{{- else -}}
+{{- fail (printf "kafka.security=scram: set kafka.users.%s.username or strimzi.kafkaUsers=true" .role) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What every pod of a role shares: the hardened pod security context, service account, /tmp and
+the Kafka credential mounts. Called with (dict "root" $ "role" "server"|"worker").
+*/}}
+{{- define "bridge.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "bridge.containerSecurityContext" -}}
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Kafka credential env of a role (only what differs per role: the SCRAM user name). */}}
+{{- define "bridge.kafkaEnv" -}}
+{{- if eq (include "bridge.security" .root) "scram" }}
+- name: BRIDGE_KAFKA_SASL__USERNAME
+  value: {{ include "bridge.kafkaUsername" . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "bridge.kafkaMounts" -}}
+{{- $mode := include "bridge.security" .root -}}
+{{- if and (ne $mode "none") .root.Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  mountPath: /etc/mcp-kafka-bridge/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if ne $mode "none" }}
+- name: kafka-user
+  mountPath: /etc/mcp-kafka-bridge/kafka-user
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "bridge.kafkaVolumes" -}}
+{{- $mode := include "bridge.security" .root -}}
+{{- if and (ne $mode "none") .root.Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .root.Values.kafka.tls.caSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .root.Values.kafka.tls.caKey }}
+        path: ca.crt
+{{- end }}
+{{- if ne $mode "none" }}
+- name: kafka-user
+  secret:
+    secretName: {{ include "bridge.kafkaUserSecret" . }}
+    defaultMode: 0440
+    items:
+      {{- if eq $mode "scram" }}
+      - key: password
+        path: password
+      {{- else }}
+      - key: user.crt
+        path: user.crt
+      - key: user.key
+        path: user.key
+      {{- end }}
+{{- end }}
+{{- end -}}
