@@ -52,9 +52,10 @@ demo: venv
 	$(BIN)/bridge demo
 
 lint: venv-test
-	$(BIN)/ruff check bridge tests bench
-	$(BIN)/ruff format --check bridge tests bench
+	$(BIN)/ruff check bridge tests bench grafana
+	$(BIN)/ruff format --check bridge tests bench grafana
 	$(BIN)/mypy
+	$(BIN)/mypy --strict grafana/check_dashboard.py
 
 test: venv-test system-deps conformance-deps k8s-tools lint
 	$(BIN)/pytest
