@@ -223,7 +223,9 @@ class Peers:
         view's GET, whose query carries no credential); the body streams back."""
         sent = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
         sent.update(self.auth.sign(identity, hop_target(method, headers, path), body))
-        request = self._client.build_request(method, f"{base_url}{path}", headers=sent, content=body)
+        request = self._client.build_request(
+            method, f"{base_url}{path}", headers=sent, content=body
+        )
         response = await self._client.send(request, stream=True)
         passed = {
             k: v

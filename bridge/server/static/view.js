@@ -12,6 +12,7 @@
   let source = null;
   let lastSeq = -1; // the highest seq shown: anything at or below it is a duplicate
   let finished = false;
+  let duplicates = 0;
 
   function setState(state, text) {
     document.body.dataset.state = state;
@@ -56,7 +57,13 @@
   }
 
   function addEvent(event) {
-    if (typeof event.seq !== "number" || event.seq <= lastSeq) return; // a duplicate
+    if (typeof event.seq !== "number") return;
+    if (event.seq <= lastSeq) {
+      // A duplicate (a resume is exact, so none is expected): dropped, and counted to show.
+      duplicates += 1;
+      document.body.dataset.duplicates = String(duplicates);
+      return;
+    }
     lastSeq = event.seq;
     const row = document.createElement("tr");
     row.dataset.seq = String(event.seq);
