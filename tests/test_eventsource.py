@@ -11,16 +11,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import secrets
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-from support.layout import delete_events_before, fresh_prefix, make_settings
+from support.layout import (
+    create_served_topics,
+    delete_events_before,
+    fresh_prefix,
+    make_settings,
+)
 from support.mcp import create_task, result
-from support.procs import Bridge, running_bearer_bridge
+from support.procs import Bridge, Proc, bridge_env, free_port, running_bearer_bridge
 from support.sse import SseEvent, sse_events
 from support.waits import BOUND, wait_until
 
@@ -454,3 +463,101 @@ async def test_the_token_never_reaches_the_bridge_log(vbridge):
     assert token not in log_text
     assert token.split(".")[2] not in log_text  # not even the MAC part
     assert VIEW_SECRET not in log_text
+
+
+# --- replicas: a view GET reaches the task's owner --------------------------------------------
+
+
+def forwarded_views(port: int) -> float:
+    """The view requests this replica forwarded to an owner (method label ``other``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.search(
+        r'^bridge_forwarded_requests_total\{method="other",outcome="ok"\} ([0-9.e+]+)$',
+        text,
+        re.MULTILINE,
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def owned_partitions(port: int) -> int:
+    """The partitions the replica owns; 0 while it does not answer yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return 0
+    found = re.search(r"^bridge_owned_partitions ([0-9.e+]+)$", text, re.MULTILINE)
+    return int(float(found.group(1))) if found else 0
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_with_replicas_any_replica_serves_any_tasks_view(kafka_bootstrap, tmp_path):
+    """Two replicas divide the partitions; every task is viewed through both, so one of the
+    two reads of each task is forwarded to its owner (token minted at either replica)."""
+    settings = make_settings(kafka_bootstrap, fresh_prefix("vr"))
+    create_served_topics(settings)
+    secret = secrets.token_hex(32)
+    replicas = []
+    try:
+        for i in range(2):
+            port = free_port()
+            env = bridge_env(
+                settings,
+                BRIDGE_OWNERSHIP="group",
+                BRIDGE_INSTANCE_ID=f"view-replica-{i}",
+                BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{port}",
+                BRIDGE_PEER_SECRET=secret,
+                BRIDGE_OWNER_WAIT_S="20",
+            )
+            args = ["serve", "--port", str(port)]
+            replicas.append((port, Proc(f"r{i}", args, env, tmp_path / f"r{i}.log").start()))
+        ports = [port for port, _ in replicas]
+        await wait_until(
+            lambda: (
+                all(p.alive() for _, p in replicas)
+                and [owned_partitions(port) > 0 for port in ports] == [True, True]
+                and sum(owned_partitions(port) for port in ports) == settings.topics.partitions
+            ),
+            what="the two replicas divide the partitions",
+        )
+        views = [SimpleNamespace(port=port) for port in ports]
+        tasks = []
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            for _ in range(4):
+                url = f"http://127.0.0.1:{ports[0]}/mcp"
+                tasks.append(await create_task(http, url, "slow_compute", {"seconds": 120}))
+        # No worker runs them: their end is written as a worker would write it.
+        done = {"status": "completed", "result": {"content": [{"type": "text", "text": "ok"}]}}
+        async with TaskEventPublisher(settings) as pub:
+            for task in tasks:
+                await pub.publish(task, settings.own_types.status, done)
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            for task in tasks:
+                reads = []
+                for minter, reader in ((0, 1), (1, 0)):
+                    reply = await http.post(
+                        f"http://127.0.0.1:{ports[minter]}/view/token", json={"taskId": task}
+                    )
+                    assert reply.status_code == 200, reply.text
+                    token = reply.json()["token"]
+                    out = await read_view(views[reader], task, token)
+                    assert out.status == 200, out.body
+                    reads.append(out)
+                    state = await http.get(
+                        f"http://127.0.0.1:{ports[reader]}/view/tasks/{task}",
+                        params={"token": token},
+                    )
+                    assert state.json()["status"] == "completed"
+                assert reads[0].messages == reads[1].messages
+                assert reads[0].seqs == list(range(len(reads[0].seqs))) and reads[0].seqs
+                assert [e["result"] for r in reads for e in r.named("end")] == [done["result"]] * 2
+                resumed = await read_view(views[1], task, token, last_event_id="0")
+                assert resumed.messages == reads[0].messages[1:]
+        # One of each task's two reads was a hop (events and state: two requests per read),
+        # plus the resume when replica 1 is not the owner.
+        assert sum(forwarded_views(port) for port in ports) >= 2 * len(tasks)
+    finally:
+        for _, proc in replicas:
+            proc.stop()

@@ -372,13 +372,18 @@ class BrowserView:
         if hop or endpoint.peers is None:  # a hop is never forwarded again
             return _problem(503, "the task's partition is moving; retry shortly")
         identity = PeerIdentity(caller.principal, caller.client)
+        started = time.perf_counter()
         try:
             answer = await endpoint.peers.forward(
                 owner, "GET", request.headers, b"", identity, path=path
             )
         except Exception as exc:
+            endpoint.metrics.forward("view", "unavailable", None)
             log.warning("forwarding a view request to %s failed: %s", owner, type(exc).__name__)
             return _problem(503, "the replica that owns this task did not answer; retry shortly")
+        # Counted with the MCP endpoint's hops (method label "other": not an MCP method).
+        outcome = "ok" if answer.status < 500 else "error"
+        endpoint.metrics.forward("view", outcome, time.perf_counter() - started)
         headers = {**answer.headers, **SECURITY_HEADERS}
         if answer.content is not None:
             return Response(answer.content, status_code=answer.status, headers=headers)
