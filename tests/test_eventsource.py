@@ -33,9 +33,11 @@ from support.procs import Bridge, Proc, bridge_env, free_port, running_bearer_br
 from support.sse import SseEvent, sse_events
 from support.waits import BOUND, wait_until
 
+from bridge.config import load_settings
 from bridge.log.publisher import TaskEventPublisher
 from bridge.server.browser import (
     BadViewToken,
+    BrowserView,
     ViewTokens,
     _cursor,
     install_log_redaction,
@@ -137,6 +139,13 @@ def test_the_access_log_line_of_a_view_request_never_holds_the_token(caplog):
     assert "/view/tasks/t1/events?token=[redacted]&after=3" in line
     assert redact_tokens("/x?a=1&token=s3cret") == "/x?a=1&token=[redacted]"
     assert redact_tokens("/x?mytoken=keep") == "/x?mytoken=keep"
+
+
+def test_the_view_can_be_turned_off():
+    on = BrowserView(load_settings(), lambda request: None)  # type: ignore[arg-type,return-value]
+    off = BrowserView(load_settings(view_enabled=False), lambda request: None)  # type: ignore[arg-type,return-value]
+    assert {r.path for r in on.routes()} >= {"/view/", "/view/tasks/{task_id}/events"}
+    assert off.routes() == []
 
 
 # --- over real HTTP: a bridge in auth mode bearer -------------------------------------------
@@ -262,6 +271,30 @@ async def read_view(
             if stop_after is not None and len(out.messages) >= stop_after:
                 break
     return out
+
+
+@pytest.mark.kafka
+async def test_the_page_and_its_files_come_with_a_strict_policy_and_no_inline_script(vbridge):
+    async with httpx.AsyncClient(timeout=BOUND, base_url=base(vbridge)) as http:
+        page = await http.get("/view/")
+        script = await http.get("/view/static/view.js")
+        style = await http.get("/view/static/view.css")
+        missing = await http.get("/view/static/../config.py")
+        other = await http.get("/view/static/view.html")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for reply in (page, script, style):
+        assert reply.headers["cache-control"] == "no-store"
+        assert reply.headers["referrer-policy"] == "no-referrer"
+        assert reply.headers["x-content-type-options"] == "nosniff"
+        policy = reply.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "script-src 'self'" in policy
+        assert "unsafe-inline" not in policy
+    scripts = re.findall(r"<script[^>]*>", page.text)
+    assert scripts and all("src=" in tag for tag in scripts)  # every script is a file
+    assert "on" + "error=" not in page.text and "innerHTML" not in script.text
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert style.headers["content-type"].startswith("text/css")
+    assert missing.status_code == other.status_code == 404
 
 
 @pytest.mark.kafka
