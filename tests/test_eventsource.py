@@ -148,6 +148,13 @@ def test_the_view_can_be_turned_off():
     assert off.routes() == []
 
 
+def test_a_short_view_key_is_refused_without_echoing_it():
+    with pytest.raises(ValueError, match="at least 32 characters") as info:
+        load_settings(view_token_secret="short-secret")
+    assert "short-secret" not in str(info.value)
+    assert load_settings(view_token_secret="x" * 32).view_token_secret_value == "x" * 32
+
+
 # --- over real HTTP: a bridge in auth mode bearer -------------------------------------------
 
 VIEW_SECRET = "view-secret-" + "v" * 32
