@@ -21,13 +21,16 @@ venv-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
 # kcat is the "existing pipeline" of the tests (a non-Python Kafka producer); prometheus and
-# promtool check the alert rules and scrape a running bridge. Both are Debian packages.
+# promtool check the alert rules and scrape a running bridge; chromium is the headless browser
+# Playwright drives in tests/test_browser.py (Playwright's own downloads are not used). All are
+# Debian packages.
 system-deps:
 	@command -v java >/dev/null || { echo "Java 17+ is needed for the local Kafka broker"; exit 1; }
 	@command -v mvn >/dev/null || { echo "Maven is needed to fetch the Kafka jars"; exit 1; }
 	@missing=""; \
 	  command -v kcat >/dev/null || missing="$$missing kcat"; \
 	  command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing Debian packages:$$missing"; \
 	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

@@ -496,6 +496,39 @@ class Settings(BaseSettings):
     http_port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    # --- The browser view of a task and its plain SSE endpoint (docs/browser.md) ---------
+    #: Serve ``/view/`` (the page), ``POST /view/token`` and ``/view/tasks/{id}[/events]``.
+    view_enabled: bool = True
+    #: Lifetime of a view token: it opens (and resumes) one task's view for one principal,
+    #: read-only, and travels in a URL, so it is short-lived.
+    view_token_ttl_s: int = Field(900, ge=10, le=86_400)
+    #: The key that signs view tokens (at least 32 characters; prefer the file). Unset: derived
+    #: from the peer secret when replicas divide the partitions (any replica accepts a token
+    #: another minted), else a random key per process (tokens end with the process).
+    view_token_secret: SecretStr | None = None
+    view_token_secret_file: Path | None = None
+    #: The ``retry:`` an EventSource is told: milliseconds before it reconnects.
+    view_retry_ms: int = Field(1000, ge=100, le=60_000)
+
+    @field_validator("view_token_secret_file")
+    @classmethod
+    def _view_secret_file(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
+
+    @model_validator(mode="after")
+    def _view_secret_long_enough(self) -> Self:
+        secret = self.view_token_secret_value
+        if secret is not None and len(secret) < 32:
+            raise ValueError(
+                f"{env_name('view_token_secret')} (or its file) must have at least 32 characters"
+            )
+        return self
+
+    @property
+    def view_token_secret_value(self) -> str | None:
+        """The view-token key (from the file if one is set), or None."""
+        return _read_secret(self.view_token_secret, self.view_token_secret_file)
+
     @field_validator("kafka_bootstrap_servers")
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:

@@ -29,6 +29,7 @@ from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator
+from bridge.server.browser import BrowserView
 from bridge.server.events import EventsMethods, events_extension
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
@@ -187,6 +188,7 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
             Route("/admin/indexer/{action}", indexer_admin, methods=["POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *BrowserView(settings, running).routes(),  # the browser view (docs/browser.md)
         ],
         lifespan=lifespan,
     )

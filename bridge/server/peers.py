@@ -77,10 +77,11 @@ _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel", "tasks/s
 _EVENTS_METHODS = frozenset({"events/poll", "events/stream", "events/subscribe"})
 
 
-def hop_target(method: str, headers: Mapping[str, str]) -> str:
-    """What a hop's signature covers besides the body: the HTTP method, and the resume cursor
+def hop_target(method: str, headers: Mapping[str, str], path: str = "/mcp") -> str:
+    """What a hop's signature covers besides the body: the HTTP method, the path (with its
+    query: the browser view's GETs name their task and cursor there), and the resume cursor
     of a ``GET`` (a header, so that it cannot be swapped under a valid signature)."""
-    return f"{method} /mcp {headers.get('last-event-id', '')}"
+    return f"{method} {path} {headers.get('last-event-id', '')}"
 
 
 def routed_task_id(method: str, params: Mapping[str, Any]) -> str | None:
@@ -216,11 +217,15 @@ class Peers:
         headers: Mapping[str, str],
         body: bytes,
         identity: PeerIdentity,
+        path: str = "/mcp",
     ) -> Forwarded:
-        """Send the request to the owner at ``base_url``; the body streams back."""
+        """Send the request to the owner at ``base_url`` (at ``path``: ``/mcp``, or a browser
+        view's GET, whose query carries no credential); the body streams back."""
         sent = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
-        sent.update(self.auth.sign(identity, hop_target(method, headers), body))
-        request = self._client.build_request(method, f"{base_url}/mcp", headers=sent, content=body)
+        sent.update(self.auth.sign(identity, hop_target(method, headers, path), body))
+        request = self._client.build_request(
+            method, f"{base_url}{path}", headers=sent, content=body
+        )
         response = await self._client.send(request, stream=True)
         passed = {
             k: v

@@ -1,0 +1,570 @@
+"""The browser view of a task and its plain SSE endpoint, for clients without an MCP SDK.
+
+Where it sits: beside the MCP endpoint (:mod:`bridge.server.http`), on the same components. A
+caller with the MCP endpoint's credential mints a *view token* (``POST /view/token``); the page
+(``/view/``, static files served by the bridge) and any ``EventSource`` use that token to read
+one task: ``GET /view/tasks/{id}`` (its state, as tasks/get shows it) and
+``GET /view/tasks/{id}/events`` (``text/event-stream``, resumed by ``Last-Event-ID``). The
+stream is the StreamHub's, like tasks/stream: the same admission, the same cursor checks, the
+same delivery rule; only the framing differs (plain SSE, no JSON-RPC). A request about a task
+whose partition another replica owns is forwarded there in one signed hop, like ``/mcp``.
+
+Why a token and not the bearer credential: ``EventSource`` cannot send headers, so the
+credential must travel in the URL. A view token is the least a URL can leak: it names one
+task and one principal, reads only, and expires in minutes (docs/browser.md has the whole
+reasoning). The page receives it in the URL *fragment* (never sent to a server, so never in an
+access log or a ``Referer``), and the bridge's own access log redacts it from the query.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from bridge.config import Settings
+from bridge.envelope import TaskEvent
+from bridge.events import TaskEventTypes
+from bridge.server.admission import Caller, Ticket, connection_of
+from bridge.server.handlers import detailed_task
+from bridge.server.http import McpHttp, SseResponse
+from bridge.server.peers import PeerAuth, PeerIdentity, hop_target
+from bridge.server.streams import StreamHub
+from bridge.server.wire import (
+    CLIENT_CAPS_META,
+    EVENTS_GONE,
+    MAX_SEQ,
+    RpcError,
+    dumps,
+    tasks_capability,
+)
+from bridge.tasks.messages import iso_ms
+from bridge.tasks.service import TaskNotFound, TaskService
+
+__all__ = [
+    "BadViewToken",
+    "BrowserView",
+    "ViewTokens",
+    "redact_tokens",
+    "sse_event",
+]
+
+log = logging.getLogger(__name__)
+
+_TOKEN_VERSION = "vt1"
+#: The query parameter that carries a view token (redacted from the access log).
+TOKEN_PARAM = "token"
+_TOKEN_IN_TEXT = re.compile(rf"(?<=[?&]){TOKEN_PARAM}=[^&\s\"]*")
+#: The largest ``POST /view/token`` body read: a task id and nothing else.
+_MINT_BODY_LIMIT = 4096
+
+#: Headers of every view response: nothing cached, no Referer from the page, no sniffing, no
+#: framing; the page may run only the bridge's own script and style (no inline code at all).
+SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+}
+
+#: The static files of the page, by the name the page asks for, with their media type.
+_STATIC = {
+    "view.js": "text/javascript; charset=utf-8",
+    "view.css": "text/css; charset=utf-8",
+}
+
+
+class BadViewToken(Exception):
+    """A view token that is missing, malformed, forged or expired; the message is safe to show
+    (it never echoes the token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewGrant:
+    """What a valid view token grants: ``principal`` may view ``task_id`` until ``expires``."""
+
+    principal: str
+    task_id: str
+    expires: int
+
+
+class ViewTokens:
+    """Mints and checks view tokens: ``vt1.<claims>.<mac>``, HMAC-SHA256 under a server key.
+
+    The claims (base64url JSON ``[principal, taskId, expiry]``) are signed, not encrypted: a
+    token shows the principal's name to whoever holds it, which is who it was given to.
+    """
+
+    def __init__(self, key: bytes, ttl_s: int, clock: Callable[[], float] = time.time) -> None:
+        # Domain separation: the same secret may key other MACs (the peer hop); a view token
+        # must never verify as anything else, nor anything else as a view token.
+        self._key = hashlib.sha256(b"mcp-kafka-bridge view token\0" + key).digest()
+        self.ttl_s = ttl_s
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return "ViewTokens(<key>)"
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> ViewTokens:
+        """The configured key; else the peer secret's (replicas accept each other's tokens);
+        else a random key that lives as long as this process."""
+        secret = settings.view_token_secret_value or settings.peer_secret_value
+        key = secret.encode() if secret is not None else secrets.token_bytes(32)
+        return cls(key, settings.view_token_ttl_s)
+
+    def _mac(self, claims: str) -> str:
+        digest = hmac.new(self._key, claims.encode("ascii"), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+    def mint(self, principal: str, task_id: str) -> tuple[str, int]:
+        """A token for ``principal`` viewing ``task_id``, and its expiry (epoch seconds)."""
+        expires = int(self._clock()) + self.ttl_s
+        raw = json.dumps([principal, task_id, expires], separators=(",", ":")).encode()
+        claims = base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+        return f"{_TOKEN_VERSION}.{claims}.{self._mac(claims)}", expires
+
+    def verify(self, token: str | None) -> ViewGrant:
+        """The grant of a valid, unexpired token; :class:`BadViewToken` otherwise."""
+        if not token:
+            raise BadViewToken("missing view token")
+        version, _, rest = token.partition(".")
+        claims, _, mac = rest.partition(".")
+        if version != _TOKEN_VERSION or not claims or not mac:
+            raise BadViewToken("malformed view token")
+        if not hmac.compare_digest(self._mac(claims), mac):
+            raise BadViewToken("invalid view token")
+        try:
+            principal, task_id, expires = json.loads(
+                base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4))
+            )
+        except (binascii.Error, ValueError, TypeError):
+            raise BadViewToken("malformed view token") from None
+        if not (
+            isinstance(principal, str) and isinstance(task_id, str) and isinstance(expires, int)
+        ):
+            raise BadViewToken("malformed view token")
+        if expires <= self._clock():
+            raise BadViewToken("expired view token: mint a new one")
+        return ViewGrant(principal, task_id, expires)
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with every ``token=...`` query value replaced (for access log lines)."""
+    return _TOKEN_IN_TEXT.sub(f"{TOKEN_PARAM}=[redacted]", text)
+
+
+class _RedactTokens(logging.Filter):
+    """Rewrites uvicorn's access log records: their path argument holds the query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+            isinstance(a, str) and TOKEN_PARAM in a for a in record.args
+        ):
+            record.args = tuple(redact_tokens(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str) and TOKEN_PARAM in record.msg:
+            record.msg = redact_tokens(record.msg)
+        return True
+
+
+_REDACTOR = _RedactTokens()
+
+
+def install_log_redaction() -> None:
+    """Keep view tokens out of uvicorn's access log, whoever runs the app (idempotent)."""
+    access = logging.getLogger("uvicorn.access")
+    if _REDACTOR not in access.filters:
+        access.addFilter(_REDACTOR)
+
+
+def sse_event(data: str, *, event: str | None = None, event_id: str | None = None) -> str:
+    """One SSE event block; ``data`` is one line of JSON (no newline can split it)."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    head += f"event: {event}\n" if event is not None else ""
+    return f"{head}data: {data}\n\n"
+
+
+def _utf8(text: str) -> bytes:
+    # A lone surrogate can only stand inside a JSON string here: written as its JSON escape,
+    # so one bad character never fails a stream.
+    return text.encode("utf-8", "backslashreplace")
+
+
+def event_json(seq: int, event: TaskEvent, placeholder: str) -> str:
+    """The ``data`` of a task event: ``{seq, type, payload, time}`` (a placeholder of the
+    bridge's undecodable type when the content cannot be written as JSON)."""
+    time_text = iso_ms(event.timestamp_ms)
+    try:
+        return dumps({"seq": seq, "type": event.type, "payload": event.payload, "time": time_text})
+    except (ValueError, TypeError, RecursionError):
+        payload = {"reason": "unencodable", "error": "the content cannot be written as JSON"}
+        return dumps({"seq": seq, "type": placeholder, "payload": payload, "time": time_text})
+
+
+class Served(Protocol):
+    """What the view needs of the running bridge (the app's ``Components``)."""
+
+    @property
+    def service(self) -> TaskService: ...
+    @property
+    def hub(self) -> StreamHub: ...
+    @property
+    def endpoint(self) -> McpHttp: ...
+
+
+def _problem(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=SECURITY_HEADERS)
+
+
+_NOT_FOUND = "task not found"
+
+
+class BrowserView:
+    """The ``/view`` routes: the page, its static files, token minting, state and events."""
+
+    def __init__(self, settings: Settings, running: Callable[[Request], Served]) -> None:
+        self.settings = settings
+        self.tokens = ViewTokens.for_settings(settings)
+        self._running = running
+        self._placeholder = TaskEventTypes.of(settings.event_type_prefix).undecodable
+        install_log_redaction()
+
+    def routes(self) -> list[Route]:
+        if not self.settings.view_enabled:
+            return []
+        return [
+            Route("/view/", self.page, methods=["GET"]),
+            Route("/view/static/{name}", self.static, methods=["GET"]),
+            Route("/view/token", self.mint, methods=["POST"]),
+            Route("/view/tasks/{task_id}", self.state, methods=["GET"]),
+            Route("/view/tasks/{task_id}/events", self.events, methods=["GET"]),
+        ]
+
+    # --- the page ------------------------------------------------------------------------
+
+    async def page(self, request: Request) -> Response:
+        return Response(
+            _asset("view.html"), media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS
+        )
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        media = _STATIC.get(name)
+        if media is None:
+            return _problem(404, "no such file")
+        return Response(_asset(name), media_type=media, headers=SECURITY_HEADERS)
+
+    # --- minting -------------------------------------------------------------------------
+
+    async def mint(self, request: Request) -> Response:
+        """``POST /view/token`` ``{"taskId": ...}`` with the MCP endpoint's credential: a view
+        token, once the caller may see the task (the same check as tasks/get)."""
+        served = self._running(request)
+        caller = served.endpoint._gate(request)  # the MCP endpoint's Host/Origin check and auth
+        if isinstance(caller, Response):
+            return caller
+        body = await _small_body(request)
+        task_id = _task_id_of(body)
+        if task_id is None:
+            return _problem(400, 'the body must be JSON {"taskId": "<task id>"}')
+        try:
+            await self._authorize(served, caller, task_id)
+        except TaskNotFound:
+            return _problem(404, _NOT_FOUND)
+        except RpcError as exc:
+            return _problem(max(exc.http_status, 400), exc.message)
+        token, expires = self.tokens.mint(caller.principal, task_id)
+        fragment = f"task={quote(task_id, safe='')}&token={token}"
+        return JSONResponse(
+            {
+                "token": token,
+                "taskId": task_id,
+                "expiresAt": iso_ms(expires * 1000),
+                "viewPath": f"/view/#{fragment}",
+            },
+            headers=SECURITY_HEADERS,
+        )
+
+    async def _authorize(self, served: Served, caller: Caller, task_id: str) -> None:
+        """TaskNotFound unless the caller may see the task, asked where the task lives."""
+        endpoint = served.endpoint
+        owner = await endpoint.routing.where(task_id) if endpoint.routing is not None else None
+        if owner is None:
+            await served.service.get(task_id, caller.principal)
+            return
+        if endpoint.peers is None:
+            raise RuntimeError("a task at another replica, but no peer client")
+        params = {"taskId": task_id, "_meta": {CLIENT_CAPS_META: tasks_capability()}}
+        identity = PeerIdentity(caller.principal, caller.client)
+        try:
+            await endpoint.peers.call(owner, "tasks/get", params, identity)
+        except RpcError as exc:
+            if exc.http_status < 500:
+                raise TaskNotFound() from None
+            raise
+
+    # --- who reads -----------------------------------------------------------------------
+
+    def _reader(
+        self, request: Request, served: Served, task_id: str, path: str
+    ) -> Caller | Response:
+        """The caller of a view GET: vouched for by a peer's signed hop, or by a view token for
+        this task. 403 for a foreign Host/Origin, 401 for a bad token, 404 for a token of
+        another task (as for a task the caller may not see)."""
+        endpoint = served.endpoint
+        if endpoint.peers is not None and PeerAuth.is_hop(request.headers):
+            identity = endpoint.peers.auth.verify(
+                request.headers, hop_target("GET", request.headers, path), b""
+            )
+            if identity is None:
+                log.warning("refused a forwarded view request with a bad or stale peer signature")
+                return _problem(401, "bad peer signature")
+            return Caller(identity.principal, identity.client, connection_of(request.scope))
+        if not endpoint._origin_allowed(request):  # the MCP endpoint's DNS-rebinding check
+            return _problem(403, "forbidden host or origin")
+        try:
+            grant = self.tokens.verify(request.query_params.get(TOKEN_PARAM))
+        except BadViewToken as exc:
+            return _problem(401, str(exc))
+        if grant.task_id != task_id:
+            return _problem(404, _NOT_FOUND)
+        client = grant.principal
+        if not endpoint.auth.authenticates:  # anonymous callers are told apart by address
+            client = f"{grant.principal}@{request.client.host if request.client else 'unknown'}"
+        return Caller(grant.principal, client, connection_of(request.scope))
+
+    async def _forward(
+        self, request: Request, served: Served, caller: Caller, path: str
+    ) -> Response | None:
+        """The owner's answer when another replica owns the task; None to serve here."""
+        endpoint = served.endpoint
+        task_id = request.path_params["task_id"]
+        if endpoint.routing is None:
+            return None
+        hop = endpoint.peers is not None and PeerAuth.is_hop(request.headers)
+        try:
+            owner = await endpoint.routing.where(task_id)
+        except RpcError as exc:
+            return _problem(exc.http_status, exc.message, retryAfterMs=1000)
+        if owner is None:
+            return None
+        if hop or endpoint.peers is None:  # a hop is never forwarded again
+            return _problem(503, "the task's partition is moving; retry shortly")
+        identity = PeerIdentity(caller.principal, caller.client)
+        started = time.perf_counter()
+        try:
+            answer = await endpoint.peers.forward(
+                owner, "GET", request.headers, b"", identity, path=path
+            )
+        except Exception as exc:
+            endpoint.metrics.forward("view", "unavailable", None)
+            log.warning("forwarding a view request to %s failed: %s", owner, type(exc).__name__)
+            return _problem(503, "the replica that owns this task did not answer; retry shortly")
+        # Counted with the MCP endpoint's hops (method label "other": not an MCP method).
+        outcome = "ok" if answer.status < 500 else "error"
+        endpoint.metrics.forward("view", outcome, time.perf_counter() - started)
+        headers = {**answer.headers, **SECURITY_HEADERS}
+        if answer.content is not None:
+            return Response(answer.content, status_code=answer.status, headers=headers)
+
+        async def body_of() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in answer.body:
+                    yield chunk
+            except Exception as exc:
+                # The owner went away mid-stream: end this one too; the EventSource resumes.
+                log.warning("a forwarded view stream broke off: %s", type(exc).__name__)
+            finally:
+                await answer.close()
+
+        return StreamingResponse(body_of(), status_code=answer.status, headers=headers)
+
+    # --- state ---------------------------------------------------------------------------
+
+    async def state(self, request: Request) -> Response:
+        """``GET /view/tasks/{id}``: the task as tasks/get shows it (status, result, error)."""
+        served = self._running(request)
+        task_id = request.path_params["task_id"]
+        path = f"/view/tasks/{quote(task_id, safe='')}"
+        caller = self._reader(request, served, task_id, path)
+        if isinstance(caller, Response):
+            return caller
+        forwarded = await self._forward(request, served, caller, path)
+        if forwarded is not None:
+            return forwarded
+        try:
+            view = await served.service.get(task_id, caller.principal)
+        except TaskNotFound:
+            return _problem(404, _NOT_FOUND)
+        return Response(
+            _utf8(dumps(detailed_task(view))),
+            media_type="application/json",
+            headers=SECURITY_HEADERS,
+        )
+
+    # --- events --------------------------------------------------------------------------
+
+    async def events(self, request: Request) -> Response:
+        """``GET /view/tasks/{id}/events``: the task's events as plain SSE.
+
+        The cursor is ``Last-Event-ID`` (the browser sends it on every reconnect), else the
+        ``after`` query parameter, else none (from the earliest retained event).
+        """
+        served = self._running(request)
+        task_id = request.path_params["task_id"]
+        after = _cursor(request.headers.get("last-event-id"), request.query_params.get("after"))
+        if isinstance(after, str):
+            return _problem(400, after)
+        path = f"/view/tasks/{quote(task_id, safe='')}/events"
+        if after is not None:
+            path += f"?after={after}"
+        caller = self._reader(request, served, task_id, path)
+        if isinstance(caller, Response):
+            return caller
+        forwarded = await self._forward(request, served, caller, path)
+        if forwarded is not None:
+            return forwarded
+        return await self._open(served, caller, task_id, after)
+
+    async def _open(
+        self, served: Served, caller: Caller, task_id: str, after: int | None
+    ) -> Response:
+        """Authorize, admit, check the cursor (tasks/stream's order), then stream."""
+        hub = served.hub
+        try:
+            await served.service.get(task_id, caller.principal)  # as tasks/get
+        except TaskNotFound:
+            return _problem(404, _NOT_FOUND)
+        try:
+            ticket = hub.admit(caller, task_id, None)
+        except RpcError as exc:
+            return _problem(max(exc.http_status, 400), exc.message, **_reason(exc))
+        try:
+            await hub.check_cursor(task_id, after)
+        except RpcError as exc:
+            hub.release(ticket)
+            if exc.code == EVENTS_GONE:
+                hub.count_gone()
+                # An answer the EventSource can read (a 410 would only be a bare error to it).
+                return self._sse(self._gone_only(exc), None)
+            return _problem(max(exc.http_status, 400), exc.message, **_reason(exc))
+        except BaseException:
+            hub.release(ticket)
+            raise
+        body = self._stream(served, ticket, after)
+        return self._sse(body, lambda: hub.release(ticket))
+
+    def _sse(self, body: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> Response:
+        response = SseResponse(body, on_close)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers[name] = value
+        return response
+
+    def _preamble(self) -> bytes:
+        # retry: how soon the browser reconnects; the comment makes the open visible at once.
+        return f"retry: {self.settings.view_retry_ms}\n: open\n\n".encode()
+
+    async def _gone_only(self, exc: RpcError) -> AsyncIterator[bytes]:
+        yield self._preamble()
+        yield _utf8(sse_event(dumps(_gone_data(exc)), event="gone"))
+
+    async def _stream(
+        self, served: Served, ticket: Ticket, after: int | None
+    ) -> AsyncIterator[bytes]:
+        hub, task_id = served.hub, ticket.task_id
+        yield self._preamble()
+        try:
+            async for batch in hub.events(ticket, after):
+                if batch is None:
+                    yield b": keep-alive\n\n"
+                    continue
+                yield _utf8(
+                    "".join(
+                        sse_event(event_json(seq, event, self._placeholder), event_id=str(seq))
+                        for seq, event in batch
+                    )
+                )
+        except RpcError as exc:
+            if exc.code == EVENTS_GONE:
+                yield _utf8(sse_event(dumps(_gone_data(exc)), event="gone"))
+            else:
+                fault = {"code": exc.code, "message": exc.message, **_reason(exc)}
+                yield _utf8(sse_event(dumps(fault), event="fault"))
+            return
+        # Cancelled, drained or moved: end without the end event, so the browser reconnects
+        # (with Last-Event-ID) here later or at the partition's new owner.
+        if ticket.cancelled or ticket.moved or hub.draining.is_set():
+            return
+        try:
+            view = await served.service.get(task_id, ticket.caller.principal)
+        except TaskNotFound:
+            end: dict[str, Any] = {"taskId": task_id, "status": "unknown"}
+        else:
+            end = detailed_task(view)
+        yield _utf8(sse_event(dumps(end), event="end"))
+
+
+def _gone_data(exc: RpcError) -> dict[str, Any]:
+    data = exc.data if isinstance(exc.data, Mapping) else {}
+    return {"earliestSeq": data.get("earliestSeq"), "message": exc.message}
+
+
+def _reason(exc: RpcError) -> dict[str, Any]:
+    data = exc.data if isinstance(exc.data, Mapping) else {}
+    return {"reason": data["reason"]} if isinstance(data.get("reason"), str) else {}
+
+
+def _cursor(last_event_id: str | None, after: str | None) -> int | str | None:
+    """The stream's cursor (``Last-Event-ID`` wins: it is the browser's latest), or an error
+    message for one that is not a seq."""
+    for name, raw in (("Last-Event-ID", last_event_id), ("after", after)):
+        if raw is None or (name == "Last-Event-ID" and not raw.strip()):
+            continue  # an empty Last-Event-ID is the browser saying "no event yet"
+        text = raw.strip()
+        if not text.isascii() or not text.isdigit() or int(text) > MAX_SEQ:
+            return f"{name} must be a seq: an integer from 0 to {MAX_SEQ}"
+        return int(text)
+    return None
+
+
+async def _small_body(request: Request) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MINT_BODY_LIMIT:
+            return b""  # not a task id: refused as a malformed body
+    return bytes(body)
+
+
+def _task_id_of(body: bytes) -> str | None:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    task_id = message.get("taskId") if isinstance(message, dict) else None
+    return task_id if isinstance(task_id, str) and task_id else None
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("bridge.server").joinpath("static", name).read_bytes()
