@@ -10,6 +10,7 @@ only timer.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -43,12 +44,12 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[Served]:
+async def serving(settings: Settings, sock: socket.socket | None = None) -> AsyncIterator[Served]:
     """The bridge's app under uvicorn in this event loop, once it is ready (lifespan run)."""
     create_served_topics(settings)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    sock = socket.create_server(("127.0.0.1", 0))
+    sock = sock or socket.create_server(("127.0.0.1", 0))
     running = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await wait_until(
@@ -207,6 +208,44 @@ async def test_canary_tasks_are_replaced_before_their_ttl_ended_and_unreadable_b
         assert after.lost == 0, after
 
 
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_replicas_each_probe_only_the_partitions_they_own_and_together_all(
+    kafka_bootstrap: str,
+) -> None:
+    prefix, secret = fresh_prefix("c"), secrets.token_urlsafe(32)
+    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+
+    def replica(i: int) -> Settings:
+        return canary_settings(
+            kafka_bootstrap,
+            topics={"prefix": prefix, "partitions": 4, "min_insync_replicas": 1},
+            ownership="group",
+            instance_id=f"canary-{i}",
+            advertised_url=f"http://127.0.0.1:{socks[i].getsockname()[1]}",
+            peer_secret=secret,
+            group_session_timeout_ms=6000,
+        )
+
+    async with serving(replica(0), socks[0]) as one, serving(replica(1), socks[1]) as two:
+
+        async def divided() -> bool:
+            owned = [set(r.components.indexer.partitions) for r in (one, two)]
+            probed = [{int(p) for p in await partition_labels(r)} for r in (one, two)]
+            return (
+                all(owned)
+                and owned == probed
+                and owned[0] | owned[1] == {0, 1, 2, 3}
+                and not owned[0] & owned[1]
+            )
+
+        # The second replica's join moves partitions away from the first: the first stops
+        # probing them (their series go), the second probes them, and no probe counts as lost.
+        await wait_until(divided, what="each replica probes exactly the partitions it owns")
+        for r in (one, two):
+            assert (await _recovered(r, rounds=2, partitions=2)).lost == 0
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 
@@ -215,7 +254,7 @@ async def _at_least(served: Served, *, probes: float = 0, lost: float = 0) -> Sa
     return now if now.probes >= probes and now.lost >= lost else None
 
 
-async def _recovered(served: Served, *, rounds: int) -> Sample:
+async def _recovered(served: Served, *, rounds: int, partitions: int = PARTITIONS) -> Sample:
     """Until ``rounds`` rounds of probes in a row were all delivered (none lost meanwhile)."""
     base = await sample(served)
 
@@ -225,7 +264,7 @@ async def _recovered(served: Served, *, rounds: int) -> Sample:
         if now.lost != base.lost:
             base = now  # still losing: count the clean rounds from here
             return None
-        return now if now.probes - base.probes >= rounds * PARTITIONS else None
+        return now if now.probes - base.probes >= rounds * partitions else None
 
     return await wait_until(clean_rounds, what=f"{rounds} clean rounds", poll_s=INTERVAL_S)
 
