@@ -441,6 +441,15 @@ class Settings(BaseSettings):
     metrics_refresh_s: float = Field(5.0, gt=0)
     #: POST /admin/indexer/pause|resume, for operations drills and tests; never expose publicly.
     admin_endpoints: bool = False
+    #: The end-to-end canary (docs/operations.md, "Canary"): every this many seconds, one probe
+    #: event per owned events partition, written to a canary task and read back through the
+    #: stream path. 0 (the default) turns it off; 10 is a sane value when on.
+    canary_interval_s: float = Field(0.0, ge=0)
+    #: A probe not delivered on the stream path within this many seconds counts as lost.
+    canary_timeout_s: float = Field(5.0, gt=0)
+    #: The canary tasks' TTL; each is replaced (and ended with a terminal status) at half of it,
+    #: so the index gains a few tasks per partition a TTL, never one per probe.
+    canary_task_ttl_s: float = Field(3600.0, ge=2)
     #: Which events partitions this process indexes, persists and serves: ``all`` (one process
     #: owns everything; nothing else to configure) or ``group`` (replicas divide the partitions
     #: through the Kafka consumer group ``<prefix>.bridge`` and forward a request about another

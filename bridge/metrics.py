@@ -205,6 +205,25 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # The end-to-end canary (bridge/canary.py): probes through the stream path.
+        self.canary_probes = Counter(
+            "bridge_canary_probes_total",
+            "Canary probes with an outcome (delivered on the stream path, or lost), by partition",
+            ["partition"],
+            registry=r,
+        )
+        self.canary_lost = Counter(
+            "bridge_canary_lost_total",
+            "Canary probes not delivered on the stream path within canary_timeout_s",
+            ["partition"],
+            registry=r,
+        )
+        self.canary_latency = Histogram(
+            "bridge_canary_latency_seconds",
+            "Canary probe: from its write to Kafka to its delivery on the stream path",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self._tasks = _TaskCounts()
         r.register(self._tasks)
 
@@ -272,6 +291,22 @@ class Metrics:
             lost += idx.lost_before >= 0
         self.lost_partitions.set(lost)
         self.index_writer_active.set(1 if indexer.persist and not indexer.fenced else 0)
+
+    def canary_probed(self, partition: int, seconds: float | None) -> None:
+        """One canary probe's outcome: delivered after ``seconds``, or lost (None)."""
+        label = str(partition)
+        self.canary_probes.labels(label).inc()
+        if seconds is None:
+            self.canary_lost.labels(label).inc()
+        else:
+            self.canary_lost.labels(label)  # the series exists (at 0) from the first probe
+            self.canary_latency.observe(seconds)
+
+    def canary_forget(self, partition: int) -> None:
+        """Drop a partition's canary series when it moves away (its new owner probes it)."""
+        for counter in (self.canary_probes, self.canary_lost):
+            with contextlib.suppress(KeyError):
+                counter.remove(str(partition))
 
 
 def metric_names(registry: CollectorRegistry) -> Iterable[str]:

@@ -59,6 +59,8 @@ ALERTS = {
     "BridgeRetentionHeadroomLow": "warning",
     "BridgePartitionWithoutOwner": "critical",
     "BridgeRebalanceStorm": "warning",
+    "BridgeCanaryLost": "warning",
+    "BridgeCanaryLatencyHigh": "warning",
 }
 JOB = "mcp-kafka-bridge"
 #: Grafana's variables, as concrete values: windows long enough to cover the whole test run.
@@ -384,10 +386,57 @@ OWNERSHIP_RULE_TESTS: list[dict[str, Any]] = [
 ]
 
 
+# The canary's alerts: losses and slow probes fire, a clean look-alike does not.
+CANARY_RULE_TESTS: list[dict[str, Any]] = [
+    {  # p0 loses one probe at 3m (and its owner is later bridge-1: the sum spans instances);
+        # p1 and p2 lose none
+        "interval": "1m",
+        "input_series": [
+            _series("bridge_canary_lost_total", "0 0 0 1 1 1 stale", partition="0"),
+            _series(
+                "bridge_canary_lost_total",
+                "stale stale stale stale stale stale 0x20",
+                partition="0",
+                instance="bridge-1:8080",
+            ),
+            _series("bridge_canary_lost_total", "0x20", partition="1"),
+            _series("bridge_canary_lost_total", "0x20", partition="2", instance="bridge-1:8080"),
+        ],
+        "alert_rule_test": [
+            _alert("BridgeCanaryLost", "5m"),
+            _alert("BridgeCanaryLost", "9m", {"job": JOB, "partition": "0"}),
+            _alert("BridgeCanaryLost", "20m"),
+        ],
+    },
+    {  # every probe of job "slow" takes 1-2.5 s; job "fast" stays under 0.5 s
+        "interval": "1m",
+        "input_series": [
+            *[
+                _series("bridge_canary_latency_seconds_bucket", v, job="slow", le=le)
+                for le, v in (
+                    ("0.5", "0x20"),
+                    ("1", "0x20"),
+                    ("2.5", "0+6x20"),
+                    ("+Inf", "0+6x20"),
+                )
+            ],
+            *[
+                _series("bridge_canary_latency_seconds_bucket", "0+6x20", job="fast", le=le)
+                for le in ("0.5", "1", "2.5", "+Inf")
+            ],
+        ],
+        "alert_rule_test": [
+            _alert("BridgeCanaryLatencyHigh", "5m"),
+            _alert("BridgeCanaryLatencyHigh", "13m", {"job": "slow"}),
+        ],
+    },
+]
+
+
 def test_every_alert_fires_on_its_condition_and_not_on_a_healthy_look_alike(tmp_path):
     promtool = require_tool("promtool")
     (tmp_path / "rules.yaml").write_text(without_annotations(rules_spec()))
-    rule_tests = RULE_TESTS + OWNERSHIP_RULE_TESTS
+    rule_tests = RULE_TESTS + OWNERSHIP_RULE_TESTS + CANARY_RULE_TESTS
     tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": rule_tests}
     (tmp_path / "tests.yaml").write_text(json.dumps(tests, indent=1))  # JSON is YAML
     tested = [x["alertname"] for t in rule_tests for x in t["alert_rule_test"]]
@@ -475,6 +524,7 @@ def observed(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
         "BRIDGE_METRICS_REFRESH_S": "1",
         "BRIDGE_STREAM_QUEUE_SIZE": "8",  # a small queue: a client that stops reading overflows it
         "BRIDGE_STREAM_KEEPALIVE_S": "1",
+        "BRIDGE_CANARY_INTERVAL_S": "1",  # the canary's panels need its probes
     }
     work = tmp_path_factory.mktemp("observability")
     with (

@@ -2,7 +2,8 @@
 
 Start order (:func:`start_components`): indexer (takes its partitions, every one or the group's
 share, restores their index slices, then tails and persists them) → reader → the fan-out of live events → task service → stream hub → the
-MCP endpoint → companions (in-process workers, when asked) → catch-up. ``/healthz`` answers while
+MCP endpoint → companions (in-process workers, when asked) → catch-up → the end-to-end canary,
+when on (:mod:`bridge.canary`). ``/healthz`` answers while
 the process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
 the log as it was at start (readiness), so a replica never serves a stale view.
 """
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bridge.canary import Canary
 from bridge.component import cancel_and_wait
 from bridge.config import Settings, ToolSpec
 from bridge.kafka.acls import Access, AccessDenied, refusals_explained
@@ -60,6 +62,7 @@ class Components:
     service: TaskService
     hub: StreamHub
     endpoint: McpHttp
+    canary: Canary | None = None
 
 
 async def start_components(
@@ -120,8 +123,13 @@ async def start_components(
         raise
     refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
+    canary = None
+    if settings.canary_interval_s > 0:  # probes the stream path; stops first, ending its tasks
+        canary = Canary(settings, indexer, reader, fanout, service.publisher, metrics)
+        await canary.start()
+        stack.push_async_callback(canary.stop)
     log.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
-    return Components(settings, metrics, indexer, reader, service, hub, endpoint)
+    return Components(settings, metrics, indexer, reader, service, hub, endpoint, canary)
 
 
 def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> Starlette:
