@@ -69,9 +69,11 @@ def test_fanout_counts_the_bridges_cpu(measured: dict[str, Any]) -> None:
     per_core = row(measured, "fanout", "  per core")
     share = row(measured, "fanout", "  bridge CPU over the window")
     assert delivered["value"] > 0 and per_core["value"] > 0, (delivered, per_core)
-    # delivered/s = per core x CPU share: the two rows come from the same window
+    # utime + stime of a process over a window: more than nothing, at most every core's time
+    # (a misread /proc/PID/stat field or clock-tick scale lands outside)
+    assert 0 < share["value"] <= 100 * measured["environment"]["nproc"], share
     ratio = per_core["value"] * share["value"] / 100 / delivered["value"]
-    assert 0.9 < ratio < 1.1, (delivered, per_core, share)
+    assert 0.99 < ratio < 1.01, (delivered, per_core, share)  # all three from one window
 
 
 def test_the_replay_got_every_event(measured: dict[str, Any]) -> None:
