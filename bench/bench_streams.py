@@ -2,9 +2,10 @@
 
 Run::
 
-    .venv/bin/python bench/bench_streams.py            # full size, ~4-5 minutes here
-    .venv/bin/python bench/bench_streams.py --small    # smoke run, ~2 minutes
-    .venv/bin/python bench/bench_streams.py --only latency --only hot --json out.json
+    .venv/bin/python bench/bench_streams.py            # full size, about 5 minutes here
+    .venv/bin/python bench/bench_streams.py --small    # smoke run, about 2.5 minutes
+    .venv/bin/python bench/bench_streams.py --only storm --only opens --json out.json
+    .venv/bin/python bench/bench_streams.py --small --variants  # + hot and opens per loop/http
 
 The broker comes from ``bridge.devkafka.provide_broker`` (the configured cluster, else
 Docker, else a throwaway local KRaft broker from the Maven jars). One ``bridge serve``
@@ -41,8 +42,8 @@ event loop and HTTP parser the bridge process really loaded (from /proc/PID/maps
 
 The stages run in the order rss, latency, scale, bytes, opens, fanout, hot, storm (the RSS
 baseline is taken on a server that has not served streams yet; the storm comes last, as a
-bridge that missed the storm's bound is still busy with its reads for a while). The main bridge runs with
-``BRIDGE_METRICS_REFRESH_S=3600``; a second, short-lived bridge measures what the default
+bridge that missed the storm's bound is still busy with its reads for a while). The main
+bridge runs with ``BRIDGE_METRICS_REFRESH_S=3600``; a second, short-lived bridge measures what the default
 gauge refresh fetches. A MISS is reported, never raised; a wait that is not a target and is
 not reached fails the run with what was not reached.
 """
@@ -126,9 +127,11 @@ VARIANTS = tuple((loop, http) for loop in ("asyncio", "uvloop") for http in ("h1
 
 @dataclass(frozen=True)
 class Sizes:
-    rate: float  # events/s of the steady producer (latency and bytes)
-    latency_s: float  # measured seconds of the latency run
-    warmup_events: int  # sent (and discarded) before the latency run
+    """The sizes of one run (``FULL`` or ``SMALL``)."""
+
+    rate: float  # events/s of the steady producers (latency, scale, bytes, opens)
+    latency_s: float  # measured seconds of the latency and scale runs
+    warmup_events: int  # sent (and discarded) before them, at least one per task
     fanouts: tuple[int, ...]  # stream counts of the bytes benchmark
     window_s: float  # production time of each bytes window
     idle_streams: int  # streams of the RSS benchmark
@@ -667,6 +670,25 @@ async def wait_until(check: Callable[[], bool], bound_s: float, what: str) -> No
     async with within(bound_s, what):
         while not check():  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # poll interval of a bounded wait on the receivers
+
+
+async def wait_quiet(bridge: BridgeProcess, bound_s: float = 60.0) -> float:
+    """Return once the bridge used under 10% of a core over half a second; returns seconds
+    waited. Between stages: a bridge still busy with the last stage's aftermath (freeing
+    10,000 streams, reads for a storm's closed streams) stalled the next measurement."""
+    started = time.perf_counter()
+    seen = "nothing yet"
+    try:
+        async with within(bound_s, "the bridge is quiet (< 10% of a core over 0.5 s)"):
+            while True:
+                cpu0, t0 = cpu_seconds(bridge.pid), time.perf_counter()
+                await asyncio.sleep(0.5)  # the sampling interval of the CPU share
+                share = (cpu_seconds(bridge.pid) - cpu0) / (time.perf_counter() - t0)
+                seen = f"{share * 100:.0f}% of a core"
+                if share < 0.1:
+                    return time.perf_counter() - started
+    except NotReached as exc:
+        raise NotReached(f"{exc} (last seen: {seen})") from None
 
 
 async def close_streams(
@@ -1675,23 +1697,26 @@ async def run(
         ids = []
     ends = list(itertools.accumulate(counts))
     latency, scale, pool, idle = (ids[a:b] for a, b in zip([0, *ends], ends, strict=False))
-    if "rss" in only:
-        await bench_rss(bridge, idle, args, res)
-    if "latency" in only:
-        await bench_latency(bridge, settings, latency[0], sizes, res)
-    if "scale" in only:
-        await bench_scale(bridge, settings, scale, sizes, res)
-    if "bytes" in only:
-        await bench_bytes(bridge, settings, pool, sizes, res)
-        await bench_gauges(settings, bridge.log_path.parent, sizes, res)
-    if "opens" in only:
-        await bench_opens(bridge, settings, sizes, res)
-    if "fanout" in only:
-        await bench_fanout(bridge, settings, sizes, res)
-    if "hot" in only:
-        hot.append(await bench_hot(bridge, settings, sizes, args, res))
-    if "storm" in only:  # last: a bridge still busy with a storm's reads must not skew others
-        await bench_storm(bridge, settings, sizes, res)
+    steps: list[tuple[str, Callable[[], Coroutine[Any, Any, Any]]]] = [
+        ("rss", lambda: bench_rss(bridge, idle, args, res)),
+        ("latency", lambda: bench_latency(bridge, settings, latency[0], sizes, res)),
+        ("scale", lambda: bench_scale(bridge, settings, scale, sizes, res)),
+        ("bytes", lambda: bench_bytes(bridge, settings, pool, sizes, res)),
+        ("bytes", lambda: bench_gauges(settings, bridge.log_path.parent, sizes, res)),
+        ("opens", lambda: bench_opens(bridge, settings, sizes, res)),
+        ("fanout", lambda: bench_fanout(bridge, settings, sizes, res)),
+        ("hot", lambda: bench_hot(bridge, settings, sizes, args, res)),
+        # last: a bridge still reading for a missed storm's streams must not skew the others
+        ("storm", lambda: bench_storm(bridge, settings, sizes, res)),
+    ]
+    for stage, step in steps:
+        if stage in only:
+            quiet_s = await wait_quiet(bridge)
+            if quiet_s > 1.0:
+                res.note(f"{stage}: the bridge was busy for {quiet_s:.1f} s before the stage")
+            result = await step()
+            if stage == "hot":
+                hot.append(result)
 
 
 def main(argv: list[str] | None = None) -> int:
