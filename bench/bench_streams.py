@@ -2,9 +2,10 @@
 
 Run::
 
-    .venv/bin/python bench/bench_streams.py            # full size, ~4-5 minutes here
-    .venv/bin/python bench/bench_streams.py --small    # smoke run, ~2 minutes
-    .venv/bin/python bench/bench_streams.py --only latency --only hot --json out.json
+    .venv/bin/python bench/bench_streams.py            # full size, about 5 minutes here
+    .venv/bin/python bench/bench_streams.py --small    # smoke run, about 2.5 minutes
+    .venv/bin/python bench/bench_streams.py --only storm --only opens --json out.json
+    .venv/bin/python bench/bench_streams.py --small --variants  # + hot and opens per loop/http
 
 The broker comes from ``bridge.devkafka.provide_broker`` (the configured cluster, else
 Docker, else a throwaway local KRaft broker from the Maven jars). One ``bridge serve``
@@ -13,25 +14,38 @@ none, so every stream belongs to the principal ``anonymous``) serves every part 
 all traffic is loopback. Tasks are created by publishing their ``task.created`` event
 directly (owner ``owner_digest("anonymous")``), no worker is involved.
 
-What is measured (see docs/benchmarks-streams.md):
+What is measured (see docs/benchmarks-streams.md), each target with a PASS/MISS verdict in
+one summary table that also names the machine and the versions:
 
-1. ``latency`` - produce -> SSE receive latency of one live stream while a producer publishes
-   at a steady rate (send time in the payload), against a plain read_committed aiokafka
+1. ``latency`` - produce -> SSE latency of one live stream against a plain read_committed
    consumer tailing the same partition (produce -> consume). Target: p50 and p99 <= 2x Kafka.
-2. ``bytes``   - bytes the bridge process receives from the broker (``ss -tinp``
-   ``bytes_received`` of its TCP sockets to the broker port) over a fixed window of steady
-   production, with 1, 100 and 1000 live streams on distinct tasks. Target: flat.
-3. ``rss``     - the bridge's VmRSS before and after opening N idle streams (10,000; 1,000 with
-   --small) on distinct tasks (``after=0``: nothing to replay), settled when the bridge's
-   ``bridge_streams_active`` gauge reads N. Target: <= 30 KB per stream.
-4. ``hot``     - one stream replaying a long task (200,000 events; 50,000 with --small) to its
-   result, events/s, against a raw read_committed aiokafka consumer reading the same records.
-   Target: >= 50% of the raw consumer.
+2. ``scale``   - the same with 1,000 live streams over 100 tasks (10 per task).
+   Target: p99 <= 1.5x Kafka's p99 in the same window.
+3. ``bytes``   - bytes the bridge receives from the broker (``ss -tinp``) over a window of
+   steady production with 1, 100 and 1,000 live streams. Target: flat (<= 1.2x N=1).
+4. ``rss``     - VmRSS per idle stream with 10,000 (--small: 1,000) streams open.
+   Target: <= 20 KiB per stream.
+5. ``storm``   - 1,000 and 10,000 (--small: 1,000) clients resume at the same moment with a
+   cursor two events behind the head of distinct tasks whose records interleave; time until
+   every stream has its first event. Targets: 1,000 within 1 s, 10,000 within 10 s.
+6. ``opens``   - fresh streams (no cursor) opened per second, 200 at a time, on tasks a
+   producer keeps publishing to. Target: >= 1,000 streams/s.
+7. ``fanout``  - events delivered per second per core of the bridge (its utime + stime from
+   /proc/PID/stat) with 1,000 streams over 20 busy tasks; informational.
+8. ``hot``     - one stream replaying a long task (200,000 events; 50,000 with --small)
+   against a raw read_committed consumer reading the same records. Target: >= 60%.
+9. ``run``     - the total wall time. Target: <= 5 minutes at full size.
 
-The stages run in the order rss, latency, bytes, hot (the RSS baseline is taken on a server
-that has not served streams yet) and are printed in the order above. The main bridge runs with
-``BRIDGE_METRICS_REFRESH_S=3600``; a second, short-lived bridge measures what the default
-gauge refresh fetches. A MISS is reported, never raised.
+``--variants`` then reruns ``hot`` and ``opens`` on a fresh bridge per
+``BRIDGE_SERVER_LOOP`` x ``BRIDGE_SERVER_HTTP`` choice and prints them side by side, with the
+event loop and HTTP parser the bridge process really loaded (from /proc/PID/maps).
+
+The stages run in the order rss, latency, scale, bytes, opens, fanout, hot, storm (the RSS
+baseline is taken on a server that has not served streams yet; the storm comes last, as a
+bridge that missed the storm's bound is still busy with its reads for a while). The main
+bridge runs with ``BRIDGE_METRICS_REFRESH_S=3600``; a second, short-lived bridge measures what the default
+gauge refresh fetches. A MISS is reported, never raised; a wait that is not a target and is
+not reached fails the run with what was not reached.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -86,8 +101,13 @@ from bridge.tasks.messages import new_task_id, owner_digest
 
 TARGET_LATENCY_RATIO = 2.0  # bridge SSE latency / Kafka produce->consume latency (p50 and p99)
 TARGET_BYTES_FLAT = 1.2  # bytes fetched with N streams / with 1 stream
-TARGET_RSS_PER_STREAM_KB = 30.0
-TARGET_HOT_SHARE = 0.5  # bridge replay events/s / raw consumer events/s
+TARGET_RSS_PER_STREAM_KIB = 20.0
+TARGET_HOT_SHARE = 0.6  # bridge replay events/s / raw consumer events/s
+TARGET_SCALE_P99_RATIO = 1.5  # p99 with 1,000 live streams / Kafka's p99, same window
+#: (resuming streams, seconds until every one has its first event)
+TARGET_STORM: dict[int, float] = {1_000: 1.0, 10_000: 10.0}
+TARGET_OPENS_PER_S = 1_000.0
+TARGET_WALL_S = 300.0  # the full run, without --variants
 
 VERSION = "2026-07-28"
 TASKS_CAPS: dict[str, Any] = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
@@ -95,27 +115,48 @@ PRINCIPAL = "anonymous"  # auth mode none
 TICK_TYPE = "com.example.bench.tick"
 #: Streams being opened at once (each until it is live): well under uvicorn's backlog of 2048.
 OPEN_CONCURRENCY = 200
+#: TCP connects in flight at once in a storm (each stream then waits for its first event
+#: without holding a slot): the clients come at once, the kernel's accept queue (uvicorn's
+#: backlog of 2048) is what they meet.
+STORM_CONNECTS = 1_000
+#: Connection attempts of one storm client whose connection is reset before an answer.
+STORM_ATTEMPTS = 8
+#: The hot-path choices ``--variants`` compares (the bridge's BRIDGE_SERVER_LOOP / _HTTP).
+VARIANTS = tuple((loop, http) for loop in ("asyncio", "uvloop") for http in ("h11", "httptools"))
 
 
 @dataclass(frozen=True)
 class Sizes:
-    rate: float  # events/s of the steady producer (latency and bytes)
-    latency_s: float  # measured seconds of the latency run
-    warmup_events: int  # sent (and discarded) before the latency run
+    """The sizes of one run (``FULL`` or ``SMALL``)."""
+
+    rate: float  # events/s of the steady producers (latency, scale, bytes, opens)
+    latency_s: float  # measured seconds of the latency and scale runs
+    warmup_events: int  # sent (and discarded) before them, at least one per task
     fanouts: tuple[int, ...]  # stream counts of the bytes benchmark
     window_s: float  # production time of each bytes window
     idle_streams: int  # streams of the RSS benchmark
     hot_events: int  # events of the hot task, task.created and the terminal status included
     repeat: int  # replays of the hot task through tasks/stream (the best is reported)
+    storms: tuple[int, ...]  # streams resuming at once, one storm each
+    opens_s: float  # seconds of opening fresh streams
+    scale: tuple[int, int]  # (tasks, streams per task) of the scale stage
+    fanout: tuple[int, int, int]  # (tasks, streams per task, events) of the fanout stage
 
 
-FULL = Sizes(200.0, 10.0, 100, (1, 100, 1000), 10.0, 10_000, 200_000, 2)
-SMALL = Sizes(200.0, 5.0, 50, (1, 100, 1000), 5.0, 1_000, 50_000, 1)
+FULL = Sizes(
+    200.0, 10.0, 100, (1, 100, 1000), 5.0, 10_000, 200_000, 2, (1_000, 10_000), 5.0,
+    (100, 10), (20, 50, 4_000),
+)  # fmt: skip
+SMALL = Sizes(
+    200.0, 5.0, 50, (1, 100, 1000), 5.0, 1_000, 50_000, 1, (1_000,), 3.0,
+    (100, 10), (20, 50, 1_000),
+)  # fmt: skip
+STAGES = ("latency", "scale", "bytes", "rss", "storm", "opens", "fanout", "hot")
 
 
 # --- results ------------------------------------------------------------------------------------
 
-_ORDER = {"latency": 0, "bytes": 1, "rss": 2, "hot": 3}
+_ORDER = {name: i for i, name in enumerate((*STAGES, "variants", "run"))}
 
 
 def sized_verdict(ok: bool, args: argparse.Namespace) -> str:
@@ -177,6 +218,25 @@ def socket_fds(pid: int) -> int:
             if os.readlink(f"{base}/{name}").startswith("socket:"):
                 count += 1
     return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        # The command name may hold spaces: fields are counted after its closing parenthesis;
+        # utime and stime are fields 14 and 15, the 12th and 13th after it.
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hot_path(pid: int) -> str:
+    """The event loop and HTTP parser process ``pid`` really runs, from the shared objects it
+    mapped (uvicorn's ``auto`` picks uvloop and httptools when they are installed)."""
+    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+        maps = fh.read()
+    loop = "uvloop" if "/uvloop/" in maps else "asyncio"
+    http = "httptools" if "/httptools/" in maps else "h11"
+    return f"{loop}+{http}"
 
 
 @dataclass
@@ -605,6 +665,42 @@ async def wait_active(bridge: BridgeProcess, streams: int, base_sockets: int) ->
         raise NotReached(f"{exc} (last seen: {seen})") from None
 
 
+async def wait_until(check: Callable[[], bool], bound_s: float, what: str) -> None:
+    """Return once ``check()`` holds; NotReached naming ``what`` after ``bound_s``."""
+    async with within(bound_s, what):
+        while not check():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # poll interval of a bounded wait on the receivers
+
+
+async def wait_quiet(
+    bridge: BridgeProcess, stage: str, res: Results, bound_s: float = 30.0
+) -> None:
+    """Wait until the bridge used under 10% of a core over half a second, before ``stage``.
+
+    A bridge still busy with the last stage's aftermath (freeing 10,000 streams, reads for a
+    storm's closed streams) stalled the next measurement. A wait over a second is noted; one
+    not reached within ``bound_s`` too (NotReached's text, with the share last seen), and the
+    stage then runs anyway: an idle bridge that keeps working is itself a finding.
+    """
+    started = time.perf_counter()
+    seen = "nothing yet"
+    try:
+        async with within(bound_s, "the bridge is quiet (< 10% of a core over 0.5 s)"):
+            while True:
+                cpu0, t0 = cpu_seconds(bridge.pid), time.perf_counter()
+                await asyncio.sleep(0.5)  # the sampling interval of the CPU share
+                share = (cpu_seconds(bridge.pid) - cpu0) / (time.perf_counter() - t0)
+                seen = f"{share * 100:.0f}% of a core"
+                if share < 0.1:
+                    break
+    except NotReached as exc:
+        res.note(f"{stage}: {exc} (last seen: {seen}); the stage ran anyway")
+        return
+    waited = time.perf_counter() - started
+    if waited > 1.0:
+        res.note(f"{stage}: the bridge was busy for {waited:.1f} s before the stage")
+
+
 async def close_streams(
     streams: Iterable[SseStream], bridge: BridgeProcess, base_sockets: int
 ) -> float:
@@ -768,8 +864,8 @@ async def bench_rss(
         f"VmRSS per idle stream, {n:,} streams",
         per_stream,
         "KiB",
-        target=f"<= {TARGET_RSS_PER_STREAM_KB:.0f} KB",
-        status=sized_verdict(per_stream <= TARGET_RSS_PER_STREAM_KB, args),
+        target=f"<= {TARGET_RSS_PER_STREAM_KIB:.0f} KiB",
+        status=sized_verdict(per_stream <= TARGET_RSS_PER_STREAM_KIB, args),
     )
     say(f"rss: closing {n:,} streams")
     closed_s = await close_streams(streams, bridge, base_sockets)
@@ -816,76 +912,129 @@ async def steady_producer(
     return count
 
 
-async def bench_latency(
-    bridge: BridgeProcess, settings: Settings, task_id: str, sizes: Sizes, res: Results
-) -> None:
-    sse_at: dict[int, int] = {}
+async def live_latency(
+    bridge: BridgeProcess, settings: Settings, tasks: list[str], per_task: int, sizes: Sizes
+) -> tuple[list[float], list[float], int]:
+    """Produce -> SSE and produce -> consume latencies (ms) of the same events.
+
+    ``per_task`` live streams on each of ``tasks`` (resumed at seq 0: live once the bridge
+    counts them); a plain read_committed consumer set up like the bridge's tail follows the
+    partition; the SDK producer publishes round-robin over the tasks at ``sizes.rate``, after
+    a warm-up. Returns (bridge samples, one per delivery; Kafka samples, one per event;
+    events measured).
+    """
+    sse_at: dict[int, list[int]] = {}
     kafka_at: dict[int, int] = {}
 
     def on_sse(stream: SseStream, data: bytes) -> None:
         now = time.monotonic_ns()
         payload = json.loads(data)["params"]["payload"]
         if "t" in payload:
-            sse_at[payload["i"]] = now - payload["t"]
+            sse_at.setdefault(payload["i"], []).append(now - payload["t"])
 
-    stream = await open_stream(bridge.port, task_id, on_sse)
+    base_sockets = socket_fds(bridge.pid)
+    ids = [t for t in tasks for _ in range(per_task)]
+    streams, _ = await open_streams(bridge.port, ids, on_sse, after=0, what="live streams")
     consumer = committed_consumer(settings, role="bench-tail")  # as the bridge's tail is set up
-    await consumer.start()
-    tp = TopicPartition(settings.topics.events, 0)
-    consumer.assign([tp])
-    await consumer.seek_to_end(tp)
-    await consumer.position(tp)
     stop = asyncio.Event()
-    key = task_id.encode()
+    keys = {t.encode() for t in tasks}
 
     async def tail() -> None:
         while not stop.is_set():
             batches = await consumer.getmany(tp, timeout_ms=200)
             now = time.monotonic_ns()
             for record in batches.get(tp, []):
-                if record.key != key:
+                if record.key not in keys:
                     continue
                 payload = decode_event(record.value, record.headers).payload
                 if "t" in payload:
                     kafka_at[payload["i"]] = now - payload["t"]
 
-    tailing = asyncio.create_task(tail())
+    tp = TopicPartition(settings.topics.events, 0)
     n = int(sizes.rate * sizes.latency_s)
+    first = max(sizes.warmup_events, len(tasks))  # every task (so every stream) gets some
+    wanted = range(first, first + n)
+    tailing: asyncio.Task[None] | None = None
+    await consumer.start()
     try:
+        await wait_active(bridge, len(ids), base_sockets)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)
+        tailing = asyncio.create_task(tail())
         async with TaskEventPublisher(settings) as pub:
-            say(f"latency: {sizes.warmup_events} warm-up events, then {n:,} at {sizes.rate:.0f}/s")
-            await steady_producer(settings, pub, [task_id], sizes.rate, sizes.warmup_events)
-            await asyncio.sleep(1.0)
-            first = sizes.warmup_events
-            await steady_producer(settings, pub, [task_id], sizes.rate, n, start_i=first)
-        wanted = set(range(first, first + n))
-        async with within(30, f"{n:,} events seen by the stream and by the consumer"):
-            while not (wanted <= sse_at.keys() and wanted <= kafka_at.keys()):  # noqa: ASYNC110
-                await asyncio.sleep(0.1)  # poll interval of a bounded wait for the receivers
+            say(
+                f"  {len(ids):,} stream(s); {first} warm-up events, then {n:,} at {sizes.rate:.0f}/s"
+            )
+            await steady_producer(settings, pub, tasks, sizes.rate, first)
+            await wait_until(
+                lambda: all(len(sse_at.get(i, ())) >= per_task for i in range(first)),
+                30,
+                f"every stream got its warm-up events ({first} over {len(tasks)} task(s))",
+            )
+            await steady_producer(settings, pub, tasks, sizes.rate, n, start_i=first)
+        await wait_until(
+            lambda: all(len(sse_at.get(i, ())) >= per_task and i in kafka_at for i in wanted),
+            30,
+            f"{n:,} events seen by each of their {per_task} stream(s) and by the consumer",
+        )
     finally:
         stop.set()
-        with contextlib.suppress(Exception):
-            await tailing
+        if tailing is not None:
+            with contextlib.suppress(Exception):
+                await tailing
         await consumer.stop()
-        stream.close()
-    sse = [sse_at[i] / 1e6 for i in sorted(wanted)]
-    raw = [kafka_at[i] / 1e6 for i in sorted(wanted)]
+        await close_streams(streams, bridge, base_sockets)
+    sse = [x / 1e6 for i in wanted for x in sse_at[i]]
+    raw = [kafka_at[i] / 1e6 for i in wanted]
+    return sse, raw, n
+
+
+def latency_rows(
+    stage: str,
+    what: str,
+    sse: list[float],
+    raw: list[float],
+    targets: dict[int, float],
+    res: Results,
+) -> None:
+    """The percentiles of both sides and the ratios bridge / Kafka at the ``targets``."""
     s50, s99, k50, k99 = pct(sse, 50), pct(sse, 99), pct(raw, 50), pct(raw, 99)
     res.add(
-        "latency",
-        f"bridge produce->SSE p50 / p99 / max ({n:,} events, {sizes.rate:.0f}/s)",
+        stage,
+        f"bridge produce->SSE p50 / p99 / max ({what})",
         f"{s50:.1f} / {s99:.1f} / {max(sse):.1f}",
         "ms",
     )
     res.add(
-        "latency",
+        stage,
         "Kafka produce->consume p50 / p99 / max (read_committed aiokafka)",
         f"{k50:.1f} / {k99:.1f} / {max(raw):.1f}",
         "ms",
     )
-    for q, s, k in (("p50", s50, k50), ("p99", s99, k99)):
-        ratio = s / k
-        res.add_ratio("latency", f"bridge / Kafka, {q}", ratio, TARGET_LATENCY_RATIO)
+    for q, at_most in targets.items():
+        res.add_ratio(stage, f"bridge / Kafka, p{q}", pct(sse, q) / pct(raw, q), at_most)
+
+
+async def bench_latency(
+    bridge: BridgeProcess, settings: Settings, task_id: str, sizes: Sizes, res: Results
+) -> None:
+    say("latency: one live stream")
+    sse, raw, n = await live_latency(bridge, settings, [task_id], 1, sizes)
+    what = f"{n:,} events, {sizes.rate:.0f}/s"
+    latency_rows(
+        "latency", what, sse, raw, {50: TARGET_LATENCY_RATIO, 99: TARGET_LATENCY_RATIO}, res
+    )
+
+
+async def bench_scale(
+    bridge: BridgeProcess, settings: Settings, tasks: list[str], sizes: Sizes, res: Results
+) -> None:
+    per_task = sizes.scale[1]
+    say(f"scale: {len(tasks) * per_task:,} live streams over {len(tasks)} tasks")
+    sse, raw, n = await live_latency(bridge, settings, tasks, per_task, sizes)
+    what = f"{len(tasks) * per_task:,} streams over {len(tasks)} tasks, {n:,} events, {len(sse):,} deliveries"
+    latency_rows("scale", what, sse, raw, {99: TARGET_SCALE_P99_RATIO}, res)
 
 
 # --- 2. bytes fetched from Kafka vs number of streams -----------------------------------------------
@@ -946,12 +1095,9 @@ async def bench_bytes(
             tasks = pool[offset : offset + n]
             offset += n
             base_sockets = socket_fds(pid)
-            streams, open_s = await open_streams(bridge.port, tasks, what=f"streams (of {n})")
+            # Resumed at seq 0, the head: live at once (fresh opens are the `opens` stage).
+            streams, _ = await open_streams(bridge.port, tasks, after=0, what=f"streams (of {n})")
             await wait_active(bridge, n, base_sockets)
-            if n >= 100:
-                res.add(
-                    "bytes", f"  open {n:,} fresh streams (to seq 0 each)", n / open_s, "streams/s"
-                )
             say(f"bytes: {n:,} live streams; window of {sizes.window_s:.0f} s + 2 s")
             await asyncio.sleep(1.0)
             events_before = sum(s.events for s in streams)
@@ -1017,7 +1163,288 @@ async def bench_gauges(settings: Settings, logs: Path, sizes: Sizes, res: Result
     )
 
 
-# --- 4. one hot stream vs a raw consumer -------------------------------------------------------------
+# --- 5. reconnect storm: resumes at the same moment ------------------------------------------------
+
+#: Events of each storm task after its task.created; a storm resumes two events behind the head.
+STORM_ROUNDS = 3
+
+
+async def tasks_with_history(
+    bridge: BridgeProcess, settings: Settings, n: int, rounds: int
+) -> list[str]:
+    """``n`` tasks with ``rounds`` events each after task.created, their records interleaved
+    (every task.created, then each task's first event, ...), so that one task's records are
+    spread over the partition; returns once the bridge indexed the last record."""
+    pub = TaskEventPublisher(settings)
+    ids = [new_task_id() for _ in range(n)]
+    value, headers = pub.encode(TICK_TYPE, {"pad": "x" * 32})
+
+    def records() -> Iterable[Record]:
+        for task_id in ids:
+            yield created_record(settings, pub, task_id)
+        for _ in range(rounds):
+            for task_id in ids:
+                yield task_id.encode(), value, headers
+
+    total = n * (rounds + 1)
+    await produce(settings, records(), total)
+    # The last record in log order is the last task's last event; the bridge indexes in log
+    # order and a fresh stream gets it (from its history read or live) once it is indexed.
+    probe = await open_stream(bridge.port, ids[-1])
+    try:
+        what = f"the bridge indexed the last of {total:,} interleaved records"
+        await wait_until(lambda: probe.events >= rounds + 1, 120, what)
+    finally:
+        probe.close()
+    return ids
+
+
+async def storm(
+    bridge: BridgeProcess, tasks: list[str], after: int, bound_s: float
+) -> tuple[list[float], int, str]:
+    """Resume one stream per task at once with cursor ``after``; returns the seconds from the
+    start to each stream's first event (all of them, or those within ``bound_s``), the
+    connections the server reset before answering, and why not all (empty when all), once
+    the bridge let go of every stream again.
+
+    Requests are built beforehand; only the TCP connects are gated (``STORM_CONNECTS``), a
+    stream then waits for its first event without holding a slot. A connection reset before
+    any answer (the kernel's accept queue overflowed: with SYN cookies the client's connect
+    succeeds, its request then meets a reset) is retried as a client would, after a short
+    back-off; any other end without a first event fails that stream.
+    """
+    loop = asyncio.get_running_loop()
+    port = bridge.port
+    requests = [stream_request(port, t, next(_request_ids), after) for t in tasks]
+    gate = asyncio.Semaphore(STORM_CONNECTS)
+    streams: list[SseStream] = []
+    firsts: list[float] = []
+    failed: list[str] = []
+    resets = 0
+    base_sockets = socket_fds(bridge.pid)
+    started = time.perf_counter()
+
+    async def one(request: bytes) -> None:
+        nonlocal resets
+        for attempt in range(STORM_ATTEMPTS):
+            if attempt:
+                resets += 1
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))  # the client's back-off
+            try:
+                async with gate:
+                    _, stream = await loop.create_connection(
+                        lambda: SseStream(request), "127.0.0.1", port
+                    )
+            except OSError:
+                continue  # refused or reset while connecting: retried
+            streams.append(stream)
+            try:
+                await stream.first_event
+            except RuntimeError as exc:
+                if stream.status is None:
+                    continue  # reset before any answer: retried
+                failed.append(str(exc))
+                return
+            firsts.append(time.perf_counter() - started)
+            return
+        failed.append(f"no answer in {STORM_ATTEMPTS} attempts")
+
+    why = ""
+    try:
+        async with within(bound_s, f"{len(tasks):,} resumed streams have their first event"):
+            await asyncio.gather(*(one(r) for r in requests))
+    except NotReached as exc:
+        why = f"{exc} ({len(firsts):,} had it)"
+    finally:
+        await close_streams(streams, bridge, base_sockets)
+    if failed:
+        why = f"{len(failed):,} of {len(tasks):,} streams failed, e.g. {failed[0]}. {why}".strip()
+    return firsts, resets, why
+
+
+async def bench_storm(
+    bridge: BridgeProcess, settings: Settings, sizes: Sizes, res: Results
+) -> None:
+    total = sum(sizes.storms)
+    say(f"storm: {total:,} tasks with {STORM_ROUNDS} interleaved events each")
+    ids = await tasks_with_history(bridge, settings, total, STORM_ROUNDS)
+    offset = 0
+    for n in sizes.storms:
+        target = TARGET_STORM[n]
+        bound = 2 * target + 5
+        say(f"storm: {n:,} streams resume at once")
+        firsts, resets, why = await storm(bridge, ids[offset : offset + n], STORM_ROUNDS - 2, bound)
+        offset += n
+        if why:
+            res.note(f"storm: {n:,}: {why}")
+        res.add(
+            "storm",
+            f"{n:,} resumes at once (2 events behind the head): every first event in",
+            f"{max(firsts):.2f} s" if not why else f"only {len(firsts):,} of {n:,} in {bound:g} s",
+            "",
+            target=f"<= {target:g} s",
+            status=verdict(not why and max(firsts) <= target),
+        )
+        res.add("storm", f"  {n:,} resumes: connections reset before an answer, retried", resets)
+        if firsts:
+            res.add(
+                "storm",
+                f"  {n:,} resumes: first event p50 / p99 after the start"
+                + (f" (of the {len(firsts):,} within the bound)" if why else ""),
+                f"{pct(firsts, 50):.2f} / {pct(firsts, 99):.2f}",
+                "s",
+            )
+
+
+# --- 6. fresh opens on a busy partition ------------------------------------------------------------
+
+#: Tasks of the opens stage, each receiving events from the producer while streams open on them.
+OPENS_TASKS = 100
+
+
+async def open_for(
+    port: int, tasks: list[str], seconds: float
+) -> tuple[list[SseStream], list[float]]:
+    """Open fresh streams on ``tasks`` round-robin, ``OPEN_CONCURRENCY`` at a time, for
+    ``seconds``; returns every stream opened and the open times (connect to first event) of
+    those opened within the window."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    ids = itertools.cycle(tasks)
+    streams: list[SseStream] = []
+    times: list[float] = []
+
+    async def worker() -> None:
+        while loop.time() < deadline:
+            begun = loop.time()
+            streams.append(await open_stream(port, next(ids)))
+            if loop.time() <= deadline:
+                times.append(loop.time() - begun)
+
+    try:
+        async with within(seconds + 60, f"the fresh streams begun within {seconds:g} s open"):
+            await asyncio.gather(*(worker() for _ in range(OPEN_CONCURRENCY)))
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return streams, times
+
+
+async def measure_opens(
+    bridge: BridgeProcess, settings: Settings, sizes: Sizes
+) -> tuple[float, list[float]]:
+    """Fresh streams opened per second on ``OPENS_TASKS`` new tasks that a producer publishes
+    to meanwhile (round-robin at ``sizes.rate``); returns (rate, open times)."""
+    tasks = await create_tasks(settings, OPENS_TASKS)
+    await wait_visible(bridge.url, tasks)
+    base_sockets = socket_fds(bridge.pid)
+    count = int(sizes.rate * (sizes.opens_s + 1))
+    async with TaskEventPublisher(settings) as pub:
+        producing = asyncio.create_task(
+            steady_producer(settings, pub, tasks, sizes.rate, count, start_i=20_000_000)
+        )
+        try:
+            streams, times = await open_for(bridge.port, tasks, sizes.opens_s)
+        finally:
+            async with within(60, f"the opens stage's {count:,} events acknowledged"):
+                await producing
+    await close_streams(streams, bridge, base_sockets)
+    return len(times) / sizes.opens_s, times
+
+
+def opens_row(stage: str, metric: str, rate: float, res: Results) -> None:
+    ok = verdict(rate >= TARGET_OPENS_PER_S)
+    res.add(stage, metric, rate, "streams/s", target=f">= {TARGET_OPENS_PER_S:,.0f}/s", status=ok)
+
+
+async def bench_opens(
+    bridge: BridgeProcess, settings: Settings, sizes: Sizes, res: Results
+) -> None:
+    say(f"opens: fresh streams for {sizes.opens_s:g} s on {OPENS_TASKS} busy tasks")
+    rate, times = await measure_opens(bridge, settings, sizes)
+    opens_row(
+        "opens",
+        f"fresh streams opened ({OPEN_CONCURRENCY} at a time, {sizes.opens_s:g} s, "
+        f"{OPENS_TASKS} tasks receiving {sizes.rate:.0f} events/s)",
+        rate,
+        res,
+    )
+    res.add(
+        "opens",
+        "  connect -> first event p50 / p99",
+        f"{pct(times, 50) * 1e3:.0f} / {pct(times, 99) * 1e3:.0f}",
+        "ms",
+    )
+
+
+# --- 7. fan-out throughput per core ----------------------------------------------------------------
+
+
+async def bench_fanout(
+    bridge: BridgeProcess, settings: Settings, sizes: Sizes, res: Results
+) -> None:
+    """Events delivered per CPU second of the bridge: ``per_task`` live streams on each of
+    ``n_tasks`` tasks, then a burst of ``n_events`` round-robin over the tasks (raw producer,
+    under the per-stream queue so that no stream falls back to catch-up reads)."""
+    n_tasks, per_task, n_events = sizes.fanout
+    want = n_events * per_task
+    tasks = await create_tasks(settings, n_tasks)
+    await wait_visible(bridge.url, tasks)
+    delivered, last_at = 0, 0.0
+
+    def on_event(stream: SseStream, data: bytes) -> None:
+        nonlocal delivered, last_at
+        delivered += 1
+        last_at = time.perf_counter()
+
+    say(f"fanout: {n_tasks * per_task:,} streams over {n_tasks} tasks, {n_events:,} events")
+    base_sockets = socket_fds(bridge.pid)
+    ids = [t for t in tasks for _ in range(per_task)]
+    streams, _ = await open_streams(bridge.port, ids, on_event, after=0, what="fan-out streams")
+    pub = TaskEventPublisher(settings)
+    value, headers = pub.encode(TICK_TYPE, {"pad": "x" * 32})
+
+    def burst(count: int) -> Iterable[Record]:
+        return ((tasks[i % n_tasks].encode(), value, headers) for i in range(count))
+
+    try:
+        await wait_active(bridge, len(ids), base_sockets)
+        await produce(settings, burst(n_tasks), n_tasks)  # one event to each stream first
+        await wait_until(
+            lambda: delivered >= len(ids), 60, f"each of {len(ids):,} streams got a first event"
+        )
+        base = delivered
+        cpu0, started = cpu_seconds(bridge.pid), time.perf_counter()
+        clients0 = cpu_seconds(os.getpid())
+        await produce(settings, burst(n_events), n_events)
+        try:
+            what = f"{want:,} events delivered to {len(ids):,} streams"
+            await wait_until(lambda: delivered - base >= want, 120, what)
+        except NotReached as exc:
+            raise NotReached(f"{exc} ({delivered - base:,} delivered)") from None
+        cpu = cpu_seconds(bridge.pid) - cpu0  # a few ms late at most: the bridge is idle now
+        window = last_at - started
+        clients = cpu_seconds(os.getpid()) - clients0
+    finally:
+        await close_streams(streams, bridge, base_sockets)
+    res.add(
+        "fanout",
+        f"{len(ids):,} streams over {n_tasks} tasks: {want:,} events delivered in {window:.1f} s",
+        want / window,
+        "events/s",
+    )
+    res.add("fanout", "  per core (delivered / bridge utime+stime)", want / cpu, "events/CPU-s")
+    res.add("fanout", "  bridge CPU over the window, of one core", cpu / window * 100, "%")
+    res.add(
+        "fanout",
+        f"  this process (producer and {len(ids):,} clients) CPU over the window, of one core",
+        clients / window * 100,
+        "%",
+    )
+
+
+# --- 8. one hot stream vs a raw consumer -------------------------------------------------------------
 
 
 async def raw_read(
@@ -1064,14 +1491,18 @@ async def raw_read(
         await consumer.stop()
 
 
-async def bench_hot(
-    bridge: BridgeProcess,
-    settings: Settings,
-    sizes: Sizes,
-    args: argparse.Namespace,
-    res: Results,
-) -> None:
-    n = sizes.hot_events
+@dataclass(frozen=True)
+class HotTask:
+    """The long task of the hot stage: its id, event count and offsets [start, end)."""
+
+    task_id: str
+    events: int
+    start: int
+    end: int
+
+
+async def make_hot_task(settings: Settings, n: int, res: Results) -> HotTask:
+    """Write a task of ``n`` events (task.created, ticks, a terminal ``completed``)."""
     task_id = new_task_id()
     key = task_id.encode()
     pub = TaskEventPublisher(settings)
@@ -1088,36 +1519,35 @@ async def bench_hot(
     start = await end_offset(settings)
     say(f"hot: producing {n:,} events of one task")
     produce_s = await produce(settings, records(), n)
-    end = await end_offset(settings)
     res.add("hot", f"produce {n:,} events (raw aiokafka, acks=1)", n / produce_s, "events/s")
+    return HotTask(task_id, n, start, await end_offset(settings))
+
+
+async def wait_completed(bridge: BridgeProcess, task_id: str) -> None:
+    """Return once the bridge serves ``task_id`` as completed (it indexed the whole task)."""
     async with (
         httpx.AsyncClient(timeout=30) as http,
-        within(120, "the bridge indexed the hot task"),
+        within(120, "the bridge indexed the hot task (tasks/get says completed)"),
     ):
         while True:
             view = (await tasks_get(http, bridge.url, task_id)).get("result", {})
             if view.get("status") == "completed":
-                break
+                return
             await asyncio.sleep(0.2)  # poll interval of a bounded wait on the bridge's indexer
+
+
+async def replays(
+    bridge: BridgeProcess, settings: Settings, hot: HotTask, repeat: int, res: Results
+) -> tuple[list[float], list[int]]:
+    """Replay the hot task ``repeat`` times through one fresh stream each, connect to result;
+    returns (events/s, bytes the bridge fetched from Kafka) of each replay."""
     ports = broker_ports(settings.kafka_bootstrap_servers or "")
-
-    raws: list[float] = []
-    raw_rx: list[int] = []
-    for rep in range(3):
-        seconds, count, received = await raw_read(settings, start, end, key, decode=False)
-        raw_rx.append(received)
-        if count != n:
-            res.note(f"hot: raw consumer read {count} records of the task, expected {n}")
-        raws.append(n / seconds)
-        say(f"  raw consumer rep {rep + 1}: {n / seconds:,.0f} events/s")
-    decoded_s, _, _ = await raw_read(settings, start, end, key, decode=True)
-
-    bridge_rates: list[float] = []
-    bridge_rx: list[int] = []
-    for rep in range(sizes.repeat):
+    rates: list[float] = []
+    fetched: list[int] = []
+    loop = asyncio.get_running_loop()
+    for rep in range(repeat):
         snap0 = kafka_socket_bytes(bridge.pid, ports)
-        loop = asyncio.get_running_loop()
-        request = stream_request(bridge.port, task_id, next(_request_ids))
+        request = stream_request(bridge.port, hot.task_id, next(_request_ids))
         started = time.perf_counter()
         _, stream = await loop.create_connection(
             lambda: SseStream(request),  # noqa: B023 - awaited within this iteration
@@ -1125,19 +1555,55 @@ async def bench_hot(
             bridge.port,
         )
         try:
-            async with within(600, "the replay reached its result"):
+            async with within(600, f"the replay of {hot.events:,} events reached its result"):
                 final = await stream.done
         finally:
             stream.close()
         seconds = time.perf_counter() - started
-        snap1 = kafka_socket_bytes(bridge.pid, ports)
-        bridge_rx.append(bytes_delta(snap0, snap1)[0])
-        if final.get("result") != {"resultType": "complete"} or stream.events != n:
-            res.note(f"hot: stream ended with {final} after {stream.events} of {n} events")
-        bridge_rates.append(stream.events / seconds)
-        say(
-            f"  tasks/stream rep {rep + 1}: {stream.events / seconds:,.0f} events/s ({seconds:.1f} s)"
-        )
+        fetched.append(bytes_delta(snap0, kafka_socket_bytes(bridge.pid, ports))[0])
+        if final.get("result") != {"resultType": "complete"} or stream.events != hot.events:
+            res.note(f"hot: stream ended with {final} after {stream.events} of {hot.events} events")
+        rates.append(stream.events / seconds)
+        say(f"  tasks/stream rep {rep + 1}: {rates[-1]:,.0f} events/s ({seconds:.1f} s)")
+    return rates, fetched
+
+
+def hot_share_row(
+    stage: str, metric: str, share: float, args: argparse.Namespace, res: Results
+) -> None:
+    res.add(
+        stage,
+        metric,
+        f"{share * 100:.1f}",
+        "%",
+        target=f">= {TARGET_HOT_SHARE * 100:.0f}%",
+        status=sized_verdict(share >= TARGET_HOT_SHARE, args),
+    )
+
+
+async def bench_hot(
+    bridge: BridgeProcess,
+    settings: Settings,
+    sizes: Sizes,
+    args: argparse.Namespace,
+    res: Results,
+) -> tuple[HotTask, float]:
+    """The hot stage; returns the task and the raw consumer's rate (for ``--variants``)."""
+    n = sizes.hot_events
+    hot = await make_hot_task(settings, n, res)
+    await wait_completed(bridge, hot.task_id)
+    key = hot.task_id.encode()
+    raws: list[float] = []
+    raw_rx: list[int] = []
+    for rep in range(3):
+        seconds, count, received = await raw_read(settings, hot.start, hot.end, key, decode=False)
+        raw_rx.append(received)
+        if count != n:
+            res.note(f"hot: raw consumer read {count} records of the task, expected {n}")
+        raws.append(n / seconds)
+        say(f"  raw consumer rep {rep + 1}: {n / seconds:,.0f} events/s")
+    decoded_s, _, _ = await raw_read(settings, hot.start, hot.end, key, decode=True)
+    bridge_rates, bridge_rx = await replays(bridge, settings, hot, sizes.repeat, res)
 
     raw_best, bridge_best = statistics.median(raws), max(bridge_rates)
     res.add(
@@ -1155,21 +1621,37 @@ async def bench_hot(
         bridge_best,
         "events/s",
     )
-    share = bridge_best / raw_best
-    res.add(
-        "hot",
-        "tasks/stream / raw consumer",
-        f"{share * 100:.1f}",
-        "%",
-        target=f">= {TARGET_HOT_SHARE * 100:.0f}%",
-        status=sized_verdict(share >= TARGET_HOT_SHARE, args),
-    )
+    hot_share_row("hot", "tasks/stream / raw consumer", bridge_best / raw_best, args, res)
     res.add(
         "hot",
         "  bytes fetched from Kafka for one replay: tasks/stream / raw consumer",
         f"{min(bridge_rx) / 2**20:.1f} / {min(raw_rx) / 2**20:.1f}",
         "MiB",
     )
+    return hot, raw_best
+
+
+# --- --variants: hot and opens per event loop / HTTP parser --------------------------------------
+
+
+async def bench_variant(
+    bridge: BridgeProcess,
+    settings: Settings,
+    hot: HotTask,
+    raw_best: float,
+    sizes: Sizes,
+    args: argparse.Namespace,
+    res: Results,
+) -> None:
+    """``hot`` and ``opens`` again on a bridge started with one loop/HTTP choice."""
+    loop, http = bridge.extra_env["BRIDGE_SERVER_LOOP"], bridge.extra_env["BRIDGE_SERVER_HTTP"]
+    label = f"{loop}+{http} (runs {hot_path(bridge.pid)})"
+    say(f"variants: {label}")
+    await wait_completed(bridge, hot.task_id)  # a new bridge: it indexes the run's records first
+    rates, _ = await replays(bridge, settings, hot, sizes.repeat, res)
+    hot_share_row("variants", f"{label}: replay / raw consumer", max(rates) / raw_best, args, res)
+    rate, _ = await measure_opens(bridge, settings, sizes)
+    opens_row("variants", f"{label}: fresh opens", rate, res)
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1178,17 +1660,26 @@ async def bench_hot(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--small", action="store_true", help="smoke run (1k idle streams, 50k events)"
+        "--small",
+        action="store_true",
+        help="smoke run (1k idle streams, one 1k storm, 50k-event replay), about 2.5 minutes",
     )
     parser.add_argument(
-        "--only",
-        choices=("latency", "bytes", "rss", "hot"),
-        action="append",
-        help="run only these benchmarks (repeatable)",
+        "--only", choices=STAGES, action="append", help="run only these stages (repeatable)"
+    )
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="then rerun hot and opens per BRIDGE_SERVER_LOOP x BRIDGE_SERVER_HTTP choice",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--keep-logs", action="store_true", help="keep the bridge's log directory")
     return parser.parse_args(argv)
+
+
+def stages(args: argparse.Namespace) -> set[str]:
+    only = set(args.only or STAGES)
+    return only | {"hot"} if args.variants else only  # the variants replay the hot task
 
 
 async def run(
@@ -1197,27 +1688,43 @@ async def run(
     sizes: Sizes,
     args: argparse.Namespace,
     res: Results,
+    hot: list[tuple[HotTask, float]],
 ) -> None:
-    only = set(args.only or ("latency", "bytes", "rss", "hot"))
-    n_pool = (1 if "latency" in only else 0) + (sum(sizes.fanouts) + 1 if "bytes" in only else 0)
-    n_idle = sizes.idle_streams if "rss" in only else 0
-    if n_pool + n_idle:
-        say(f"creating {n_pool + n_idle:,} tasks (task.created of principal {PRINCIPAL!r})")
-        ids = await create_tasks(settings, n_pool + n_idle)
+    """The stages against the main bridge; the hot task and raw rate are appended to ``hot``."""
+    only = stages(args)
+    wanted = {
+        "latency": 1,
+        "scale": sizes.scale[0],
+        "bytes": sum(sizes.fanouts) + 1,
+        "rss": sizes.idle_streams,
+    }
+    counts = [wanted[s] if s in only else 0 for s in wanted]
+    if sum(counts):
+        say(f"creating {sum(counts):,} tasks (task.created of principal {PRINCIPAL!r})")
+        ids = await create_tasks(settings, sum(counts))
         await wait_visible(bridge.url, ids)
     else:
         ids = []
-    idle, pool = ids[:n_idle], ids[n_idle:]
-    if "rss" in only:
-        await bench_rss(bridge, idle, args, res)
-    if "latency" in only:
-        await bench_latency(bridge, settings, pool[0], sizes, res)
-        pool = pool[1:]
-    if "bytes" in only:
-        await bench_bytes(bridge, settings, pool, sizes, res)
-        await bench_gauges(settings, bridge.log_path.parent, sizes, res)
-    if "hot" in only:
-        await bench_hot(bridge, settings, sizes, args, res)
+    ends = list(itertools.accumulate(counts))
+    latency, scale, pool, idle = (ids[a:b] for a, b in zip([0, *ends], ends, strict=False))
+    steps: list[tuple[str, Callable[[], Coroutine[Any, Any, Any]]]] = [
+        ("rss", lambda: bench_rss(bridge, idle, args, res)),
+        ("latency", lambda: bench_latency(bridge, settings, latency[0], sizes, res)),
+        ("scale", lambda: bench_scale(bridge, settings, scale, sizes, res)),
+        ("bytes", lambda: bench_bytes(bridge, settings, pool, sizes, res)),
+        ("bytes", lambda: bench_gauges(settings, bridge.log_path.parent, sizes, res)),
+        ("opens", lambda: bench_opens(bridge, settings, sizes, res)),
+        ("fanout", lambda: bench_fanout(bridge, settings, sizes, res)),
+        ("hot", lambda: bench_hot(bridge, settings, sizes, args, res)),
+        # last: a bridge still reading for a missed storm's streams must not skew the others
+        ("storm", lambda: bench_storm(bridge, settings, sizes, res)),
+    ]
+    for stage, step in steps:
+        if stage in only:
+            await wait_quiet(bridge, stage, res)
+            result = await step()
+            if stage == "hot":
+                hot.append(result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1226,12 +1733,13 @@ def main(argv: list[str] | None = None) -> int:
     res = Results(order=_ORDER)
     wall = time.perf_counter()
     soft, hard = raise_nofile()
-    needed = sizes.idle_streams + 1024
-    if soft < needed:
+    most = max(sizes.idle_streams, *sizes.storms)  # streams open at once, at most
+    if soft < most + 1024:
         sizes = Sizes(**{**asdict(sizes), "idle_streams": max(100, soft - 1024)})
         res.note(
             f"RLIMIT_NOFILE is {soft} (hard {hard}): idle streams reduced to {sizes.idle_streams}"
         )
+        sizes = Sizes(**{**asdict(sizes), "storms": tuple(n for n in sizes.storms if n < soft)})
     settings = load_settings()
     logs = Path(tempfile.mkdtemp(prefix="bench-streams-"))
     with provide_broker(settings, progress=say) as broker:
@@ -1240,9 +1748,13 @@ def main(argv: list[str] | None = None) -> int:
         say(f"broker: {broker.info.provider} at {broker.info.bootstrap_servers}")
         bs = bench_settings(broker.info.bootstrap_servers, "streams")
         asyncio.run(create_layout(bs))  # no tools: tasks are made by writing task.created
+        limit = str(5 * most)
         env = {
-            "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(max(20_000, sizes.idle_streams + 100)),
-            "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "1000000",  # all streams are one principal's
+            # Every stream is the one principal's (auth mode none), and a storm resumes
+            # 10,000 at once: the per-principal, process and per-minute limits allow that.
+            "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": limit,
+            "BRIDGE_MAX_STREAMS": limit,
+            "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "10000000",
             "BRIDGE_STREAM_KEEPALIVE_S": "3600",  # keep-alives must not dominate idle streams
             # The Kafka gauges' refresher reads up to 1 MiB per partition per refresh; off here
             # (one refresh at start), measured separately by bench_gauges.
@@ -1254,26 +1766,43 @@ def main(argv: list[str] | None = None) -> int:
         server_nofile = proc_nofile(bridge.pid)
         res.environment.update(
             bridge_pid=bridge.pid,
+            bridge_hot_path=hot_path(bridge.pid),
             client_nofile=soft,
             server_nofile=server_nofile,
             topics_prefix=bs.topics.prefix,
             bridge_env=env,
         )
-        if server_nofile < sizes.idle_streams + 256:
-            res.note(
-                f"the bridge's RLIMIT_NOFILE is {server_nofile}: too low for {sizes.idle_streams} streams"
-            )
+        if server_nofile < most + 256:
+            res.note(f"the bridge's RLIMIT_NOFILE is {server_nofile}: too low for {most} streams")
         say(f"bridge pid {bridge.pid} on port {bridge.port}, RLIMIT_NOFILE {server_nofile}")
-        run_against(bridge, run(bridge, bs, sizes, args, res), res)
-    env = res.environment
-    env["wall_seconds"] = round(time.perf_counter() - wall, 1)
+        hot: list[tuple[HotTask, float]] = []
+        run_against(bridge, run(bridge, bs, sizes, args, res, hot), res)
+        stages_s = time.perf_counter() - wall
+        if args.variants:
+            for loop, http in VARIANTS:
+                variant_env = {**env, "BRIDGE_SERVER_LOOP": loop, "BRIDGE_SERVER_HTTP": http}
+                other = BridgeProcess(bs, variant_env, logs / f"bridge-{loop}-{http}.log")
+                other.start()
+                run_against(other, bench_variant(other, bs, *hot[0], sizes, args, res), res)
+    info = res.environment
+    info["wall_seconds"] = round(time.perf_counter() - wall, 1)
+    full_run = not args.only  # the wall-time target is the whole default run's
+    res.add(
+        "run",
+        "wall time of the stages, broker and bridge start included"
+        + (" (--variants after it excluded)" if args.variants else ""),
+        stages_s,
+        "s",
+        target=f"<= {TARGET_WALL_S:g} s" if full_run else "",
+        status=sized_verdict(stages_s <= TARGET_WALL_S, args) if full_run else "",
+    )
     if not args.keep_logs:
         shutil.rmtree(logs, ignore_errors=True)
     report(
         res,
-        f"bench_streams.py  size={env['size']}",
-        f"bridge:  pid {env['bridge_pid']}, RLIMIT_NOFILE {env['server_nofile']}, "
-        f"{env['bridge_env']}  wall time {env['wall_seconds']} s",
+        f"bench_streams.py  size={info['size']}",
+        f"bridge:  pid {info['bridge_pid']} runs {info['bridge_hot_path']}, RLIMIT_NOFILE "
+        f"{info['server_nofile']}, {info['bridge_env']}  wall time {info['wall_seconds']} s",
         json_path=args.json,
     )
     return 0

@@ -31,7 +31,7 @@ from bridge.kafka.clients import committed_consumer
 
 REPO = Path(__file__).resolve().parent.parent
 #: Libraries whose versions a result depends on.
-VERSIONED = ("aiokafka", "uvicorn", "starlette", "h11")
+VERSIONED = ("aiokafka", "uvicorn", "starlette", "h11", "httptools", "uvloop", "orjson", "msgspec")
 
 #: (key, value, headers) of one record.
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
