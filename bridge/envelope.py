@@ -21,7 +21,6 @@ of failing every stream that replays it. This module knows nothing of seq, Kafka
 from __future__ import annotations
 
 import codecs
-import contextlib
 import io
 import json
 import math
@@ -110,12 +109,21 @@ class EnvelopeTooLarge(EnvelopeError):
 
 @dataclass(frozen=True, slots=True)
 class TaskEvent:
-    """One event as producers write it. ``seq`` is not part of it: the log assigns that."""
+    """One event as producers write it. ``seq`` is not part of it: the log assigns that.
+
+    A decoded event also carries its ``payload`` and ``meta`` as wire JSON text
+    (``payload_json``, ``meta_json``; None when not known): one line of JSON, equal in value to
+    the dict, that the stream renderer sends as it is instead of serialising the dict again.
+    For the Avro envelope it is the producer's own text (whitespace CR/LF made spaces); for the
+    JSON envelope the dict re-encoded. Both are left out of comparisons and ``repr``.
+    """
 
     type: str
     payload: dict[str, Any]
     meta: dict[str, Any] | None = None
     timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    payload_json: str | None = field(default=None, compare=False, repr=False)
+    meta_json: str | None = field(default=None, compare=False, repr=False)
 
 
 # --- CRC-64-AVRO (Rabin) fingerprint, as defined by the Avro specification ------------------
@@ -253,8 +261,12 @@ def _check_timestamp(timestamp: Any) -> None:
 
 def _content_type(headers: Headers | None) -> str | None:
     if isinstance(headers, tuple):  # what aiokafka hands out: hashable, and a few shapes repeat
-        with contextlib.suppress(TypeError):  # unless a caller put an unhashable value in it
+        # try/except, not contextlib.suppress: this runs for every record, and building the
+        # context manager cost more than the cached lookup itself.
+        try:
             return _cached_content_type(headers)
+        except TypeError:  # unless a caller put an unhashable value in it
+            pass
     return _header_content_type(headers)
 
 
@@ -301,7 +313,11 @@ def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
-    size, pos = _read_long(buf, pos)
+    if pos < len(buf) and buf[pos] < 0x80:  # a one-byte length (under 64 bytes): the common case
+        size = (buf[pos] >> 1) ^ -(buf[pos] & 1)
+        pos += 1
+    else:
+        size, pos = _read_long(buf, pos)
     end = pos + size
     if size < 0 or end > len(buf):
         raise _Truncated
@@ -337,7 +353,23 @@ def _decode_avro(value: bytes) -> TaskEvent:
     meta = None if meta_text is None else _parse_json(meta_text, "_meta")
     _check_fields(type_, payload, meta)
     _check_timestamp(timestamp)
-    return TaskEvent(type_, payload, meta, timestamp)
+    # The texts just parsed are wire JSON: the stream sends them as they are (one line).
+    return TaskEvent(
+        type_,
+        payload,
+        meta,
+        timestamp,
+        _one_line(payload_text),
+        None if meta_text is None else _one_line(meta_text),
+    )
+
+
+def _one_line(text: str) -> str:
+    """Valid JSON ``text`` on one line: a raw CR or LF in it can only be whitespace between
+    tokens (inside a string it must be escaped), so a space in its place means the same."""
+    if "\n" in text or "\r" in text:
+        return text.replace("\r", " ").replace("\n", " ")
+    return text
 
 
 def _decode_json(value: bytes, record_timestamp_ms: int | None) -> TaskEvent:
@@ -354,7 +386,18 @@ def _decode_json(value: bytes, record_timestamp_ms: int | None) -> TaskEvent:
     if timestamp is None:
         timestamp = 0
     _check_timestamp(timestamp)
-    return TaskEvent(doc["type"], doc["payload"], doc.get("_meta"), timestamp)
+    payload, meta = doc["payload"], doc.get("_meta")
+    # The envelope's text holds payload and _meta among other fields: re-encoding the parsed
+    # values (fast, compact) is cheaper than finding their spans, and carries exactly the
+    # values the index folds (a duplicate key's last value).
+    return TaskEvent(
+        doc["type"],
+        payload,
+        meta,
+        timestamp,
+        strictjson.dumps_parsed(payload),
+        None if meta is None else strictjson.dumps_parsed(meta),
+    )
 
 
 def decode_event(
