@@ -299,25 +299,28 @@ class _Truncated(Exception):
 
 
 def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
-    """An Avro long (zig-zag varint) at ``pos``; ``(value, next position)``."""
-    shift = result = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Truncated
-        byte = buf[pos]
+    """An Avro long (zig-zag varint of at most 10 bytes) at ``pos``; ``(value, next position)``.
+
+    Every record's decode reads a few of these: one-byte values return at once, longer ones
+    (the timestamp: six bytes) loop over a slice of the at most nine bytes that may follow.
+    """
+    if pos >= len(buf):
+        raise _Truncated
+    byte = buf[pos]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    result, shift = byte & 0x7F, 7
+    for byte in buf[pos + 1 : pos + 10]:
         pos += 1
         result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), pos + 1
         shift += 7
+    raise _Truncated  # the buffer ended, or a tenth byte still said "more"
 
 
 def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
-    if pos < len(buf) and buf[pos] < 0x80:  # a one-byte length (under 64 bytes): the common case
-        size = (buf[pos] >> 1) ^ -(buf[pos] & 1)
-        pos += 1
-    else:
-        size, pos = _read_long(buf, pos)
+    size, pos = _read_long(buf, pos)
     end = pos + size
     if size < 0 or end > len(buf):
         raise _Truncated

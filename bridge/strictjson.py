@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "dumps_parsed", "loads"]
+__all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "dumps_parsed", "loads", "loads_full"]
 
 #: How deeply arrays and objects may nest (``[]`` is depth 1). Far beyond any real event, and
 #: far enough below the interpreter's recursion limit (1000) that a value accepted here can be
@@ -60,6 +60,14 @@ def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
             return _FAST.decode(text)
         except Exception:  # msgspec's refusals (and UnicodeEncodeError): the full path decides
             pass
+    return loads_full(text, max_depth=max_depth)
+
+
+def loads_full(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
+    """:func:`loads` without its fast path: the authoritative answer, always the slow way.
+
+    :func:`loads` falls back to it; the tests and ``bench/bench_codec.py`` compare the two.
+    """
     if isinstance(text, bytes | bytearray):
         text = _decode(text)
     elif _has_raw_surrogate(text):

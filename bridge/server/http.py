@@ -284,7 +284,7 @@ class McpHttp:
         try:
             async for item in outcome.messages:
                 if isinstance(item, list):  # a batch: one write for what was at hand
-                    yield _utf8("".join(_sse_frame(frame) for frame in item))
+                    yield _utf8("".join([_sse_frame(frame) for frame in item]))
                 else:
                     yield _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
         except RpcError as exc:

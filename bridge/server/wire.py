@@ -144,11 +144,12 @@ class JsonRpcRequest(BaseModel):
     params: dict[str, Any] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
     """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive.
 
     ``data`` is the message already rendered as one line of JSON (the hot path), if given.
+    A replay makes one per event: slots keep it small and quick to build.
     """
 
     message: dict[str, Any] | None
