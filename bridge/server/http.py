@@ -9,6 +9,7 @@ however the response ends. It knows no method's meaning; metrics are injected.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -47,24 +48,86 @@ log = logging.getLogger(__name__)
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 
-class SseResponse(StreamingResponse):
-    """A streamed response that always runs its ``on_close`` (the stream's admission slot is
-    given back even when the client is gone before the first byte)."""
+#: The headers of every SSE response (one list for all of them).
+_SSE_HEADERS = [
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+]
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> None:
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        self._on_close = on_close
+
+class SseResponse(Response):
+    """A ``text/event-stream`` response of a :class:`Streamed` outcome: its messages framed as
+    SSE events, one write per item (a batch is one item), until they end or the client leaves.
+
+    It always runs ``on_close`` (the stream's admission slot is given back even when the client
+    is gone before the first byte). Lean on purpose, as an idle stream holds one for hours:
+    instead of starlette's ``StreamingResponse`` (an anyio task group and cancel scopes per
+    response, and one more generator layer to frame bytes), the messages are sent from the
+    request's own task and one small task waits for the client's ``http.disconnect``, which
+    cancels the sending (a body write to a closed connection is dropped silently, so only the
+    disconnect message tells an idle stream that its client left).
+    """
+
+    def __init__(self, outcome: Streamed, request_id: str | int | None) -> None:
+        # Not Response.__init__: it would render a body and set a content-length.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = _SSE_HEADERS
+        self._outcome = outcome
+        self._request_id = request_id
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # ASGI apps run in a task
+        state = _Sending(task)
+        watcher = asyncio.create_task(state.watch(receive))
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            messages = aiter(self._outcome.messages)
+            failed = False
+            while not failed:
+                # The messages are iterated here, not through a framing generator: one
+                # suspended frame less per open stream.
+                try:
+                    chunk = _sse_chunk(await anext(messages))
+                except StopAsyncIteration:
+                    break
+                except RpcError as exc:  # it ends the messages: its error is the last event
+                    chunk, failed = _sse_error(self._request_id, exc), True
+                except Exception:
+                    log.exception("internal error in a streamed MCP response")
+                    error = RpcError(INTERNAL_ERROR, "Internal error")
+                    chunk, failed = _sse_error(self._request_id, error), True
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state.ending = True  # from here a disconnect is the end itself, not a reason to stop
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state.gone:
+                raise  # the server's own cancellation: let it through
+            task.uncancel()  # ours: the client left, and the response simply ends
         finally:
-            if self._on_close is not None:
-                self._on_close()
+            watcher.cancel()
+            if self._outcome.on_close is not None:
+                self._outcome.on_close()
+
+
+class _Sending:
+    """The disconnect watch of one :class:`SseResponse`."""
+
+    __slots__ = ("ending", "gone", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.ending = False
+        self.gone = False
+
+    async def watch(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass  # the request body (already read), or nothing: only the disconnect counts
+        if not self.ending:
+            self.gone = True
+            self.task.cancel()
 
 
 def _utf8(text: str) -> bytes:
@@ -81,6 +144,17 @@ def _sse_frame(frame: Frame) -> str:
     if frame.event_id is not None:
         return f"id: {frame.event_id}\nevent: message\ndata: {data}\n\n"
     return f"event: message\ndata: {data}\n\n"
+
+
+def _sse_chunk(item: dict[str, Any] | Frame | list[Frame]) -> bytes:
+    """One item of a :class:`Streamed` outcome as SSE bytes (a batch: all its events)."""
+    if isinstance(item, list):  # a batch: one write for what was at hand
+        return _utf8("".join([_sse_frame(frame) for frame in item]))
+    return _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
+
+
+def _sse_error(request_id: str | int | None, error: RpcError) -> bytes:
+    return _utf8(_sse_frame(Frame(error_response(request_id, error))))
 
 
 class McpHttp:
@@ -202,7 +276,7 @@ class McpHttp:
             return self._json(error_response(request_id, error), 500)
         self.metrics.rpc(method, "ok", time.perf_counter() - started)
         if isinstance(outcome, Streamed):
-            return SseResponse(self._sse(outcome, request_id), outcome.on_close)
+            return SseResponse(outcome, request_id)
         return self._json(result_response(request_id, outcome), 200)
 
     async def _owner(self, task_id: str | None, hop: bool) -> str | None:
@@ -280,20 +354,6 @@ class McpHttp:
             dumps(message), status_code=status, media_type="application/json", headers=headers
         )
 
-    async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[bytes]:
-        try:
-            async for item in outcome.messages:
-                if isinstance(item, list):  # a batch: one write for what was at hand
-                    yield _utf8("".join([_sse_frame(frame) for frame in item]))
-                else:
-                    yield _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
-        except RpcError as exc:
-            yield _utf8(_sse_frame(Frame(error_response(request_id, exc))))
-        except Exception:
-            log.exception("internal error in a streamed MCP response")
-            error = RpcError(INTERNAL_ERROR, "Internal error")
-            yield _utf8(_sse_frame(Frame(error_response(request_id, error))))
-
     async def not_allowed(self, request: Request) -> Response:
         return Response(status_code=405, headers={"Allow": "POST"})
 
@@ -328,4 +388,4 @@ class McpHttp:
             # The transport's own statuses: 410 for events_gone, else the error's (400 at least).
             status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
             return self._json(error_response(request_id, exc), status)
-        return SseResponse(self._sse(outcome, request_id), outcome.on_close)
+        return SseResponse(outcome, request_id)
