@@ -79,7 +79,9 @@ def test_a_decoded_event_is_rendered_from_its_text_to_the_same_notification(
 
 def avro_record(payload_text: str, meta_text: str | None = None) -> bytes:
     """An Avro envelope around payload/_meta texts exactly as a producer wrote them."""
-    value, _ = encode_event(TaskEvent("com.example.thing", {"x": 0}, {"m": 0} if meta_text else None, 5))
+    value, _ = encode_event(
+        TaskEvent("com.example.thing", {"x": 0}, {"m": 0} if meta_text else None, 5)
+    )
     head = value[:10]
 
     def string(text: str) -> bytes:

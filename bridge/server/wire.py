@@ -296,21 +296,18 @@ def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
     this is the last line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder
     with its seq: one record can never fail a stream.
     """
-    head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+    head = _NOTIFICATION_HEAD
     after_seq = f',"taskId":{dumps(task_id)},"type":'
     related = {"taskId": task_id}
     related_member = f",{dumps(RELATED_TASK_META)}:{dumps(related)}}}"
     plain_meta = dumps({RELATED_TASK_META: related})
-    placeholder = dumps(TaskEventTypes.of(prefix).undecodable)
-    unencodable = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
-    #: Each event type as JSON, for this stream: a replay repeats a few types many times.
-    type_texts: dict[str, str] = {}
+    type_texts = _TYPE_TEXTS
 
     def render(seq: int, event: TaskEvent) -> str:
         try:
             type_ = type_texts.get(event.type)
             if type_ is None:
-                if len(type_texts) >= _TYPE_TEXTS:  # any producer picks types: bounded
+                if len(type_texts) >= _TYPE_TEXTS_MAX:  # any producer picks types: bounded
                     type_texts.clear()
                 type_ = type_texts[event.type] = dumps(event.type)
             payload = event.payload_json
@@ -325,14 +322,22 @@ def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
                 meta = dumps({**event.meta, RELATED_TASK_META: related})
         except (ValueError, TypeError, RecursionError):
             log.warning("task %s seq %d: unencodable content sent as a placeholder", task_id, seq)
-            meta, type_, payload = plain_meta, placeholder, unencodable
+            meta, type_, payload = (
+                plain_meta,
+                dumps(TaskEventTypes.of(prefix).undecodable),
+                _UNENCODABLE,
+            )
         return f'{head}{seq}{after_seq}{type_},"payload":{payload},"_meta":{meta}}}}}'
 
     return render
 
 
-#: Event types a stream's renderer keeps rendered (then it starts over).
-_TYPE_TEXTS = 256
+_NOTIFICATION_HEAD = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+_UNENCODABLE = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
+#: Event types as JSON, shared by every stream's renderer: replays repeat a few types many
+#: times. Bounded (then it starts over), as any producer picks types.
+_TYPE_TEXTS: dict[str, str] = {}
+_TYPE_TEXTS_MAX = 1024
 
 
 def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:
