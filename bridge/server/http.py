@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,11 +41,30 @@ from bridge.server.wire import (
 )
 from bridge.tasks.service import TaskNotFound
 
-__all__ = ["McpHttp"]
+__all__ = ["McpHttp", "RawEndpoint"]
 
 log = logging.getLogger(__name__)
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+class RawEndpoint:
+    """A route endpoint ``handler(request) -> response`` as a plain ASGI app.
+
+    Starlette wraps a function endpoint per request in an exception wrapper and closures that
+    an open stream holds for its whole life; as an ASGI app (starlette routes an object that is
+    not a function to it as is) the request costs one :class:`Request`. Exceptions still reach
+    the app's exception middleware, as before.
+    """
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = await self.handler(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 #: The headers of every SSE response (one list for all of them).
