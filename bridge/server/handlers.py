@@ -76,9 +76,10 @@ SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Streamed:
-    """A response sent as ``text/event-stream``: each yielded item is one SSE event."""
+    """A response sent as ``text/event-stream``: each yielded item is one SSE event (slotted:
+    an open stream holds one for its whole life)."""
 
     messages: AsyncIterator[dict[str, Any] | Frame | list[Frame]]
     request_id: str | int | None = None

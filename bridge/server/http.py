@@ -99,8 +99,9 @@ class SseResponse(Response):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         task = asyncio.current_task()
         assert task is not None  # ASGI apps run in a task
-        state = _Sending(task)
-        watcher = asyncio.create_task(state.watch(receive))
+        self._task, self._receive = task, receive
+        self._gone = self._ending = False
+        self._watch()
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             messages = aiter(self._outcome.messages)
@@ -119,34 +120,30 @@ class SseResponse(Response):
                     error = RpcError(INTERNAL_ERROR, "Internal error")
                     chunk, failed = _sse_error(self._request_id, error), True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            state.ending = True  # from here a disconnect is the end itself, not a reason to stop
+            self._ending = True  # from here a disconnect is the end itself, not a reason to stop
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not state.gone:
+            if not self._gone:
                 raise  # the server's own cancellation: let it through
             task.uncancel()  # ours: the client left, and the response simply ends
         finally:
-            watcher.cancel()
+            self._waiting.cancel()
             if self._outcome.on_close is not None:
                 self._outcome.on_close()
 
+    def _watch(self) -> None:
+        # A callback on the receive, not a watching coroutine: one frame less per stream.
+        self._waiting = asyncio.ensure_future(self._receive())
+        self._waiting.add_done_callback(self._received)
 
-class _Sending:
-    """The disconnect watch of one :class:`SseResponse`."""
-
-    __slots__ = ("ending", "gone", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.ending = False
-        self.gone = False
-
-    async def watch(self, receive: Any) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass  # the request body (already read), or nothing: only the disconnect counts
-        if not self.ending:
-            self.gone = True
-            self.task.cancel()
+    def _received(self, waiting: asyncio.Future[Any]) -> None:
+        if waiting.cancelled() or self._ending:
+            return
+        if waiting.exception() is None and waiting.result()["type"] != "http.disconnect":
+            self._watch()  # the request body (already read), or nothing: only the end counts
+            return
+        self._gone = True  # the client left (or the server cannot tell us any more)
+        self._task.cancel()
 
 
 def _utf8(text: str) -> bytes:
