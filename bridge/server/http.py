@@ -165,7 +165,17 @@ def _sse_frame(frame: Frame) -> str:
 def _sse_chunk(item: dict[str, Any] | Frame | list[Frame]) -> bytes:
     """One item of a :class:`Streamed` outcome as SSE bytes (a batch: all its events)."""
     if isinstance(item, list):  # a batch: one write for what was at hand
-        return _utf8("".join([_sse_frame(frame) for frame in item]))
+        # A replay's events, inline (a call per event shows in its profile); others as usual.
+        return _utf8(
+            "".join(
+                [
+                    f"id: {frame.event_id}\nevent: message\ndata: {frame.data}\n\n"
+                    if frame.data is not None and frame.event_id is not None
+                    else _sse_frame(frame)
+                    for frame in item
+                ]
+            )
+        )
     return _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
 
 
