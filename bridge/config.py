@@ -496,11 +496,11 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
     #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``): ``auto`` is uvloop when it
-    #: is installed (a dependency of the package), else asyncio. ``bridge demo`` runs in the
-    #: loop it was started in, whatever this says.
+    #: is installed (``uvicorn[standard]``; not a dependency of the package), else asyncio.
+    #: ``bridge demo`` runs in the loop it was started in, whatever this says.
     server_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     #: The HTTP/1.1 parser of the server (uvicorn's ``http``): ``auto`` is httptools when it is
-    #: installed (a dependency of the package), else h11.
+    #: installed (``uvicorn[standard]``; not a dependency of the package), else h11.
     server_http: Literal["auto", "h11", "httptools"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
