@@ -15,7 +15,9 @@ decoding, whether a record could decode to one of a few types: the indexer's tai
 it decodes only the events whose payload the index folds. ``payload`` and ``_meta`` are parsed
 with the wire's rules (:mod:`bridge.strictjson`): a record the bridge could not write back out
 (``1e999``, a lone surrogate, nesting past ``MAX_DEPTH``) is refused here, as malformed, instead
-of failing every stream that replays it. This module knows nothing of seq, Kafka clients or MCP.
+of failing every stream that replays it. A decoded event keeps that JSON text too
+(:attr:`TaskEvent.payload_json`), so a stream sends it without serialising it again. This module
+knows nothing of seq, Kafka clients or MCP.
 """
 
 from __future__ import annotations
@@ -112,10 +114,12 @@ class TaskEvent:
     """One event as producers write it. ``seq`` is not part of it: the log assigns that.
 
     A decoded event also carries its ``payload`` and ``meta`` as wire JSON text
-    (``payload_json``, ``meta_json``; None when not known): one line of JSON, equal in value to
-    the dict, that the stream renderer sends as it is instead of serialising the dict again.
-    For the Avro envelope it is the producer's own text (whitespace CR/LF made spaces); for the
-    JSON envelope the dict re-encoded. Both are left out of comparisons and ``repr``.
+    (``payload_json``, ``meta_json``; None when not known): one line of JSON, validated like
+    the dict and equal to it in value (save a duplicate key, which the text keeps as the
+    producer wrote it and the dict holds once, with its last value), that the stream renderer
+    sends as it is instead of serialising the dict again. For the Avro envelope it is the
+    producer's own text (whitespace CR/LF made spaces); for the JSON envelope the dict
+    re-encoded. Both are left out of comparisons and ``repr``.
     """
 
     type: str
