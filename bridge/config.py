@@ -11,6 +11,7 @@ Nothing else in the package calls ``os.environ``; code that needs a setting take
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -503,6 +504,13 @@ class Settings(BaseSettings):
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
+    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``): ``auto`` is uvloop when it
+    #: is installed (``uvicorn[standard]``; not a dependency of the package), else asyncio.
+    #: ``bridge demo`` runs in the loop it was started in, whatever this says.
+    server_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    #: The HTTP/1.1 parser of the server (uvicorn's ``http``): ``auto`` is httptools when it is
+    #: installed (``uvicorn[standard]``; not a dependency of the package), else h11.
+    server_http: Literal["auto", "h11", "httptools"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # --- The browser view of a task and its plain SSE endpoint (docs/browser.md) ---------
@@ -542,6 +550,14 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("server_loop", "server_http")
+    @classmethod
+    def _installed(cls, value: str) -> str:
+        # Named explicitly, the package must be there: a clear error now, not uvicorn's later.
+        if value in ("uvloop", "httptools") and importlib.util.find_spec(value) is None:
+            raise ValueError(f"{value} is not installed (pip install {value}, or say auto)")
+        return value
 
     @field_validator("peer_secret_file")
     @classmethod

@@ -15,13 +15,14 @@ decoding, whether a record could decode to one of a few types: the indexer's tai
 it decodes only the events whose payload the index folds. ``payload`` and ``_meta`` are parsed
 with the wire's rules (:mod:`bridge.strictjson`): a record the bridge could not write back out
 (``1e999``, a lone surrogate, nesting past ``MAX_DEPTH``) is refused here, as malformed, instead
-of failing every stream that replays it. This module knows nothing of seq, Kafka clients or MCP.
+of failing every stream that replays it. A decoded event keeps that JSON text too
+(:attr:`TaskEvent.payload_json`), so a stream sends it without serialising it again. This module
+knows nothing of seq, Kafka clients or MCP.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import io
 import json
 import math
@@ -110,12 +111,51 @@ class EnvelopeTooLarge(EnvelopeError):
 
 @dataclass(frozen=True, slots=True)
 class TaskEvent:
-    """One event as producers write it. ``seq`` is not part of it: the log assigns that."""
+    """One event as producers write it. ``seq`` is not part of it: the log assigns that.
+
+    A decoded event also carries its ``payload`` and ``meta`` as wire JSON text
+    (``payload_json``, ``meta_json``; None when not known): one line of JSON, validated like
+    the dict and equal to it in value (save a duplicate key, which the text keeps as the
+    producer wrote it and the dict holds once, with its last value), that the stream renderer
+    sends as it is instead of serialising the dict again. For the Avro envelope it is the
+    producer's own text (whitespace CR/LF made spaces); for the JSON envelope the dict
+    re-encoded. Both are left out of comparisons and ``repr``.
+    """
 
     type: str
     payload: dict[str, Any]
     meta: dict[str, Any] | None = None
     timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    payload_json: str | None = field(default=None, compare=False, repr=False)
+    meta_json: str | None = field(default=None, compare=False, repr=False)
+
+
+_SLOTS = tuple(
+    getattr(TaskEvent, name).__set__
+    for name in ("type", "payload", "meta", "timestamp_ms", "payload_json", "meta_json")
+)
+
+
+def _new_event(
+    type_: str,
+    payload: dict[str, Any],
+    meta: dict[str, Any] | None,
+    timestamp_ms: int,
+    payload_json: str | None,
+    meta_json: str | None,
+) -> TaskEvent:
+    """``TaskEvent(...)`` for the decoder, with the values already checked: about half the cost
+    of the frozen dataclass's ``__init__`` (which sets each field through
+    ``object.__setattr__``), and a replay makes one per record."""
+    event: TaskEvent = object.__new__(TaskEvent)
+    set_type, set_payload, set_meta, set_ts, set_payload_json, set_meta_json = _SLOTS
+    set_type(event, type_)
+    set_payload(event, payload)
+    set_meta(event, meta)
+    set_ts(event, timestamp_ms)
+    set_payload_json(event, payload_json)
+    set_meta_json(event, meta_json)
+    return event
 
 
 # --- CRC-64-AVRO (Rabin) fingerprint, as defined by the Avro specification ------------------
@@ -253,8 +293,12 @@ def _check_timestamp(timestamp: Any) -> None:
 
 def _content_type(headers: Headers | None) -> str | None:
     if isinstance(headers, tuple):  # what aiokafka hands out: hashable, and a few shapes repeat
-        with contextlib.suppress(TypeError):  # unless a caller put an unhashable value in it
+        # try/except, not contextlib.suppress: this runs for every record, and building the
+        # context manager cost more than the cached lookup itself.
+        try:
             return _cached_content_type(headers)
+        except TypeError:  # unless a caller put an unhashable value in it
+            pass
     return _header_content_type(headers)
 
 
@@ -287,21 +331,31 @@ class _Truncated(Exception):
 
 
 def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
-    """An Avro long (zig-zag varint) at ``pos``; ``(value, next position)``."""
-    shift = result = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Truncated
-        byte = buf[pos]
+    """An Avro long (zig-zag varint of at most 10 bytes) at ``pos``; ``(value, next position)``.
+
+    Every record's decode reads a few of these: one-byte values return at once, longer ones
+    (the timestamp: six bytes) loop over a slice of the at most nine bytes that may follow.
+    """
+    if pos >= len(buf):
+        raise _Truncated
+    byte = buf[pos]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    result, shift = byte & 0x7F, 7
+    for byte in buf[pos + 1 : pos + 10]:
         pos += 1
         result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), pos + 1
         shift += 7
+    raise _Truncated  # the buffer ended, or a tenth byte still said "more"
 
 
 def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
-    size, pos = _read_long(buf, pos)
+    if pos < len(buf) and buf[pos] < 0x80:  # a one-byte length, under 64 bytes: no call
+        size, pos = (buf[pos] >> 1) ^ -(buf[pos] & 1), pos + 1
+    else:
+        size, pos = _read_long(buf, pos)
     end = pos + size
     if size < 0 or end > len(buf):
         raise _Truncated
@@ -316,12 +370,15 @@ def _decode_avro(value: bytes) -> TaskEvent:
     """
     if len(value) < 10 or value[:2] != _SINGLE_OBJECT_MAGIC:
         raise MalformedEnvelope("not Avro single-object encoding (missing C3 01 marker)")
-    if _known_schemas().get(value[2:10]) is None:
+    if value[2:10] not in _known_schemas():
         raise UnknownSchema(f"unknown writer schema fingerprint {value[2:10].hex()}")
     try:
         type_, pos = _read_string(value, 10)
         payload_text, pos = _read_string(value, pos)
-        branch, pos = _read_long(value, pos)
+        if pos < len(value) and value[pos] == 0:  # no _meta: the common case, one byte
+            branch, pos = 0, pos + 1
+        else:
+            branch, pos = _read_long(value, pos)
         if branch == 0:
             meta_text = None
         elif branch == 1:
@@ -337,7 +394,23 @@ def _decode_avro(value: bytes) -> TaskEvent:
     meta = None if meta_text is None else _parse_json(meta_text, "_meta")
     _check_fields(type_, payload, meta)
     _check_timestamp(timestamp)
-    return TaskEvent(type_, payload, meta, timestamp)
+    # The texts just parsed are wire JSON: the stream sends them as they are (one line).
+    return _new_event(
+        type_,
+        payload,
+        meta,
+        timestamp,
+        _one_line(payload_text),
+        None if meta_text is None else _one_line(meta_text),
+    )
+
+
+def _one_line(text: str) -> str:
+    """Valid JSON ``text`` on one line: a raw CR or LF in it can only be whitespace between
+    tokens (inside a string it must be escaped), so a space in its place means the same."""
+    if "\n" in text or "\r" in text:
+        return text.replace("\r", " ").replace("\n", " ")
+    return text
 
 
 def _decode_json(value: bytes, record_timestamp_ms: int | None) -> TaskEvent:
@@ -354,7 +427,18 @@ def _decode_json(value: bytes, record_timestamp_ms: int | None) -> TaskEvent:
     if timestamp is None:
         timestamp = 0
     _check_timestamp(timestamp)
-    return TaskEvent(doc["type"], doc["payload"], doc.get("_meta"), timestamp)
+    payload, meta = doc["payload"], doc.get("_meta")
+    # The envelope's text holds payload and _meta among other fields: re-encoding the parsed
+    # values (fast, compact) is cheaper than finding their spans, and carries exactly the
+    # values the index folds (a duplicate key's last value).
+    return TaskEvent(
+        doc["type"],
+        payload,
+        meta,
+        timestamp,
+        strictjson.dumps_parsed(payload),
+        None if meta is None else strictjson.dumps_parsed(meta),
+    )
 
 
 def decode_event(

@@ -11,6 +11,16 @@ stack when re-serialised. :func:`loads` refuses all of these with one error,
 The checks cost little on the common path: the expensive walks run only when a cheap look at
 the text says they might find something. Used by the envelope codec (every record the indexer
 decodes) and the MCP endpoint's request body parser. Knows nothing of events or JSON-RPC.
+
+The fast path (``bench/bench_codec.py`` measured it): :func:`loads` first hands the text to
+msgspec's JSON decoder, whose accepted set is a subset of this module's with equal values
+(exact big integers, correctly rounded floats, duplicate keys: the last wins, as here; it
+refuses ``NaN``, non-finite numbers, lone surrogates raw or escaped, BOMs and UTF-16/32, and
+integers past the interpreter's digit limit). The one rule it does not know, the nesting bound,
+is the same cheap pre-check as before; bytes with a NUL or a BOM (which :func:`json.detect_encoding`
+reads as UTF-16/32 or UTF-8-SIG) skip it. Whatever the fast decoder refuses, or a pre-check
+flags, goes the full way below, whose answer is authoritative: the fast path only ever says
+yes sooner, never no. ``tests/test_strictjson.py`` pins the differences.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "loads"]
+import msgspec
+
+__all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "dumps_parsed", "loads", "loads_full"]
 
 #: How deeply arrays and objects may nest (``[]`` is depth 1). Far beyond any real event, and
 #: far enough below the interpreter's recursion limit (1000) that a value accepted here can be
@@ -42,6 +54,19 @@ def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
 
     Bytes are decoded strictly (UTF-8, or UTF-16/32 as JSON allows), so they cannot carry
     surrogates. Raises :class:`NotWireJson` and nothing else.
+    """
+    if _fast_ok(text, max_depth):
+        try:
+            return _FAST.decode(text)
+        except Exception:  # msgspec's refusals (and UnicodeEncodeError): the full path decides
+            pass
+    return loads_full(text, max_depth=max_depth)
+
+
+def loads_full(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
+    """:func:`loads` without its fast path: the authoritative answer, always the slow way.
+
+    :func:`loads` falls back to it; the tests and ``bench/bench_codec.py`` compare the two.
     """
     if isinstance(text, bytes | bytearray):
         text = _decode(text)
@@ -66,6 +91,33 @@ def dumps(value: Any, *, max_depth: int = MAX_DEPTH) -> str:
     if _may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
         raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
     return text
+
+
+#: The fast decoder (see the module docstring); untyped, so it returns plain JSON values.
+_FAST = msgspec.json.Decoder()
+_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+
+
+def _fast_ok(text: str | bytes | bytearray, max_depth: int) -> bool:
+    """True when the fast decoder's answer, if it accepts, is this module's answer too."""
+    if _may_nest_deeper(text, max_depth):
+        return False  # the depth rule is checked by the full path only
+    if isinstance(text, str):
+        return True  # msgspec refuses raw surrogates itself (it encodes the str as UTF-8)
+    # detect_encoding would read these as UTF-16/32 or UTF-8-SIG: the full path decodes them.
+    return b"\x00" not in text and not text.startswith(_BOMS)
+
+
+#: The fast encoder for :func:`dumps_parsed`.
+_FAST_OUT = msgspec.json.Encoder()
+
+
+def dumps_parsed(value: Any) -> str:
+    """Compact wire JSON of a value :func:`loads` returned, fast (no checks: loads made them).
+
+    Only for such values: it writes NaN as ``null`` where :func:`dumps` refuses it, for one.
+    """
+    return _FAST_OUT.encode(value).decode("utf-8")
 
 
 def _decode(data: bytes | bytearray) -> str:
@@ -115,9 +167,13 @@ def _parse(text: str) -> Any:
         raise NotWireJson(f"an integer has more than {limit} digits") from None
 
 
-def _may_nest_deeper(text: str, max_depth: int) -> bool:
+def _may_nest_deeper(text: str | bytes | bytearray, max_depth: int) -> bool:
     """Cheap necessary condition: deeper nesting needs more than ``max_depth`` openers."""
-    return len(text) > 2 * max_depth and text.count("[") + text.count("{") > max_depth
+    if len(text) <= 2 * max_depth:
+        return False
+    if isinstance(text, str):
+        return text.count("[") + text.count("{") > max_depth
+    return text.count(b"[") + text.count(b"{") > max_depth
 
 
 def _nests_deeper(value: Any, max_depth: int) -> bool:

@@ -227,3 +227,26 @@ def test_an_empty_security_variable_means_unset(monkeypatch, no_bridge_env):
     settings = load_settings()
     assert settings.kafka_sasl.password_file is None and settings.kafka_tls.ca_file is None
     assert settings.kafka_sasl.password_value() == SECRET
+
+
+def test_the_server_loop_and_http_parser_are_chosen_by_name_and_default_to_auto(monkeypatch):
+    assert (load_settings().server_loop, load_settings().server_http) == ("auto", "auto")
+    monkeypatch.setenv("BRIDGE_SERVER_LOOP", "asyncio")
+    monkeypatch.setenv("BRIDGE_SERVER_HTTP", "h11")
+    settings = load_settings()
+    assert (settings.server_loop, settings.server_http) == ("asyncio", "h11")
+    for name, bad in (("server_loop", "trio"), ("server_http", "h2")):
+        with pytest.raises(ValidationError, match=name):
+            load_settings(**{name: bad})
+
+
+def test_a_named_server_package_that_is_not_installed_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    with pytest.raises(ValidationError, match="uvloop is not installed"):
+        load_settings(server_loop="uvloop")
+    assert load_settings(server_loop="auto").server_loop == "auto"  # auto falls back quietly

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.envelope import TaskEvent
+from bridge.envelope import TaskEvent, decode_event, encode_event
 from bridge.server.cursor import decode_cursor, encode_cursor
 from bridge.server.wire import dumps, notification, renderer
 
@@ -47,3 +47,97 @@ def test_cursors_round_trip(request_id, task_id, seq):
 def test_anything_else_is_not_a_cursor(bad):
     with pytest.raises(ValueError):
         decode_cursor(bad)
+
+
+# --- events that carry their JSON text (decoded records) --------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | texts,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(texts, children, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@given(
+    texts.filter(bool),
+    st.integers(0, 2**40),
+    st.sampled_from(["avro", "json"]),
+    st.dictionaries(texts, json_values, max_size=4),
+    st.none() | st.dictionaries(texts, json_values, max_size=3),
+)
+def test_a_decoded_event_is_rendered_from_its_text_to_the_same_notification(
+    task_id, seq, fmt, payload, meta
+):
+    value, headers = encode_event(TaskEvent("com.example.thing", payload, meta, 5), fmt=fmt)
+    event = decode_event(value, headers)
+    assert event.payload_json is not None
+    rendered = renderer(task_id, "io.mcpbridge")(seq, event)
+    assert json.loads(rendered) == json.loads(dumps(notification(task_id, seq, event)))
+    assert "\n" not in rendered and "\r" not in rendered
+
+
+def avro_record(payload_text: str, meta_text: str | None = None) -> bytes:
+    """An Avro envelope around payload/_meta texts exactly as a producer wrote them."""
+    value, _ = encode_event(
+        TaskEvent("com.example.thing", {"x": 0}, {"m": 0} if meta_text else None, 5)
+    )
+    head = value[:10]
+
+    def string(text: str) -> bytes:
+        raw = text.encode("utf-8")
+        return zigzag(len(raw)) + raw
+
+    body = string("com.example.thing") + string(payload_text)
+    body += b"\x00" if meta_text is None else b"\x02" + string(meta_text)
+    return head + body + zigzag(5)
+
+
+def zigzag(n: int) -> bytes:
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while True:
+        byte, z = z & 0x7F, z >> 7
+        if not z:
+            return bytes(out + bytes([byte]))
+        out.append(byte | 0x80)
+
+
+def test_the_producer_s_text_goes_out_as_written_on_one_line():
+    payload = '{ "b" : [1, 2.50, 1e2],\r\n  "a" : "x\\ny" }'
+    event = decode_event(avro_record(payload, '{"trace":\n"t-1"}'))
+    line = renderer("t1", "io.mcpbridge")(3, event)
+    assert "\n" not in line and "\r" not in line
+    assert '{ "b" : [1, 2.50, 1e2],    "a" : "x\\ny" }' in line  # spacing and spelling kept
+    params = json.loads(line)["params"]
+    assert params["payload"] == {"b": [1, 2.5, 100.0], "a": "x\ny"}
+    assert params["_meta"] == {
+        "trace": "t-1",
+        "io.modelcontextprotocol/related-task": {"taskId": "t1"},
+    }
+
+
+def test_a_duplicate_key_goes_out_as_the_producer_wrote_it_and_reads_as_the_bridge_does():
+    event = decode_event(avro_record('{"status":"working","status":"completed"}'))
+    assert event.payload == {"status": "completed"}  # what the index folds: the last one
+    line = renderer("t1", "io.mcpbridge")(0, event)
+    assert '"payload":{"status":"working","status":"completed"}' in line
+    assert json.loads(line)["params"]["payload"] == event.payload
+
+
+def test_a_producer_s_related_task_meta_is_replaced_not_duplicated():
+    meta = '{"io.modelcontextprotocol/related-task": {"taskId": "someone-else"}, "k": 1}'
+    event = decode_event(avro_record('{"a":1}', meta))
+    line = renderer("t1", "io.mcpbridge")(0, event)
+    assert line.count("related-task") == 1
+    assert json.loads(line)["params"]["_meta"] == {
+        "io.modelcontextprotocol/related-task": {"taskId": "t1"},
+        "k": 1,
+    }
+
+
+def test_the_json_envelope_carries_the_parsed_values_compactly():
+    value = b'{"type": "com.example.thing", "payload": {"a": 1, "a": 2, "n": 99999999999999999999}}'
+    event = decode_event(value)
+    assert event.payload_json == '{"a":2,"n":99999999999999999999}'
+    line = renderer("t1", "io.mcpbridge")(0, event)
+    assert json.loads(line)["params"]["payload"] == {"a": 2, "n": 99999999999999999999}

@@ -10,11 +10,13 @@ import contextlib
 import json
 from typing import Any
 
+import msgspec
+import orjson
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bridge.strictjson import MAX_DEPTH, NotWireJson, dumps, loads
+from bridge.strictjson import MAX_DEPTH, NotWireJson, dumps, dumps_parsed, loads, loads_full
 
 # --- the wire's rule, and hostile inputs ------------------------------------------------------------
 
@@ -270,3 +272,80 @@ def test_dumps_either_refuses_or_writes_what_loads_reads_back_identically(value)
         return
     wire_bytes(value)
     assert loads(text) == value
+
+
+# --- the fast path (msgspec) against the full one ------------------------------------------------
+
+
+def _outcome(parse: Any, text: str | bytes) -> Any:
+    try:
+        return ("ok", parse(text))
+    except Exception:
+        return ("refused", None)
+
+
+#: (text, what msgspec alone does, what orjson alone does, what the wire's rule says).
+#: msgspec never says yes where the rule says no, except for nesting (the pre-check's job);
+#: orjson also turns integers past 64 bits into floats, which is why it is not the fast path.
+EDGE_CASES = [
+    ("1e999", "refused", "refused", "refused"),
+    ("[1E+400]", "refused", "refused", "refused"),
+    ('"\\ud800"', "refused", "refused", "refused"),
+    ('{"\\udc00": 1}', "refused", "refused", "refused"),
+    ('"\\ud83d\\ude00"', "ok", "ok", "ok"),
+    ("NaN", "refused", "refused", "refused"),
+    ("-Infinity", "refused", "refused", "refused"),
+    ('{"a": 1, "a": 2}', "ok", "ok", "ok"),
+    ("9" * 30, "ok", "lossy", "ok"),
+    ("-" + "9" * 4300, "refused", "refused", "ok"),
+    ("9" * 4301, "refused", "refused", "refused"),
+    ("\ufeff{}", "refused", "refused", "refused"),
+    (nested("1", MAX_DEPTH + 1), "ok", "ok", "refused"),
+    ("1e-400", "ok", "ok", "ok"),
+    ('{"a":\r\n1}', "ok", "ok", "ok"),
+    ('"a\nb"', "refused", "refused", "refused"),
+]
+
+
+@pytest.mark.parametrize(("text", "by_msgspec", "by_orjson", "rule"), EDGE_CASES)
+def test_what_the_fast_libraries_take_and_what_the_rule_takes(text, by_msgspec, by_orjson, rule):
+    fast = _outcome(msgspec.json.Decoder().decode, text)
+    full = _outcome(loads_full, text)
+    other = _outcome(orjson.loads, text)
+    assert full[0] == rule
+    assert fast[0] == by_msgspec
+    if fast[0] == "ok" and rule == "ok":
+        assert fast[1] == full[1]  # equal values, big integers exact
+    lossy = other[0] == "ok" and full[0] == "ok" and other[1] != full[1]
+    assert ("lossy" if lossy else other[0]) == by_orjson
+    # Whatever the libraries do, loads answers as the rule does.
+    assert _outcome(loads, text) == full
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'\xef\xbb\xbf{"a": 1}',  # a UTF-8 BOM: json.detect_encoding reads it as utf-8-sig
+        '{"a": 1}'.encode("utf-16"),
+        '{"a": 1}'.encode("utf-16-le"),
+        '{"k": "\U0001f600"}'.encode("utf-32-be"),
+        b'{"a": "\xed\xa0\x80"}',  # a UTF-8 encoded lone surrogate
+        b'{"a": "x\x00"}',
+    ],
+)
+def test_bytes_the_fast_path_leaves_to_the_full_one_get_the_full_answer(data):
+    assert _outcome(loads, data) == _outcome(loads_full, data)
+
+
+@given(hostile_json_texts)
+def test_the_fast_path_answers_exactly_as_the_full_one(text):
+    for form in (text, as_bytes(text)):
+        assert _outcome(loads, form) == _outcome(loads_full, form)
+
+
+@given(plain_values)
+def test_dumps_parsed_writes_the_value_loads_gave(value):
+    parsed = loads(json.dumps(value))
+    text = dumps_parsed(parsed)
+    assert loads_full(text) == parsed
+    assert "\n" not in text and "\r" not in text

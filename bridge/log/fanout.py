@@ -34,13 +34,17 @@ class Subscription:
     def __init__(self, task_id: str, limit: int) -> None:
         self.task_id = task_id
         self.limit = limit
-        self.buffer: deque[IndexedEvent] = deque()
+        #: Made by the first offer: a deque allocates a 64-slot block (~600 B) at once, and most
+        #: subscriptions (idle streams) never hold an event.
+        self.buffer: deque[IndexedEvent] | None = None
         self.overflowed = False
         self.closed = False
         self.waiter: asyncio.Future[None] | None = None
 
     def offer(self, indexed: IndexedEvent) -> bool:
         """Buffer a live event; False (and overflowed) when the subscriber is too far behind."""
+        if self.buffer is None:
+            self.buffer = deque()
         if len(self.buffer) >= self.limit:
             self.overflowed = True
             self.buffer.clear()
@@ -51,6 +55,8 @@ class Subscription:
 
     def take(self) -> list[IndexedEvent]:
         """Everything buffered, oldest first; the buffer is empty afterwards."""
+        if not self.buffer:
+            return []
         taken = list(self.buffer)
         self.buffer.clear()
         return taken
@@ -58,7 +64,8 @@ class Subscription:
     def reset(self) -> None:
         """Forget the buffer and the overflow (the owner is about to re-read from Kafka)."""
         self.overflowed = False
-        self.buffer.clear()
+        if self.buffer is not None:
+            self.buffer.clear()
 
     def close(self) -> None:
         """End the subscription from outside (drain, cancellation): its waiter wakes."""

@@ -19,8 +19,10 @@ records are never decoded by the tail at all: no live stream or call is waiting 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from bridge import strictjson
 from bridge.envelope import (
     EnvelopeError,
     EnvelopeTooLarge,
@@ -46,6 +48,8 @@ __all__ = [
 TaskFacts = tuple[bool, TaskStatus | None, TaskIdentity | None]
 #: What every record but the bridge's own created and status events states about its task.
 NO_FACTS: TaskFacts = (False, None, None)
+#: Event types whose prefix check a :class:`RecordDecoder` remembers (then it starts over).
+_PREFIXED_CACHE = 1024
 
 
 def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
@@ -71,6 +75,15 @@ def event_from_record(
     ``types`` decides which types are vendor-prefixed: pass ``settings.type_rule`` so the
     configured ``accepted_event_prefixes`` count; the default knows reverse-DNS types only.
     """
+    return _event_of(record, prefix, max_bytes, types.is_prefixed)
+
+
+def _event_of(
+    record: ConsumerRecord[bytes, bytes],
+    prefix: str,
+    max_bytes: int,
+    is_prefixed: Callable[[str], bool],
+) -> TaskEvent:
     try:
         event = decode_event(
             record.value,
@@ -78,12 +91,18 @@ def event_from_record(
             max_bytes=max_bytes,
             record_timestamp_ms=record.timestamp,
         )
-        if not types.is_prefixed(event.type):
+        if not is_prefixed(event.type):
             # A foreign producer's unprefixed type: SEP-2694 forbids emitting it, so it is
             # delivered under our prefix with the original type inside; it keeps its seq.
             payload: dict[str, Any] = {"type": event.type, "payload": event.payload}
             unprefixed = TaskEventTypes.of(prefix).unprefixed
-            return TaskEvent(unprefixed, payload, event.meta, event.timestamp_ms)
+            payload_json = None
+            if event.payload_json is not None:  # the same object, written around the text
+                type_json = strictjson.dumps_parsed(event.type)
+                payload_json = f'{{"type":{type_json},"payload":{event.payload_json}}}'
+            return TaskEvent(
+                unprefixed, payload, event.meta, event.timestamp_ms, payload_json, event.meta_json
+            )
         return event
     except EnvelopeTooLarge:
         size = len(record.value or b"")
@@ -135,7 +154,7 @@ class RecordDecoder:
     tail's cheap path.
     """
 
-    __slots__ = ("fact_types", "max_bytes", "prefix", "types")
+    __slots__ = ("_prefixed", "fact_types", "max_bytes", "prefix", "types")
 
     def __init__(self, prefix: str, max_bytes: int, types: EventTypeRule = REVERSE_DNS_ONLY):
         self.prefix = prefix
@@ -144,12 +163,20 @@ class RecordDecoder:
         own = TaskEventTypes.of(prefix)
         #: The only types whose records state facts; their payload is what the index folds.
         self.fact_types = frozenset({own.created, own.status})
+        #: ``types.is_prefixed`` per type seen: a replay asks it for every record, of a few types.
+        self._prefixed: dict[str, bool] = {}
 
     def event(self, record: ConsumerRecord[bytes, bytes]) -> TaskEvent:
         """:func:`event_from_record` under this decoder's settings."""
-        return event_from_record(
-            record, prefix=self.prefix, max_bytes=self.max_bytes, types=self.types
-        )
+        return _event_of(record, self.prefix, self.max_bytes, self._is_prefixed)
+
+    def _is_prefixed(self, event_type: str) -> bool:
+        known = self._prefixed.get(event_type)
+        if known is None:
+            if len(self._prefixed) >= _PREFIXED_CACHE:  # any producer picks types: bounded
+                self._prefixed.clear()
+            known = self._prefixed[event_type] = self.types.is_prefixed(event_type)
+        return known
 
     def facts(self, record: ConsumerRecord[bytes, bytes]) -> tuple[TaskFacts, TaskEvent | None]:
         """What the record states about its task, and its event when finding out decoded it.

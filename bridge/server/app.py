@@ -34,7 +34,7 @@ from bridge.server.auth import Authenticator
 from bridge.server.browser import BrowserView
 from bridge.server.events import EventsMethods, events_extension
 from bridge.server.handlers import MethodHandlers
-from bridge.server.http import McpHttp
+from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.listen import Listen, PeerTasks
 from bridge.server.peers import PeerAuth, Peers
 from bridge.server.routing import Routing
@@ -189,8 +189,9 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
 
     app = Starlette(
         routes=[
-            Route("/mcp", mcp_post, methods=["POST"]),
-            Route("/mcp", mcp_get, methods=["GET"]),
+            # The stream-opening methods as plain ASGI apps: an open stream holds less.
+            Route("/mcp", RawEndpoint(mcp_post), methods=["POST"]),
+            Route("/mcp", RawEndpoint(mcp_get), methods=["GET"]),
             Route("/mcp", mcp_delete, methods=["DELETE"]),
             Route("/metrics", metrics_endpoint),
             Route("/admin/indexer/{action}", indexer_admin, methods=["POST"]),

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from bridge import __version__
 from bridge.config import Settings, ToolSpec
+from bridge.envelope import TaskEvent
 from bridge.events import TERMINAL_WIRE
 from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket
@@ -75,9 +76,10 @@ SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Streamed:
-    """A response sent as ``text/event-stream``: each yielded item is one SSE event."""
+    """A response sent as ``text/event-stream``: each yielded item is one SSE event (slotted:
+    an open stream holds one for its whole life)."""
 
     messages: AsyncIterator[dict[str, Any] | Frame | list[Frame]]
     request_id: str | int | None = None
@@ -495,12 +497,16 @@ class MethodHandlers:
         self, ticket: Ticket, request_id: str | int, after: int | None
     ) -> AsyncIterator[Frame | list[Frame]]:
         task_id = ticket.task_id
-        render = renderer(task_id, self.settings.event_type_prefix)
-        cursor = cursor_prefix(request_id, task_id)
+        # Made for the first events: an idle stream (most open ones) holds neither.
+        render: Callable[[int, TaskEvent], str] | None = None
+        cursor = ""
         async for batch in self.streams.events(ticket, after):
             if batch is None:
                 yield Frame(None)
                 continue
+            if render is None:
+                render = renderer(task_id, self.settings.event_type_prefix)
+                cursor = cursor_prefix(request_id, task_id)
             yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.

@@ -9,9 +9,10 @@ however the response ends. It knows no method's meaning; metrics are injected.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,31 +41,109 @@ from bridge.server.wire import (
 )
 from bridge.tasks.service import TaskNotFound
 
-__all__ = ["McpHttp"]
+__all__ = ["McpHttp", "RawEndpoint"]
 
 log = logging.getLogger(__name__)
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 
-class SseResponse(StreamingResponse):
-    """A streamed response that always runs its ``on_close`` (the stream's admission slot is
-    given back even when the client is gone before the first byte)."""
+class RawEndpoint:
+    """A route endpoint ``handler(request) -> response`` as a plain ASGI app.
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> None:
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        self._on_close = on_close
+    Starlette wraps a function endpoint per request in an exception wrapper and closures that
+    an open stream holds for its whole life; as an ASGI app (starlette routes an object that is
+    not a function to it as is) the request costs one :class:`Request`. Exceptions still reach
+    the app's exception middleware, as before.
+    """
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+        self.handler = handler
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = await self.handler(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
+#: The headers of every SSE response (one list for all of them).
+_SSE_HEADERS = [
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+]
+
+
+class SseResponse(Response):
+    """A ``text/event-stream`` response of a :class:`Streamed` outcome: its messages framed as
+    SSE events, one write per item (a batch is one item), until they end or the client leaves.
+
+    It always runs ``on_close`` (the stream's admission slot is given back even when the client
+    is gone before the first byte). Lean on purpose, as an idle stream holds one for hours:
+    instead of starlette's ``StreamingResponse`` (an anyio task group and cancel scopes per
+    response, and one more generator layer to frame bytes), the messages are sent from the
+    request's own task and one small task waits for the client's ``http.disconnect``, which
+    cancels the sending (a body write to a closed connection is dropped silently, so only the
+    disconnect message tells an idle stream that its client left).
+    """
+
+    def __init__(self, outcome: Streamed, request_id: str | int | None) -> None:
+        # Not Response.__init__: it would render a body and set a content-length.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = _SSE_HEADERS
+        self._outcome = outcome
+        self._request_id = request_id
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # ASGI apps run in a task
+        self._task, self._receive = task, receive
+        self._gone = self._ending = False
+        self._watch()
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            messages = aiter(self._outcome.messages)
+            failed = False
+            while not failed:
+                # The messages are iterated here, not through a framing generator: one
+                # suspended frame less per open stream.
+                try:
+                    chunk = _sse_chunk(await anext(messages))
+                except StopAsyncIteration:
+                    break
+                except RpcError as exc:  # it ends the messages: its error is the last event
+                    chunk, failed = _sse_error(self._request_id, exc), True
+                except Exception:
+                    log.exception("internal error in a streamed MCP response")
+                    error = RpcError(INTERNAL_ERROR, "Internal error")
+                    chunk, failed = _sse_error(self._request_id, error), True
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._ending = True  # from here a disconnect is the end itself, not a reason to stop
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self._gone:
+                raise  # the server's own cancellation: let it through
+            task.uncancel()  # ours: the client left, and the response simply ends
         finally:
-            if self._on_close is not None:
-                self._on_close()
+            self._waiting.cancel()
+            if self._outcome.on_close is not None:
+                self._outcome.on_close()
+
+    def _watch(self) -> None:
+        # A callback on the receive, not a watching coroutine: one frame less per stream.
+        self._waiting = asyncio.ensure_future(self._receive())
+        self._waiting.add_done_callback(self._received)
+
+    def _received(self, waiting: asyncio.Future[Any]) -> None:
+        if waiting.cancelled() or self._ending:
+            return
+        if waiting.exception() is None and waiting.result()["type"] != "http.disconnect":
+            self._watch()  # the request body (already read), or nothing: only the end counts
+            return
+        self._gone = True  # the client left (or the server cannot tell us any more)
+        self._task.cancel()
 
 
 def _utf8(text: str) -> bytes:
@@ -81,6 +160,27 @@ def _sse_frame(frame: Frame) -> str:
     if frame.event_id is not None:
         return f"id: {frame.event_id}\nevent: message\ndata: {data}\n\n"
     return f"event: message\ndata: {data}\n\n"
+
+
+def _sse_chunk(item: dict[str, Any] | Frame | list[Frame]) -> bytes:
+    """One item of a :class:`Streamed` outcome as SSE bytes (a batch: all its events)."""
+    if isinstance(item, list):  # a batch: one write for what was at hand
+        # A replay's events, inline (a call per event shows in its profile); others as usual.
+        return _utf8(
+            "".join(
+                [
+                    f"id: {frame.event_id}\nevent: message\ndata: {frame.data}\n\n"
+                    if frame.data is not None and frame.event_id is not None
+                    else _sse_frame(frame)
+                    for frame in item
+                ]
+            )
+        )
+    return _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
+
+
+def _sse_error(request_id: str | int | None, error: RpcError) -> bytes:
+    return _utf8(_sse_frame(Frame(error_response(request_id, error))))
 
 
 class McpHttp:
@@ -202,7 +302,7 @@ class McpHttp:
             return self._json(error_response(request_id, error), 500)
         self.metrics.rpc(method, "ok", time.perf_counter() - started)
         if isinstance(outcome, Streamed):
-            return SseResponse(self._sse(outcome, request_id), outcome.on_close)
+            return SseResponse(outcome, request_id)
         return self._json(result_response(request_id, outcome), 200)
 
     async def _owner(self, task_id: str | None, hop: bool) -> str | None:
@@ -280,20 +380,6 @@ class McpHttp:
             dumps(message), status_code=status, media_type="application/json", headers=headers
         )
 
-    async def _sse(self, outcome: Streamed, request_id: str | int | None) -> AsyncIterator[bytes]:
-        try:
-            async for item in outcome.messages:
-                if isinstance(item, list):  # a batch: one write for what was at hand
-                    yield _utf8("".join(_sse_frame(frame) for frame in item))
-                else:
-                    yield _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
-        except RpcError as exc:
-            yield _utf8(_sse_frame(Frame(error_response(request_id, exc))))
-        except Exception:
-            log.exception("internal error in a streamed MCP response")
-            error = RpcError(INTERNAL_ERROR, "Internal error")
-            yield _utf8(_sse_frame(Frame(error_response(request_id, error))))
-
     async def not_allowed(self, request: Request) -> Response:
         return Response(status_code=405, headers={"Allow": "POST"})
 
@@ -328,4 +414,4 @@ class McpHttp:
             # The transport's own statuses: 410 for events_gone, else the error's (400 at least).
             status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
             return self._json(error_response(request_id, exc), status)
-        return SseResponse(self._sse(outcome, request_id), outcome.on_close)
+        return SseResponse(outcome, request_id)

@@ -27,6 +27,7 @@ import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
+from typing import Literal
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -56,7 +57,9 @@ class AppServer:
     ``sock``: serve on this bound socket instead of ``host``/``port``. ``on_stop``: called once,
     when the stop begins, before uvicorn stops accepting connections. ``handle_signals``: let
     uvicorn turn SIGINT/SIGTERM into a stop (False when the caller handles them itself and
-    calls :meth:`stop`).
+    calls :meth:`stop`). ``loop`` and ``http``: uvicorn's event loop and HTTP parser
+    (``auto`` takes uvloop and httptools when installed); the loop applies to :meth:`run` only,
+    :meth:`start` serves in the running loop.
     """
 
     def __init__(
@@ -71,11 +74,15 @@ class AppServer:
         timeout_graceful_shutdown: int = GRACEFUL_SHUTDOWN_S,
         on_stop: Callable[[], None] | None = None,
         handle_signals: bool = True,
+        loop: Literal["auto", "asyncio", "uvloop"] = "auto",
+        http: Literal["auto", "h11", "httptools"] = "auto",
     ) -> None:
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
+            loop=loop,
+            http=http,
             log_level=log_level,
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
@@ -195,6 +202,8 @@ def bridge_server(
         access_log=not quiet,
         on_stop=drain_streams,
         handle_signals=handle_signals,
+        loop=settings.server_loop,
+        http=settings.server_http,
     )
 
 

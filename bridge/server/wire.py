@@ -144,11 +144,12 @@ class JsonRpcRequest(BaseModel):
     params: dict[str, Any] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
     """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive.
 
     ``data`` is the message already rendered as one line of JSON (the hot path), if given.
+    A replay makes one per event: slots keep it small and quick to build.
     """
 
     message: dict[str, Any] | None
@@ -282,31 +283,61 @@ def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200
 def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
     """A function rendering one notification as single-line JSON, for one stream.
 
-    The same JSON as ``dumps(notification(...))``; the parts fixed for the stream (the task id,
-    the related-task ``_meta``) are serialised once instead of for every event. An event whose
-    content cannot be written as JSON (the decoder refuses such records, so this is the last
-    line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder with its seq:
-    one record can never fail a stream.
+    The same JSON value as ``dumps(notification(...))``; the parts fixed for the stream (the
+    task id, the related-task ``_meta``) are serialised once instead of for every event, and
+    so is each event type. An event that carries its payload and ``_meta`` as wire JSON text
+    (:attr:`TaskEvent.payload_json`, set by the decoder, which validated it) is sent with that
+    text as it is, not parsed and serialised again: a text with a duplicate key goes out as the
+    producer wrote it (the bridge itself reads the last value, as most JSON parsers do). The
+    related-task member is appended to such a ``_meta`` text unless the producer's ``_meta``
+    has that key already: then the dict is written, with the bridge's value in its place.
+
+    An event whose content cannot be written as JSON (the decoder refuses such records, so
+    this is the last line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder
+    with its seq: one record can never fail a stream.
     """
-    head = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
-    task_json = dumps(task_id)
+    head = _NOTIFICATION_HEAD
+    after_seq = f',"taskId":{dumps(task_id)},"type":'
     related = {"taskId": task_id}
+    related_member = f",{dumps(RELATED_TASK_META)}:{dumps(related)}}}"
     plain_meta = dumps({RELATED_TASK_META: related})
-    placeholder = dumps(TaskEventTypes.of(prefix).undecodable)
-    unencodable = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
+    type_texts = _TYPE_TEXTS
 
     def render(seq: int, event: TaskEvent) -> str:
         try:
-            meta = (
-                plain_meta if not event.meta else dumps({**event.meta, RELATED_TASK_META: related})
-            )
-            type_, payload = dumps(event.type), dumps(event.payload)
+            type_ = type_texts.get(event.type)
+            if type_ is None:
+                if len(type_texts) >= _TYPE_TEXTS_MAX:  # any producer picks types: bounded
+                    type_texts.clear()
+                type_ = type_texts[event.type] = dumps(event.type)
+            payload = event.payload_json
+            if payload is None:
+                payload = dumps(event.payload)
+            if not event.meta:
+                meta = plain_meta
+            elif event.meta_json is not None and RELATED_TASK_META not in event.meta:
+                # A non-empty object's text ends with "}" (and perhaps whitespace).
+                meta = event.meta_json.rstrip()[:-1] + related_member
+            else:
+                meta = dumps({**event.meta, RELATED_TASK_META: related})
         except (ValueError, TypeError, RecursionError):
             log.warning("task %s seq %d: unencodable content sent as a placeholder", task_id, seq)
-            meta, type_, payload = plain_meta, placeholder, unencodable
-        return f'{head}{seq},"taskId":{task_json},"type":{type_},"payload":{payload},"_meta":{meta}}}}}'
+            meta, type_, payload = (
+                plain_meta,
+                dumps(TaskEventTypes.of(prefix).undecodable),
+                _UNENCODABLE,
+            )
+        return f'{head}{seq}{after_seq}{type_},"payload":{payload},"_meta":{meta}}}}}'
 
     return render
+
+
+_NOTIFICATION_HEAD = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+_UNENCODABLE = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
+#: Event types as JSON, shared by every stream's renderer: replays repeat a few types many
+#: times. Bounded (then it starts over), as any producer picks types.
+_TYPE_TEXTS: dict[str, str] = {}
+_TYPE_TEXTS_MAX = 1024
 
 
 def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:

@@ -1,0 +1,100 @@
+"""bridge.server.runner: the server_loop / server_http settings reach uvicorn.
+
+``run`` (``bridge serve``) runs in the chosen loop with the chosen parser; ``start`` (``bridge
+demo``) serves in the running loop, with the chosen parser, whatever loop was named. Real
+uvicorn on real sockets; the app reports which loop and protocol served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import textwrap
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from bridge.server.runner import AppServer
+
+BOUND = 30.0
+
+
+async def whoami(request: Request) -> JSONResponse:
+    """Which event loop and which uvicorn protocol serve this request."""
+    loop = asyncio.get_running_loop()
+    server: AppServer = request.app.state.server
+    protocol = server._server.config.http_protocol_class.__name__
+    return JSONResponse({"loop": type(loop).__module__, "protocol": protocol})
+
+
+def app() -> Starlette:
+    return Starlette(routes=[Route("/whoami", whoami)])
+
+
+@pytest.mark.parametrize(
+    ("http", "protocol"), [("h11", "H11Protocol"), ("httptools", "HttpToolsProtocol")]
+)
+async def test_start_serves_in_the_running_loop_with_the_chosen_parser(http, protocol):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/whoami"
+    # uvloop named, but start() serves in this (asyncio) loop: the demo's case.
+    served = app()
+    server = AppServer(
+        served, sock=sock, log_level="warning", access_log=False, loop="uvloop", http=http,
+        handle_signals=False,
+    )  # fmt: skip
+    served.state.server = server
+    async with asyncio.timeout(BOUND):
+        await server.start()
+        try:
+            async with httpx.AsyncClient() as client:
+                answer = (await client.get(url)).json()
+        finally:
+            await server.close()
+    assert answer == {"loop": type(asyncio.get_running_loop()).__module__, "protocol": protocol}
+
+
+_SERVE = textwrap.dedent(
+    """
+    import socket, sys
+    sys.path[:0] = [sys.argv[3]]
+    from test_runner import app
+    from bridge.server.runner import AppServer
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # connections wait in the backlog until the server accepts them
+    print(sock.getsockname()[1], flush=True)
+    served = app()
+    served.state.server = AppServer(
+        served, sock=sock, log_level="warning", loop=sys.argv[1], http=sys.argv[2]
+    )
+    served.state.server.run()
+    """
+)
+
+
+@pytest.mark.parametrize(("loop", "module"), [("asyncio", "asyncio"), ("uvloop", "uvloop")])
+def test_run_serves_in_the_chosen_loop(loop, module, request):
+    tests_dir = str(request.path.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, loop, "h11", tests_dir],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        with httpx.Client() as client:
+            answer = client.get(f"http://127.0.0.1:{port}/whoami", timeout=BOUND).json()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=BOUND)
+    assert answer["loop"].split(".")[0] == module
+    assert answer["protocol"] == "H11Protocol"
