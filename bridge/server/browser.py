@@ -41,7 +41,7 @@ from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskEventTypes
 from bridge.server.admission import Caller, Ticket, connection_of
-from bridge.server.handlers import detailed_task
+from bridge.server.handlers import Streamed, detailed_task
 from bridge.server.http import McpHttp, SseResponse
 from bridge.server.peers import PeerAuth, PeerIdentity, hop_target
 from bridge.server.streams import StreamHub
@@ -476,10 +476,7 @@ class BrowserView:
         return self._sse(body, lambda: hub.release(ticket))
 
     def _sse(self, body: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> Response:
-        response = SseResponse(body, on_close)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers[name] = value
-        return response
+        return SseResponse(Streamed(body, None, on_close), None, headers=SECURITY_HEADERS)
 
     def _preamble(self) -> bytes:
         # retry: how soon the browser reconnects; the comment makes the open visible at once.

@@ -81,7 +81,7 @@ class Streamed:
     """A response sent as ``text/event-stream``: each yielded item is one SSE event (slotted:
     an open stream holds one for its whole life)."""
 
-    messages: AsyncIterator[dict[str, Any] | Frame | list[Frame]]
+    messages: AsyncIterator[dict[str, Any] | Frame | list[Frame] | bytes]
     request_id: str | int | None = None
     #: Called once the response has ended, however it ended (even if it never started).
     on_close: Callable[[], None] | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -88,11 +88,17 @@ class SseResponse(Response):
     disconnect message tells an idle stream that its client left).
     """
 
-    def __init__(self, outcome: Streamed, request_id: str | int | None) -> None:
+    def __init__(
+        self,
+        outcome: Streamed,
+        request_id: str | int | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         # Not Response.__init__: it would render a body and set a content-length.
         self.status_code = 200
         self.background = None
-        self.raw_headers = _SSE_HEADERS
+        # The shared list unless a caller adds headers (never mutated: a fresh list then).
+        self.raw_headers = _SSE_HEADERS if not headers else _with_headers(headers)
         self._outcome = outcome
         self._request_id = request_id
 
@@ -103,7 +109,7 @@ class SseResponse(Response):
         self._gone = self._ending = False
         self._watch()
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             messages = aiter(self._outcome.messages)
             failed = False
             while not failed:
@@ -162,8 +168,18 @@ def _sse_frame(frame: Frame) -> str:
     return f"event: message\ndata: {data}\n\n"
 
 
-def _sse_chunk(item: dict[str, Any] | Frame | list[Frame]) -> bytes:
-    """One item of a :class:`Streamed` outcome as SSE bytes (a batch: all its events)."""
+def _with_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """The SSE headers with ``headers`` added; a header named in both takes ``headers``' value."""
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    names = {name for name, _ in extra}
+    return [h for h in _SSE_HEADERS if h[0] not in names] + extra
+
+
+def _sse_chunk(item: dict[str, Any] | Frame | list[Frame] | bytes) -> bytes:
+    """One item of a :class:`Streamed` outcome as SSE bytes (a batch: all its events; bytes are
+    SSE already framed by their producer, as the plain EventSource endpoint frames its own)."""
+    if isinstance(item, bytes):
+        return item
     if isinstance(item, list):  # a batch: one write for what was at hand
         # A replay's events, inline (a call per event shows in its profile); others as usual.
         return _utf8(
