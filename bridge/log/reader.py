@@ -10,12 +10,22 @@ log start offset. When the checkpoint below that point was deleted, the records 
 start to the next checkpoint (or the head) are counted and subtracted from that checkpoint's
 seq; when retention moves the log start during that count, it is redone from the new one. A
 cursor older than that raises :class:`NotRetained`; nothing is skipped silently.
+
+Catch-up reads of many streams share Kafka reads (:mod:`bridge.log.catchup`): the task's records
+come from a scan of the partition that serves every concurrent read of an overlapping range,
+and the partition's log start is remembered instead of asked for on every read. A remembered
+log start can only be behind the true one (retention moves it forward); a read from below the
+true start fails with OffsetOutOfRangeError, and the read then looks again, as it does when
+retention moves mid-read. :meth:`Reader.earliest_seq` always looks the log start up afresh
+(in a request shared with the other callers of the moment): what it reports is as current as a
+lookup of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from bridge.component import Component
@@ -28,6 +38,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
+from bridge.log.catchup import Coalescer, LogStarts
 from bridge.log.indexer import Indexer
 from bridge.log.records import RecordDecoder
 from bridge.log.seqindex import TaskEntry
@@ -126,11 +137,18 @@ class Reader(Component):
         self._small: AIOKafkaConsumer | None = None
         self._created = 0
         self.records_scanned = 0
+        #: Shared scans; one of the pool's consumers stays free for everything else.
+        self.catchup = Coalescer(
+            self._scan_fetch, scans_per_partition=max(1, pool_size - 2), member_limit=2 * chunk
+        )
+        self.log_start_cache = LogStarts(self._lookup_log_starts)
 
     async def stop(self) -> None:
         await self.close()
 
     async def close(self) -> None:
+        await self.catchup.close()
+        await self.log_start_cache.close()
         for consumer in [*self._all, *([self._small] if self._small else [])]:
             await consumer.stop()
         self._all.clear()
@@ -191,8 +209,30 @@ class Reader(Component):
         finally:
             await self._release(consumer)
 
+    async def _scan_fetch(
+        self, tp: TopicPartition, offset: int
+    ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
+        records, position = await self._fetch(tp, offset)
+        self.records_scanned += len(records)
+        return records, position
+
     async def _log_start(self, tp: TopicPartition) -> int:
-        return (await self.log_starts([tp.partition]))[tp.partition]
+        """The partition's log start, looked up after this call began (shared request)."""
+        return await self.log_start_cache.fresh(tp.partition)
+
+    async def _known_log_start(self, tp: TopicPartition) -> int:
+        """The remembered log start (never ahead of the true one), else a fresh lookup."""
+        known = self.log_start_cache.known(tp.partition)
+        return known if known is not None else await self._log_start(tp)
+
+    async def _lookup_log_starts(self, partitions: list[int]) -> dict[int, int]:
+        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
+        consumer = await self._acquire()
+        try:
+            begins = await consumer.beginning_offsets(tps)
+        finally:
+            await self._release(consumer)
+        return {tp.partition: int(offset) for tp, offset in begins.items()}
 
     # --- the task's records ----------------------------------------------------------------
 
@@ -205,32 +245,21 @@ class Reader(Component):
             raise SeqUntrusted(task_id)
         return _Snapshot(partition, entry)
 
-    async def _task_record_chunks(
+    def _task_record_chunks(
         self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
-        """The task's committed records with ``start <= offset < end``, one list per fetch."""
-        key = task_id.encode("utf-8")
-        offset = start
-        while offset < end:
-            records, offset = await self._fetch(tp, offset)
-            mine = []
-            for record in records:
-                if record.offset >= end:
-                    offset = end
-                    break
-                if record.key == key:
-                    mine.append(record)
-            self.records_scanned += len(records)
-            if mine:
-                yield mine
+    ) -> AsyncGenerator[list[ConsumerRecord[bytes, bytes]], None]:
+        """The task's committed records with ``start <= offset < end``, one list per fetch
+        that had any (from a scan shared with other reads). Close it when stopping early."""
+        return self.catchup.records(tp, task_id.encode("utf-8"), start, end)
 
     async def _task_records(
         self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    ) -> AsyncGenerator[ConsumerRecord[bytes, bytes], None]:
         """The task's committed records with ``start <= offset < end``."""
-        async for chunk in self._task_record_chunks(task_id, tp, start, end):
-            for record in chunk:
-                yield record
+        async with aclosing(self._task_record_chunks(task_id, tp, start, end)) as chunks:
+            async for chunk in chunks:
+                for record in chunk:
+                    yield record
 
     async def _earliest(
         self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
@@ -260,10 +289,11 @@ class Reader(Component):
         bound = snap.first_at_or_after_offset(log_start)
         end_seq, end_offset = bound if bound else (snap.next_seq, snap.last_offset + 1)
         count, first_offset = 0, None
-        async for record in self._task_records(task_id, tp, log_start, end_offset):
-            count += 1
-            if first_offset is None:
-                first_offset = record.offset
+        async with aclosing(self._task_records(task_id, tp, log_start, end_offset)) as records:
+            async for record in records:
+                count += 1
+                if first_offset is None:
+                    first_offset = record.offset
         if count == 0:
             return end_seq, end_offset if bound else None
         return end_seq - count, first_offset
@@ -307,13 +337,9 @@ class Reader(Component):
 
     async def log_starts(self, partitions: list[int]) -> dict[int, int]:
         """The log start offsets of ``partitions`` of the events topic (one request)."""
-        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
-        consumer = await self._acquire()
-        try:
-            begins = await consumer.beginning_offsets(tps)
-        finally:
-            await self._release(consumer)
-        return {tp.partition: int(offset) for tp, offset in begins.items()}
+        starts = await self._lookup_log_starts(partitions)
+        self.log_start_cache.remember(starts)
+        return starts
 
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""
@@ -338,7 +364,7 @@ class Reader(Component):
 
     async def read_batches(
         self, task_id: str, after: int | None = None
-    ) -> AsyncIterator[list[ReadEvent]]:
+    ) -> AsyncGenerator[list[ReadEvent], None]:
         """:meth:`read`, one list per Kafka fetch (what is at hand without waiting)."""
         if after is not None and (
             not isinstance(after, int) or isinstance(after, bool) or after < 0
@@ -351,7 +377,7 @@ class Reader(Component):
         tp = TopicPartition(self.settings.topics.events, snap.partition)
         while True:
             seq, offset = snap.at_or_before(target)
-            log_start = await self._log_start(tp)
+            log_start = await self._known_log_start(tp)
             if offset < log_start:
                 earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)
                 if after is not None and target < earliest:
@@ -359,9 +385,10 @@ class Reader(Component):
                 if earliest_offset is None:
                     return
                 seq, offset, target = earliest, earliest_offset, max(target, earliest)
+            # Closed below whatever happens: an abandoned read leaves its shared scan at once.
+            chunks = self._task_record_chunks(task_id, tp, offset, snap.last_offset + 1)
             try:
-                end = snap.last_offset + 1
-                async for chunk in self._task_record_chunks(task_id, tp, offset, end):
+                async for chunk in chunks:
                     batch = []
                     for record in chunk:
                         if seq >= target:
@@ -372,7 +399,11 @@ class Reader(Component):
                         yield batch
                 return
             except OffsetOutOfRangeError:
-                # Retention moved past us mid-read: start again from the next seq wanted.
+                # Retention moved past us mid-read (or past the remembered log start): start
+                # again from the next seq wanted, with the log start looked up afresh.
+                self.log_start_cache.forget(tp.partition)
                 target = seq
                 if seq > (0 if after is None else after + 1):
                     after = seq - 1
+            finally:
+                await chunks.aclose()

@@ -18,6 +18,7 @@ cancels the request (``notifications/cancelled``) or the process drains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import logging
@@ -252,21 +253,23 @@ class StreamHub:
             terminal_before = self._terminal_offset(task_id) is not None
             try:
                 reading = self.reader.read_batches(task_id, None if any_first else last)
-                async for chunk in reading:
-                    batch, last, step = take_next(chunk, last, ends, any_first=any_first)
-                    any_first = False if batch else any_first
-                    if step is Step.GAP:
-                        self.metrics.seq_gaps.inc()  # the canary: never expected
-                        raise RpcError(
-                            INTERNAL_ERROR,
-                            "internal error: a seq gap in catch-up",
-                            {"taskId": task_id},
-                        )
-                    if batch:
-                        self._delivered(task_id, partition, batch, live=False)
-                        yield batch
-                    if step is Step.ENDED:
-                        return
+                # Closed at once when the stream stops early: it leaves its shared scan.
+                async with contextlib.aclosing(reading):
+                    async for chunk in reading:
+                        batch, last, step = take_next(chunk, last, ends, any_first=any_first)
+                        any_first = False if batch else any_first
+                        if step is Step.GAP:
+                            self.metrics.seq_gaps.inc()  # the canary: never expected
+                            raise RpcError(
+                                INTERNAL_ERROR,
+                                "internal error: a seq gap in catch-up",
+                                {"taskId": task_id},
+                            )
+                        if batch:
+                            self._delivered(task_id, partition, batch, live=False)
+                            yield batch
+                        if step is Step.ENDED:
+                            return
             except NotRetained as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:

@@ -1,0 +1,360 @@
+"""Shared catch-up reads: one Kafka scan of a partition range serves every read that needs it.
+
+Where it sits: between the :class:`~bridge.log.reader.Reader`, which turns a task's records into
+seq-numbered events (and owns every retention rule), and the reader's pool of Kafka consumers.
+The reader asks for "the records of key K with ``start <= offset < end`` of partition P"; this
+module answers from shared scans, so a reconnect storm (thousands of streams resuming at once,
+after a restart) or a burst of fresh opens costs one read of the partition range instead of one
+read per stream, and a fresh stream on a task created long ago no longer scans every
+interleaved record of the other tasks on its own.
+
+The design, chosen for being simple to reason about:
+
+* **Scans per partition.** A scan reads forward from the lowest start of its members, one
+  fetch at a time, and hands each member only its own records (key match, offset in its
+  range), in offset order. A read joins a running scan whose position is at or below its
+  start (the records it needs are still ahead), else the scan that has not started yet (which
+  starts at its members' lowest start, so reads arriving in the same loop tick, or while the
+  partition's scans are busy, share it), else starts one. At most ``scans_per_partition``
+  scans of a partition run at once; a further one waits for a slot, gathering members.
+  When every member's range starts ahead of the scan, the scan seeks there instead of reading
+  what nobody needs, so a scan never reads more than its members would have read alone.
+* **Bounded memory.** Each member buffers at most ``member_limit`` records. A member that falls
+  behind (its client reads slowly, or a long replay outruns it) leaves the scan at the scan's
+  position and continues with its own reads from there, after its buffered records: others
+  are never slowed down by it, and nothing is skipped or repeated.
+* **Errors.** A scan's error (``OffsetOutOfRangeError`` when retention moved past it, a broker
+  error) reaches each member after the records it already has, exactly as if the member had
+  read alone: the reader's retention handling stays the one place that deals with it.
+
+The log start offset is the other per-stream Kafka round trip of the open path:
+:class:`LogStarts` remembers each partition's, and coalesces lookups that must be fresh (one
+request answers every caller waiting for it, and is always sent after the caller asked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeAlias
+
+from bridge.kafka.clients import ConsumerRecord, TopicPartition
+
+__all__ = ["Coalescer", "LogStarts"]
+
+Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
+#: Up to a chunk of committed records of a partition from an offset, and the next position.
+Fetch = Callable[[TopicPartition, int], Awaitable[tuple[list[Record], int]]]
+
+
+class _Member:
+    """One read: the records of ``key`` with ``start <= offset < end``, buffered for its reader."""
+
+    __slots__ = ("buffered", "chunks", "done", "end", "error", "key", "left_at", "scan", "start")
+
+    def __init__(self, key: bytes | None, start: int, end: int) -> None:
+        self.key = key
+        self.start = start
+        self.end = end
+        self.chunks: deque[list[Record]] = deque()
+        self.buffered = 0
+        self.done = False
+        self.error: BaseException | None = None
+        #: Where the member left its scan (its own reads continue from there).
+        self.left_at: int | None = None
+        self.scan: _Scan | None = None
+
+
+class _Scan:
+    """A forward read of one partition serving its members; ``position`` is None until the
+    first fetch (any read may join it until then)."""
+
+    __slots__ = ("by_key", "joined", "members", "position", "tp", "wake")
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.joined = 0
+        self.position: int | None = None
+        self.members: set[_Member] = set()
+        self.by_key: dict[bytes | None, list[_Member]] = {}
+        #: Set whenever a member gets records or ends: its reader's wake-up.
+        self.wake: dict[_Member, asyncio.Event] = {}
+
+    def add(self, member: _Member, wake: asyncio.Event) -> None:
+        member.scan = self
+        self.joined += 1
+        self.members.add(member)
+        self.by_key.setdefault(member.key, []).append(member)
+        self.wake[member] = wake
+
+    def remove(self, member: _Member) -> None:
+        member.scan = None
+        self.members.discard(member)
+        same = self.by_key.get(member.key)
+        if same is not None:
+            same.remove(member)
+            if not same:
+                del self.by_key[member.key]
+        event = self.wake.pop(member, None)
+        if event is not None:
+            event.set()
+
+
+class Coalescer:
+    """Catch-up reads of many tasks served by shared forward scans of their partitions."""
+
+    def __init__(
+        self, fetch: Fetch, *, scans_per_partition: int = 2, member_limit: int = 4000
+    ) -> None:
+        self._fetch = fetch
+        self.scans_per_partition = scans_per_partition
+        self.member_limit = member_limit
+        self._scans: dict[TopicPartition, list[_Scan]] = {}
+        self._slots: dict[TopicPartition, asyncio.Semaphore] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Scans run, reads served by them, and reads that left a scan to read alone.
+        self.scans = 0
+        self.reads = 0
+        self.detached = 0
+        #: Called with the number of reads a scan served, when it ends (metrics).
+        self.on_scan: Callable[[int], None] | None = None
+
+    async def close(self) -> None:
+        """Stop every scan; their members get an error."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def records(
+        self, tp: TopicPartition, key: bytes | None, start: int, end: int
+    ) -> AsyncGenerator[list[Record], None]:
+        """The records of ``key`` with ``start <= offset < end`` in offset order, one list per
+        fetch that had any. Close the iterator (``aclosing``) when stopping early: it leaves
+        its scan at once."""
+        if start >= end:
+            return
+        member = _Member(key, start, end)
+        wake = asyncio.Event()
+        self._join(tp, member, wake)
+        try:
+            while True:
+                if member.chunks:
+                    chunk = member.chunks.popleft()
+                    member.buffered -= len(chunk)
+                    yield chunk
+                    continue
+                if member.error is not None:
+                    raise member.error
+                if member.done:
+                    return
+                if member.left_at is not None:
+                    async for chunk in self._alone(tp, key, member.left_at, end):
+                        yield chunk
+                    return
+                wake.clear()
+                await wake.wait()
+        finally:
+            if member.scan is not None:
+                member.scan.remove(member)
+
+    async def _alone(
+        self, tp: TopicPartition, key: bytes | None, start: int, end: int
+    ) -> AsyncIterator[list[Record]]:
+        """A member's own reads after it left its scan."""
+        offset = start
+        while offset < end:
+            records, offset = await self._fetch(tp, offset)
+            mine = []
+            for record in records:
+                if record.offset >= end:
+                    offset = end
+                    break
+                if record.key == key:
+                    mine.append(record)
+            if mine:
+                yield mine
+
+    def _join(self, tp: TopicPartition, member: _Member, wake: asyncio.Event) -> None:
+        scans = self._scans.setdefault(tp, [])
+        waiting: _Scan | None = None
+        best: _Scan | None = None
+        for scan in scans:
+            if scan.position is None:
+                waiting = scan
+            elif scan.position <= member.start and (
+                best is None or best.position is None or scan.position > best.position
+            ):
+                best = scan
+        target = best or waiting
+        if target is None:
+            target = _Scan(tp)
+            scans.append(target)
+            task = asyncio.create_task(self._run(target))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        target.add(member, wake)
+        self.reads += 1
+
+    def _drop(self, scan: _Scan) -> None:
+        scans = self._scans.get(scan.tp)
+        if scans is not None and scan in scans:
+            scans.remove(scan)
+            if not scans:
+                del self._scans[scan.tp]
+
+    async def _run(self, scan: _Scan) -> None:
+        slots = self._slots.get(scan.tp)
+        if slots is None:
+            slots = self._slots[scan.tp] = asyncio.Semaphore(self.scans_per_partition)
+        try:
+            async with slots:
+                while scan.members:
+                    # Seek past what no member needs (every member starts further on).
+                    lowest = min(m.start for m in scan.members)
+                    if scan.position is None or lowest > scan.position:
+                        scan.position = lowest
+                    records, position = await self._fetch(scan.tp, scan.position)
+                    # From here to the end of the iteration nothing awaits: a read joining
+                    # now sees the scan's new position.
+                    self._hand_out(scan, records)
+                    scan.position = position
+                    self._settle(scan, position)
+                self._drop(scan)
+        except BaseException as exc:
+            self._drop(scan)
+            error = exc if isinstance(exc, Exception) else RuntimeError("the reader closed")
+            for member in list(scan.members):
+                member.error = error
+                scan.remove(member)
+            raise
+        finally:
+            self.scans += 1
+            if self.on_scan is not None:
+                self.on_scan(scan.joined)
+
+    @staticmethod
+    def _hand_out(scan: _Scan, records: list[Record]) -> None:
+        """Each member's own records of this fetch, as one chunk, in offset order."""
+        got: dict[_Member, list[Record]] = {}
+        by_key = scan.by_key
+        for record in records:
+            members = by_key.get(record.key)
+            if not members:
+                continue
+            offset = record.offset
+            for member in members:
+                if member.start <= offset < member.end:
+                    mine = got.get(member)
+                    if mine is None:
+                        got[member] = [record]
+                    else:
+                        mine.append(record)
+        for member, mine in got.items():
+            member.chunks.append(mine)
+            member.buffered += len(mine)
+            scan.wake[member].set()
+
+    def _settle(self, scan: _Scan, position: int) -> None:
+        """Members whose range is read are done; members too far behind read on alone."""
+        for member in list(scan.members):
+            if position >= member.end:
+                member.done = True
+                scan.remove(member)
+            elif member.buffered > self.member_limit:
+                member.left_at = position
+                self.detached += 1
+                scan.remove(member)
+
+
+class LogStarts:
+    """The log start offsets of a topic's partitions: remembered, and looked up in shared
+    requests.
+
+    :meth:`fresh` returns a value looked up after the call began (a request already in flight
+    may predate the caller, so a caller arriving during one waits for the next): callers that
+    must see retention as it is now get exactly that, and any number of them cost one request
+    per round trip. :meth:`known` returns the last value seen if it is younger than
+    ``max_age_s`` (the log start only moves forward, so it is never ahead of the truth; a read
+    from below the true start fails with OffsetOutOfRangeError, and the reader then calls
+    :meth:`forget` and looks again).
+    """
+
+    def __init__(
+        self, lookup: Callable[[list[int]], Awaitable[dict[int, int]]], max_age_s: float = 5.0
+    ) -> None:
+        self._lookup = lookup
+        self.max_age_s = max_age_s
+        self._known: dict[int, tuple[int, float]] = {}
+        self._next: asyncio.Future[dict[int, int]] | None = None
+        self._wanted: set[int] = set()
+        self._driver: asyncio.Task[None] | None = None
+        #: Lookup requests sent (a storm of opens should send few).
+        self.requests = 0
+
+    def known(self, partition: int) -> int | None:
+        """The remembered log start of ``partition``, if recent enough."""
+        entry = self._known.get(partition)
+        if entry is None or time.monotonic() - entry[1] > self.max_age_s:
+            return None
+        return entry[0]
+
+    def remember(self, starts: dict[int, int]) -> None:
+        """Log starts just looked up elsewhere (the metrics' refresh)."""
+        now = time.monotonic()
+        for partition, start in starts.items():
+            old = self._known.get(partition)
+            # The log start never moves back: a slower, older answer must not win.
+            self._known[partition] = (max(start, old[0]) if old else start, now)
+
+    def forget(self, partition: int) -> None:
+        """A read found the log start further on than remembered."""
+        self._known.pop(partition, None)
+
+    async def fresh(self, partition: int) -> int:
+        """The log start of ``partition`` as looked up after this call began."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        future = self._next
+        self._wanted.add(partition)
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.create_task(self._drive())
+        starts = await asyncio.shield(future)
+        return starts[partition]
+
+    async def _drive(self) -> None:
+        while self._next is not None:
+            future, wanted = self._next, sorted(self._wanted)
+            self._next, self._wanted = None, set()
+            self.requests += 1
+            try:
+                starts = await self._lookup(wanted)
+            except BaseException as exc:
+                future.set_exception(exc if isinstance(exc, Exception) else ConnectionError())
+                future.add_done_callback(_retrieve)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            self.remember(starts)
+            future.set_result(starts)
+
+    async def close(self) -> None:
+        """Stop the lookups; callers waiting get an error."""
+        if self._driver is not None:
+            self._driver.cancel()
+            with contextlib.suppress(BaseException):
+                await self._driver
+        if self._next is not None and not self._next.done():
+            self._next.set_exception(ConnectionError("the reader closed"))
+            self._next.add_done_callback(_retrieve)
+        self._next = None
+
+
+def _retrieve(future: asyncio.Future[dict[int, int]]) -> None:
+    """Mark a future's exception retrieved (its callers may all have gone)."""
+    if not future.cancelled():
+        future.exception()
