@@ -166,6 +166,22 @@ async def test_a_scan_error_reaches_each_member_after_the_records_it_already_has
         assert got[key] == log.mine(key, 0, 300)
 
 
+async def test_a_later_scan_of_a_recent_range_reads_nothing_from_kafka_again() -> None:
+    log = Log(1000, KEYS)
+    coalescer = Coalescer(log.fetch, recent_chunks=100)
+    assert await offsets(coalescer.records(TP, KEYS[0], 0, 1000)) == log.mine(KEYS[0], 0, 1000)
+    assert len(log.fetches) == 100
+    # a later read from inside a chunk: the chunk's records from there on
+    assert await offsets(coalescer.records(TP, KEYS[3], 5, 1000)) == log.mine(KEYS[3], 5, 1000)
+    assert len(log.fetches) == 100 and coalescer.scans == 2
+    # retention learnt by the reader: what it deleted is not served from memory either
+    log.log_start = 505
+    coalescer.forget_before(TP, 505)
+    with pytest.raises(OffsetOutOfRangeError):
+        await offsets(coalescer.records(TP, KEYS[3], 0, 1000))
+    assert await offsets(coalescer.records(TP, KEYS[5], 505, 1000)) == log.mine(KEYS[5], 505, 1000)
+
+
 async def test_concurrent_fresh_log_start_lookups_share_requests_and_see_the_present() -> None:
     start = {"value": 10}
     calls: list[list[int]] = []

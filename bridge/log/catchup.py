@@ -23,6 +23,12 @@ The design, chosen for being simple to reason about:
   behind (its client reads slowly, or a long replay outruns it) leaves the scan at the scan's
   position and continues with its own reads from there, after its buffered records: others
   are never slowed down by it, and nothing is skipped or repeated.
+* **Recent chunks.** The last few fetches of each partition (``recent_chunks``, for
+  ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
+  reads the same range again (the ones arriving while a scan runs wait for the next), and
+  that costs no second Kafka read or record decode. Committed records never change; a chunk
+  is only as old as a fetch that raced retention, and the reader drops the chunks below a log
+  start it learns (:meth:`Coalescer.forget_before`).
 * **Errors.** A scan's error (``OffsetOutOfRangeError`` when retention moved past it, a broker
   error) reaches each member after the records it already has, exactly as if the member had
   read alone: the reader's retention handling stays the one place that deals with it.
@@ -35,6 +41,7 @@ request answers every caller waiting for it, and is always sent after the caller
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
 from collections import deque
@@ -48,6 +55,39 @@ __all__ = ["Coalescer", "LogStarts"]
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 #: Up to a chunk of committed records of a partition from an offset, and the next position.
 Fetch = Callable[[TopicPartition, int], Awaitable[tuple[list[Record], int]]]
+
+
+class _Chunk:
+    """A fetch's answer: the committed records from ``start`` up to ``position``."""
+
+    __slots__ = ("at", "keys", "position", "records", "start")
+
+    def __init__(self, start: int, records: list[Record], position: int, at: float) -> None:
+        self.start = start
+        self.records = records
+        self.position = position
+        self.at = at
+        #: Each key's (offsets, records), built on first use: a read then picks its own
+        #: records without looking at anyone else's.
+        self.keys: dict[bytes | None, tuple[list[int], list[Record]]] | None = None
+
+    def of(self, key: bytes | None, start: int, end: int) -> list[Record]:
+        """The records of ``key`` with ``start <= offset < end``, in offset order."""
+        keys = self.keys
+        if keys is None:
+            keys = self.keys = {}
+            for record in self.records:
+                entry = keys.get(record.key)
+                if entry is None:
+                    keys[record.key] = ([record.offset], [record])
+                else:
+                    entry[0].append(record.offset)
+                    entry[1].append(record)
+        entry = keys.get(key)
+        if entry is None:
+            return []
+        offsets, records = entry
+        return records[bisect.bisect_left(offsets, start) : bisect.bisect_left(offsets, end)]
 
 
 class _Member:
@@ -107,9 +147,18 @@ class Coalescer:
     """Catch-up reads of many tasks served by shared forward scans of their partitions."""
 
     def __init__(
-        self, fetch: Fetch, *, scans_per_partition: int = 2, member_limit: int = 4000
+        self,
+        fetch: Fetch,
+        *,
+        scans_per_partition: int = 1,
+        member_limit: int = 4000,
+        recent_chunks: int = 8,
+        recent_s: float = 2.0,
     ) -> None:
-        self._fetch = fetch
+        self._kafka_fetch = fetch
+        self._recent: dict[TopicPartition, deque[_Chunk]] = {}
+        self.recent_chunks = recent_chunks
+        self.recent_s = recent_s
         self.scans_per_partition = scans_per_partition
         self.member_limit = member_limit
         self._scans: dict[TopicPartition, list[_Scan]] = {}
@@ -119,8 +168,11 @@ class Coalescer:
         self.scans = 0
         self.reads = 0
         self.detached = 0
-        #: Called with the number of reads a scan served, when it ends (metrics).
+        self.reused = 0
+        #: Called with the number of reads a scan served, when it ends, and when a read leaves
+        #: its scan to read alone (metrics).
         self.on_scan: Callable[[int], None] | None = None
+        self.on_detach: Callable[[], None] | None = None
 
     async def close(self) -> None:
         """Stop every scan; their members get an error."""
@@ -168,16 +220,40 @@ class Coalescer:
         """A member's own reads after it left its scan."""
         offset = start
         while offset < end:
-            records, offset = await self._fetch(tp, offset)
-            mine = []
-            for record in records:
-                if record.offset >= end:
-                    offset = end
-                    break
-                if record.key == key:
-                    mine.append(record)
+            chunk = await self._fetch(tp, offset)
+            mine = chunk.of(key, offset, end)
+            offset = chunk.position
             if mine:
                 yield mine
+
+    async def _fetch(self, tp: TopicPartition, offset: int) -> _Chunk:
+        """A chunk holding what a fetch from ``offset`` returns (its records from ``offset``
+        on, up to its position): one read in the last ``recent_s`` seconds when one covers
+        ``offset`` (the next scan of a storm reads the same range again), else a new fetch."""
+        now = time.monotonic()
+        recent = self._recent.get(tp)
+        if recent:
+            while recent and now - recent[0].at > self.recent_s:
+                recent.popleft()
+            for chunk in recent:
+                if chunk.start <= offset < chunk.position:
+                    self.reused += 1
+                    return chunk
+        records, position = await self._kafka_fetch(tp, offset)
+        fetched = _Chunk(offset, records, position, time.monotonic())
+        if position > offset:
+            recent = self._recent.setdefault(tp, deque(maxlen=self.recent_chunks))
+            recent.append(fetched)
+        return fetched
+
+    def forget_before(self, tp: TopicPartition, log_start: int) -> None:
+        """Retention moved the log start: recent chunks no longer answer for what it deleted
+        (a read from below the log start must fail, as it would at the broker)."""
+        recent = self._recent.get(tp)
+        if recent and recent[0].start < log_start:
+            self._recent[tp] = deque(
+                (c for c in recent if c.start >= log_start), maxlen=self.recent_chunks
+            )
 
     def _join(self, tp: TopicPartition, member: _Member, wake: asyncio.Event) -> None:
         scans = self._scans.setdefault(tp, [])
@@ -218,12 +294,13 @@ class Coalescer:
                     lowest = min(m.start for m in scan.members)
                     if scan.position is None or lowest > scan.position:
                         scan.position = lowest
-                    records, position = await self._fetch(scan.tp, scan.position)
+                    at = scan.position
+                    chunk = await self._fetch(scan.tp, at)
                     # From here to the end of the iteration nothing awaits: a read joining
                     # now sees the scan's new position.
-                    self._hand_out(scan, records)
-                    scan.position = position
-                    self._settle(scan, position)
+                    self._hand_out(scan, chunk, at)
+                    scan.position = chunk.position
+                    self._settle(scan, chunk.position)
                 self._drop(scan)
         except BaseException as exc:
             self._drop(scan)
@@ -238,26 +315,15 @@ class Coalescer:
                 self.on_scan(scan.joined)
 
     @staticmethod
-    def _hand_out(scan: _Scan, records: list[Record]) -> None:
-        """Each member's own records of this fetch, as one chunk, in offset order."""
-        got: dict[_Member, list[Record]] = {}
-        by_key = scan.by_key
-        for record in records:
-            members = by_key.get(record.key)
-            if not members:
-                continue
-            offset = record.offset
+    def _hand_out(scan: _Scan, chunk: _Chunk, at: int) -> None:
+        """Each member's own records of this fetch (from ``at``), as one list, in offset order."""
+        for key, members in scan.by_key.items():
             for member in members:
-                if member.start <= offset < member.end:
-                    mine = got.get(member)
-                    if mine is None:
-                        got[member] = [record]
-                    else:
-                        mine.append(record)
-        for member, mine in got.items():
-            member.chunks.append(mine)
-            member.buffered += len(mine)
-            scan.wake[member].set()
+                mine = chunk.of(key, max(at, member.start), member.end)
+                if mine:
+                    member.chunks.append(mine)
+                    member.buffered += len(mine)
+                    scan.wake[member].set()
 
     def _settle(self, scan: _Scan, position: int) -> None:
         """Members whose range is read are done; members too far behind read on alone."""
@@ -269,6 +335,8 @@ class Coalescer:
                 member.left_at = position
                 self.detached += 1
                 scan.remove(member)
+                if self.on_detach is not None:
+                    self.on_detach()
 
 
 class LogStarts:
@@ -293,8 +361,9 @@ class LogStarts:
         self._next: asyncio.Future[dict[int, int]] | None = None
         self._wanted: set[int] = set()
         self._driver: asyncio.Task[None] | None = None
-        #: Lookup requests sent (a storm of opens should send few).
+        #: Lookup requests sent (a storm of opens should send few), and a hook for metrics.
         self.requests = 0
+        self.on_request: Callable[[], None] | None = None
 
     def known(self, partition: int) -> int | None:
         """The remembered log start of ``partition``, if recent enough."""
@@ -331,6 +400,8 @@ class LogStarts:
             future, wanted = self._next, sorted(self._wanted)
             self._next, self._wanted = None, set()
             self.requests += 1
+            if self.on_request is not None:
+                self.on_request()
             try:
                 starts = await self._lookup(wanted)
             except BaseException as exc:

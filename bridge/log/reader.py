@@ -24,7 +24,7 @@ lookup of its own.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -138,10 +138,21 @@ class Reader(Component):
         self._created = 0
         self.records_scanned = 0
         #: Shared scans; one of the pool's consumers stays free for everything else.
-        self.catchup = Coalescer(
-            self._scan_fetch, scans_per_partition=max(1, pool_size - 2), member_limit=2 * chunk
-        )
+        self.catchup = Coalescer(self._scan_fetch, member_limit=2 * chunk)
         self.log_start_cache = LogStarts(self._lookup_log_starts)
+
+    def observe(
+        self,
+        *,
+        scans: Callable[[int], None],
+        detached: Callable[[], None],
+        lookups: Callable[[], None],
+    ) -> None:
+        """Report each shared scan (with the reads it served), each read that left its scan
+        to read alone, and each log-start request (the hub's metrics)."""
+        self.catchup.on_scan = scans
+        self.catchup.on_detach = detached
+        self.log_start_cache.on_request = lookups
 
     async def stop(self) -> None:
         await self.close()
@@ -218,7 +229,9 @@ class Reader(Component):
 
     async def _log_start(self, tp: TopicPartition) -> int:
         """The partition's log start, looked up after this call began (shared request)."""
-        return await self.log_start_cache.fresh(tp.partition)
+        start = await self.log_start_cache.fresh(tp.partition)
+        self.catchup.forget_before(tp, start)
+        return start
 
     async def _known_log_start(self, tp: TopicPartition) -> int:
         """The remembered log start (never ahead of the true one), else a fresh lookup."""

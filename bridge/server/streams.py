@@ -128,6 +128,15 @@ class StreamHub:
             )
         )
         self._status_type = settings.own_types.status
+        # labels() takes a lock and a dict lookup: once here, not on every open.
+        self._opens = {mode: metrics.stream_opens.labels(mode) for mode in ("fresh", "resume")}
+        # The reader's shared scans and log-start lookups report here (bridge.log knows no
+        # metrics).
+        reader.observe(
+            scans=metrics.catchup_scans.observe,
+            detached=metrics.catchup_detached.inc,
+            lookups=metrics.log_start_lookups.inc,
+        )
 
     def drain(self) -> None:
         """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
@@ -215,7 +224,7 @@ class StreamHub:
         events_gone found mid-stream.
         """
         task_id = ticket.task_id
-        self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
+        self._opens["fresh" if after is None else "resume"].inc()
         partition = self.indexer.partition_of(task_id)
         with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
             ticket.on_cancel.append(sub.close)
