@@ -308,7 +308,9 @@ class Coalescer:
             for member in list(scan.members):
                 member.error = error
                 scan.remove(member)
-            raise
+            if error is not exc:
+                raise  # cancelled (the reader closes): the members were told
+            # Otherwise the members have the error; the scan itself ends quietly.
         finally:
             self.scans += 1
             if self.on_scan is not None:
