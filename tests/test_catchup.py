@@ -204,10 +204,3 @@ async def test_concurrent_fresh_log_start_lookups_share_requests_and_see_the_pre
         # A caller that came after the first request went out never gets its older answer.
         assert set(await asyncio.gather(*late)) == {20}
     assert calls == [[0], [0]]
-    assert starts.known(0) == 20
-    starts.forget(0)
-    assert starts.known(0) is None
-    starts.remember({0: 15})  # an older, slower answer never moves the log start back
-    assert starts.known(0) == 15
-    starts.remember({0: 12})
-    assert starts.known(0) == 15

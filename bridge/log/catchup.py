@@ -26,16 +26,17 @@ The design, chosen for being simple to reason about:
 * **Recent chunks.** The last few fetches of each partition (``recent_chunks``, for
   ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
   reads the same range again (the ones arriving while a scan runs wait for the next), and
-  that costs no second Kafka read or record decode. Committed records never change; a chunk
-  is only as old as a fetch that raced retention, and the reader drops the chunks below a log
-  start it learns (:meth:`Coalescer.forget_before`).
+  that costs no second Kafka read or record decode. Committed records never change; the
+  reader's reads start at or above the log start it has just looked up, and it drops the
+  chunks below every log start it learns (:meth:`Coalescer.forget_before`), so a read never
+  gets from memory what retention has deleted before the read began.
 * **Errors.** A scan's error (``OffsetOutOfRangeError`` when retention moved past it, a broker
   error) reaches each member after the records it already has, exactly as if the member had
   read alone: the reader's retention handling stays the one place that deals with it.
 
 The log start offset is the other per-stream Kafka round trip of the open path:
-:class:`LogStarts` remembers each partition's, and coalesces lookups that must be fresh (one
-request answers every caller waiting for it, and is always sent after the caller asked).
+:class:`LogStarts` coalesces the lookups (one request answers every caller waiting for it, and
+is always sent after the caller asked, so each sees retention as it was when it asked).
 """
 
 from __future__ import annotations
@@ -342,49 +343,24 @@ class Coalescer:
 
 
 class LogStarts:
-    """The log start offsets of a topic's partitions: remembered, and looked up in shared
-    requests.
+    """The log start offsets of a topic's partitions, looked up in shared requests.
 
     :meth:`fresh` returns a value looked up after the call began (a request already in flight
-    may predate the caller, so a caller arriving during one waits for the next): callers that
-    must see retention as it is now get exactly that, and any number of them cost one request
-    per round trip. :meth:`known` returns the last value seen if it is younger than
-    ``max_age_s`` (the log start only moves forward, so it is never ahead of the truth; a read
-    from below the true start fails with OffsetOutOfRangeError, and the reader then calls
-    :meth:`forget` and looks again).
+    may predate the caller, so a caller arriving during one waits for the next): every caller
+    sees retention as it was when it asked, exactly as with a request of its own, and any
+    number of callers cost one request per round trip. (A remembered value, refreshed on
+    OffsetOutOfRangeError, was tried: a stream opened right after deleteRecords then served
+    events the deletion had removed, from a consumer's buffer or a recent chunk.)
     """
 
-    def __init__(
-        self, lookup: Callable[[list[int]], Awaitable[dict[int, int]]], max_age_s: float = 5.0
-    ) -> None:
+    def __init__(self, lookup: Callable[[list[int]], Awaitable[dict[int, int]]]) -> None:
         self._lookup = lookup
-        self.max_age_s = max_age_s
-        self._known: dict[int, tuple[int, float]] = {}
         self._next: asyncio.Future[dict[int, int]] | None = None
         self._wanted: set[int] = set()
         self._driver: asyncio.Task[None] | None = None
         #: Lookup requests sent (a storm of opens should send few), and a hook for metrics.
         self.requests = 0
         self.on_request: Callable[[], None] | None = None
-
-    def known(self, partition: int) -> int | None:
-        """The remembered log start of ``partition``, if recent enough."""
-        entry = self._known.get(partition)
-        if entry is None or time.monotonic() - entry[1] > self.max_age_s:
-            return None
-        return entry[0]
-
-    def remember(self, starts: dict[int, int]) -> None:
-        """Log starts just looked up elsewhere (the metrics' refresh)."""
-        now = time.monotonic()
-        for partition, start in starts.items():
-            old = self._known.get(partition)
-            # The log start never moves back: a slower, older answer must not win.
-            self._known[partition] = (max(start, old[0]) if old else start, now)
-
-    def forget(self, partition: int) -> None:
-        """A read found the log start further on than remembered."""
-        self._known.pop(partition, None)
 
     async def fresh(self, partition: int) -> int:
         """The log start of ``partition`` as looked up after this call began."""
@@ -412,7 +388,6 @@ class LogStarts:
                 if not isinstance(exc, Exception):
                     raise
                 continue
-            self.remember(starts)
             future.set_result(starts)
 
     async def close(self) -> None:

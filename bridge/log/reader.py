@@ -13,12 +13,10 @@ cursor older than that raises :class:`NotRetained`; nothing is skipped silently.
 
 Catch-up reads of many streams share Kafka reads (:mod:`bridge.log.catchup`): the task's records
 come from a scan of the partition that serves every concurrent read of an overlapping range,
-and the partition's log start is remembered instead of asked for on every read. A remembered
-log start can only be behind the true one (retention moves it forward); a read from below the
-true start fails with OffsetOutOfRangeError, and the read then looks again, as it does when
-retention moves mid-read. :meth:`Reader.earliest_seq` always looks the log start up afresh
-(in a request shared with the other callers of the moment): what it reports is as current as a
-lookup of its own.
+and the log start lookups of concurrent reads share one request. Every read still sees the log
+start as it was when the read began (the shared request is always sent after the caller
+asked): a remembered value was tried and dropped, because a stream opened right after
+deleteRecords then served events that were already deleted.
 """
 
 from __future__ import annotations
@@ -233,11 +231,6 @@ class Reader(Component):
         self.catchup.forget_before(tp, start)
         return start
 
-    async def _known_log_start(self, tp: TopicPartition) -> int:
-        """The remembered log start (never ahead of the true one), else a fresh lookup."""
-        known = self.log_start_cache.known(tp.partition)
-        return known if known is not None else await self._log_start(tp)
-
     async def _lookup_log_starts(self, partitions: list[int]) -> dict[int, int]:
         tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
         consumer = await self._acquire()
@@ -350,9 +343,7 @@ class Reader(Component):
 
     async def log_starts(self, partitions: list[int]) -> dict[int, int]:
         """The log start offsets of ``partitions`` of the events topic (one request)."""
-        starts = await self._lookup_log_starts(partitions)
-        self.log_start_cache.remember(starts)
-        return starts
+        return await self._lookup_log_starts(partitions)
 
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""
@@ -390,7 +381,7 @@ class Reader(Component):
         tp = TopicPartition(self.settings.topics.events, snap.partition)
         while True:
             seq, offset = snap.at_or_before(target)
-            log_start = await self._known_log_start(tp)
+            log_start = await self._log_start(tp)
             if offset < log_start:
                 earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)
                 if after is not None and target < earliest:
@@ -412,9 +403,7 @@ class Reader(Component):
                         yield batch
                 return
             except OffsetOutOfRangeError:
-                # Retention moved past us mid-read (or past the remembered log start): start
-                # again from the next seq wanted, with the log start looked up afresh.
-                self.log_start_cache.forget(tp.partition)
+                # Retention moved past us mid-read: start again from the next seq wanted.
                 target = seq
                 if seq > (0 if after is None else after + 1):
                     after = seq - 1
