@@ -51,7 +51,7 @@ from typing import TypeAlias
 
 from bridge.kafka.clients import ConsumerRecord, TopicPartition
 
-__all__ = ["Coalescer", "LogStarts"]
+__all__ = ["Coalescer", "LogStarts", "Read"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 #: Up to a chunk of committed records of a partition from an offset, and the next position.
@@ -144,6 +144,29 @@ class _Scan:
             event.set()
 
 
+class Read:
+    """One read's records, as :meth:`Coalescer.records` returns them: an async iterator of
+    lists that leaves its scan when closed, even if it was never iterated."""
+
+    __slots__ = ("_chunks", "_member")
+
+    def __init__(self, member: _Member, chunks: AsyncGenerator[list[Record], None]) -> None:
+        self._member = member
+        self._chunks = chunks
+
+    def __aiter__(self) -> Read:
+        return self
+
+    async def __anext__(self) -> list[Record]:
+        return await anext(self._chunks)
+
+    async def aclose(self) -> None:
+        """Stop reading: leave the scan, drop what is buffered."""
+        await self._chunks.aclose()
+        if self._member.scan is not None:
+            self._member.scan.remove(self._member)
+
+
 class Coalescer:
     """Catch-up reads of many tasks served by shared forward scans of their partitions."""
 
@@ -183,17 +206,23 @@ class Coalescer:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def records(
-        self, tp: TopicPartition, key: bytes | None, start: int, end: int
-    ) -> AsyncGenerator[list[Record], None]:
+    def records(self, tp: TopicPartition, key: bytes | None, start: int, end: int) -> Read:
         """The records of ``key`` with ``start <= offset < end`` in offset order, one list per
-        fetch that had any. Close the iterator (``aclosing``) when stopping early: it leaves
-        its scan at once."""
-        if start >= end:
-            return
+        fetch that had any. The read joins a scan at once (its records are fetched while the
+        caller does something else, such as looking up the log start); close it when stopping
+        early (``aclosing``): it leaves its scan at once."""
         member = _Member(key, start, end)
         wake = asyncio.Event()
-        self._join(tp, member, wake)
+        if start < end:
+            self._join(tp, member, wake)
+        else:
+            member.done = True
+        return Read(member, self._deliver(tp, member, wake))
+
+    async def _deliver(
+        self, tp: TopicPartition, member: _Member, wake: asyncio.Event
+    ) -> AsyncGenerator[list[Record], None]:
+        key, end = member.key, member.end
         try:
             while True:
                 if member.chunks:

@@ -36,7 +36,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
-from bridge.log.catchup import Coalescer, LogStarts
+from bridge.log.catchup import Coalescer, LogStarts, Read
 from bridge.log.indexer import Indexer
 from bridge.log.records import RecordDecoder
 from bridge.log.seqindex import TaskEntry
@@ -133,11 +133,14 @@ class Reader(Component):
         #: Where each idle consumer stands: (partition, next offset); reused without a seek.
         self._at: dict[int, tuple[TopicPartition, int]] = {}
         self._small: AIOKafkaConsumer | None = None
+        #: The shared log-start lookups' own consumer (one lookup at a time): they never queue
+        #: behind the pool's fetches, and every open waits for one.
+        self._starts: AIOKafkaConsumer | None = None
         self._created = 0
         self.records_scanned = 0
         #: Shared scans; one of the pool's consumers stays free for everything else.
         self.catchup = Coalescer(self._scan_fetch, member_limit=2 * chunk)
-        self.log_start_cache = LogStarts(self._lookup_log_starts)
+        self.log_start_cache = LogStarts(self._shared_log_starts)
 
     def observe(
         self,
@@ -158,12 +161,14 @@ class Reader(Component):
     async def close(self) -> None:
         await self.catchup.close()
         await self.log_start_cache.close()
-        for consumer in [*self._all, *([self._small] if self._small else [])]:
+        extra = [c for c in (self._small, self._starts) if c is not None]
+        for consumer in [*self._all, *extra]:
             await consumer.stop()
         self._all.clear()
         self._idle.clear()
         self._created = 0
         self._small = None
+        self._starts = None
 
     # --- consumers -----------------------------------------------------------------------
 
@@ -231,6 +236,15 @@ class Reader(Component):
         self.catchup.forget_before(tp, start)
         return start
 
+    async def _shared_log_starts(self, partitions: list[int]) -> dict[int, int]:
+        if self._starts is None:
+            consumer = committed_consumer(self.settings, role="reader-starts")
+            await consumer.start()
+            self._starts = consumer
+        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
+        begins = await self._starts.beginning_offsets(tps)
+        return {tp.partition: int(offset) for tp, offset in begins.items()}
+
     async def _lookup_log_starts(self, partitions: list[int]) -> dict[int, int]:
         tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
         consumer = await self._acquire()
@@ -251,11 +265,9 @@ class Reader(Component):
             raise SeqUntrusted(task_id)
         return _Snapshot(partition, entry)
 
-    def _task_record_chunks(
-        self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncGenerator[list[ConsumerRecord[bytes, bytes]], None]:
+    def _task_record_chunks(self, task_id: str, tp: TopicPartition, start: int, end: int) -> Read:
         """The task's committed records with ``start <= offset < end``, one list per fetch
-        that had any (from a scan shared with other reads). Close it when stopping early."""
+        that had any (from a scan shared with other reads, joined now). Close it when done."""
         return self.catchup.records(tp, task_id.encode("utf-8"), start, end)
 
     async def _task_records(
@@ -379,18 +391,27 @@ class Reader(Component):
         if target >= snap.next_seq:
             return
         tp = TopicPartition(self.settings.topics.events, snap.partition)
+        end = snap.last_offset + 1
         while True:
             seq, offset = snap.at_or_before(target)
-            log_start = await self._log_start(tp)
+            # The records are fetched while the log start is looked up (both cost a round
+            # trip); none is used before the lookup says they are retained.
+            chunks = self._task_record_chunks(task_id, tp, offset, end)
+            try:
+                log_start = await self._log_start(tp)
+            except BaseException:
+                await chunks.aclose()
+                raise
             if offset < log_start:
+                await chunks.aclose()
                 earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)
                 if after is not None and target < earliest:
                     raise NotRetained(task_id, earliest)
                 if earliest_offset is None:
                     return
                 seq, offset, target = earliest, earliest_offset, max(target, earliest)
+                chunks = self._task_record_chunks(task_id, tp, offset, end)
             # Closed below whatever happens: an abandoned read leaves its shared scan at once.
-            chunks = self._task_record_chunks(task_id, tp, offset, snap.last_offset + 1)
             try:
                 async for chunk in chunks:
                     batch = []
