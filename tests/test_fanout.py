@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from support.waits import BOUND
+from support.waits import BOUND, wait_until
 
 from bridge.envelope import TaskEvent
 from bridge.log.fanout import Subscription
@@ -20,14 +20,12 @@ async def test_wait_wakes_on_an_offer_and_says_idle_when_nothing_came() -> None:
     async with asyncio.timeout(BOUND):
         assert await sub.wait(0.01) is False  # idle: the caller sends a keep-alive
         waiting = asyncio.create_task(sub.wait(BOUND))
-        while sub.waiter is None:
-            await asyncio.sleep(0)  # until the task is parked on its waiter
+        await wait_until(lambda: sub.waiter is not None, what="the task waits on its waiter")
         sub.offer(live(0))
         assert await waiting is True
         assert [e.seq for e in sub.take()] == [0]
         waiting = asyncio.create_task(sub.wait(None))
-        while sub.waiter is None:
-            await asyncio.sleep(0)
+        await wait_until(lambda: sub.waiter is not None, what="the task waits again")
         sub.close()
         assert await waiting is True and sub.closed
         assert sub.waiter is None
