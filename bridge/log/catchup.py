@@ -23,8 +23,8 @@ The design, chosen for being simple to reason about:
   behind (its client reads slowly, or a long replay outruns it) leaves the scan at the scan's
   position and continues with its own reads from there, after its buffered records: others
   are never slowed down by it, and nothing is skipped or repeated.
-* **Recent chunks.** The last few fetches of each partition (``recent_chunks``, for
-  ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
+* **Recent chunks.** The last few fetches (``recent_chunks`` in all, whatever the partition,
+  for ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
   reads the same range again (the ones arriving while a scan runs wait for the next), and
   that costs no second Kafka read or record decode. Committed records never change; the
   reader's reads start at or above the log start it has just looked up, and it drops the
@@ -176,11 +176,13 @@ class Coalescer:
         *,
         scans_per_partition: int = 1,
         member_limit: int = 4000,
-        recent_chunks: int = 8,
+        recent_chunks: int = 16,
         recent_s: float = 2.0,
     ) -> None:
         self._kafka_fetch = fetch
-        self._recent: dict[TopicPartition, deque[_Chunk]] = {}
+        #: The last fetches of any partition, oldest first: at most ``recent_chunks`` of them
+        #: (a fetch is at most ``chunk`` records and a fetch's bytes), whatever the partitions.
+        self._recent: deque[tuple[TopicPartition, _Chunk]] = deque(maxlen=recent_chunks)
         self.recent_chunks = recent_chunks
         self.recent_s = recent_s
         self.scans_per_partition = scans_per_partition
@@ -260,30 +262,29 @@ class Coalescer:
         """A chunk holding what a fetch from ``offset`` returns (its records from ``offset``
         on, up to its position): one read in the last ``recent_s`` seconds when one covers
         ``offset`` (the next scan of a storm reads the same range again), else a new fetch."""
+        recent = self._recent
         now = time.monotonic()
-        recent = self._recent.get(tp)
-        if recent:
-            while recent and now - recent[0].at > self.recent_s:
-                recent.popleft()
-            for chunk in recent:
-                if chunk.start <= offset < chunk.position:
-                    self.reused += 1
-                    return chunk
+        while recent and now - recent[0][1].at > self.recent_s:
+            recent.popleft()
+        for at, chunk in recent:
+            if at == tp and chunk.start <= offset < chunk.position:
+                self.reused += 1
+                # Yield as a fetch would: a scan answered from memory must not run through
+                # its whole range in one go, starving its readers and everyone else.
+                await asyncio.sleep(0)
+                return chunk
         records, position = await self._kafka_fetch(tp, offset)
         fetched = _Chunk(offset, records, position, time.monotonic())
         if position > offset:
-            recent = self._recent.setdefault(tp, deque(maxlen=self.recent_chunks))
-            recent.append(fetched)
+            recent.append((tp, fetched))  # the oldest goes when full
         return fetched
 
     def forget_before(self, tp: TopicPartition, log_start: int) -> None:
         """Retention moved the log start: recent chunks no longer answer for what it deleted
         (a read from below the log start must fail, as it would at the broker)."""
-        recent = self._recent.get(tp)
-        if recent and recent[0].start < log_start:
-            self._recent[tp] = deque(
-                (c for c in recent if c.start >= log_start), maxlen=self.recent_chunks
-            )
+        if any(at == tp and c.start < log_start for at, c in self._recent):
+            kept = [(at, c) for at, c in self._recent if at != tp or c.start >= log_start]
+            self._recent = deque(kept, maxlen=self.recent_chunks)
 
     def _join(self, tp: TopicPartition, member: _Member, wake: asyncio.Event) -> None:
         scans = self._scans.setdefault(tp, [])
