@@ -72,8 +72,8 @@ class _Chunk:
         #: records without looking at anyone else's.
         self.keys: dict[bytes | None, tuple[list[int], list[Record]]] | None = None
 
-    def of(self, key: bytes | None, start: int, end: int) -> list[Record]:
-        """The records of ``key`` with ``start <= offset < end``, in offset order."""
+    def by_key(self) -> dict[bytes | None, tuple[list[int], list[Record]]]:
+        """Each key's (offsets, records) in this chunk."""
         keys = self.keys
         if keys is None:
             keys = self.keys = {}
@@ -84,7 +84,11 @@ class _Chunk:
                 else:
                     entry[0].append(record.offset)
                     entry[1].append(record)
-        entry = keys.get(key)
+        return keys
+
+    def of(self, key: bytes | None, start: int, end: int) -> list[Record]:
+        """The records of ``key`` with ``start <= offset < end``, in offset order."""
+        entry = self.by_key().get(key)
         if entry is None:
             return []
         offsets, records = entry
@@ -350,7 +354,15 @@ class Coalescer:
     @staticmethod
     def _hand_out(scan: _Scan, chunk: _Chunk, at: int) -> None:
         """Each member's own records of this fetch (from ``at``), as one list, in offset order."""
-        for key, members in scan.by_key.items():
+        members_by_key = scan.by_key
+        in_chunk = chunk.by_key()
+        # Whichever is fewer: the members' keys, or the keys in the chunk (a storm of ten
+        # thousand reads, most with no record in a given chunk).
+        keys = members_by_key if len(members_by_key) <= len(in_chunk) else in_chunk
+        for key in keys:
+            members = members_by_key.get(key)
+            if not members or key not in in_chunk:
+                continue
             for member in members:
                 mine = chunk.of(key, max(at, member.start), member.end)
                 if mine:
