@@ -104,6 +104,22 @@ class Metrics:
             "Catch-up reads from Kafka (history or after a fallback)",
             registry=r,
         )
+        self.catchup_scans = Histogram(
+            "bridge_stream_catchup_scan_reads",
+            "Catch-up reads served by each shared Kafka scan of a partition range",
+            buckets=(1, 2, 5, 10, 50, 100, 1000, 10_000),
+            registry=r,
+        )
+        self.catchup_detached = Counter(
+            "bridge_stream_catchup_detached_total",
+            "Catch-up reads that fell behind their shared scan and read on alone",
+            registry=r,
+        )
+        self.log_start_lookups = Counter(
+            "bridge_reader_log_start_lookups_total",
+            "Log start offset requests of the reader (shared by the reads waiting for one)",
+            registry=r,
+        )
         self.slow_fallbacks = Counter(
             "bridge_stream_slow_consumer_fallbacks_total",
             "Streams whose bounded queue overflowed and fell back to catch-up reads",

@@ -93,6 +93,9 @@ class FakeLog:
     async def earliest_seq(self, task_id: str) -> int:
         return 0
 
+    def observe(self, **hooks: Callable[..., None]) -> None:
+        """No shared scans here: nothing to report."""
+
     async def head(self, task_id: str) -> int:
         return len(self.events)
 

@@ -39,7 +39,7 @@ class Subscription:
         self.buffer: deque[IndexedEvent] | None = None
         self.overflowed = False
         self.closed = False
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[bool] | None = None
 
     def offer(self, indexed: IndexedEvent) -> bool:
         """Buffer a live event; False (and overflowed) when the subscriber is too far behind."""
@@ -74,22 +74,31 @@ class Subscription:
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+            self.waiter.set_result(True)
 
     async def wait(self, idle_s: float | None = None) -> bool:
         """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
         idle that long."""
         if self.buffer or self.overflowed or self.closed:
             return True
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self.waiter = waiter
+        # A bare timer that resolves the future, not asyncio.timeout: that one cancels and
+        # un-cancels the task, and with a thousand live streams this wait runs for each of
+        # them on every event of their tasks.
+        timer = None if idle_s is None else loop.call_later(idle_s, _idle, waiter)
         try:
-            async with asyncio.timeout(idle_s):
-                await self.waiter
-        except TimeoutError:
-            return False
+            return await waiter
         finally:
             self.waiter = None
-        return True
+            if timer is not None:
+                timer.cancel()
+
+
+def _idle(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 class Fanout:

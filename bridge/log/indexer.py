@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -75,6 +76,13 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _partition_of(task_id: str, partitions: int) -> int:
+    """:func:`partition_for_key` of a task id, remembered: murmur2 in pure Python costs tens of
+    microseconds, and opening one stream asks for its task's partition half a dozen times."""
+    return partition_for_key(task_id.encode("utf-8"), partitions)
 
 
 class IndexerError(Exception):
@@ -455,7 +463,7 @@ class Indexer(Component):
         self._ownership_listeners.append(listener)
 
     def partition_of(self, task_id: str) -> int:
-        return partition_for_key(task_id.encode("utf-8"), self.partition_count)
+        return _partition_of(task_id, self.partition_count)
 
     def _owned(self, partition: int) -> PartitionIndex:
         idx = self.partitions.get(partition)

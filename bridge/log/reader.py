@@ -10,12 +10,20 @@ log start offset. When the checkpoint below that point was deleted, the records 
 start to the next checkpoint (or the head) are counted and subtracted from that checkpoint's
 seq; when retention moves the log start during that count, it is redone from the new one. A
 cursor older than that raises :class:`NotRetained`; nothing is skipped silently.
+
+Catch-up reads of many streams share Kafka reads (:mod:`bridge.log.catchup`): the task's records
+come from a scan of the partition that serves every concurrent read of an overlapping range,
+and the log start lookups of concurrent reads share one request. Every read still sees the log
+start as it was when the read began (the shared request is always sent after the caller
+asked): a remembered value was tried and dropped, because a stream opened right after
+deleteRecords then served events that were already deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from bridge.component import Component
@@ -28,6 +36,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
+from bridge.log.catchup import Coalescer, LogStarts, Read
 from bridge.log.indexer import Indexer
 from bridge.log.records import RecordDecoder
 from bridge.log.seqindex import TaskEntry
@@ -124,19 +133,42 @@ class Reader(Component):
         #: Where each idle consumer stands: (partition, next offset); reused without a seek.
         self._at: dict[int, tuple[TopicPartition, int]] = {}
         self._small: AIOKafkaConsumer | None = None
+        #: The shared log-start lookups' own consumer (one lookup at a time): they never queue
+        #: behind the pool's fetches, and every open waits for one.
+        self._starts: AIOKafkaConsumer | None = None
         self._created = 0
         self.records_scanned = 0
+        #: Shared scans; one of the pool's consumers stays free for everything else.
+        self.catchup = Coalescer(self._scan_fetch, member_limit=2 * chunk)
+        self.log_start_cache = LogStarts(self._shared_log_starts)
+
+    def observe(
+        self,
+        *,
+        scans: Callable[[int], None],
+        detached: Callable[[], None],
+        lookups: Callable[[], None],
+    ) -> None:
+        """Report each shared scan (with the reads it served), each read that left its scan
+        to read alone, and each log-start request (the hub's metrics)."""
+        self.catchup.on_scan = scans
+        self.catchup.on_detach = detached
+        self.log_start_cache.on_request = lookups
 
     async def stop(self) -> None:
         await self.close()
 
     async def close(self) -> None:
-        for consumer in [*self._all, *([self._small] if self._small else [])]:
+        await self.catchup.close()
+        await self.log_start_cache.close()
+        extra = [c for c in (self._small, self._starts) if c is not None]
+        for consumer in [*self._all, *extra]:
             await consumer.stop()
         self._all.clear()
         self._idle.clear()
         self._created = 0
         self._small = None
+        self._starts = None
 
     # --- consumers -----------------------------------------------------------------------
 
@@ -191,8 +223,36 @@ class Reader(Component):
         finally:
             await self._release(consumer)
 
+    async def _scan_fetch(
+        self, tp: TopicPartition, offset: int
+    ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
+        records, position = await self._fetch(tp, offset)
+        self.records_scanned += len(records)
+        return records, position
+
     async def _log_start(self, tp: TopicPartition) -> int:
-        return (await self.log_starts([tp.partition]))[tp.partition]
+        """The partition's log start, looked up after this call began (shared request)."""
+        start = await self.log_start_cache.fresh(tp.partition)
+        self.catchup.forget_before(tp, start)
+        return start
+
+    async def _shared_log_starts(self, partitions: list[int]) -> dict[int, int]:
+        if self._starts is None:
+            consumer = committed_consumer(self.settings, role="reader-starts")
+            await consumer.start()
+            self._starts = consumer
+        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
+        begins = await self._starts.beginning_offsets(tps)
+        return {tp.partition: int(offset) for tp, offset in begins.items()}
+
+    async def _lookup_log_starts(self, partitions: list[int]) -> dict[int, int]:
+        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
+        consumer = await self._acquire()
+        try:
+            begins = await consumer.beginning_offsets(tps)
+        finally:
+            await self._release(consumer)
+        return {tp.partition: int(offset) for tp, offset in begins.items()}
 
     # --- the task's records ----------------------------------------------------------------
 
@@ -205,32 +265,19 @@ class Reader(Component):
             raise SeqUntrusted(task_id)
         return _Snapshot(partition, entry)
 
-    async def _task_record_chunks(
-        self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
-        """The task's committed records with ``start <= offset < end``, one list per fetch."""
-        key = task_id.encode("utf-8")
-        offset = start
-        while offset < end:
-            records, offset = await self._fetch(tp, offset)
-            mine = []
-            for record in records:
-                if record.offset >= end:
-                    offset = end
-                    break
-                if record.key == key:
-                    mine.append(record)
-            self.records_scanned += len(records)
-            if mine:
-                yield mine
+    def _task_record_chunks(self, task_id: str, tp: TopicPartition, start: int, end: int) -> Read:
+        """The task's committed records with ``start <= offset < end``, one list per fetch
+        that had any (from a scan shared with other reads, joined now). Close it when done."""
+        return self.catchup.records(tp, task_id.encode("utf-8"), start, end)
 
     async def _task_records(
         self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+    ) -> AsyncGenerator[ConsumerRecord[bytes, bytes], None]:
         """The task's committed records with ``start <= offset < end``."""
-        async for chunk in self._task_record_chunks(task_id, tp, start, end):
-            for record in chunk:
-                yield record
+        async with aclosing(self._task_record_chunks(task_id, tp, start, end)) as chunks:
+            async for chunk in chunks:
+                for record in chunk:
+                    yield record
 
     async def _earliest(
         self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
@@ -260,10 +307,11 @@ class Reader(Component):
         bound = snap.first_at_or_after_offset(log_start)
         end_seq, end_offset = bound if bound else (snap.next_seq, snap.last_offset + 1)
         count, first_offset = 0, None
-        async for record in self._task_records(task_id, tp, log_start, end_offset):
-            count += 1
-            if first_offset is None:
-                first_offset = record.offset
+        async with aclosing(self._task_records(task_id, tp, log_start, end_offset)) as records:
+            async for record in records:
+                count += 1
+                if first_offset is None:
+                    first_offset = record.offset
         if count == 0:
             return end_seq, end_offset if bound else None
         return end_seq - count, first_offset
@@ -307,13 +355,7 @@ class Reader(Component):
 
     async def log_starts(self, partitions: list[int]) -> dict[int, int]:
         """The log start offsets of ``partitions`` of the events topic (one request)."""
-        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
-        consumer = await self._acquire()
-        try:
-            begins = await consumer.beginning_offsets(tps)
-        finally:
-            await self._release(consumer)
-        return {tp.partition: int(offset) for tp, offset in begins.items()}
+        return await self._lookup_log_starts(partitions)
 
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""
@@ -338,7 +380,7 @@ class Reader(Component):
 
     async def read_batches(
         self, task_id: str, after: int | None = None
-    ) -> AsyncIterator[list[ReadEvent]]:
+    ) -> AsyncGenerator[list[ReadEvent], None]:
         """:meth:`read`, one list per Kafka fetch (what is at hand without waiting)."""
         if after is not None and (
             not isinstance(after, int) or isinstance(after, bool) or after < 0
@@ -349,19 +391,29 @@ class Reader(Component):
         if target >= snap.next_seq:
             return
         tp = TopicPartition(self.settings.topics.events, snap.partition)
+        end = snap.last_offset + 1
         while True:
             seq, offset = snap.at_or_before(target)
-            log_start = await self._log_start(tp)
+            # The records are fetched while the log start is looked up (both cost a round
+            # trip); none is used before the lookup says they are retained.
+            chunks = self._task_record_chunks(task_id, tp, offset, end)
+            try:
+                log_start = await self._log_start(tp)
+            except BaseException:
+                await chunks.aclose()
+                raise
             if offset < log_start:
+                await chunks.aclose()
                 earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)
                 if after is not None and target < earliest:
                     raise NotRetained(task_id, earliest)
                 if earliest_offset is None:
                     return
                 seq, offset, target = earliest, earliest_offset, max(target, earliest)
+                chunks = self._task_record_chunks(task_id, tp, offset, end)
+            # Closed below whatever happens: an abandoned read leaves its shared scan at once.
             try:
-                end = snap.last_offset + 1
-                async for chunk in self._task_record_chunks(task_id, tp, offset, end):
+                async for chunk in chunks:
                     batch = []
                     for record in chunk:
                         if seq >= target:
@@ -376,3 +428,5 @@ class Reader(Component):
                 target = seq
                 if seq > (0 if after is None else after + 1):
                     after = seq - 1
+            finally:
+                await chunks.aclose()

@@ -18,6 +18,7 @@ cancels the request (``notifications/cancelled``) or the process drains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import logging
@@ -127,6 +128,15 @@ class StreamHub:
             )
         )
         self._status_type = settings.own_types.status
+        # labels() takes a lock and a dict lookup: once here, not on every open.
+        self._opens = {mode: metrics.stream_opens.labels(mode) for mode in ("fresh", "resume")}
+        # The reader's shared scans and log-start lookups report here (bridge.log knows no
+        # metrics).
+        reader.observe(
+            scans=metrics.catchup_scans.observe,
+            detached=metrics.catchup_detached.inc,
+            lookups=metrics.log_start_lookups.inc,
+        )
 
     def drain(self) -> None:
         """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
@@ -214,7 +224,7 @@ class StreamHub:
         events_gone found mid-stream.
         """
         task_id = ticket.task_id
-        self.metrics.stream_opens.labels("fresh" if after is None else "resume").inc()
+        self._opens["fresh" if after is None else "resume"].inc()
         partition = self.indexer.partition_of(task_id)
         with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
             ticket.on_cancel.append(sub.close)
@@ -252,21 +262,23 @@ class StreamHub:
             terminal_before = self._terminal_offset(task_id) is not None
             try:
                 reading = self.reader.read_batches(task_id, None if any_first else last)
-                async for chunk in reading:
-                    batch, last, step = take_next(chunk, last, ends, any_first=any_first)
-                    any_first = False if batch else any_first
-                    if step is Step.GAP:
-                        self.metrics.seq_gaps.inc()  # the canary: never expected
-                        raise RpcError(
-                            INTERNAL_ERROR,
-                            "internal error: a seq gap in catch-up",
-                            {"taskId": task_id},
-                        )
-                    if batch:
-                        self._delivered(task_id, partition, batch, live=False)
-                        yield batch
-                    if step is Step.ENDED:
-                        return
+                # Closed at once when the stream stops early: it leaves its shared scan.
+                async with contextlib.aclosing(reading):
+                    async for chunk in reading:
+                        batch, last, step = take_next(chunk, last, ends, any_first=any_first)
+                        any_first = False if batch else any_first
+                        if step is Step.GAP:
+                            self.metrics.seq_gaps.inc()  # the canary: never expected
+                            raise RpcError(
+                                INTERNAL_ERROR,
+                                "internal error: a seq gap in catch-up",
+                                {"taskId": task_id},
+                            )
+                        if batch:
+                            self._delivered(task_id, partition, batch, live=False)
+                            yield batch
+                        if step is Step.ENDED:
+                            return
             except NotRetained as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:

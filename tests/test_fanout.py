@@ -1,0 +1,42 @@
+"""The fan-out's bounded subscription buffer as pure logic: waking, idling, overflow."""
+
+from __future__ import annotations
+
+import asyncio
+
+from support.waits import BOUND, wait_until
+
+from bridge.envelope import TaskEvent
+from bridge.log.fanout import Subscription
+from bridge.log.indexer import IndexedEvent
+
+
+def live(seq: int) -> IndexedEvent:
+    return IndexedEvent("t", 0, 10 * seq, seq, TaskEvent("com.example.e", {"i": seq}, None, 0))
+
+
+async def test_wait_wakes_on_an_offer_and_says_idle_when_nothing_came() -> None:
+    sub = Subscription("t", limit=3)
+    async with asyncio.timeout(BOUND):
+        assert await sub.wait(0.01) is False  # idle: the caller sends a keep-alive
+        waiting = asyncio.create_task(sub.wait(BOUND))
+        await wait_until(lambda: sub.waiter is not None, what="the task waits on its waiter")
+        sub.offer(live(0))
+        assert await waiting is True
+        assert [e.seq for e in sub.take()] == [0]
+        waiting = asyncio.create_task(sub.wait(None))
+        await wait_until(lambda: sub.waiter is not None, what="the task waits again")
+        sub.close()
+        assert await waiting is True and sub.closed
+        assert sub.waiter is None
+
+
+async def test_an_overflowing_buffer_drops_everything_and_says_so() -> None:
+    sub = Subscription("t", limit=2)
+    assert sub.offer(live(0)) and sub.offer(live(1))
+    assert not sub.offer(live(2))
+    assert sub.overflowed and sub.take() == []
+    async with asyncio.timeout(BOUND):
+        assert await sub.wait(BOUND) is True  # overflowed: something to do at once
+    sub.reset()
+    assert not sub.overflowed
