@@ -116,6 +116,8 @@ class TaskEvent:
     payload: dict[str, Any]
     meta: dict[str, Any] | None = None
     timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    #: The record's W3C trace headers, kept by the readers while tracing is on (bridge.tracing).
+    trace: tuple[tuple[str, bytes], ...] | None = field(default=None, compare=False, repr=False)
 
 
 # --- CRC-64-AVRO (Rabin) fingerprint, as defined by the Avro specification ------------------

@@ -31,6 +31,7 @@ from bridge.envelope import (
 from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 from bridge.kafka.clients import ConsumerRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
+from bridge.tracing import with_trace
 
 __all__ = [
     "NO_FACTS",
@@ -147,9 +148,10 @@ class RecordDecoder:
 
     def event(self, record: ConsumerRecord[bytes, bytes]) -> TaskEvent:
         """:func:`event_from_record` under this decoder's settings."""
-        return event_from_record(
+        event = event_from_record(
             record, prefix=self.prefix, max_bytes=self.max_bytes, types=self.types
         )
+        return with_trace(event, record.headers)  # tracing: the record's traceparent, if on
 
     def facts(self, record: ConsumerRecord[bytes, bytes]) -> tuple[TaskFacts, TaskEvent | None]:
         """What the record states about its task, and its event when finding out decoded it.

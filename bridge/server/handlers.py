@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import jsonschema
 from pydantic import ValidationError
 
-from bridge import __version__
+from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
 from bridge.log.indexer import NotOwner
@@ -207,7 +207,8 @@ class MethodHandlers:
                 METHOD_NOT_FOUND, f"Method not found: {call.rpc.method}", http_status=404
             )
         try:
-            outcome = await handler(call)
+            with tracing.rpc_span(call.rpc.method, call.headers, call.params):
+                outcome = await handler(call)
         except ValidationError:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {call.rpc.method}") from None
         except TaskNotFound as exc:
@@ -501,7 +502,8 @@ class MethodHandlers:
             if batch is None:
                 yield Frame(None)
                 continue
-            yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
+            with tracing.deliver(task_id, batch):  # a span around this write, if traced
+                yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.
         if not ticket.cancelled and not ticket.moved and not self.streams.draining.is_set():
