@@ -141,6 +141,7 @@ def _otlp_exporter(config: TracingSettings) -> Any:
             "tracing is enabled but the OTLP exporter is not installed: pip install "
             "'mcp-kafka-bridge[tracing]'"
         ) from None
+    # Headers: the SDK merges OTEL_EXPORTER_OTLP_*HEADERS under these (ours win per key).
     return OTLPSpanExporter(endpoint=config.otlp_endpoint, headers=config.otlp_header_map())
 
 
