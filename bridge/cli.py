@@ -483,6 +483,7 @@ async def run_workers(
     settings: Settings, packs: list[str], concurrency: int, session_timeout_ms: int | None
 ) -> None:
     """Run the handlers of ``packs`` until SIGINT/SIGTERM; jobs in flight then go to others."""
+    from bridge import tracing
     from bridge.component import cancel_and_wait, stop_signal
     from bridge.kafka.acls import Access
     from bridge.workers.packs import UnknownPack, pack_handlers, pack_tools
@@ -509,7 +510,7 @@ async def run_workers(
         job_topics=job_topics,
         session_timeout_ms=session_timeout_ms,
     )
-    with denials_explained(settings, access):
+    with denials_explained(settings, access), tracing.installed(settings):
         async with worker:
             runner = asyncio.create_task(worker.run(), name="worker-run")
             stopping = asyncio.create_task(stop.wait())

@@ -34,6 +34,7 @@ __all__ = [
     "Settings",
     "ToolSpec",
     "TopicSettings",
+    "TracingSettings",
     "env_name",
     "load_settings",
     "running_in_ci",
@@ -369,6 +370,49 @@ class AuthSettings(BaseModel):
     jwt_principal_claim: str = "sub"
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry tracing (docs/operations.md "Tracing"): off by default.
+
+    Set as ``BRIDGE_TRACING__ENABLED=true`` and so on; spans go to an OTLP/HTTP collector.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    #: Make spans and export them (needs the ``tracing`` extra: the OpenTelemetry SDK).
+    enabled: bool = False
+    #: The collector's OTLP/HTTP traces URL.
+    otlp_endpoint: str = "http://localhost:4318/v1/traces"
+    #: Headers sent with every export, ``key=value`` pairs separated by commas (often a vendor's
+    #: API key: a secret, never logged or shown in a repr).
+    otlp_headers: SecretStr | None = None
+    #: Share of new traces recorded; a caller's sampled flag is followed either way.
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+    #: The ``service.name`` resource attribute of every span.
+    service_name: str = Field("mcp-kafka-bridge", min_length=1)
+
+    @field_validator("otlp_headers")
+    @classmethod
+    def _pairs(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            _header_pairs(value.get_secret_value())  # refuse a malformed list at start-up
+        return value
+
+    def otlp_header_map(self) -> dict[str, str]:
+        """The export headers as a dict (empty when unset)."""
+        return _header_pairs(self.otlp_headers.get_secret_value()) if self.otlp_headers else {}
+
+
+def _header_pairs(text: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            # Never echo the item: it may be the secret itself.
+            raise ValueError("tracing otlp_headers must be key=value pairs separated by commas")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 class Settings(BaseSettings):
     """All settings of the bridge. The README's Configuration table lists the main ones."""
 
@@ -526,6 +570,8 @@ class Settings(BaseSettings):
     view_token_secret_file: Path | None = None
     #: The ``retry:`` an EventSource is told: milliseconds before it reconnects.
     view_retry_ms: int = Field(1000, ge=100, le=60_000)
+    #: OpenTelemetry tracing (off by default; ``BRIDGE_TRACING__*``).
+    tracing: TracingSettings = TracingSettings()
 
     @field_validator("view_token_secret_file")
     @classmethod

@@ -128,11 +128,13 @@ class TaskEvent:
     timestamp_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
     payload_json: str | None = field(default=None, compare=False, repr=False)
     meta_json: str | None = field(default=None, compare=False, repr=False)
+    #: The record's W3C trace headers, kept by the readers while tracing is on (bridge.tracing).
+    trace: tuple[tuple[str, bytes], ...] | None = field(default=None, compare=False, repr=False)
 
 
 _SLOTS = tuple(
     getattr(TaskEvent, name).__set__
-    for name in ("type", "payload", "meta", "timestamp_ms", "payload_json", "meta_json")
+    for name in ("type", "payload", "meta", "timestamp_ms", "payload_json", "meta_json", "trace")
 )
 
 
@@ -148,13 +150,14 @@ def _new_event(
     of the frozen dataclass's ``__init__`` (which sets each field through
     ``object.__setattr__``), and a replay makes one per record."""
     event: TaskEvent = object.__new__(TaskEvent)
-    set_type, set_payload, set_meta, set_ts, set_payload_json, set_meta_json = _SLOTS
+    set_type, set_payload, set_meta, set_ts, set_payload_json, set_meta_json, set_trace = _SLOTS
     set_type(event, type_)
     set_payload(event, payload)
     set_meta(event, meta)
     set_ts(event, timestamp_ms)
     set_payload_json(event, payload_json)
     set_meta_json(event, meta_json)
+    set_trace(event, None)  # a slot never set would raise on reading it
     return event
 
 

@@ -105,3 +105,12 @@ def test_the_library_imports_no_application_and_the_applications_do_not_import_t
     library = set(modules) - applications
     assert sorted(name for name in library if graph[name] & applications) == []
     assert sorted(name for name in applications if "bridge.cli" in graph.get(name, set())) == []
+
+
+def test_only_the_tracing_module_imports_opentelemetry():
+    modules = bridge_modules()
+    importers = importers_of(["opentelemetry"], modules)
+    assert "bridge.tracing" in importers, (
+        "bridge.tracing imports opentelemetry: the scan must see it"
+    )
+    assert sorted(importers - {"bridge.tracing"}) == []

@@ -15,6 +15,7 @@ from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.tracing import record_headers
 
 __all__ = ["EventTooLarge", "Published", "TaskEventPublisher", "UnprefixedEventType"]
 
@@ -106,6 +107,6 @@ class TaskEventPublisher(Component):
             self.settings.topics.events,
             key=task_id.encode("utf-8"),
             value=value,
-            headers=headers,
+            headers=[*headers, *record_headers()],  # the current trace context, if tracing
         )
         return Published(metadata.partition, metadata.offset)

@@ -33,6 +33,7 @@ from bridge.envelope import (
 from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 from bridge.kafka.clients import ConsumerRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
+from bridge.tracing import with_trace
 
 __all__ = [
     "NO_FACTS",
@@ -168,7 +169,8 @@ class RecordDecoder:
 
     def event(self, record: ConsumerRecord[bytes, bytes]) -> TaskEvent:
         """:func:`event_from_record` under this decoder's settings."""
-        return _event_of(record, self.prefix, self.max_bytes, self._is_prefixed)
+        event = _event_of(record, self.prefix, self.max_bytes, self._is_prefixed)
+        return with_trace(event, record.headers)  # tracing: the record's traceparent, if on
 
     def _is_prefixed(self, event_type: str) -> bool:
         known = self._prefixed.get(event_type)

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bridge import tracing
 from bridge.canary import Canary
 from bridge.component import cancel_and_wait
 from bridge.config import Settings, ToolSpec
@@ -140,6 +141,7 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(tracing.installed(settings))  # off unless enabled
             app.state.components = await start_components(
                 settings, stack, metrics=metrics, companions=companions
             )

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import jsonschema
 from pydantic import ValidationError
 
-from bridge import __version__
+from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
 from bridge.events import TERMINAL_WIRE
@@ -209,7 +209,8 @@ class MethodHandlers:
                 METHOD_NOT_FOUND, f"Method not found: {call.rpc.method}", http_status=404
             )
         try:
-            outcome = await handler(call)
+            with tracing.rpc_span(call.rpc.method, call.headers, call.params):
+                outcome = await handler(call)
         except ValidationError:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {call.rpc.method}") from None
         except TaskNotFound as exc:
@@ -507,7 +508,8 @@ class MethodHandlers:
             if render is None:
                 render = renderer(task_id, self.settings.event_type_prefix)
                 cursor = cursor_prefix(request_id, task_id)
-            yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
+            with tracing.deliver(task_id, batch):  # a span around this write, if traced
+                yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.
         if not ticket.cancelled and not ticket.moved and not self.streams.draining.is_set():

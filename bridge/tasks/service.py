@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from bridge import tracing
 from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
@@ -243,6 +244,7 @@ class TaskService:
         if self._owners.count(owner_key(owner), now) >= limit:
             raise TooManyTasks(limit)
         task_id = task_id or self.new_task_id()
+        tracing.set_task_id(task_id)
         where = await publish_created(self.publisher, self._types, tool, principal, task_id, now)
         await self._visible(where.partition, where.offset)
         job = JobRequest(
@@ -257,7 +259,9 @@ class TaskService:
         producer = self._started_producer()
         try:
             topic = tool.job_topic or self.settings.topics.jobs(tool.name)
-            await producer.send_and_wait(topic, key=task_id.encode(), value=job.to_bytes())
+            await producer.send_and_wait(
+                topic, key=task_id.encode(), value=job.to_bytes(), headers=tracing.record_headers()
+            )
         except Exception:
             log.exception("could not hand task %s to the %s workers", task_id, tool.name)
             why = "the job could not be queued"

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from bridge import tracing
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
 from bridge.events import METHOD_NOT_FOUND, StatusPayload, error_object
@@ -402,7 +403,8 @@ class Worker(Component):
             # Cancellation (the worker stopping) leaves the job unfinished: not marked done,
             # so its offset is never committed and another worker runs it.
             try:
-                await self._execute(job)
+                with tracing.job_span(record.headers, job.tool, job.task_id):
+                    await self._execute(job)
             except Exception:
                 # A bug, not a tool failure (those become statuses): keep the job pending, so
                 # its offset is not committed and a restarted worker runs it again.
