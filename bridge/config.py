@@ -548,13 +548,15 @@ class Settings(BaseSettings):
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
-    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``): ``auto`` is uvloop when it
-    #: is installed (``uvicorn[standard]``; not a dependency of the package), else asyncio.
-    #: ``bridge demo`` runs in the loop it was started in, whatever this says.
-    server_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``). The default is the stack
+    #: the package installs, the one its tests and benches run; uvloop (and httptools below) are
+    #: opt-in, as the replay bench found no clear gain (docs/benchmarks-streams.md). ``auto`` is
+    #: uvloop when it is installed, else asyncio. ``bridge demo`` runs in the loop it was
+    #: started in, whatever this says.
+    server_loop: Literal["auto", "asyncio", "uvloop"] = "asyncio"
     #: The HTTP/1.1 parser of the server (uvicorn's ``http``): ``auto`` is httptools when it is
     #: installed (``uvicorn[standard]``; not a dependency of the package), else h11.
-    server_http: Literal["auto", "h11", "httptools"] = "auto"
+    server_http: Literal["auto", "h11", "httptools"] = "h11"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # --- The browser view of a task and its plain SSE endpoint (docs/browser.md) ---------

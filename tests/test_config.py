@@ -229,8 +229,10 @@ def test_an_empty_security_variable_means_unset(monkeypatch, no_bridge_env):
     assert settings.kafka_sasl.password_value() == SECRET
 
 
-def test_the_server_loop_and_http_parser_are_chosen_by_name_and_default_to_auto(monkeypatch):
-    assert (load_settings().server_loop, load_settings().server_http) == ("auto", "auto")
+def test_the_server_loop_and_http_parser_are_chosen_by_name_and_default_to_the_installed_stack(
+    monkeypatch,
+):
+    assert (load_settings().server_loop, load_settings().server_http) == ("asyncio", "h11")
     monkeypatch.setenv("BRIDGE_SERVER_LOOP", "asyncio")
     monkeypatch.setenv("BRIDGE_SERVER_HTTP", "h11")
     settings = load_settings()
