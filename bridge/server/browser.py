@@ -406,13 +406,11 @@ class BrowserView:
         """``GET /view/tasks/{id}``: the task as tasks/get shows it (status, result, error)."""
         served = self._running(request)
         task_id = request.path_params["task_id"]
-        path = f"/view/tasks/{quote(task_id, safe='')}"
-        caller = self._reader(request, served, task_id, path)
+        caller = await self._here(
+            request, served, task_id, f"/view/tasks/{quote(task_id, safe='')}"
+        )
         if isinstance(caller, Response):
-            return caller
-        forwarded = await self._forward(request, served, caller, path)
-        if forwarded is not None:
-            return forwarded
+            return caller  # refused, or the owner replica's answer
         try:
             view = await served.service.get(task_id, caller.principal)
         except TaskNotFound:
@@ -439,13 +437,21 @@ class BrowserView:
         path = f"/view/tasks/{quote(task_id, safe='')}/events"
         if after is not None:
             path += f"?after={after}"
+        caller = await self._here(request, served, task_id, path)
+        if isinstance(caller, Response):
+            return caller  # refused, or the owner replica's answer
+        return await self._open(served, caller, task_id, after)
+
+    async def _here(
+        self, request: Request, served: Served, task_id: str, path: str
+    ) -> Caller | Response:
+        """The reader of ``path`` when this replica serves the task; otherwise the answer:
+        a refusal, or the owner's answer to the forwarded request."""
         caller = self._reader(request, served, task_id, path)
         if isinstance(caller, Response):
             return caller
         forwarded = await self._forward(request, served, caller, path)
-        if forwarded is not None:
-            return forwarded
-        return await self._open(served, caller, task_id, after)
+        return caller if forwarded is None else forwarded
 
     async def _open(
         self, served: Served, caller: Caller, task_id: str, after: int | None
