@@ -398,10 +398,18 @@ async def test_a_cursor_past_retention_gets_the_gone_event_with_earliest_seq(vbr
 async def test_the_state_endpoint_answers_like_tasks_get(vbridge):
     task = await long_task(vbridge)
     token = await mint(vbridge, task)
+    url = f"{base(vbridge)}/view/tasks/{task}"
     async with httpx.AsyncClient(timeout=BOUND) as http:
-        running = await http.get(f"{base(vbridge)}/view/tasks/{task}", params={"token": token})
+        running = await http.get(url, params={"token": token})
         await cancel(vbridge, task)
-        done = await http.get(f"{base(vbridge)}/view/tasks/{task}", params={"token": token})
+
+        async def cancelled() -> httpx.Response | None:
+            # tasks/cancel asks the worker; the status is the worker's cancelled event, indexed
+            # a moment later (the CI run that read "working" here raced it).
+            reply = await http.get(url, params={"token": token})
+            return reply if reply.json().get("status") == "cancelled" else None
+
+        done = await wait_until(cancelled, what="the view's state reads cancelled")
     assert running.status_code == 200 and running.json()["status"] == "working"
     assert done.json()["status"] == "cancelled" and done.json()["taskId"] == task
     assert done.headers["cache-control"] == "no-store"
