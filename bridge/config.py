@@ -557,6 +557,11 @@ class Settings(BaseSettings):
     #: The HTTP/1.1 parser of the server (uvicorn's ``http``): ``auto`` is httptools when it is
     #: installed (``uvicorn[standard]``; not a dependency of the package), else h11.
     server_http: Literal["auto", "h11", "httptools"] = "h11"
+    #: ``bridge serve``, once serving, freezes what it made at start out of the garbage
+    #: collector's scans and runs a young collection every this many allocations (Python's
+    #: default: 700): far fewer full collections, each a pause every stream shares, when
+    #: thousands of streams open at once (bridge/server/runner.py tune_gc). 0: Python's defaults.
+    gc_young_threshold: int = Field(10_000, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # --- The browser view of a task and its plain SSE endpoint (docs/browser.md) ---------

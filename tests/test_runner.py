@@ -8,6 +8,7 @@ uvicorn on real sockets; the app reports which loop and protocol served it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import subprocess
 import sys
@@ -26,11 +27,13 @@ BOUND = 30.0
 
 
 async def whoami(request: Request) -> JSONResponse:
-    """Which event loop and which uvicorn protocol serve this request."""
+    """Which event loop and which uvicorn protocol serve this request, and the process's
+    young-generation GC threshold and count of frozen objects."""
     loop = asyncio.get_running_loop()
     server: AppServer = request.app.state.server
     protocol = server._server.config.http_protocol_class.__name__
-    return JSONResponse({"loop": type(loop).__module__, "protocol": protocol})
+    gc_state = {"young": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
+    return JSONResponse({"loop": type(loop).__module__, "protocol": protocol, **gc_state})
 
 
 def app() -> Starlette:
@@ -48,7 +51,7 @@ async def test_start_serves_in_the_running_loop_with_the_chosen_parser(http, pro
     served = app()
     server = AppServer(
         served, sock=sock, log_level="warning", access_log=False, loop="uvloop", http=http,
-        handle_signals=False,
+        handle_signals=False, gc_young_threshold=12345,
     )  # fmt: skip
     served.state.server = server
     async with asyncio.timeout(BOUND):
@@ -58,7 +61,9 @@ async def test_start_serves_in_the_running_loop_with_the_chosen_parser(http, pro
                 answer = (await client.get(url)).json()
         finally:
             await server.close()
-    assert answer == {"loop": type(asyncio.get_running_loop()).__module__, "protocol": protocol}
+    assert answer["loop"] == type(asyncio.get_running_loop()).__module__
+    assert answer["protocol"] == protocol
+    assert answer["young"] != 12345  # serving inside someone's loop leaves their GC alone
 
 
 _SERVE = textwrap.dedent(
@@ -73,7 +78,8 @@ _SERVE = textwrap.dedent(
     print(sock.getsockname()[1], flush=True)
     served = app()
     served.state.server = AppServer(
-        served, sock=sock, log_level="warning", loop=sys.argv[1], http=sys.argv[2]
+        served, sock=sock, log_level="warning", loop=sys.argv[1], http=sys.argv[2],
+        gc_young_threshold=12345,
     )
     served.state.server.run()
     """
@@ -98,3 +104,6 @@ def test_run_serves_in_the_chosen_loop(loop, module, request):
         proc.wait(timeout=BOUND)
     assert answer["loop"].split(".")[0] == module
     assert answer["protocol"] == "H11Protocol"
+    # The server's own process: once started, its start-up objects are frozen out of the
+    # collector's scans and young collections are rarer (runner.tune_gc).
+    assert answer["young"] == 12345 and answer["frozen"] > 1000
