@@ -59,6 +59,7 @@ from bridge.config import Settings
 from bridge.kafka.clients import ConsumerRecord, TopicPartition, committed_consumer
 from bridge.log.indexer import load_index, read_to_end, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
+from bridge.log.seqindex import PartitionIndex
 
 __all__ = [
     "CATEGORIES",
@@ -192,20 +193,22 @@ class Truth:
 
     tasks: dict[str, TaskTruth] = field(default_factory=dict)
     end_offsets: dict[int, int] = field(default_factory=dict)
-    log_starts: dict[int, int] = field(default_factory=dict)
+    #: The first offset read in each partition with records (at or above its log start then).
+    first_offsets: dict[int, int] = field(default_factory=dict)
     records: int = 0
 
 
 async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None) -> Truth:
     """Each task's committed records (``read_committed``), from the log start to the end offset
-    taken at call time, with seq derived by counting.
+    taken at call time, with seq derived by counting. ``task_ids``: only those tasks.
 
-    When a partition's log start is above 0 (retention deleted records), a task's first retained
-    seq is taken from the persisted index (:func:`bridge.log.indexer.load_index`): its
-    ``next_seq`` minus the retained records at or below its ``last_offset``. A task the index
-    does not cover that far, or marks untrusted, has an unknown base (``first_seq`` None) and
-    :func:`check` reports it unverifiable. Read the truth after the indexer caught up, or, when
-    deleting records on purpose, read it before deleting and keep that snapshot.
+    When a partition's log start is above 0 (retention deleted records), the seq of a task's
+    first retained record comes from the persisted index (:func:`bridge.log.indexer.load_index`,
+    read before the log): see :func:`_base_from_index`. A task whose base the index cannot
+    prove (it never counted the deleted records, or marks the task untrusted) gets
+    ``first_seq`` None, and :func:`check` reports it unverifiable. So read the truth while the
+    bridge's index is caught up, or, when deleting records on purpose, read it before deleting
+    and keep that snapshot too.
     """
     wanted = None if task_ids is None else set(task_ids)
     decoder = RecordDecoder(
@@ -215,6 +218,7 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
 
     def take(record: ConsumerRecord[bytes, bytes]) -> None:
         truth.records += 1
+        truth.first_offsets.setdefault(record.partition, record.offset)  # read in order
         task_id = task_id_of(record)
         if task_id is None or (wanted is not None and task_id not in wanted):
             return
@@ -230,34 +234,47 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
     consumer = committed_consumer(settings, role="checker")
     await consumer.start()
     try:
-        truth.log_starts = {
-            tp.partition: int(o) for tp, o in (await consumer.beginning_offsets(tps)).items()
-        }
+        begins = await consumer.beginning_offsets(tps)
+        trimmed = {tp.partition for tp, offset in begins.items() if offset > 0}
+        # The index first: what it counted was committed before the log is read, so every
+        # record it counted that is still retained is read below.
+        index = await load_index(settings, trimmed) if trimmed else {}
         await read_to_end(consumer, tps, take)
-        ends = await consumer.end_offsets(tps)
-        truth.end_offsets = {tp.partition: int(o) for tp, o in ends.items()}
+        truth.end_offsets = {
+            tp.partition: int(o) for tp, o in (await consumer.end_offsets(tps)).items()
+        }
+        # Retention that moved while the log was read: the read may have started above 0.
+        raced = {tp.partition for tp, o in (await consumer.beginning_offsets(tps)).items() if o}
     finally:
         await consumer.stop()
-    trimmed = {p for p, start in truth.log_starts.items() if start > 0}
-    if trimmed:
-        await _bases_from_index(settings, truth, trimmed)
+    for task_id, task in truth.tasks.items():
+        p = task.partition
+        if p in trimmed:
+            task.first_seq = _base_from_index(task_id, task, index[p], truth.first_offsets[p])
+        elif p in raced and truth.first_offsets[p] > 0:
+            task.first_seq = None
     return truth
 
 
-async def _bases_from_index(settings: Settings, truth: Truth, partitions: set[int]) -> None:
-    """The first retained seq of each task in ``partitions``, from the persisted index."""
-    index = await load_index(settings, partitions)
-    for task_id, task in truth.tasks.items():
-        if task.partition not in partitions:
-            continue
-        entry = index[task.partition].get(task_id)
-        if entry is None or not entry.trusted or entry.last_offset < task.offsets[0]:
-            task.first_seq = None
-            continue
-        counted = sum(1 for offset in task.offsets if offset <= entry.last_offset)
-        task.first_seq = entry.next_seq - counted
-        if task.first_seq < 0:
-            task.first_seq = None
+def _base_from_index(
+    task_id: str, task: TaskTruth, part: PartitionIndex, first_read: int
+) -> int | None:
+    """The seq of the task's first record read, from its partition's persisted index.
+
+    The task's entry counted ``next_seq`` records up to its ``last_offset``; those of them still
+    retained were read, so the first one read has seq ``next_seq`` minus them. That holds when
+    the entry reaches into the records read, or when the index had read past the first record
+    read in the partition (then it counted every deleted record of the task). Without an entry,
+    a task the index had read past that point without losing records had no deleted record.
+    None: not provable (the index lags behind the deletion, or distrusts the task).
+    """
+    covers_deleted = part.through >= first_read
+    entry = part.get(task_id)
+    if entry is None:
+        return 0 if covers_deleted and part.lost_before < 0 else None
+    counted = sum(1 for offset in task.offsets if offset <= entry.last_offset)
+    base = entry.next_seq - counted
+    return base if entry.trusted and (counted > 0 or covers_deleted) and base >= 0 else None
 
 
 # --- the comparison ----------------------------------------------------------------------------
