@@ -53,6 +53,7 @@ async def test_streams_resume_across_a_sigkilled_and_restarted_replica_and_check
     )
     async with LoadHarness(settings_for(kafka_bootstrap, topic_prefix), tmp_path, plan) as load:
         await wait_until(lambda: load.counters.delivered >= 100, what="100 events delivered")
+        assert load.open_streams == 12, "killed mid-run: every stream still open"
         replica = load.replicas[0]
         replica.kill()
         delivered_at_kill = load.counters.delivered
@@ -60,7 +61,7 @@ async def test_streams_resume_across_a_sigkilled_and_restarted_replica_and_check
         await load.wait_ready(replica)
         await load.stop(drain_s=60)
         report = await load.check()
-    assert report.ok, report.summary()
+    assert report.ok, f"{report.summary()}\n{load.counters.errors}"
     assert load.counters.retries > 0, "the clients had to resume after the kill"
     assert load.counters.delivered > delivered_at_kill
     assert report.finished_streams == 12, report.summary()

@@ -90,6 +90,8 @@ class Counters:
     gone: int = 0  # events_gone answers
     retries: int = 0  # resumes on another replica after a client gave up on one
     stream_errors: int = 0  # refusals other than events_gone (e.g. a partition moving)
+    #: The latest of those errors, for a failure's report.
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     #: Seconds from a pipeline event's record timestamp to its receipt by a client.
     latencies_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_LATENCY_SAMPLES))
 
@@ -144,6 +146,11 @@ class LoadHarness:
         self._http: httpx.AsyncClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._publisher: TaskEventPublisher | None = None
+
+    @property
+    def open_streams(self) -> int:
+        """Stream clients still following their task."""
+        return sum(1 for client in self._clients if not client.done())
 
     @property
     def task_ids(self) -> list[str]:
@@ -312,8 +319,10 @@ class LoadHarness:
                 self.counters.gone += 1
                 store.save(task_id, gone.earliest_seq - 1)  # resume at what is left
                 continue
-            except StreamError:
+            except (StreamError, httpx.HTTPError, ValueError) as exc:
+                # Refused (a partition moving), or the replica gave out mid-reply: elsewhere.
                 self.counters.stream_errors += 1
+                self.counters.errors.append(f"{client_id} at {replica.name}: {exc!r}"[:300])
             attempt += 1
             self.counters.retries += 1
             await asyncio.sleep(self.plan.retry_backoff_s)  # the client's retry backoff
