@@ -201,3 +201,36 @@ def test_examples_are_bounded_but_counts_are_not() -> None:
     assert len(report.examples["duplicated"]) == 10
     assert set(report.as_dict()["counts"]) == set(CATEGORIES)
     assert "duplicated: 30" in report.summary()
+
+
+def test_a_wild_seq_far_past_the_end_is_a_phantom_and_a_skip_and_costs_nothing() -> None:
+    timeline = events(3)
+    recording = Recording()
+    hand(recording, "c1", timeline, [0, 1, 2])
+    recording.record("c1", TASK, 10**15, "com.example.step", {"i": "wild"})
+    report = check(truth_of(timeline), recording)
+    assert only(report.counts) == {"phantom": 1, "silently_skipped": 1}
+    assert f"{10**15 - 3} seqs skipped" in report.examples["silently_skipped"][0]
+
+
+def test_several_events_gone_answers_explain_exactly_their_own_ranges() -> None:
+    timeline = events(12)
+    recording = Recording()
+    recording.gone("c1", TASK, -1, 3)  # 0..2 were gone at the first open
+    hand(recording, "c1", timeline, [3, 4])
+    recording.gone("c1", TASK, 4, 7)  # 5..6 by the resume
+    hand(recording, "c1", timeline, [7, 9, 10, 11])  # 8 skipped silently
+    report = check(truth_of(timeline[7:], first_seq=7), recording)  # retained now: 7..11
+    assert only(report.counts) == {"silently_skipped": 1, "lost": 1}
+    assert "1 seqs skipped between 7 and 9" in report.examples["silently_skipped"][0]
+    assert report.unjudged == 2  # 3 and 4: deleted since, nothing to compare with
+
+
+def test_an_events_gone_explains_nothing_past_its_earliest_seq() -> None:
+    timeline = events(8)
+    recording = Recording()
+    recording.gone("c1", TASK, -1, 3)  # 0..2 gone, yet the stream went on at 5
+    hand(recording, "c1", timeline, [5, 6, 7])
+    report = check(truth_of(timeline[3:], first_seq=3), recording)
+    assert "2 seqs skipped between -1 and 5" in report.examples["silently_skipped"][0]
+    assert report.counts["lost"] == 2
