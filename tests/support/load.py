@@ -298,7 +298,7 @@ class LoadHarness:
         store = MemoryCursorStore()
         attempt = start
         while True:  # until the task's end, or stop()/close() cancels it
-            replica = self.replicas[attempt % len(self.replicas)]
+            replica = self._replica_for(attempt)
             client = TaskStreamClient(
                 replica.url, store=store, http=self._client(), max_reconnects=2, backoff_s=0.1
             )
@@ -326,6 +326,12 @@ class LoadHarness:
             attempt += 1
             self.counters.retries += 1
             await asyncio.sleep(self.plan.retry_backoff_s)  # the client's retry backoff
+
+    def _replica_for(self, attempt: int) -> Replica:
+        """The replica of this attempt, skipping processes known to be down (any, if all are)."""
+        n = len(self.replicas)
+        turn = [self.replicas[(attempt + i) % n] for i in range(n)]
+        return next((r for r in turn if r.alive()), turn[0])
 
     def _take(self, type_: str, payload: dict[str, Any]) -> None:
         self.counters.delivered += 1
