@@ -86,7 +86,8 @@ class LocalBroker(Broker):
             _LIVE_BROKERS.discard(self)
 
 
-_LIVE_BROKERS: set[LocalBroker] = set()
+#: Throwaway brokers (and clusters, bridge.devkafka.cluster) to stop at interpreter exit.
+_LIVE_BROKERS: set[Broker] = set()
 
 
 @atexit.register
