@@ -50,7 +50,7 @@ from bridge.devkafka.kraft import (
     _write_node_files,
 )
 from bridge.devkafka.local import _LIVE_BROKERS, _java_and_jars, _spawn_child, _temp_root
-from bridge.devkafka.process import _terminate_group
+from bridge.devkafka.process import _pid_alive, _process_state, _terminate_group
 from bridge.devkafka.proxy import FaultProxy
 
 __all__ = ["ClusterNode", "LocalCluster", "start_cluster"]
@@ -60,6 +60,10 @@ CLUSTER_HEAP = "448m"
 #: Replication of every topic the cluster creates by default, Kafka's internal ones included.
 REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
+
+
+#: Bound of the wait until a signalled JVM shows the state the signal asked for.
+_SIGNAL_BOUND_S = 10.0
 
 
 class ClusterNode:
@@ -122,8 +126,17 @@ class ClusterNode:
             _terminate_group(process.pid, 0.0, process)
 
     def freeze(self) -> None:
-        """SIGSTOP: the node stops answering without closing a socket (a hung JVM, a long GC)."""
+        """SIGSTOP: the node stops answering without closing a socket (a hung JVM, a long GC).
+
+        Returns once the kernel shows the JVM stopped: a signal is delivered asynchronously.
+        """
         self._signal(signal.SIGSTOP)
+        pid = self.pid
+        deadline = time.monotonic() + _SIGNAL_BOUND_S
+        while pid is not None and _pid_alive(pid) and _process_state(pid) != "T":
+            if time.monotonic() > deadline:
+                raise KafkaProviderError(f"Kafka node {self.node_id} (pid {pid}) did not stop")
+            time.sleep(0.01)
 
     def thaw(self) -> None:
         """SIGCONT: a frozen node runs on from where it stopped."""
