@@ -25,7 +25,7 @@ from bridge.devkafka.files import _tail_text
 def _pid_alive(pid: int) -> bool:
     """True if ``pid`` runs; a zombie counts as gone (a Popen child is reaped by its wait)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = _process_state(pid)
     except FileNotFoundError:
         return False
     except OSError:
@@ -36,8 +36,15 @@ def _pid_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+    return state != "Z"
+
+
+def _process_state(pid: int) -> str:
+    """The one-letter state of ``pid`` in ``/proc`` ("T": stopped, "Z": zombie); raises
+    OSError (FileNotFoundError: no such process) when it cannot be read."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
     # the state follows the parenthesised command name, which may itself contain ')'
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+    return (stat.rpartition(")")[2].split() or [""])[0]
 
 
 def _cmdline(pid: int) -> str:
