@@ -841,7 +841,9 @@ def _header_value(draw: st.DrawFn, values: list[str | None], odd: int = 8) -> st
 def _header(name: str, value: str | bytes | None) -> list[tuple[bytes, bytes]]:
     if value is None:
         return []
-    return [(name.encode(), value if isinstance(value, bytes) else value.encode("utf-8"))]
+    # A lone surrogate (params may hold one) is sent as the bytes a careless client would send.
+    data = value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
+    return [(name.encode(), data)]
 
 
 def _b64_form(text: str) -> str:
