@@ -860,8 +860,10 @@ def _routing_headers(draw: st.DrawFn, method: str, params: Any) -> list[tuple[by
     name_text = name if isinstance(name, str) else "t-work"
     arguments = params.get("arguments")
     argument = str(arguments.get("name")) if isinstance(arguments, dict) else None
-    right: dict[str, str | None] = {
-        "mcp-protocol-version": LATEST_VERSION,
+    meta = params.get("_meta")
+    version = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
+    right: dict[str, str | None] = {  # the version header is right when it matches _meta
+        "mcp-protocol-version": version if isinstance(version, str) else LATEST_VERSION,
         "mcp-method": method,
         "mcp-name": draw(st.sampled_from([name_text, _b64_form(name_text)])),
         "mcp-param-name": argument,
