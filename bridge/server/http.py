@@ -238,7 +238,10 @@ class McpHttp:
             return True
         if origin in self.settings.allowed_origins:
             return True
-        origin_host = (urlsplit(origin).hostname or "").lower()
+        try:
+            origin_host = (urlsplit(origin).hostname or "").lower()
+        except ValueError:  # not a URL (an unclosed IPv6 bracket, a bad port): no allowed host
+            return False
         return origin_host in self._allowed_hosts or f"[{origin_host}]" in self._allowed_hosts
 
     async def _read_body(self, request: Request) -> bytes:
