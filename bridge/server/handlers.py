@@ -510,6 +510,7 @@ class MethodHandlers:
                 cursor = cursor_prefix(request_id, task_id)
             with tracing.deliver(task_id, batch):  # a span around this write, if traced
                 yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
+            del batch  # not held while the stream waits, maybe for hours
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.
         if not ticket.cancelled and not ticket.moved and not self.streams.draining.is_set():

@@ -126,6 +126,7 @@ class SseResponse(Response):
                     error = RpcError(INTERNAL_ERROR, "Internal error")
                     chunk, failed = _sse_error(self._request_id, error), True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                del chunk  # written: an idle stream would hold its last write until the next
             self._ending = True  # from here a disconnect is the end itself, not a reason to stop
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
