@@ -865,8 +865,11 @@ async def bench_rss(
         "MiB",
     )
     say(f"rss: server VmRSS {before / 1024:.1f} MiB, {base_sockets} sockets; opening {n:,} streams")
+    cpu = CpuMeter(pid)
+    cpu.start()
     streams, open_s = await open_streams(bridge.port, task_ids, after=0, what="idle streams")
     settle_s = await wait_active(bridge, n, base_sockets)
+    cpu.stop(n)
     await asyncio.sleep(2.0)
     after = await settled_rss(pid)
     if not all(s.status == 200 for s in streams):
@@ -881,6 +884,7 @@ async def bench_rss(
         "streams/s",
     )
     res.add("rss", f"  server bridge_streams_active = {n:,} after a further", settle_s, "s")
+    cpu.per_open_row(res, "rss", "at the head: no Kafka read, no event")
     res.add(
         "rss",
         "server VmRSS before / after opening",
