@@ -53,8 +53,9 @@ class RawEndpoint:
 
     Starlette wraps a function endpoint per request in an exception wrapper and closures that
     an open stream holds for its whole life; as an ASGI app (starlette routes an object that is
-    not a function to it as is) the request costs one :class:`Request`. Exceptions still reach
-    the app's exception middleware, as before.
+    not a function to it as is) the request costs one :class:`Request`. Exceptions reach the
+    middleware around it (the bridge's app puts its ``/mcp`` endpoints behind starlette's
+    server-error middleware only: see ``bridge.server.app``).
     """
 
     __slots__ = ("handler",)
