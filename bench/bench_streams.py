@@ -229,6 +229,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class CpuMeter:
+    """CPU seconds (utime + stime) the bridge and this process spend between :meth:`start` and
+    :meth:`stop`: on 2 shared cores, whether the bench's own clients are the limit."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.bridge = self.bench = 0.0
+        self.opens = 0
+
+    def start(self) -> None:
+        self.bridge, self.bench = cpu_seconds(self.pid), cpu_seconds(os.getpid())
+
+    def stop(self, opens: int) -> None:
+        """The end of the window, in which ``opens`` streams were opened."""
+        self.bridge = cpu_seconds(self.pid) - self.bridge
+        self.bench = cpu_seconds(os.getpid()) - self.bench
+        self.opens = opens
+
+    def per_open_row(self, res: Results, stage: str, what: str) -> None:
+        """One row: CPU ms per open of the bridge and of this process (clients, producer)."""
+        n = max(1, self.opens)
+        res.add(
+            stage,
+            f"  CPU per open ({what}): bridge / this process",
+            f"{self.bridge / n * 1e3:.2f} / {self.bench / n * 1e3:.2f}",
+            "ms",
+        )
+
+
 def hot_path(pid: int) -> str:
     """The event loop and HTTP parser process ``pid`` really runs, from the shared objects it
     mapped (uvicorn's ``auto`` picks uvloop and httptools when they are installed)."""
@@ -836,8 +865,11 @@ async def bench_rss(
         "MiB",
     )
     say(f"rss: server VmRSS {before / 1024:.1f} MiB, {base_sockets} sockets; opening {n:,} streams")
+    cpu = CpuMeter(pid)
+    cpu.start()
     streams, open_s = await open_streams(bridge.port, task_ids, after=0, what="idle streams")
     settle_s = await wait_active(bridge, n, base_sockets)
+    cpu.stop(n)
     await asyncio.sleep(2.0)
     after = await settled_rss(pid)
     if not all(s.status == 200 for s in streams):
@@ -852,6 +884,7 @@ async def bench_rss(
         "streams/s",
     )
     res.add("rss", f"  server bridge_streams_active = {n:,} after a further", settle_s, "s")
+    cpu.per_open_row(res, "rss", "at the head: no Kafka read, no event")
     res.add(
         "rss",
         "server VmRSS before / after opening",
@@ -1200,12 +1233,13 @@ async def tasks_with_history(
 
 
 async def storm(
-    bridge: BridgeProcess, tasks: list[str], after: int, bound_s: float
+    bridge: BridgeProcess, tasks: list[str], after: int, bound_s: float, cpu: CpuMeter
 ) -> tuple[list[float], int, str]:
     """Resume one stream per task at once with cursor ``after``; returns the seconds from the
     start to each stream's first event (all of them, or those within ``bound_s``), the
     connections the server reset before answering, and why not all (empty when all), once
-    the bridge let go of every stream again.
+    the bridge let go of every stream again. ``cpu`` measures from the start until every
+    stream has its first event (or the bound).
 
     Requests are built beforehand; only the TCP connects are gated (``STORM_CONNECTS``), a
     stream then waits for its first event without holding a slot. A connection reset before
@@ -1222,6 +1256,7 @@ async def storm(
     failed: list[str] = []
     resets = 0
     base_sockets = socket_fds(bridge.pid)
+    cpu.start()
     started = time.perf_counter()
 
     async def one(request: bytes) -> None:
@@ -1256,6 +1291,7 @@ async def storm(
     except NotReached as exc:
         why = f"{exc} ({len(firsts):,} had it)"
     finally:
+        cpu.stop(len(tasks))
         await close_streams(streams, bridge, base_sockets)
     if failed:
         why = f"{len(failed):,} of {len(tasks):,} streams failed, e.g. {failed[0]}. {why}".strip()
@@ -1273,7 +1309,10 @@ async def bench_storm(
         target = TARGET_STORM[n]
         bound = 2 * target + 5
         say(f"storm: {n:,} streams resume at once")
-        firsts, resets, why = await storm(bridge, ids[offset : offset + n], STORM_ROUNDS - 2, bound)
+        cpu = CpuMeter(bridge.pid)
+        firsts, resets, why = await storm(
+            bridge, ids[offset : offset + n], STORM_ROUNDS - 2, bound, cpu
+        )
         offset += n
         if why:
             res.note(f"storm: {n:,}: {why}")
@@ -1286,6 +1325,7 @@ async def bench_storm(
             status=verdict(not why and max(firsts) <= target),
         )
         res.add("storm", f"  {n:,} resumes: connections reset before an answer, retried", resets)
+        cpu.per_open_row(res, "storm", f"{n:,} resumes")
         if firsts:
             res.add(
                 "storm",
@@ -1332,10 +1372,11 @@ async def open_for(
 
 
 async def measure_opens(
-    bridge: BridgeProcess, settings: Settings, sizes: Sizes
+    bridge: BridgeProcess, settings: Settings, sizes: Sizes, cpu: CpuMeter | None = None
 ) -> tuple[float, list[float]]:
     """Fresh streams opened per second on ``OPENS_TASKS`` new tasks that a producer publishes
-    to meanwhile (round-robin at ``sizes.rate``); returns (rate, open times)."""
+    to meanwhile (round-robin at ``sizes.rate``); returns (rate, open times). ``cpu``, if
+    given, measures the window of the opens."""
     tasks = await create_tasks(settings, OPENS_TASKS)
     await wait_visible(bridge.url, tasks)
     base_sockets = socket_fds(bridge.pid)
@@ -1345,7 +1386,11 @@ async def measure_opens(
             steady_producer(settings, pub, tasks, sizes.rate, count, start_i=20_000_000)
         )
         try:
+            if cpu is not None:
+                cpu.start()
             streams, times = await open_for(bridge.port, tasks, sizes.opens_s)
+            if cpu is not None:
+                cpu.stop(len(streams))
         finally:
             async with within(60, f"the opens stage's {count:,} events acknowledged"):
                 await producing
@@ -1362,7 +1407,8 @@ async def bench_opens(
     bridge: BridgeProcess, settings: Settings, sizes: Sizes, res: Results
 ) -> None:
     say(f"opens: fresh streams for {sizes.opens_s:g} s on {OPENS_TASKS} busy tasks")
-    rate, times = await measure_opens(bridge, settings, sizes)
+    cpu = CpuMeter(bridge.pid)
+    rate, times = await measure_opens(bridge, settings, sizes, cpu)
     opens_row(
         "opens",
         f"fresh streams opened ({OPEN_CONCURRENCY} at a time, {sizes.opens_s:g} s, "
@@ -1376,6 +1422,7 @@ async def bench_opens(
         f"{pct(times, 50) * 1e3:.0f} / {pct(times, 99) * 1e3:.0f}",
         "ms",
     )
+    cpu.per_open_row(res, "opens", "every stream begun in the window; the producer too")
 
 
 # --- 7. fan-out throughput per core ----------------------------------------------------------------

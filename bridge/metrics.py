@@ -184,6 +184,7 @@ class Metrics:
             registry=r,
         )
         self._oldest: dict[int, tuple[int, int]] = {}  # partition -> (log start, its timestamp)
+        self._rpc_children: dict[tuple[str, int | str], tuple[Counter, Histogram]] = {}
         self._per_partition = (
             self.indexer_lag_records,
             self.indexer_lag_seconds,
@@ -267,9 +268,17 @@ class Metrics:
             self.forward_seconds.labels(label).observe(seconds)
 
     def rpc(self, method: str, code: int | str, seconds: float) -> None:
-        label = method if method in KNOWN_METHODS else "other"
-        self.rpc_requests.labels(label, str(code)).inc()
-        self.rpc_duration.labels(label).observe(seconds)
+        # labels() takes a lock and builds its key on every call: once per (method, code)
+        # here, as every request (each stream open) is counted. Clients name methods, so
+        # only the known ones are remembered.
+        children = self._rpc_children.get((method, code))
+        if children is None:
+            label = method if method in KNOWN_METHODS else "other"
+            children = (self.rpc_requests.labels(label, str(code)), self.rpc_duration.labels(label))
+            if label != "other":
+                self._rpc_children[(method, code)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     async def refresh_log_gauges(self, indexer: Indexer, reader: Reader) -> None:
         """Offsets, lag and retention headroom of every events partition (a few Kafka calls)."""

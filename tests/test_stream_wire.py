@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent, decode_event, encode_event
 from bridge.server.cursor import decode_cursor, encode_cursor
-from bridge.server.wire import dumps, notification, renderer
+from bridge.server.wire import RecentTexts, dumps, notification, renderer
 
 texts = st.text(max_size=20)
 metas = st.none() | st.dictionaries(texts, st.integers() | texts, max_size=3)
@@ -141,3 +141,37 @@ def test_the_json_envelope_carries_the_parsed_values_compactly():
     assert event.payload_json == '{"a":2,"n":99999999999999999999}'
     line = renderer("t1", "io.mcpbridge")(0, event)
     assert json.loads(line)["params"]["payload"] == {"a": 2, "n": 99999999999999999999}
+
+
+class CountingRender:
+    """A stream's renderer that counts its calls."""
+
+    def __init__(self, task_id: str) -> None:
+        self.render = renderer(task_id, "io.mcpbridge")
+        self.calls = 0
+
+    def __call__(self, seq: int, event: TaskEvent) -> str:
+        self.calls += 1
+        return self.render(seq, event)
+
+
+def test_an_event_sent_to_many_streams_of_its_task_is_rendered_once():
+    texts = RecentTexts()
+    event = TaskEvent("com.example.tick", {"n": 1})
+    streams = [CountingRender("t1") for _ in range(50)]
+    lines = {texts.text("t1", 4, event, render) for render in streams}
+    assert lines == {renderer("t1", "io.mcpbridge")(4, event)}
+    assert sum(render.calls for render in streams) == 1
+
+
+def test_recent_texts_keep_tasks_and_seqs_apart_and_drop_the_oldest_when_full():
+    texts = RecentTexts(limit=2)
+    a, b = CountingRender("t1"), CountingRender("t2")
+    event = TaskEvent("com.example.tick", {"n": 1})
+    assert '"taskId":"t2"' in texts.text("t2", 0, event, b)  # not t1's text of seq 0
+    texts.text("t1", 0, event, a)
+    texts.text("t1", 1, event, a)  # full: t2's seq 0 goes
+    assert (a.calls, b.calls) == (2, 1)
+    texts.text("t1", 1, event, a)
+    texts.text("t2", 0, event, b)
+    assert (a.calls, b.calls) == (2, 2)

@@ -61,7 +61,7 @@ class Limits:
     streams_total: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Ticket:
     """One admitted stream's slot; :meth:`Admission.release` gives it back (idempotent)."""
 

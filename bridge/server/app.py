@@ -13,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bridge import tracing
 from bridge.canary import Canary
@@ -189,11 +192,13 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
         ready = request.app.state.components is not None
         return JSONResponse({"status": "ready" if ready else "starting"}, 200 if ready else 503)
 
-    app = Starlette(
+    direct = {"POST": RawEndpoint(mcp_post), "GET": RawEndpoint(mcp_get)}
+    app = _BridgeApp(
+        direct,
         routes=[
             # The stream-opening methods as plain ASGI apps: an open stream holds less.
-            Route("/mcp", RawEndpoint(mcp_post), methods=["POST"]),
-            Route("/mcp", RawEndpoint(mcp_get), methods=["GET"]),
+            Route("/mcp", direct["POST"], methods=["POST"]),
+            Route("/mcp", direct["GET"], methods=["GET"]),
             Route("/mcp", mcp_delete, methods=["DELETE"]),
             Route("/metrics", metrics_endpoint),
             Route("/admin/indexer/{action}", indexer_admin, methods=["POST"]),
@@ -205,6 +210,37 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
     )
     app.state.components = None
     return app
+
+
+class _BridgeApp(Starlette):
+    """The app, with ``POST``/``GET /mcp`` (every stream) taken before the router.
+
+    A response runs inside every layer that routed it, so an open stream holds each layer's
+    suspended frame for its life: starlette's exception middleware with its wrapper closures,
+    the router and the route, ~2.5 KiB of an idle stream (tracemalloc). These two requests
+    skip them: they go to their endpoint behind starlette's own server-error middleware (a
+    500 for an unexpected exception, as before). Their endpoints raise no ``HTTPException``
+    (the exception middleware's business). The routes stay in the router too, for the rest.
+    """
+
+    def __init__(self, direct: Mapping[str, ASGIApp], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._direct = {m: ServerErrorMiddleware(a, debug=self.debug) for m, a in direct.items()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The path as the router matches it: without the root path uvicorn prefixed to it.
+        path = (
+            scope["path"].removeprefix(scope.get("root_path", ""))
+            if scope["type"] == "http"
+            else ""
+        )
+        if path == "/mcp":
+            endpoint = self._direct.get(scope["method"])
+            if endpoint is not None:
+                scope["app"] = self  # what Request.app reads, as the router would set it
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def _peers(settings: Settings, stack: contextlib.AsyncExitStack) -> Peers | None:

@@ -47,6 +47,7 @@ from bridge.server.wire import (
     Frame,
     InitializeParams,
     JsonRpcRequest,
+    RecentTexts,
     RpcError,
     TaskIdParams,
     TasksStreamParams,
@@ -167,6 +168,7 @@ class MethodHandlers:
         self.extensions = list(extensions)
         self.service = service
         self.streams = streams
+        self._texts = RecentTexts()  # notification texts, shared by the streams of a task
         self.tools = {tool.name: tool for tool in tools}
         self.tool_order = [tool.name for tool in tools]
         self._validators = {
@@ -508,8 +510,13 @@ class MethodHandlers:
             if render is None:
                 render = renderer(task_id, self.settings.event_type_prefix)
                 cursor = cursor_prefix(request_id, task_id)
+            texts = self._texts
             with tracing.deliver(task_id, batch):  # a span around this write, if traced
-                yield [Frame(None, f"{cursor}{seq}", render(seq, event)) for seq, event in batch]
+                yield [
+                    Frame(None, f"{cursor}{seq}", texts.text(task_id, seq, event, render))
+                    for seq, event in batch
+                ]
+            del batch  # not held while the stream waits, maybe for hours
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.
         if not ticket.cancelled and not ticket.moved and not self.streams.draining.is_set():

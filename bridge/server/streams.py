@@ -232,6 +232,7 @@ class StreamHub:
             try:
                 async for item in self._run(sub, partition, after):
                     yield item
+                    del item  # not held while the stream waits
             except NotOwner:
                 ticket.moved = True  # the partition moved during a read: resume at its owner
             finally:
@@ -279,6 +280,10 @@ class StreamHub:
                             yield batch
                         if step is Step.ENDED:
                             return
+                        # Dropped before the next fetch, and never held by an idle stream
+                        # afterwards: a chunk is up to a whole fetch of records.
+                        del chunk, batch
+                del reading  # the finished read, likewise
             except NotRetained as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:
@@ -306,6 +311,7 @@ class StreamHub:
                 if batch:
                     self._delivered(task_id, partition, batch, live=True)
                     yield batch
+                del batch  # not held while the stream waits, maybe for hours
                 if step is Step.ENDED:
                     return
                 if step is Step.GAP:

@@ -73,6 +73,7 @@ __all__ = [
     "Frame",
     "InitializeParams",
     "JsonRpcRequest",
+    "RecentTexts",
     "RpcError",
     "TaskIdParams",
     "TasksStreamParams",
@@ -278,6 +279,37 @@ def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200
 
 
 # --- notifications/tasks/event -----------------------------------------------------------
+
+
+class RecentTexts:
+    """The notification texts rendered lately, by (task id, seq), shared by every stream.
+
+    An event fanned out live to N streams of its task, or replayed to N clients resuming it,
+    is rendered once instead of N times: its text depends on the task, the seq and the event
+    only (:func:`renderer`), and a committed event never changes. Bounded, the oldest text
+    out first; a miss renders as before.
+    """
+
+    __slots__ = ("_limit", "_texts")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._texts: dict[tuple[str, int], str] = {}
+
+    def text(
+        self, task_id: str, seq: int, event: TaskEvent, render: Callable[[int, TaskEvent], str]
+    ) -> str:
+        """The text of ``task_id``'s event ``seq``, from ``render`` (a :func:`renderer` of
+        that task) unless rendered lately."""
+        key = (task_id, seq)
+        texts = self._texts
+        text = texts.get(key)
+        if text is None:
+            text = render(seq, event)
+            if len(texts) >= self._limit:
+                del texts[next(iter(texts))]  # dicts keep insertion order: the oldest
+            texts[key] = text
+        return text
 
 
 def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
