@@ -447,7 +447,7 @@ async def test_a_client_that_stops_reading_costs_bounded_memory_and_others_keep_
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     queue_size = 64
-    burst, pad = 4000, 2000  # 8 MB, beyond what the socket buffers hold (about 2.6 MB here)
+    burst, pad = 3000, 2000  # 6 MB, beyond what the socket buffers hold (about 2.6 MB here)
     plan = LoadPlan(
         replicas=2,
         workers=1,
