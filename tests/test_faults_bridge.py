@@ -498,5 +498,8 @@ async def test_a_client_that_stops_reading_costs_bounded_memory_and_others_keep_
     assert [seq for seq, _t, _p in stalled.events] == list(range(burst + 2))
     assert overflowed, "the stalled stream's queue never overflowed: the bound was not reached"
     assert grew_mb < written_mb / 2, "the stalled stream's events were held in memory"
-    assert during and p99 < 2.0, "other streams waited on the stalled one"
+    # The burst itself loads the machine (p99 rises with it); a stream blocked behind the
+    # stalled one would wait for the whole stall, which moves the median, not just the tail.
+    p50_before = statistics.median(before_latency)
+    assert during and statistics.median(during) < 2 * p50_before + 0.5, "others waited"
     assert_clean(load, report)
