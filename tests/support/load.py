@@ -56,6 +56,8 @@ __all__ = ["Counters", "LoadHarness", "LoadPlan", "Replica"]
 SESSION_TIMEOUT_MS = 6000
 #: Latency samples kept (the most recent), so a long soak stays bounded in memory.
 MAX_LATENCY_SAMPLES = 100_000
+#: Events of a burst sent before waiting for their acknowledgements.
+BURST_CHUNK = 200
 #: Type of the pipeline tasks' events.
 PIPELINE_EVENT = "com.example.load.step"
 
@@ -78,6 +80,8 @@ class LoadPlan:
     pipeline_interval_s: float = 0.03
     #: A client's pause before resuming elsewhere after its replica stopped answering.
     retry_backoff_s: float = 0.2
+    #: Extra environment of every replica (e.g. ``BRIDGE_STREAM_QUEUE_SIZE``).
+    replica_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,6 +129,15 @@ class Replica:
         except httpx.HTTPError:
             return False
         return reply.status_code == 200
+
+
+def _done_status() -> StatusPayload:
+    """A pipeline task's terminal status."""
+    return StatusPayload(
+        status="completed",
+        status_message="load finished",
+        result={"content": [{"type": "text", "text": "pipeline done"}]},
+    )
 
 
 class LoadHarness:
@@ -202,7 +215,7 @@ class LoadHarness:
                 if group
                 else {}
             )
-            env = bridge_env(self.settings, **extra)
+            env = bridge_env(self.settings, **extra, **self.plan.replica_env)
             args = ["serve", "--port", str(port)]
             proc = Proc(f"replica{i}", args, env, self.logs / f"replica{i}.log")
             self.replicas.append(Replica(f"replica{i}", port, proc.start()))
@@ -253,6 +266,36 @@ class LoadHarness:
         self._follow_all(created)
         return created
 
+    async def add_unfed_task(self) -> str:
+        """A pipeline task that none of the harness's writers feeds nor its clients stream
+        (the caller writes it with :meth:`burst` and reads it its own way); checked too."""
+        assert self._publisher is not None, "start() first"
+        task_id, _where = await create_replay_task(self._publisher, self.settings)
+        self.pipeline_task_ids.append(task_id)
+        return task_id
+
+    async def burst(self, task_id: str, count: int, payload_bytes: int) -> None:
+        """``count`` events with ``payload_bytes`` of padding sent back to back, as a backfill
+        would, then the task's terminal status."""
+        assert self._producer is not None, "start() first"
+        pad = "x" * payload_bytes
+        for first in range(0, count, BURST_CHUNK):
+            # A chunk in flight at a time: a slow cluster paces the burst instead of failing
+            # a send whose batch waited too long for room in the producer's buffer.
+            sent = []
+            for i in range(first, min(count, first + BURST_CHUNK)):
+                now_ms = time.time_ns() // 1_000_000
+                payload = {"i": i, "atMs": now_ms, "pad": pad}
+                value, headers = encode_event(TaskEvent(PIPELINE_EVENT, payload, None, now_ms))
+                sent.append(
+                    await self._producer.send(
+                        self.settings.topics.events, value, key=task_id.encode(), headers=headers
+                    )
+                )
+            await asyncio.gather(*sent)
+            self.counters.produced += len(sent)
+        await self._produce(task_id, self.settings.own_types.status, _done_status().payload())
+
     async def _feed(self, task_id: str) -> None:
         """A pipeline's events for ``task_id``, then its terminal status (also when stopping)."""
         for i in range(self.plan.pipeline_events):
@@ -262,12 +305,7 @@ class LoadHarness:
             await self._produce(task_id, PIPELINE_EVENT, {"i": i, "atMs": now_ms}, now_ms)
             with contextlib.suppress(TimeoutError):  # the pacing, cut short by stop()
                 await asyncio.wait_for(self._stopping.wait(), self.plan.pipeline_interval_s)
-        done = StatusPayload(
-            status="completed",
-            status_message="load finished",
-            result={"content": [{"type": "text", "text": "pipeline done"}]},
-        )
-        await self._produce(task_id, self.settings.own_types.status, done.payload())
+        await self._produce(task_id, self.settings.own_types.status, _done_status().payload())
 
     async def _produce(
         self, task_id: str, event_type: str, payload: dict[str, Any], ts: int | None = None
