@@ -23,7 +23,7 @@ from support.procs import bridge_env
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
-from bridge.events import INTERNAL_ERROR, EventSuffix
+from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
 from bridge.kafka.clients import partition_for_key
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
@@ -450,6 +450,28 @@ async def test_a_rebalance_that_moves_a_running_job_stops_it_so_nothing_follows_
                     assert statuses == ["completed"], (task_id, statuses)
                     assert "status" in log[-1].event.payload, f"events after the end of {task_id}"
         assert restarted, "no job moved to B: the rebalance came after every job had ended"
+
+
+@pytest.mark.kafka
+async def test_another_workers_outcome_stops_a_copy_still_running_and_nothing_follows_it(
+    settings: Settings,
+) -> None:
+    async with (
+        bridge_side(settings, ["slow_compute"]) as bridge,
+        worker(settings, ["slow_compute"], cls=WatchedWorker) as a,
+    ):
+        assert isinstance(a, WatchedWorker)
+        task = await bridge.started(TOOLS["slow_compute"], {"seconds": 20, "label": "twice"})
+        # What the worker that ran the other copy writes: the outcome, then the finished mark.
+        elsewhere = StatusPayload(status="completed", result={"content": []})
+        await a._finish(task.task_id, elsewhere)
+        await wait_until(lambda: a.idle, BOUND, what="the copy on A stopped")
+        async with asyncio.timeout(BOUND):
+            log = [e async for e in bridge.reader.read(task.task_id)]
+    statuses = [e.event.payload["status"] for e in log if "status" in e.event.payload]
+    assert statuses == ["completed"], statuses
+    assert log[-1].event.payload == elsewhere.payload(), "events after the task's end"
+    assert a.completed == 0, "the stopped copy reported nothing"
 
 
 @pytest.mark.kafka
