@@ -105,6 +105,8 @@ NAMED_CATEGORIES = ("lost", "duplicated", "silently_skipped", "wrong_seq")
 #: Bounds (seconds) of a fault's recovery, of the cluster becoming whole, of the final drain.
 RECOVERY_BOUND_S = 150.0
 HEALTH_BOUND_S = 180.0
+#: A broker's restart on a busy machine (JVM start, log recovery, catching up).
+BROKER_START_S = 300.0
 DRAIN_S = 120.0
 #: Tasks of each kind kept running, and stream clients on each.
 TOOL_TASKS = 3
@@ -356,8 +358,11 @@ class Soak:
         clock = self._clock()  # a failover: the clock runs from the kill
         fault.held_s = await self._hold(5, 20)
         started = time.monotonic()
-        await asyncio.to_thread(node.start, 120.0)
-        fault.note = f"restarted in {time.monotonic() - started:.1f} s"
+        try:
+            await asyncio.to_thread(node.start, BROKER_START_S)
+            fault.note = f"restarted in {time.monotonic() - started:.1f} s"
+        except KafkaProviderError:  # still starting, or died starting: _whole() sees to it
+            fault.note = f"not answering {BROKER_START_S:.0f} s after its restart"
         return clock
 
     async def _broker_freeze(self, fault: Fault) -> RecoveryClock:
@@ -450,9 +455,20 @@ class Soak:
                 self.exits.append(f"{proc.name} exited by itself: {proc.tail(3)}"[:400])
                 say(self.exits[-1])
                 proc.start()
-        await load.wait_ready(bound=HEALTH_BOUND_S)
         if self.cluster is not None:
-            await _bounded(self._isr_full, HEALTH_BOUND_S, "every broker in every ISR")
+            for node in self.cluster.nodes:
+                if node.pid is None:  # died (starting again, or by itself)
+                    self.exits.append(f"broker{node.node_id} was not running")
+                    say(self.exits[-1])
+                    with contextlib.suppress(KafkaProviderError):
+                        await asyncio.to_thread(node.start, BROKER_START_S)
+        try:
+            await load.wait_ready(bound=HEALTH_BOUND_S)
+            if self.cluster is not None:
+                await _bounded(self._isr_full, HEALTH_BOUND_S, "every broker in every ISR")
+        except (AssertionError, TimeoutError) as exc:  # a finding; the soak goes on
+            self.exits.append(f"not whole again: {exc}"[:400])
+            say(self.exits[-1])
 
     async def _isr_full(self) -> bool:
         prefix = self.settings.topics.prefix
