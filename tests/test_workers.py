@@ -23,7 +23,8 @@ from support.procs import bridge_env
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
-from bridge.events import INTERNAL_ERROR, EventSuffix
+from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
+from bridge.kafka.clients import partition_for_key
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
 from bridge.tasks.service import TaskNotFound, TaskService, TooManyTasks
@@ -69,6 +70,11 @@ def is_status(prefix: str, status: str) -> Callable[[IndexedEvent], bool]:
         )
 
     return match
+
+
+def is_start(prefix: str, indexed: IndexedEvent) -> bool:
+    """The first progress event of a slow_compute run (one per attempt of its job)."""
+    return is_progress(prefix)(indexed) and indexed.event.payload["progress"] == 0
 
 
 def is_progress(prefix: str) -> Callable[[IndexedEvent], bool]:
@@ -136,6 +142,11 @@ class WatchedWorker(Worker):
     async def wait_assignments(self, n: int) -> None:
         what = f"{n} partition assignments of the worker"
         await wait_until(lambda: self.assignments >= n, BOUND, what=what, wakeup=self._reassigned)
+
+    @property
+    def idle(self) -> bool:
+        """No job runs here (none started, or every one ended, however)."""
+        return not self._job_tasks
 
 
 @contextlib.asynccontextmanager
@@ -398,6 +409,69 @@ async def test_a_rebalance_does_not_start_a_second_copy_of_a_running_job(
         assert [e.event.payload["status"] for e in log if "status" in e.event.payload] == [
             "completed"
         ]
+
+
+@pytest.mark.kafka
+async def test_a_rebalance_that_moves_a_running_job_stops_it_so_nothing_follows_its_end(
+    settings: Settings,
+) -> None:
+    fast = {"session_timeout_ms": _SESSION_TIMEOUT_MS}
+    partitions = settings.topics.partitions
+    async with (
+        bridge_side(settings, ["slow_compute"]) as bridge,
+        worker(settings, ["slow_compute"], cls=WatchedWorker, **fast) as a,
+    ):
+        assert isinstance(a, WatchedWorker)
+        await a.wait_assignments(1)
+        # A job in every job partition, all running on A: whichever partitions B gets move.
+        # They run long enough to outlast B's join (the broker delays a group's first
+        # rebalance by 3 s).
+        tasks: dict[int, str] = {}
+        while len(tasks) < partitions:
+            assert len(tasks) < 30, "task ids kept landing in the same job partitions"
+            task = await bridge.started(TOOLS["slow_compute"], {"seconds": 20, "label": "moved"})
+            tasks.setdefault(partition_for_key(task.task_id.encode(), partitions), task.task_id)
+        async with worker(settings, ["slow_compute"], cls=WatchedWorker, **fast) as b:
+            assert isinstance(b, WatchedWorker)
+            await a.wait_assignments(2)
+            views = [await bridge.terminal(task_id) for task_id in tasks.values()]
+            assert all(view.status == "completed" for view in views), views
+            # A second copy would still be emitting after the first one's end: read the logs
+            # once no job runs on either worker.
+            await wait_until(lambda: a.idle and b.idle, BOUND, what="both workers idle")
+            restarted = 0
+            async with asyncio.timeout(BOUND):
+                for task_id in tasks.values():
+                    log = [e async for e in bridge.reader.read(task_id)]
+                    restarted += sum(is_start(bridge.prefix, e) for e in log) > 1
+                    statuses = [
+                        e.event.payload["status"] for e in log if "status" in e.event.payload
+                    ]
+                    assert statuses == ["completed"], (task_id, statuses)
+                    assert "status" in log[-1].event.payload, f"events after the end of {task_id}"
+        assert restarted, "no job moved to B: the rebalance came after every job had ended"
+
+
+@pytest.mark.kafka
+async def test_another_workers_outcome_stops_a_copy_still_running_and_nothing_follows_it(
+    settings: Settings,
+) -> None:
+    async with (
+        bridge_side(settings, ["slow_compute"]) as bridge,
+        worker(settings, ["slow_compute"], cls=WatchedWorker) as a,
+    ):
+        assert isinstance(a, WatchedWorker)
+        task = await bridge.started(TOOLS["slow_compute"], {"seconds": 20, "label": "twice"})
+        # What the worker that ran the other copy writes: the outcome, then the finished mark.
+        elsewhere = StatusPayload(status="completed", result={"content": []})
+        await a._finish(task.task_id, elsewhere)
+        await wait_until(lambda: a.idle, BOUND, what="the copy on A stopped")
+        async with asyncio.timeout(BOUND):
+            log = [e async for e in bridge.reader.read(task.task_id)]
+    statuses = [e.event.payload["status"] for e in log if "status" in e.event.payload]
+    assert statuses == ["completed"], statuses
+    assert log[-1].event.payload == elsewhere.payload(), "events after the task's end"
+    assert a.completed == 0, "the stopped copy reported nothing"
 
 
 @pytest.mark.kafka

@@ -9,9 +9,12 @@ for input and observe ``ctx.cancelled``. Raising :class:`JobError` fails the tas
 JSON-RPC error; any other exception fails it with -32603.
 
 A worker that stops (SIGTERM) cancels its jobs in flight without reporting anything, leaving
-them to the rest of the group. A retried job runs again from the start: events of the crashed
-attempt stay in the log (seq is derived, so nothing is corrupted), answers already given are
-reused by ``ask`` and a job whose "finished" mark is in the control topic is not run twice.
+them to the rest of the group; so does a worker whose job partitions a rebalance moved to
+another member (that member runs them now). A retried job runs again from the start: events
+of the crashed attempt stay in the log (seq is derived, so nothing is corrupted), answers
+already given are reused by ``ask`` and a job whose "finished" mark is in the control topic is
+not run twice. A copy still running when another worker's "finished" mark arrives stops at
+once and emits nothing more: no event may follow a task's terminal status.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ class JobContext:
         self, event_type: str, payload: dict[str, Any], meta: dict[str, Any] | None = None
     ) -> None:
         """Append a vendor-prefixed event to the task's stream."""
+        if self._control.is_finished():
+            raise asyncio.CancelledError  # another worker ended the task: nothing may follow
         await self._worker.publisher.publish(self.task_id, event_type, payload, meta=meta)
 
     async def progress(
@@ -197,6 +202,8 @@ class Worker(Component):
         #: Records waiting for a free slot, in fetch order.
         self._queue: deque[tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = deque()
         self._job_tasks: set[asyncio.Task[None]] = set()
+        #: The job partition of each task whose job runs here (a rebalance may move it).
+        self._job_partitions: dict[str, TopicPartition] = {}
         self._background: list[asyncio.Task[None]] = []
         self.completed = 0
 
@@ -286,9 +293,13 @@ class Worker(Component):
             return
         self._control[message.task_id].apply(message)
         running = self._running.get(message.task_id)
-        if message.type == "cancel" and running is not None:
+        if running is None:
+            return
+        if message.type == "cancel":
             running[1].cancelled.set()
             running[0].cancel()
+        elif message.type == "finished":
+            running[0].cancel()  # another worker's outcome is in: this copy is a duplicate
 
     async def _tail_control(self, consumer: AIOKafkaConsumer) -> None:
         while True:
@@ -378,8 +389,16 @@ class Worker(Component):
             self._committed.pop(tp, None)
 
     def _assigned(self, assigned: set[TopicPartition]) -> None:
-        """After a rebalance: forget partitions that went elsewhere and have no job here."""
-        for tp in [tp for tp in self._pending if tp not in assigned and not self._pending[tp]]:
+        """After a rebalance: stop the jobs of partitions that went elsewhere (their new
+        owner runs them from the committed offset; two copies would both write events, one of
+        them after the other's terminal status) and forget those partitions."""
+        for task_id, tp in self._job_partitions.items():
+            running = self._running.get(task_id)
+            if tp not in assigned and running is not None:
+                # Like a stopping worker: nothing reported. A job already writing its outcome
+                # finishes that (the new owner then finds its "finished" mark).
+                running[0].cancel()
+        for tp in [tp for tp in self._pending if tp not in assigned]:
             del self._pending[tp]
             self._done.pop(tp, None)
 
@@ -402,6 +421,7 @@ class Worker(Component):
         if job is not None:
             # Cancellation (the worker stopping) leaves the job unfinished: not marked done,
             # so its offset is never committed and another worker runs it.
+            self._job_partitions[job.task_id] = tp
             try:
                 with tracing.job_span(record.headers, job.tool, job.task_id):
                     await self._execute(job)
@@ -412,6 +432,8 @@ class Worker(Component):
                     "job of task %s at %s offset %d broke", job.task_id, tp, record.offset
                 )
                 return
+            finally:
+                self._job_partitions.pop(job.task_id, None)
         self._pending[tp].discard(record.offset)
         self._done[tp].add(record.offset)
 
@@ -473,6 +495,9 @@ class Worker(Component):
         try:
             result: Any = await run
         except asyncio.CancelledError:
+            if control.is_finished():
+                # Another worker's outcome stands; the caller reports nothing (the job is done).
+                return StatusPayload(status="cancelled", status_message="finished elsewhere")
             if not control.cancelled:
                 raise  # the worker itself is stopping: leave the job to another worker
             return StatusPayload(

@@ -19,7 +19,11 @@ and waits (bounded) for the streams; :meth:`LoadHarness.check` then reads the gr
 returns the :class:`~bridge.log.checker.CheckReport`.
 
 Faults are the caller's: :attr:`LoadHarness.replicas` and :attr:`LoadHarness.workers` are the
-processes (``kill()`` is SIGKILL, :meth:`Replica.restart` starts it again on its port).
+processes (``kill()`` is SIGKILL, :meth:`Replica.restart` starts it again on its port), and
+:meth:`LoadHarness.hold` makes a client stop reading for a while. :attr:`LoadHarness.on_delivery`
+sees every event a client is handed (the soak's recovery clock). Under broker faults, plan
+``pipeline_acks_all`` (idempotent acks=all writers, so that "produced" is what the log holds);
+a pipeline send that fails is sent again (bounded), so a fault cannot end a writer early.
 The cluster is whatever ``settings.kafka_bootstrap_servers`` names.
 """
 
@@ -30,6 +34,7 @@ import contextlib
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +45,12 @@ from bridge.client import EventsGone, MemoryCursorStore, StreamError, TaskStream
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.events import StatusPayload
-from bridge.kafka.clients import AIOKafkaProducer, plain_producer
+from bridge.kafka.clients import (
+    AIOKafkaProducer,
+    KafkaError,
+    idempotent_producer,
+    plain_producer,
+)
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.publisher import TaskEventPublisher
 from bridge.replay import create_task as create_replay_task
@@ -60,6 +70,8 @@ MAX_LATENCY_SAMPLES = 100_000
 BURST_CHUNK = 200
 #: Type of the pipeline tasks' events.
 PIPELINE_EVENT = "com.example.load.step"
+#: How long a pipeline writer keeps sending one event again while Kafka refuses it.
+PRODUCE_RETRY_BOUND_S = 180.0
 
 
 @dataclass
@@ -78,6 +90,8 @@ class LoadPlan:
     #: Events each pipeline task gets before its terminal status (stop() ends them sooner).
     pipeline_events: int = 60
     pipeline_interval_s: float = 0.03
+    #: Pipeline writers idempotent with acks=all (default: acks=1, like an outside pipeline).
+    pipeline_acks_all: bool = False
     #: A client's pause before resuming elsewhere after its replica stopped answering.
     retry_backoff_s: float = 0.2
     #: Extra environment of every replica (e.g. ``BRIDGE_STREAM_QUEUE_SIZE``).
@@ -93,6 +107,7 @@ class Counters:
     finished_streams: int = 0
     gone: int = 0  # events_gone answers
     retries: int = 0  # resumes on another replica after a client gave up on one
+    produce_retries: int = 0  # pipeline sends repeated after Kafka refused or timed out
     stream_errors: int = 0  # refusals other than events_gone (e.g. a partition moving)
     #: The latest of those errors, for a failure's report.
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=20))
@@ -153,7 +168,10 @@ class LoadHarness:
         self.workers: list[Proc] = []
         self.tool_task_ids: list[str] = []
         self.pipeline_task_ids: list[str] = []
+        #: Called with (client id, event type, payload) for every event a client is handed.
+        self.on_delivery: Callable[[str, str, dict[str, Any]], None] | None = None
         self._stopping = asyncio.Event()
+        self._holds: dict[str, asyncio.Event] = {}
         self._writers: list[asyncio.Task[None]] = []
         self._clients: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
@@ -164,6 +182,11 @@ class LoadHarness:
     def open_streams(self) -> int:
         """Stream clients still following their task."""
         return sum(1 for client in self._clients if not client.done())
+
+    @property
+    def open_client_ids(self) -> list[str]:
+        """The ids of the stream clients still following their task."""
+        return [client.get_name() for client in self._clients if not client.done()]
 
     @property
     def task_ids(self) -> list[str]:
@@ -191,7 +214,11 @@ class LoadHarness:
         self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
         self._start_processes()
         await self.wait_ready()
-        self._producer = plain_producer(self.settings, role="load-pipeline")
+        self._producer = (
+            idempotent_producer(self.settings, role="load-pipeline")
+            if self.plan.pipeline_acks_all
+            else plain_producer(self.settings, role="load-pipeline")
+        )
         await self._producer.start()
         self._publisher = TaskEventPublisher(self.settings)
         await self._publisher.start()
@@ -243,10 +270,11 @@ class LoadHarness:
     # --- load ----------------------------------------------------------------------------------
 
     async def add_tool_tasks(self, count: int) -> list[str]:
-        """``count`` tasks of the plan's tool (created through the replicas in turn), streamed."""
+        """``count`` tasks of the plan's tool (created through the live replicas in turn),
+        streamed."""
         created = []
         for i in range(count):
-            url = self.replicas[i % len(self.replicas)].url
+            url = self._replica_for(len(self.tool_task_ids) + i).url
             created.append(
                 await create_task(self._client(), url, self.plan.tool, self.plan.tool_arguments)
             )
@@ -317,9 +345,16 @@ class LoadHarness:
             else TaskEvent(event_type, payload, None, ts)
         )
         value, headers = encode_event(event)
-        await self._producer.send_and_wait(
-            self.settings.topics.events, value, key=task_id.encode(), headers=headers
-        )
+        topic, key = self.settings.topics.events, task_id.encode()
+        async with asyncio.timeout(PRODUCE_RETRY_BOUND_S):
+            while True:  # a broker fault outlasting the producer's own retries: send again
+                try:
+                    await self._producer.send_and_wait(topic, value, key=key, headers=headers)
+                    break
+                except KafkaError as exc:
+                    self.counters.produce_retries += 1
+                    self.counters.errors.append(f"pipeline send of {task_id}: {exc!r}"[:300])
+                    await asyncio.sleep(self.plan.retry_backoff_s)  # the writer's backoff
         self.counters.produced += 1
 
     def _follow_all(self, task_ids: list[str]) -> None:
@@ -328,7 +363,8 @@ class LoadHarness:
             for j in range(k):
                 client_id = f"{task_id[:8]}-c{j}"
                 start = (t * k + j) % len(self.replicas)
-                self._clients.append(asyncio.create_task(self._follow(client_id, task_id, start)))
+                follow = self._follow(client_id, task_id, start)
+                self._clients.append(asyncio.create_task(follow, name=client_id))
 
     async def _follow(self, client_id: str, task_id: str, start: int) -> None:
         """Stream ``task_id`` to its end, resuming with the cursor, moving on to the next
@@ -342,10 +378,12 @@ class LoadHarness:
             )
             try:
                 async for event in client.stream(task_id):
-                    self._take(event.type, event.payload)
+                    self._take(client_id, event.type, event.payload)
                     self.recording.record(
                         client_id, task_id, event.seq, event.type, event.payload, replica.name
                     )
+                    if (held := self._holds.get(client_id)) is not None:
+                        await held.wait()  # not reading: the reply waits in the socket
                 self.recording.finished(client_id, task_id)
                 self.counters.finished_streams += 1
                 return
@@ -371,11 +409,24 @@ class LoadHarness:
         turn = [self.replicas[(attempt + i) % n] for i in range(n)]
         return next((r for r in turn if r.alive()), turn[0])
 
-    def _take(self, type_: str, payload: dict[str, Any]) -> None:
+    def _take(self, client_id: str, type_: str, payload: dict[str, Any]) -> None:
         self.counters.delivered += 1
+        if self.on_delivery is not None:
+            self.on_delivery(client_id, type_, payload)
         at = payload.get("atMs") if type_ == PIPELINE_EVENT else None
         if isinstance(at, int):
             self.counters.latencies_s.append(time.time() - at / 1000)
+
+    async def hold(self, client_id: str, seconds: float) -> None:
+        """Client ``client_id`` stops reading its stream after its next event, for ``seconds``
+        (cut short by :meth:`stop`), then reads on; returns when it reads again."""
+        held = self._holds.setdefault(client_id, asyncio.Event())
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), seconds)
+        finally:
+            held.set()
+            self._holds.pop(client_id, None)
 
     # --- the end -------------------------------------------------------------------------------
 
