@@ -177,3 +177,77 @@ def secure_kafka(request: pytest.FixtureRequest) -> Iterator[SecureBroker]:
 # =============================================================================================
 # (end of the secured Kafka broker section)
 # =============================================================================================
+
+
+# =============================================================================================
+# Three-broker Kafka cluster (bridge.devkafka.start_cluster)
+#
+# `kafka_cluster` (session): a throwaway cluster of three combined KRaft nodes from the Maven
+# jars (replication factor 3, min.insync.replicas 2) whose clients' listeners are advertised
+# at a fault proxy: `kafka_cluster.proxy` cuts, restores and slows the way to every broker
+# without partitioning the cluster, and `kafka_cluster.nodes` kill, freeze, thaw and restart
+# single brokers. Ready once every node answers and an RF-3 topic could be created through the
+# proxy; the start time is printed. Skipped when it cannot be started, except under CI, where
+# the tests needing it fail. Tests that break it put it back (see tests/test_cluster.py).
+# =============================================================================================
+
+import asyncio  # noqa: E402
+
+from aiokafka.admin import NewTopic  # noqa: E402
+from support.waits import wait_until  # noqa: E402
+
+from bridge.devkafka import LocalCluster, start_cluster  # noqa: E402
+from bridge.kafka.admin import kafka_admin  # noqa: E402
+from bridge.kafka.clients import KafkaError  # noqa: E402
+
+#: Start-up of three JVMs on a shared 2-core machine, the first RF-3 topic included.
+CLUSTER_READY_BOUND_S = 120.0
+
+
+async def _create_rf3_probe_topic(bootstrap: str) -> None:
+    """Wait until the cluster creates a topic with three replicas (every broker registered)."""
+    settings = load_settings(kafka_bootstrap_servers=bootstrap)
+    name = f"cluster-ready-{fresh_prefix()}"
+
+    async def created() -> bool:
+        try:
+            async with kafka_admin(settings) as admin:
+                await admin.create_topics([NewTopic(name, 1, 3)], timeout_ms=10_000)
+        except KafkaError:
+            return False  # too few brokers unfenced yet: INVALID_REPLICATION_FACTOR
+        return True
+
+    await wait_until(created, CLUSTER_READY_BOUND_S, what="an RF-3 topic created", poll_s=0.5)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    config = request.config
+    started = time.monotonic()
+    try:
+        cluster = start_cluster(
+            load_settings(),
+            proxied=True,
+            progress=lambda msg: _kafka_say(config, f"cluster: {msg}"),
+        )
+    except KafkaProviderError as exc:
+        reason = f"no three-broker Kafka cluster could be started: {exc}"
+        if running_in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    try:
+        answering = time.monotonic() - started
+        asyncio.run(_create_rf3_probe_topic(cluster.bootstrap_servers))
+        _kafka_say(
+            config,
+            f"cluster bootstrap={cluster.bootstrap_servers} (through the fault proxy) answering "
+            f"in {answering:.1f} s, an RF-3 topic created at {time.monotonic() - started:.1f} s",
+        )
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+# =============================================================================================
+# (end of the three-broker Kafka cluster section)
+# =============================================================================================

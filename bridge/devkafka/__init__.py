@@ -15,6 +15,9 @@ Along the way a broker is found or made:
   PLAIN and OAUTHBEARER users, and the StandardAuthorizer with no ACL meaning no access;
 - :mod:`~bridge.devkafka.local` runs a throwaway broker owned by this process
   (:func:`start_local`, or :func:`start_secure` for a secured one);
+- :mod:`~bridge.devkafka.cluster` runs a throwaway three-broker cluster (:func:`start_cluster`,
+  replication factor 3, min.insync.replicas 2) for the fault tests and the soak, its clients
+  optionally through the TCP fault proxy of :mod:`~bridge.devkafka.proxy` (cut, slow, restore);
 - :mod:`~bridge.devkafka.detached` runs the long-lived broker of ``bridge kafka start|stop``
   (``--secure`` also writes a client settings file);
 - :mod:`~bridge.devkafka.process` and :mod:`~bridge.devkafka.files` hold the process, lock and
@@ -22,22 +25,28 @@ Along the way a broker is found or made:
 """
 
 from bridge.devkafka.broker import Broker, BrokerInfo, KafkaProviderError, SecureBrokerInfo
+from bridge.devkafka.cluster import ClusterNode, LocalCluster, start_cluster
 from bridge.devkafka.detached import local_status, start_local_detached, stop_local_detached
 from bridge.devkafka.docker import DOCKER_IMAGE, DockerBroker, DockerProbe, detect_docker
 from bridge.devkafka.jars import ensure_kafka_jars
 from bridge.devkafka.local import LocalBroker, SecureBroker, start_local, start_secure
 from bridge.devkafka.probe import check_bootstrap
 from bridge.devkafka.provider import ExternalBroker, provide_broker
+from bridge.devkafka.proxy import FaultProxy, Route
 
 __all__ = [
     "DOCKER_IMAGE",
     "Broker",
     "BrokerInfo",
+    "ClusterNode",
     "DockerBroker",
     "DockerProbe",
     "ExternalBroker",
+    "FaultProxy",
     "KafkaProviderError",
     "LocalBroker",
+    "LocalCluster",
+    "Route",
     "SecureBroker",
     "SecureBrokerInfo",
     "check_bootstrap",
@@ -45,6 +54,7 @@ __all__ = [
     "ensure_kafka_jars",
     "local_status",
     "provide_broker",
+    "start_cluster",
     "start_local",
     "start_local_detached",
     "start_secure",

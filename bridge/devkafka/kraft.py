@@ -1,4 +1,4 @@
-"""A single-node KRaft broker in a directory: its configuration files, its storage format, its
+"""A KRaft broker in a directory (a single node, or one node of a cluster): its configuration files, its storage format, its
 JVM command line, its listener ports, and the wait until it answers.
 
 Layout of a broker directory (``root``): ``server.properties``, ``log4j2.properties``,
@@ -16,6 +16,7 @@ It fetches no jars and owns no process: the callers spawn the command and stop i
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import socket
 import ssl
@@ -40,22 +41,32 @@ _JVM_FLAGS = (
 )
 
 
-# Broker settings shared by the local and the Docker provider (single node, observable
-# retention in tests). Kafka ignores (with a warning) the ones an older version lacks.
-_SINGLE_NODE_CONFIG: dict[str, str] = {
-    "offsets.topic.replication.factor": "1",
-    "offsets.topic.num.partitions": "1",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
-    "transaction.state.log.num.partitions": "1",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
+def _replication_config(factor: int, min_isr: int) -> dict[str, str]:
+    """Replication of Kafka's internal topics (consumer offsets, transactions, share state)."""
+    return {
+        "offsets.topic.replication.factor": str(factor),
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": str(factor),
+        "transaction.state.log.min.isr": str(min_isr),
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": str(factor),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
+    }
+
+
+# Settings of every development broker, however many nodes: no rebalance delay, no topic
+# created by accident, and retention observable within a test.
+_OBSERVABLE_CONFIG: dict[str, str] = {
     "group.initial.rebalance.delay.ms": "0",
     "auto.create.topics.enable": "false",
     "log.retention.check.interval.ms": "1000",
     "log.initial.task.delay.ms": "1000",
     "log.segment.delete.delay.ms": "1000",
 }
+
+# Broker settings shared by the local and the Docker provider (single node, observable
+# retention in tests). Kafka ignores (with a warning) the ones an older version lacks.
+_SINGLE_NODE_CONFIG: dict[str, str] = {**_replication_config(1, 1), **_OBSERVABLE_CONFIG}
 
 
 _LOG4J2_BROKER = """\
@@ -100,10 +111,14 @@ def _heap_bytes(heap: str) -> int:
 def _write_config(
     root: Path, port: int, cport: int, security: BrokerSecurity | None = None
 ) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    config = _server_config(root, port, cport, security)
     # a secured broker's properties hold the PLAIN passwords
-    _write_atomic(root / "server.properties", _properties_text(config), private=bool(security))
+    _write_node_files(root, _server_config(root, port, cport, security), private=bool(security))
+
+
+def _write_node_files(root: Path, config: dict[str, str], *, private: bool = False) -> None:
+    """``server.properties`` (``config``) and the log4j files of the node directory ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    _write_atomic(root / "server.properties", _properties_text(config), private=private)
     _write_atomic(root / "log4j2.properties", _LOG4J2_BROKER)
     _write_atomic(root / "log4j2-tool.properties", _LOG4J2_TOOL)
 
@@ -116,25 +131,56 @@ def _server_config(
     listeners = (
         _listener_config(port, cport) if security is None else security.server_config(port, cport)
     )
-    return {
+    return _node_config(root, 1, f"1@127.0.0.1:{cport}", listeners)
+
+
+def _node_config(
+    root: Path,
+    node_id: int,
+    voters: str,
+    listeners: dict[str, str],
+    overrides: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """``server.properties`` of one combined broker and controller among ``voters``
+    (``id@host:port,...``); ``overrides`` replace the single-node defaults in place."""
+    config = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{cport}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters,
         **listeners,
         "log.dirs": str(root / "kraft"),
         "num.partitions": "1",
         **_SINGLE_NODE_CONFIG,
     }
+    config.update(overrides or {})
+    return config
 
 
-def _listener_config(port: int, cport: int) -> dict[str, str]:
-    """The listeners: clients on ``port``, the controller on ``cport``, all plaintext."""
+def _listener_config(
+    port: int,
+    cport: int,
+    *,
+    advertised_port: int | None = None,
+    broker_port: int | None = None,
+) -> dict[str, str]:
+    """The listeners, all plaintext: clients on ``port`` (advertised at ``advertised_port``
+    when a proxy stands in front), the controller on ``cport``, and brokers talking to each
+    other on ``broker_port`` if given (else on the client listener)."""
+    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}"
+    advertised = f"PLAINTEXT://127.0.0.1:{advertised_port or port}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    inter_broker = "PLAINTEXT"
+    if broker_port is not None:
+        listeners += f",BROKER://127.0.0.1:{broker_port}"
+        advertised += f",BROKER://127.0.0.1:{broker_port}"
+        protocols += ",BROKER:PLAINTEXT"
+        inter_broker = "BROKER"
     return {
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name": inter_broker,
+        "listener.security.protocol.map": protocols,
     }
 
 
@@ -145,9 +191,15 @@ def _properties_text(config: dict[str, str]) -> str:
 
 
 def _format_storage(
-    java: str, libs: Path, root: Path, security: BrokerSecurity | None = None
+    java: str,
+    libs: Path,
+    root: Path,
+    security: BrokerSecurity | None = None,
+    cluster_id: str | None = None,
 ) -> None:
-    cmd = _format_command(java, libs, root)
+    """Format ``root``'s storage; every node of one cluster is formatted with one ``cluster_id``
+    (a fresh one when None)."""
+    cmd = _format_command(java, libs, root, cluster_id)
     if security is not None:
         cmd += security.scram_format_args()
     with (root / "format.log").open("wb") as log:
@@ -172,8 +224,9 @@ def _format_storage(
         )
 
 
-def _format_command(java: str, libs: Path, root: Path) -> list[str]:
-    """``kafka-storage format`` of ``root``'s ``log.dirs`` under a fresh cluster id."""
+def _format_command(java: str, libs: Path, root: Path, cluster_id: str | None = None) -> list[str]:
+    """``kafka-storage format`` of ``root``'s ``log.dirs`` under ``cluster_id`` (else a fresh
+    one)."""
     return [
         java,
         "-Xmx256m",
@@ -184,7 +237,7 @@ def _format_command(java: str, libs: Path, root: Path) -> list[str]:
         "kafka.tools.StorageTool",
         "format",
         "-t",
-        _cluster_id(),
+        cluster_id or _cluster_id(),
         "-c",
         str(root / "server.properties"),
     ]
@@ -240,13 +293,20 @@ def _port_clash(root: Path, log_offset: int) -> bool:
 
 def _free_port_pair() -> tuple[int, int]:
     """Two distinct free ports on 127.0.0.1 (bound to port 0 together, then released)."""
-    with (
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first,
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second,
-    ):
-        first.bind(("127.0.0.1", 0))
-        second.bind(("127.0.0.1", 0))
-        return int(first.getsockname()[1]), int(second.getsockname()[1])
+    first, second = _free_ports(2)
+    return first, second
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1 (bound to port 0 together, then released)."""
+    with contextlib.ExitStack() as stack:
+        socks = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            for _ in range(count)
+        ]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _port_free(port: int) -> bool:

@@ -86,7 +86,8 @@ class LocalBroker(Broker):
             _LIVE_BROKERS.discard(self)
 
 
-_LIVE_BROKERS: set[LocalBroker] = set()
+#: Throwaway brokers (and clusters, bridge.devkafka.cluster) to stop at interpreter exit.
+_LIVE_BROKERS: set[Broker] = set()
 
 
 @atexit.register
@@ -231,11 +232,13 @@ def _sweep_orphans() -> None:
         try:
             owner = json.loads((root / "owner.json").read_text(encoding="utf-8"))
             owner_pid = int(owner["owner_pid"])
-            java_pid = int(owner.get("java_pid", 0))
+            # a cluster (bridge.devkafka.cluster) lists the JVMs of all its nodes
+            java_pids = [int(pid) for pid in owner.get("java_pids", [owner.get("java_pid", 0)])]
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if _pid_alive(owner_pid):
             continue
-        if java_pid and _pid_alive(java_pid) and str(root) in _cmdline(java_pid):
-            _terminate_group(java_pid, 0.0, None)
+        for java_pid in java_pids:
+            if java_pid and _pid_alive(java_pid) and str(root) in _cmdline(java_pid):
+                _terminate_group(java_pid, 0.0, None)
         shutil.rmtree(root, ignore_errors=True)
