@@ -57,11 +57,14 @@ def bootstrap(settings: Settings) -> str:
 
 def _common(settings: Settings, role: str) -> dict[str, Any]:
     # Built anew for each client: secrets in files are read now, so a rotated one is used.
-    return {
+    options = {
         "bootstrap_servers": bootstrap(settings),
         "client_id": f"{settings.kafka_client_id}-{role}",
         **client_security_options(settings),
     }
+    if settings.kafka_request_timeout_ms is not None:
+        options["request_timeout_ms"] = settings.kafka_request_timeout_ms
+    return options
 
 
 async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None:
@@ -73,6 +76,7 @@ async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None
     """
     options = _common(settings, "check")
     del options["bootstrap_servers"]
+    options.pop("request_timeout_ms", None)  # this check's own bound below
     failure: BaseException | None = None
     for host, port, _family in collect_hosts(bootstrap(settings), randomize=False):
         try:
@@ -90,7 +94,8 @@ async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None
 
 def admin_client(settings: Settings) -> AIOKafkaAdminClient:
     """An admin client; the caller must ``await start()`` and ``await close()``."""
-    return AIOKafkaAdminClient(**_common(settings, "admin"), request_timeout_ms=30_000)
+    options = {"request_timeout_ms": 30_000, **_common(settings, "admin")}
+    return AIOKafkaAdminClient(**options)
 
 
 def idempotent_producer(

@@ -40,7 +40,7 @@ from bridge.client import EventsGone, MemoryCursorStore, StreamError, TaskStream
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.events import StatusPayload
-from bridge.kafka.clients import AIOKafkaProducer, plain_producer
+from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer, plain_producer
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.publisher import TaskEventPublisher
 from bridge.replay import create_task as create_replay_task
@@ -76,6 +76,9 @@ class LoadPlan:
     #: Events each pipeline task gets before its terminal status (stop() ends them sooner).
     pipeline_events: int = 60
     pipeline_interval_s: float = 0.03
+    #: Pipeline writers as idempotent acks=all producers instead of a plain acks=1 one: under
+    #: broker faults, what "produced" counts is then exactly what the log keeps.
+    idempotent_pipeline: bool = False
     #: A client's pause before resuming elsewhere after its replica stopped answering.
     retry_backoff_s: float = 0.2
 
@@ -130,8 +133,18 @@ class Replica:
 class LoadHarness:
     """Processes, load and a recording; ``async with`` starts and always tears down."""
 
-    def __init__(self, settings: Settings, logs: Path, plan: LoadPlan | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        logs: Path,
+        plan: LoadPlan | None = None,
+        *,
+        pipeline_settings: Settings | None = None,
+    ) -> None:
         self.settings = settings
+        #: The pipeline writers' settings (default ``settings``): e.g. the brokers' direct
+        #: addresses, when the fault is on the way between the bridge and the brokers.
+        self.pipeline_settings = pipeline_settings or settings
         self.logs = logs
         self.plan = plan or LoadPlan()
         self.recording = Recording()
@@ -145,6 +158,8 @@ class LoadHarness:
         self._clients: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
         self._producer: AIOKafkaProducer | None = None
+        #: The newest pipeline send time (ms) each open pipeline stream was handed (0: none yet).
+        self._newest_ms: dict[str, int] = {}
         self._publisher: TaskEventPublisher | None = None
 
     @property
@@ -178,9 +193,10 @@ class LoadHarness:
         self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
         self._start_processes()
         await self.wait_ready()
-        self._producer = plain_producer(self.settings, role="load-pipeline")
+        make = idempotent_producer if self.plan.idempotent_pipeline else plain_producer
+        self._producer = make(self.pipeline_settings, role="load-pipeline")
         await self._producer.start()
-        self._publisher = TaskEventPublisher(self.settings)
+        self._publisher = TaskEventPublisher(self.pipeline_settings)
         await self._publisher.start()
         await self.add_tool_tasks(self.plan.tool_tasks)
         await self.add_pipeline_tasks(self.plan.pipeline_tasks)
@@ -293,8 +309,18 @@ class LoadHarness:
                 self._clients.append(asyncio.create_task(self._follow(client_id, task_id, start)))
 
     async def _follow(self, client_id: str, task_id: str, start: int) -> None:
-        """Stream ``task_id`` to its end, resuming with the cursor, moving on to the next
-        replica whenever one gives up (down, or refusing while its partition moves)."""
+        """Stream ``task_id`` to its end (see :meth:`_follow_to_end`), its newest pipeline
+        event tracked while it is open."""
+        if task_id in self.pipeline_task_ids:
+            self._newest_ms[client_id] = 0
+        try:
+            await self._follow_to_end(client_id, task_id, start)
+        finally:
+            self._newest_ms.pop(client_id, None)
+
+    async def _follow_to_end(self, client_id: str, task_id: str, start: int) -> None:
+        """Resume with the cursor until the task's end, moving on to the next replica whenever
+        one gives up (down, or refusing while its partition moves)."""
         store = MemoryCursorStore()
         attempt = start
         while True:  # until the task's end, or stop()/close() cancels it
@@ -304,7 +330,7 @@ class LoadHarness:
             )
             try:
                 async for event in client.stream(task_id):
-                    self._take(event.type, event.payload)
+                    self._take(client_id, event.type, event.payload)
                     self.recording.record(
                         client_id, task_id, event.seq, event.type, event.payload, replica.name
                     )
@@ -333,11 +359,27 @@ class LoadHarness:
         turn = [self.replicas[(attempt + i) % n] for i in range(n)]
         return next((r for r in turn if r.alive()), turn[0])
 
-    def _take(self, type_: str, payload: dict[str, Any]) -> None:
+    def _take(self, client_id: str, type_: str, payload: dict[str, Any]) -> None:
         self.counters.delivered += 1
         at = payload.get("atMs") if type_ == PIPELINE_EVENT else None
         if isinstance(at, int):
             self.counters.latencies_s.append(time.time() - at / 1000)
+            if client_id in self._newest_ms:
+                self._newest_ms[client_id] = max(self._newest_ms[client_id], at)
+
+    def caught_up_since(self, since_ms: int) -> bool:
+        """Every open pipeline stream has been handed an event sent after ``since_ms`` (epoch
+        ms): the measure of a fault's recovery."""
+        return all(newest > since_ms for newest in self._newest_ms.values())
+
+    async def recovery_s(self, since_ms: int, bound: float = 60.0) -> float:
+        """Seconds from ``since_ms`` until :meth:`caught_up_since` holds (waited, bounded)."""
+        await wait_until(
+            lambda: self.caught_up_since(since_ms),
+            bound,
+            what=lambda: f"every open pipeline stream handed an event sent after {since_ms}",
+        )
+        return time.time() - since_ms / 1000
 
     # --- the end -------------------------------------------------------------------------------
 
