@@ -41,6 +41,7 @@ __all__ = [
     "idempotent_producer",
     "partition_for_key",
     "plain_producer",
+    "request_timeout_s",
     "transactional_producer",
 ]
 
@@ -53,6 +54,15 @@ def bootstrap(settings: Settings) -> str:
             "KAFKA_BOOTSTRAP_SERVERS), or start the local broker with `bridge kafka start`"
         )
     return settings.kafka_bootstrap_servers
+
+
+#: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.
+DEFAULT_REQUEST_TIMEOUT_MS = 40_000
+
+
+def request_timeout_s(settings: Settings) -> float:
+    """Seconds a client waits for a broker's answer (the setting, or aiokafka's default)."""
+    return (settings.kafka_request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
 
 
 def _common(settings: Settings, role: str) -> dict[str, Any]:
