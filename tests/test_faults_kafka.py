@@ -39,7 +39,7 @@ from bridge.client import MemoryCursorStore, StreamError, TaskStreamClient
 from bridge.config import Settings
 from bridge.devkafka import LocalCluster
 from bridge.kafka.admin import kafka_admin
-from bridge.kafka.clients import TopicPartition, admin_client, committed_consumer
+from bridge.kafka.clients import KafkaError, TopicPartition, admin_client, committed_consumer
 from bridge.kafka.topics import topic_layout
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 
@@ -152,6 +152,16 @@ async def healed(cluster: LocalCluster, settings: Settings) -> AsyncIterator[Non
             if node.pid is None:
                 await asyncio.to_thread(node.start, HEAL_BOUND_S)
         await wait_fully_replicated(settings)
+        await drop_topics(settings)
+
+
+async def drop_topics(settings: Settings) -> None:
+    """Delete the test's topics: a node restarted by a later test loads fewer partitions."""
+    prefix = f"{settings.topics.prefix}."
+    with contextlib.suppress(KafkaError):
+        async with kafka_admin(settings) as admin:
+            names = [t for t in await admin.list_topics() if t.startswith(prefix)]
+            await admin.delete_topics(names, timeout_ms=30_000)
 
 
 async def busiest_events_partition(settings: Settings) -> tuple[int, int]:
@@ -451,7 +461,7 @@ async def create_index_on_one_broker(settings: Settings, node_id: int) -> None:
     configs = {**spec.configs, "min.insync.replicas": "1"}
     async with kafka_admin(settings) as admin:
         await admin.create_topics(
-            [NewTopic(spec.name, -1, -1, replica_assignment=assignment, topic_configs=configs)],
+            [NewTopic(spec.name, -1, -1, replica_assignments=assignment, topic_configs=configs)],
             30_000,
         )
 
