@@ -56,7 +56,9 @@ RECOVERY_BOUND_S = 60.0
 #: Bound of a broker's restart and of every broker being back in every ISR.
 HEAL_BOUND_S = 120.0
 
-fault = [pytest.mark.kafka, pytest.mark.slow]
+#: pytest-timeout of a fault test: JVM restarts on a loaded 2-core machine, and the first
+#: test of a run also pays for the session cluster's start (75-140 s seen).
+FAULT_TIMEOUT_S = 600
 
 PLAN = LoadPlan(
     replicas=2,
@@ -268,6 +270,7 @@ async def test_the_request_timeout_setting_reaches_every_kafka_client_and_unset_
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
 async def test_sigkill_of_the_busiest_partitions_leader_loses_nothing_and_it_rejoins_the_isr(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -296,6 +299,7 @@ async def test_sigkill_of_the_busiest_partitions_leader_loses_nothing_and_it_rej
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
 async def test_a_leader_frozen_past_the_request_timeout_then_thawed_loses_nothing(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -324,6 +328,7 @@ async def test_a_leader_frozen_past_the_request_timeout_then_thawed_loses_nothin
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
 async def test_the_quorum_loses_its_active_controller_and_goes_on_with_two(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -387,6 +392,7 @@ async def last_event(url: str, task_id: str, http: httpx.AsyncClient) -> Any:
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
 async def test_the_network_to_the_brokers_cut_past_the_request_timeout_then_restored(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -427,6 +433,7 @@ async def test_the_network_to_the_brokers_cut_past_the_request_timeout_then_rest
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
 async def test_a_slow_network_to_the_brokers_delays_streams_and_loses_nothing(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -492,6 +499,7 @@ async def stream_all(url: str, task_ids: list[str], http: httpx.AsyncClient) -> 
 
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
 async def test_a_bridge_started_while_its_index_topic_is_unavailable_is_not_ready_until_it_returns(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
