@@ -108,7 +108,25 @@ def now_ms() -> int:
 
 
 async def partitions_of(settings: Settings, topics: list[str] | None = None) -> list[Any]:
-    """Every partition's metadata (``leader``, ``replicas``, ``isr``) of ``topics`` (all)."""
+    """Every partition's metadata (``leader``, ``replicas``, ``isr``) of ``topics`` (all).
+
+    The admin client asks a random broker it knows of, which may be one just killed (listed
+    until fenced): a retriable error is asked again."""
+
+    async def attempt() -> list[Any] | None:
+        try:
+            return await _partitions_once(settings, topics)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            return None
+
+    partitions = await wait_until(attempt, RECOVERY_BOUND_S, what="the partitions' metadata")
+    assert partitions is not None
+    return partitions
+
+
+async def _partitions_once(settings: Settings, topics: list[str] | None) -> list[Any]:
     async with kafka_admin(settings) as admin:
         names = topics if topics is not None else await admin.list_topics()
         described = await admin.describe_topics(names)
