@@ -202,7 +202,7 @@ class Soak:
             tool_arguments={"prompt": "soak", "steps": 150, "delay_ms": 100},
             pipeline_events=300,
             pipeline_interval_s=0.06,
-            pipeline_acks_all=True,
+            idempotent_pipeline=True,
         )
         await self._create_topics()
         async with LoadHarness(self.settings, self.logs, plan) as load:

@@ -142,7 +142,15 @@ async def _topic_names(settings: Settings) -> set[str]:
     try:
         with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
             async with asyncio.timeout(KAFKA_METADATA_TIMEOUT_S), kafka_admin(settings) as admin:
-                return set(await admin.list_topics())
+                while True:
+                    try:
+                        return set(await admin.list_topics())
+                    except KafkaError as exc:
+                        # The admin client asks a random known broker: one that just died is
+                        # still listed until the controller fences it; ask another.
+                        if not exc.retriable:
+                            raise
+                    await asyncio.sleep(0.2)  # the retry's backoff
     except (KafkaError, TimeoutError) as exc:
         reason = str(exc) or f"no metadata within {KAFKA_METADATA_TIMEOUT_S:g} s"
         raise KafkaUnavailable(

@@ -432,6 +432,9 @@ class Settings(BaseSettings):
     kafka_tls: KafkaTlsSettings = KafkaTlsSettings()
     kafka_sasl: KafkaSaslSettings = KafkaSaslSettings()
     kafka_client_id: str = "mcp-kafka-bridge"
+    #: How long every Kafka client waits for a broker's answer before it gives up on the request
+    #: (and the connection); unset keeps aiokafka's defaults (40 s, the admin client 30 s).
+    kafka_request_timeout_ms: int | None = Field(None, ge=1_000, le=600_000)
     topics: TopicSettings = TopicSettings()
     local_kafka: KafkaLocalSettings = KafkaLocalSettings()
 

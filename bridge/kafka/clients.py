@@ -41,6 +41,7 @@ __all__ = [
     "idempotent_producer",
     "partition_for_key",
     "plain_producer",
+    "request_timeout_s",
     "transactional_producer",
 ]
 
@@ -55,13 +56,25 @@ def bootstrap(settings: Settings) -> str:
     return settings.kafka_bootstrap_servers
 
 
+#: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.
+DEFAULT_REQUEST_TIMEOUT_MS = 40_000
+
+
+def request_timeout_s(settings: Settings) -> float:
+    """Seconds a client waits for a broker's answer (the setting, or aiokafka's default)."""
+    return (settings.kafka_request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+
+
 def _common(settings: Settings, role: str) -> dict[str, Any]:
     # Built anew for each client: secrets in files are read now, so a rotated one is used.
-    return {
+    options = {
         "bootstrap_servers": bootstrap(settings),
         "client_id": f"{settings.kafka_client_id}-{role}",
         **client_security_options(settings),
     }
+    if settings.kafka_request_timeout_ms is not None:
+        options["request_timeout_ms"] = settings.kafka_request_timeout_ms
+    return options
 
 
 async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None:
@@ -73,6 +86,7 @@ async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None
     """
     options = _common(settings, "check")
     del options["bootstrap_servers"]
+    options.pop("request_timeout_ms", None)  # this check's own bound below
     failure: BaseException | None = None
     for host, port, _family in collect_hosts(bootstrap(settings), randomize=False):
         try:
@@ -90,7 +104,8 @@ async def check_credentials(settings: Settings, timeout_s: float = 10.0) -> None
 
 def admin_client(settings: Settings) -> AIOKafkaAdminClient:
     """An admin client; the caller must ``await start()`` and ``await close()``."""
-    return AIOKafkaAdminClient(**_common(settings, "admin"), request_timeout_ms=30_000)
+    options = {"request_timeout_ms": 30_000, **_common(settings, "admin")}
+    return AIOKafkaAdminClient(**options)
 
 
 def idempotent_producer(

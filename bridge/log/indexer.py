@@ -42,6 +42,7 @@ from bridge.kafka.clients import (
     AIOKafkaProducer,
     ConsumerRebalanceListener,
     ConsumerRecord,
+    KafkaError,
     OffsetOutOfRangeError,
     ProducerFenced,
     TopicPartition,
@@ -367,7 +368,15 @@ class Indexer(Component):
             # reads a cut that no zombie can still extend.
             await asyncio.gather(*(self._open_writer(p) for p in parts))
         started = time.perf_counter()
-        restored = await load_index(self.settings, parts)
+        try:
+            restored = await load_index(self.settings, parts)
+        except KafkaError as exc:
+            # Without its index a partition's seq cannot be known: nothing is served from it.
+            raise IndexerError(
+                f"could not read the seq index of events partitions {sorted(parts)} from the "
+                f"index topic {self.settings.topics.index!r} ({exc!r}): every partition of it "
+                "needs a leader that answers; nothing is served until it can be read"
+            ) from exc
         self.restore_seconds = time.perf_counter() - started
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         begins = await consumer.beginning_offsets(tps)

@@ -54,13 +54,20 @@ from bridge.server.wire import (
     TasksUpdateParams,
     ToolsCallParams,
     has_capability,
+    kafka_unavailable_error,
     missing_capability,
     progress_notification,
     renderer,
     result_response,
     tasks_capability,
 )
-from bridge.tasks.service import TaskNotFound, TaskService, TaskView, TooManyTasks
+from bridge.tasks.service import (
+    KafkaUnavailable,
+    TaskNotFound,
+    TaskService,
+    TaskView,
+    TooManyTasks,
+)
 
 __all__ = [
     "Call",
@@ -220,6 +227,8 @@ class MethodHandlers:
         except NotOwner:
             # Forwarded here a moment before the partition moved on: the client retries.
             raise partition_moving_error(_named_task(call)) from None
+        except KafkaUnavailable as exc:
+            raise kafka_unavailable_error(str(exc), taskId=exc.task_id) from None
         except TooManyTasks as exc:
             raise RpcError(
                 INVALID_REQUEST,

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bridge.config import Settings
+from bridge.kafka.clients import KafkaError
 from bridge.metrics import Metrics
 from bridge.server.admission import Caller, connection_of
 from bridge.server.auth import Authenticator, Unauthorized
@@ -37,6 +38,7 @@ from bridge.server.wire import (
     RpcError,
     dumps,
     error_response,
+    kafka_unavailable_error,
     result_response,
 )
 from bridge.tasks.service import TaskNotFound
@@ -122,6 +124,9 @@ class SseResponse(Response):
                     break
                 except RpcError as exc:  # it ends the messages: its error is the last event
                     chunk, failed = _sse_error(self._request_id, exc), True
+                except KafkaError as exc:
+                    log.warning("a streamed MCP response ended: Kafka did not answer (%r)", exc)
+                    chunk, failed = _sse_error(self._request_id, _kafka_error(exc)), True
                 except Exception:
                     log.exception("internal error in a streamed MCP response")
                     error = RpcError(INTERNAL_ERROR, "Internal error")
@@ -322,6 +327,9 @@ class McpHttp:
             return self._refuse(exc.method or method, exc.request_id, exc.error, started)
         except RpcError as exc:
             return self._refuse(method, request_id, exc, started)
+        except KafkaError as exc:
+            log.warning("an MCP request failed: Kafka did not answer (%r)", exc)
+            return self._refuse(method, request_id, _kafka_error(exc), started)
         except Exception:
             log.exception("internal error serving an MCP request")
             self.metrics.rpc(method, INTERNAL_ERROR, time.perf_counter() - started)
@@ -442,3 +450,11 @@ class McpHttp:
             status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
             return self._json(error_response(request_id, exc), status)
         return SseResponse(outcome, request_id)
+
+
+def _kafka_error(exc: KafkaError) -> RpcError:
+    """What a client is told when Kafka failed a request (no broker answered in time, ...)."""
+    return kafka_unavailable_error(
+        f"Kafka did not answer ({type(exc).__name__}): nothing was lost; retry later",
+        error=type(exc).__name__,
+    )

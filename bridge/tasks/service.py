@@ -30,7 +30,7 @@ from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
 from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
-from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer, request_timeout_s
 from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
 from bridge.log.publisher import TaskEventPublisher
@@ -39,7 +39,7 @@ from bridge.log.seqindex import owner_key
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import ControlMessage, JobRequest, iso_ms, new_task_id, owner_digest
 
-__all__ = ["TaskNotFound", "TaskService", "TaskView", "TooManyTasks"]
+__all__ = ["KafkaUnavailable", "TaskNotFound", "TaskService", "TaskView", "TooManyTasks"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,21 @@ _WRITE_VISIBLE_S = 30.0
 _OWNED_ID_DRAWS = 64
 #: Events a waiting call buffers before it falls back to re-reading the task's state.
 _WATCH_BUFFER = 256
+
+
+class KafkaUnavailable(RuntimeError):
+    """Kafka did not acknowledge a task's creation within the bound. The write goes on in the
+    background (idempotent producers retry until the brokers answer): the task named here is
+    created, and runs, once they do."""
+
+    def __init__(self, task_id: str, bound_s: float) -> None:
+        super().__init__(
+            f"Kafka did not acknowledge task {task_id} within {bound_s:g} s (the brokers are "
+            "unreachable or have no leader): it will be created when Kafka answers again; poll "
+            "it with tasks/get, or retry later"
+        )
+        self.task_id = task_id
+        self.bound_s = bound_s
 
 
 class TaskNotFound(LookupError):
@@ -161,6 +176,8 @@ class TaskService:
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._owners = _Owners()
+        #: Creations still writing after their caller was answered KafkaUnavailable.
+        self._late_writes: set[asyncio.Task[TaskView]] = set()
         indexer.add_listener(self._on_event)
 
     async def start(self) -> None:
@@ -174,6 +191,9 @@ class TaskService:
         return self._producer
 
     async def stop(self) -> None:
+        for late in self._late_writes:  # Kafka never answered: nothing of these was written
+            late.cancel()
+        await asyncio.gather(*self._late_writes, return_exceptions=True)
         await self.publisher.stop()
         if self._producer is not None:
             await self._producer.stop()
@@ -237,6 +257,7 @@ class TaskService:
         """Durably create a task for ``tool`` and hand its job to the workers.
 
         Pass ``task_id`` (from :func:`new_task_id`) to :meth:`watch` the task before it exists.
+        :class:`KafkaUnavailable` when Kafka does not answer within the request timeout.
         """
         owner = owner_digest(principal)
         now = time.time_ns() // 1_000_000
@@ -245,6 +266,37 @@ class TaskService:
             raise TooManyTasks(limit)
         task_id = task_id or self.new_task_id()
         tracing.set_task_id(task_id)
+        # Idempotent producers wait for the brokers for ever; the caller is answered within a
+        # bound instead, and the creation runs on to its end (a task, with its job, or nothing).
+        creating = asyncio.create_task(
+            self._create(tool, arguments, principal, task_id, now, input_responses)
+        )
+        bound = request_timeout_s(self.settings)
+        try:
+            async with asyncio.timeout(bound):
+                return await asyncio.shield(creating)
+        except TimeoutError:
+            if creating.done():
+                raise  # the creation's own timeout (the indexer's view), not the bound's
+            self._late_writes.add(creating)
+            creating.add_done_callback(self._late_write_done)
+            raise KafkaUnavailable(task_id, bound) from None
+
+    def _late_write_done(self, creating: asyncio.Task[TaskView]) -> None:
+        self._late_writes.discard(creating)
+        if not creating.cancelled() and creating.exception() is not None:
+            log.error("a late task creation failed", exc_info=creating.exception())
+
+    async def _create(
+        self,
+        tool: ToolSpec,
+        arguments: dict[str, Any],
+        principal: str,
+        task_id: str,
+        now: int,
+        input_responses: dict[str, Any] | None,
+    ) -> TaskView:
+        """The creation itself: ``task.created`` (indexed here), then the job."""
         where = await publish_created(self.publisher, self._types, tool, principal, task_id, now)
         await self._visible(where.partition, where.offset)
         job = JobRequest(

@@ -22,7 +22,7 @@ Faults are the caller's: :attr:`LoadHarness.replicas` and :attr:`LoadHarness.wor
 processes (``kill()`` is SIGKILL, :meth:`Replica.restart` starts it again on its port), and
 :meth:`LoadHarness.hold` makes a client stop reading for a while. :attr:`LoadHarness.on_delivery`
 sees every event a client is handed (the soak's recovery clock). Under broker faults, plan
-``pipeline_acks_all`` (idempotent acks=all writers, so that "produced" is what the log holds);
+``idempotent_pipeline`` (idempotent acks=all writers, so that "produced" is what the log holds);
 a pipeline send that fails is sent again (bounded), so a fault cannot end a writer early.
 The cluster is whatever ``settings.kafka_bootstrap_servers`` names.
 """
@@ -90,8 +90,9 @@ class LoadPlan:
     #: Events each pipeline task gets before its terminal status (stop() ends them sooner).
     pipeline_events: int = 60
     pipeline_interval_s: float = 0.03
-    #: Pipeline writers idempotent with acks=all (default: acks=1, like an outside pipeline).
-    pipeline_acks_all: bool = False
+    #: Pipeline writers as idempotent acks=all producers instead of a plain acks=1 one: under
+    #: broker faults, what "produced" counts is then exactly what the log keeps.
+    idempotent_pipeline: bool = False
     #: A client's pause before resuming elsewhere after its replica stopped answering.
     retry_backoff_s: float = 0.2
     #: Extra environment of every replica (e.g. ``BRIDGE_STREAM_QUEUE_SIZE``).
@@ -158,8 +159,18 @@ def _done_status() -> StatusPayload:
 class LoadHarness:
     """Processes, load and a recording; ``async with`` starts and always tears down."""
 
-    def __init__(self, settings: Settings, logs: Path, plan: LoadPlan | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        logs: Path,
+        plan: LoadPlan | None = None,
+        *,
+        pipeline_settings: Settings | None = None,
+    ) -> None:
         self.settings = settings
+        #: The pipeline writers' settings (default ``settings``): e.g. the brokers' direct
+        #: addresses, when the fault is on the way between the bridge and the brokers.
+        self.pipeline_settings = pipeline_settings or settings
         self.logs = logs
         self.plan = plan or LoadPlan()
         self.recording = Recording()
@@ -176,6 +187,8 @@ class LoadHarness:
         self._clients: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
         self._producer: AIOKafkaProducer | None = None
+        #: The newest pipeline send time (ms) each open pipeline stream was handed (0: none yet).
+        self._newest_ms: dict[str, int] = {}
         self._publisher: TaskEventPublisher | None = None
 
     @property
@@ -214,13 +227,10 @@ class LoadHarness:
         self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
         self._start_processes()
         await self.wait_ready()
-        self._producer = (
-            idempotent_producer(self.settings, role="load-pipeline")
-            if self.plan.pipeline_acks_all
-            else plain_producer(self.settings, role="load-pipeline")
-        )
+        make = idempotent_producer if self.plan.idempotent_pipeline else plain_producer
+        self._producer = make(self.pipeline_settings, role="load-pipeline")
         await self._producer.start()
-        self._publisher = TaskEventPublisher(self.settings)
+        self._publisher = TaskEventPublisher(self.pipeline_settings)
         await self._publisher.start()
         await self.add_tool_tasks(self.plan.tool_tasks)
         await self.add_pipeline_tasks(self.plan.pipeline_tasks)
@@ -367,8 +377,18 @@ class LoadHarness:
                 self._clients.append(asyncio.create_task(follow, name=client_id))
 
     async def _follow(self, client_id: str, task_id: str, start: int) -> None:
-        """Stream ``task_id`` to its end, resuming with the cursor, moving on to the next
-        replica whenever one gives up (down, or refusing while its partition moves)."""
+        """Stream ``task_id`` to its end (see :meth:`_follow_to_end`), its newest pipeline
+        event tracked while it is open."""
+        if task_id in self.pipeline_task_ids:
+            self._newest_ms[client_id] = 0
+        try:
+            await self._follow_to_end(client_id, task_id, start)
+        finally:
+            self._newest_ms.pop(client_id, None)
+
+    async def _follow_to_end(self, client_id: str, task_id: str, start: int) -> None:
+        """Resume with the cursor until the task's end, moving on to the next replica whenever
+        one gives up (down, or refusing while its partition moves)."""
         store = MemoryCursorStore()
         attempt = start
         while True:  # until the task's end, or stop()/close() cancels it
@@ -416,6 +436,22 @@ class LoadHarness:
         at = payload.get("atMs") if type_ == PIPELINE_EVENT else None
         if isinstance(at, int):
             self.counters.latencies_s.append(time.time() - at / 1000)
+            if client_id in self._newest_ms:
+                self._newest_ms[client_id] = max(self._newest_ms[client_id], at)
+
+    def caught_up_since(self, since_ms: int) -> bool:
+        """Every open pipeline stream has been handed an event sent after ``since_ms`` (epoch
+        ms): the measure of a fault's recovery."""
+        return all(newest > since_ms for newest in self._newest_ms.values())
+
+    async def recovery_s(self, since_ms: int, bound: float = 60.0) -> float:
+        """Seconds from ``since_ms`` until :meth:`caught_up_since` holds (waited, bounded)."""
+        await wait_until(
+            lambda: self.caught_up_since(since_ms),
+            bound,
+            what=lambda: f"every open pipeline stream handed an event sent after {since_ms}",
+        )
+        return time.time() - since_ms / 1000
 
     async def hold(self, client_id: str, seconds: float) -> None:
         """Client ``client_id`` stops reading its stream after its next event, for ``seconds``

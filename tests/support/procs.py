@@ -49,6 +49,8 @@ def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
         BRIDGE_LOG_LEVEL="INFO",
         PYTHONUNBUFFERED="1",
     )
+    if settings.kafka_request_timeout_ms is not None:
+        env["BRIDGE_KAFKA_REQUEST_TIMEOUT_MS"] = str(settings.kafka_request_timeout_ms)
     env.update(extra)
     return env
 
