@@ -447,7 +447,10 @@ async def test_a_client_that_stops_reading_costs_bounded_memory_and_others_keep_
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     queue_size = 64
-    burst, pad = 3000, 2000  # 6 MB, beyond what the socket buffers hold (about 2.6 MB here)
+    # 18 MB, far beyond what the socket buffers hold (about 2.6 MB here) and what a burst costs
+    # in passing (fetches, decoding, the allocator's high water: about 7 MB on a quiet machine),
+    # so a stream that held what it could not send would grow by more than half of it
+    burst, pad = 9000, 2000
     plan = LoadPlan(
         replicas=2,
         workers=1,

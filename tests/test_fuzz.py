@@ -16,7 +16,14 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
-from support.fuzz import Endpoint, decode_record, fuzz_test, record_cases, request_cases
+from support.fuzz import (
+    Endpoint,
+    decode_record,
+    fuzz_test,
+    record_cases,
+    request_cases,
+    stream_case,
+)
 
 from bridge.config import load_settings
 from bridge.metrics import Metrics
@@ -61,7 +68,11 @@ def test_any_request_gets_a_documented_status_and_code_and_never_a_fault(
         outcomes[endpoint(case)] += 1
 
     fuzz_test(
-        target, request_cases(endpoint.credentials()), examples=REQUEST_CASES, seed_value=SEED
+        target,
+        request_cases(endpoint.credentials()),
+        examples=REQUEST_CASES,
+        seed_value=SEED,
+        explicit=(stream_case(),),
     )()
     _say_seed(outcomes)
     # The cases reach the handlers and streams, not only the gate and the parser.

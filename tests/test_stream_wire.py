@@ -175,3 +175,15 @@ def test_recent_texts_keep_tasks_and_seqs_apart_and_drop_the_oldest_when_full():
     texts.text("t1", 1, event, a)
     texts.text("t2", 0, event, b)
     assert (a.calls, b.calls) == (2, 2)
+
+
+def test_recent_texts_hold_at_most_their_character_bound_and_never_a_large_text():
+    texts = RecentTexts(max_chars=8_000)
+    render = CountingRender("t1")
+    for seq in range(50):  # ~300 characters each: 15,000 rendered
+        texts.text("t1", seq, TaskEvent("com.example.tick", {"pad": "x" * 250}), render)
+    assert 0 < texts.chars <= 8_000
+    large = TaskEvent("com.example.tick", {"pad": "x" * 2_000})  # above an eighth of the bound
+    texts.text("t1", 99, large, render)
+    texts.text("t1", 99, large, render)
+    assert render.calls == 52, "a large text is rendered for each stream, never kept"

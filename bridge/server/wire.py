@@ -294,14 +294,18 @@ class RecentTexts:
 
     An event fanned out live to N streams of its task, or replayed to N clients resuming it,
     is rendered once instead of N times: its text depends on the task, the seq and the event
-    only (:func:`renderer`), and a committed event never changes. Bounded, the oldest text
-    out first; a miss renders as before.
+    only (:func:`renderer`), and a committed event never changes. Bounded by count and by
+    characters, the oldest text out first; a text above an eighth of the character bound is
+    not kept, and a miss renders as before. The character bound is what keeps a burst of large
+    events from being held here: a fan-out needs only the texts of the last moments.
     """
 
-    __slots__ = ("_limit", "_texts")
+    __slots__ = ("_chars", "_limit", "_max_chars", "_texts")
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 4096, max_chars: int = 1 << 20) -> None:
         self._limit = limit
+        self._max_chars = max_chars
+        self._chars = 0
         self._texts: dict[tuple[str, int], str] = {}
 
     def text(
@@ -314,10 +318,21 @@ class RecentTexts:
         text = texts.get(key)
         if text is None:
             text = render(seq, event)
-            if len(texts) >= self._limit:
-                del texts[next(iter(texts))]  # dicts keep insertion order: the oldest
-            texts[key] = text
+            if len(text) <= self._max_chars >> 3:
+                self._keep(key, text)
         return text
+
+    def _keep(self, key: tuple[str, int], text: str) -> None:
+        texts = self._texts
+        self._chars += len(text)
+        texts[key] = text
+        while len(texts) > self._limit or self._chars > self._max_chars:
+            self._chars -= len(texts.pop(next(iter(texts))))  # insertion order: the oldest
+
+    @property
+    def chars(self) -> int:
+        """Characters of the texts kept (at most ``max_chars``)."""
+        return self._chars
 
 
 def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
