@@ -127,12 +127,19 @@ def verdict(ok: bool) -> str:
 def environment(broker: Broker, settings: Settings) -> dict[str, Any]:
     """Date, commit, machine, Python and library versions, and the Kafka of a run."""
     return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "commit": _commit(),
-        "loadavg_start": _loadavg(),
+        **machine(),
         "kafka_provider": broker.info.provider,
         "kafka": _kafka(broker, settings),
         "bootstrap": broker.info.bootstrap_servers,
+    }
+
+
+def machine() -> dict[str, Any]:
+    """Date, commit, machine, Python and library versions of a run (no Kafka)."""
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "loadavg_start": _loadavg(),
         "nproc": len(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
