@@ -551,15 +551,18 @@ class Settings(BaseSettings):
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
-    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``). The default is the stack
-    #: the package installs, the one its tests and benches run; uvloop (and httptools below) are
-    #: opt-in, as the replay bench found no clear gain (docs/benchmarks-streams.md). ``auto`` is
+    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``): asyncio. uvloop is opt-in
+    #: (not a dependency): it halves uvicorn's own CPU per connection with httptools, yet a
+    #: bridge on it served only about half of bench_streams' 10,000-resume storm within 25 s,
+    #: against all of them in 14-16 s on asyncio (docs/benchmarks-streams.md). ``auto`` is
     #: uvloop when it is installed, else asyncio. ``bridge demo`` runs in the loop it was
     #: started in, whatever this says.
     server_loop: Literal["auto", "asyncio", "uvloop"] = "asyncio"
-    #: The HTTP/1.1 parser of the server (uvicorn's ``http``): ``auto`` is httptools when it is
-    #: installed (``uvicorn[standard]``; not a dependency of the package), else h11.
-    server_http: Literal["auto", "h11", "httptools"] = "h11"
+    #: The HTTP/1.1 parser of the server (uvicorn's ``http``): httptools, a dependency of the
+    #: package, costs half of h11's CPU per connection (0.22-0.26 against 0.45-0.48 ms in
+    #: bench/bench_http_floor.py), which every stream open pays. h11 (pure Python) stays a
+    #: choice; ``auto`` is httptools when it is installed, else h11.
+    server_http: Literal["auto", "h11", "httptools"] = "httptools"
     #: ``bridge serve``, once serving, freezes what it made at start out of the garbage
     #: collector's scans and runs a young collection every this many allocations (Python's
     #: default: 700): far fewer full collections, each a pause every stream shares, when

@@ -229,10 +229,10 @@ def test_an_empty_security_variable_means_unset(monkeypatch, no_bridge_env):
     assert settings.kafka_sasl.password_value() == SECRET
 
 
-def test_the_server_loop_and_http_parser_are_chosen_by_name_and_default_to_the_installed_stack(
+def test_the_server_loop_and_http_parser_are_chosen_by_name_and_default_to_asyncio_and_httptools(
     monkeypatch,
 ):
-    assert (load_settings().server_loop, load_settings().server_http) == ("asyncio", "h11")
+    assert (load_settings().server_loop, load_settings().server_http) == ("asyncio", "httptools")
     monkeypatch.setenv("BRIDGE_SERVER_LOOP", "asyncio")
     monkeypatch.setenv("BRIDGE_SERVER_HTTP", "h11")
     settings = load_settings()
