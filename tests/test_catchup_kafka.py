@@ -184,3 +184,77 @@ async def test_a_slow_reader_leaves_the_shared_scan_and_the_others_are_not_held_
         rest = [e async for e in slow]
         assert [first.seq] + [e.seq for e in rest] == list(range(ROUNDS))
         assert [first.event.payload] + [e.event.payload for e in rest] == expected[tasks[0]]
+
+
+async def test_a_read_given_the_cursor_checks_log_start_asks_kafka_for_no_other(
+    topics: Settings,
+) -> None:
+    tasks = same_partition(3, topics.topics.partitions)
+    partition = await publish_interleaved(topics, tasks)
+    expected = await topic_read_back(topics, partition)
+    async with reader_over(topics) as reader:
+        task = tasks[1]
+        earliest, log_start = await reader.earliest(task)  # what check_cursor looks up
+        assert earliest == 0
+        asked = reader.log_start_cache.requests
+        async with asyncio.timeout(BOUND):
+            got = [
+                e
+                async for batch in reader.read_batches(task, 3, log_start=log_start)
+                for e in batch
+            ]
+        assert reader.log_start_cache.requests == asked  # one lookup for the whole open
+        assert [e.seq for e in got] == list(range(4, ROUNDS))
+        assert [e.event.payload for e in got] == expected[task][4:]
+        # Without it, the read looks the log start up itself.
+        async with asyncio.timeout(BOUND):
+            again = [e async for batch in reader.read_batches(task, 3) for e in batch]
+        assert reader.log_start_cache.requests == asked + 1
+        assert [e.seq for e in again] == [e.seq for e in got]
+
+        # A log start that retention has moved past since is met as retention mid-read: the
+        # read looks again and refuses the cursor it can no longer serve, never skipping.
+        kept = 6
+        await delete_events_before(topics, partition, kept * len(tasks))
+        # as the next fresh lookup of any read would: the recent chunks forget the deleted records
+        reader.catchup.forget_before(
+            TopicPartition(topics.topics.events, partition), kept * len(tasks)
+        )
+        with pytest.raises(NotRetained) as gone:
+            async with asyncio.timeout(BOUND):
+                _ = [
+                    e
+                    async for batch in reader.read_batches(task, 2, log_start=log_start)
+                    for e in batch
+                ]
+        assert gone.value.earliest_seq == kept
+        async with asyncio.timeout(BOUND):
+            late = [
+                e
+                async for batch in reader.read_batches(task, 7, log_start=log_start)
+                for e in batch
+            ]
+        assert [e.seq for e in late] == list(range(8, ROUNDS))
+        assert [e.event.payload for e in late] == expected[task][8:]
+
+
+async def test_a_reader_consumer_left_at_the_end_of_the_log_stops_fetching_until_its_next_read(
+    topics: Settings,
+) -> None:
+    tasks = same_partition(2, topics.topics.partitions)
+    partition = await publish_interleaved(topics, tasks)
+    expected = await topic_read_back(topics, partition)
+    tp = TopicPartition(topics.topics.events, partition)
+    async with reader_over(topics) as reader:
+        last = tasks[-1]  # its last record is the partition's last
+        async with asyncio.timeout(BOUND):
+            first = await read_all(reader, last, None)
+        assert [s for s, _ in first] == list(range(ROUNDS))
+        # At the end of the log an idle consumer would fetch again every few milliseconds.
+        at_end = [c for c in reader._all if tp in c.assignment()]
+        assert at_end and all(c.paused() == {tp} for c in at_end), [c.paused() for c in at_end]
+        # Its next read resumes it, from where it stands or anywhere else.
+        async with asyncio.timeout(BOUND):
+            assert await read_all(reader, last, 5) == first[6:]
+            other = await read_all(reader, tasks[0], None)
+        assert [p for _, p in other] == expected[tasks[0]]

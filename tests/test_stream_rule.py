@@ -81,7 +81,9 @@ class FakeLog:
             listener(IndexedEvent(TASK, 0, offset, seq, event))
 
     # the reader's side
-    async def read_batches(self, task_id: str, after: int | None) -> AsyncIterator[list[Read]]:
+    async def read_batches(
+        self, task_id: str, after: int | None, *, log_start: int | None = None
+    ) -> AsyncIterator[list[Read]]:
         head = len(self.events)  # a read goes up to the head at its start, like the real one
         position = 0 if after is None else after + 1
         while position < head:
@@ -92,6 +94,9 @@ class FakeLog:
 
     async def earliest_seq(self, task_id: str) -> int:
         return 0
+
+    async def earliest(self, task_id: str) -> tuple[int, int]:
+        return 0, 0  # nothing is ever deleted here: seq 0 at the log start, offset 0
 
     def observe(self, **hooks: Callable[..., None]) -> None:
         """No shared scans here: nothing to report."""

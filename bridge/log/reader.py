@@ -214,10 +214,18 @@ class Reader(Component):
             if consumer.assignment() != {tp}:
                 consumer.assign([tp])
                 consumer.seek(tp, offset)
-            elif await consumer.position(tp) != offset:
-                consumer.seek(tp, offset)
+            else:
+                consumer.resume(tp)  # paused at the end of the last read (below)
+                if await consumer.position(tp) != offset:
+                    consumer.seek(tp, offset)
             batches = await consumer.getmany(tp, timeout_ms=1000, max_records=limit or self.chunk)
             position = int(await consumer.position(tp))
+            # At the end of what is committed, an idle consumer would fetch again and again
+            # (its fetches wait 5 ms at most): paused there until its next read. Short of it,
+            # it prefetches what comes next once, for the next chunk of a read.
+            end = consumer.last_stable_offset(tp)
+            if end is None or position >= end:
+                consumer.pause(tp)
             self._at[id(consumer)] = (tp, position)
             return batches.get(tp, []), position
         finally:
@@ -359,10 +367,18 @@ class Reader(Component):
 
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""
+        seq, _ = await self.earliest(task_id)
+        return seq
+
+    async def earliest(self, task_id: str) -> tuple[int, int]:
+        """:meth:`earliest_seq`, and the partition's log start it was derived from, looked up
+        after this call began: a read that follows at once may take it as its own
+        (:meth:`read_batches`' ``log_start``) instead of asking Kafka again."""
         snap = self._snapshot(task_id)
         tp = TopicPartition(self.settings.topics.events, snap.partition)
-        seq, _ = await self._earliest(task_id, snap, tp, await self._log_start(tp))
-        return seq
+        log_start = await self._log_start(tp)
+        seq, _ = await self._earliest(task_id, snap, tp, log_start)
+        return seq, log_start
 
     async def head(self, task_id: str) -> int:
         """The number of the task's events indexed so far (its next seq)."""
@@ -379,9 +395,16 @@ class Reader(Component):
                 yield event
 
     async def read_batches(
-        self, task_id: str, after: int | None = None
+        self, task_id: str, after: int | None = None, *, log_start: int | None = None
     ) -> AsyncGenerator[list[ReadEvent], None]:
-        """:meth:`read`, one list per Kafka fetch (what is at hand without waiting)."""
+        """:meth:`read`, one list per Kafka fetch (what is at hand without waiting).
+
+        ``log_start``: the partition's log start as looked up after the request this read
+        serves arrived (:meth:`earliest`, when the cursor was checked), taken instead of a new
+        lookup for the first pass: the read then sees retention as it was when its request
+        had arrived, like any read, and a stream open costs one lookup, not two. A log start
+        that moved on since is met as mid-read retention (the next pass looks it up again).
+        """
         if after is not None and (
             not isinstance(after, int) or isinstance(after, bool) or after < 0
         ):
@@ -392,16 +415,20 @@ class Reader(Component):
             return
         tp = TopicPartition(self.settings.topics.events, snap.partition)
         end = snap.last_offset + 1
+        known = log_start
         while True:
             seq, offset = snap.at_or_before(target)
             # The records are fetched while the log start is looked up (both cost a round
             # trip); none is used before the lookup says they are retained.
             chunks = self._task_record_chunks(task_id, tp, offset, end)
-            try:
-                log_start = await self._log_start(tp)
-            except BaseException:
-                await chunks.aclose()
-                raise
+            if known is not None:
+                log_start, known = known, None
+            else:
+                try:
+                    log_start = await self._log_start(tp)
+                except BaseException:
+                    await chunks.aclose()
+                    raise
             if offset < log_start:
                 await chunks.aclose()
                 earliest, earliest_offset = await self._earliest(task_id, snap, tp, log_start)

@@ -467,7 +467,7 @@ class BrowserView:
         except RpcError as exc:
             return _problem(max(exc.http_status, 400), exc.message, **_reason(exc))
         try:
-            await hub.check_cursor(task_id, after)
+            log_start = await hub.check_cursor(task_id, after)
         except RpcError as exc:
             hub.release(ticket)
             if exc.code == EVENTS_GONE:
@@ -478,7 +478,7 @@ class BrowserView:
         except BaseException:
             hub.release(ticket)
             raise
-        body = self._stream(served, ticket, after)
+        body = self._stream(served, ticket, after, log_start)
         return self._sse(body, lambda: hub.release(ticket))
 
     def _sse(self, body: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> Response:
@@ -493,12 +493,12 @@ class BrowserView:
         yield _utf8(sse_event(dumps(_gone_data(exc)), event="gone"))
 
     async def _stream(
-        self, served: Served, ticket: Ticket, after: int | None
+        self, served: Served, ticket: Ticket, after: int | None, log_start: int | None
     ) -> AsyncIterator[bytes]:
         hub, task_id = served.hub, ticket.task_id
         yield self._preamble()
         try:
-            async for batch in hub.events(ticket, after):
+            async for batch in hub.events(ticket, after, log_start):
                 if batch is None:
                     yield b": keep-alive\n\n"
                     continue

@@ -151,10 +151,10 @@ class Streams(Protocol):
 
     def release(self, ticket: Ticket) -> None: ...
 
-    async def check_cursor(self, task_id: str, after: int | None) -> None: ...
+    async def check_cursor(self, task_id: str, after: int | None) -> int | None: ...
 
     def events(
-        self, ticket: Ticket, after: int | None
+        self, ticket: Ticket, after: int | None, log_start: int | None = None
     ) -> AsyncIterator[list[tuple[int, Any]] | None]: ...
 
     def count_gone(self) -> None: ...
@@ -493,26 +493,26 @@ class MethodHandlers:
         await self.service.get(task_id, caller.principal)  # same authorization as tasks/get
         ticket = self.streams.admit(caller, task_id, request_id)
         try:
-            await self.streams.check_cursor(task_id, after)
+            log_start = await self.streams.check_cursor(task_id, after)
         except BaseException as exc:
             self.streams.release(ticket)
             if isinstance(exc, RpcError) and exc.code == EVENTS_GONE:
                 self.streams.count_gone()
             raise
         return Streamed(
-            self._stream_frames(ticket, request_id, after),
+            self._stream_frames(ticket, request_id, after, log_start),
             request_id,
             on_close=functools.partial(self.streams.release, ticket),
         )
 
     async def _stream_frames(
-        self, ticket: Ticket, request_id: str | int, after: int | None
+        self, ticket: Ticket, request_id: str | int, after: int | None, log_start: int | None
     ) -> AsyncIterator[Frame | list[Frame]]:
         task_id = ticket.task_id
         # Made for the first events: an idle stream (most open ones) holds neither.
         render: Callable[[int, TaskEvent], str] | None = None
         cursor = ""
-        async for batch in self.streams.events(ticket, after):
+        async for batch in self.streams.events(ticket, after, log_start):
             if batch is None:
                 yield Frame(None)
                 continue

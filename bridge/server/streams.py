@@ -181,9 +181,10 @@ class StreamHub:
         """``notifications/cancelled``: end the client's streams of that request id."""
         return self.admission.cancel(client, request_id)
 
-    async def check_cursor(self, task_id: str, after: int | None) -> None:
+    async def check_cursor(self, task_id: str, after: int | None) -> int | None:
         """Refuse before any byte of the stream is sent: events_gone, untrusted seq, and a
-        cursor ahead of the log (a seq the task never had).
+        cursor ahead of the log (a seq the task never had). Returns the partition's log start
+        it looked up for a cursor (None without one), for :meth:`events` to read from.
 
         A cursor at or past this replica's head may have been handed out a moment ago by a
         replica that is further along: the view is first caught up with the partition's end
@@ -194,17 +195,18 @@ class StreamHub:
         try:
             if after is None:
                 await self.reader.head(task_id)  # refuses a task whose seq cannot be trusted
-                return
+                return None
             head = await self.reader.head(task_id)
             if after >= head:
                 head = await self._head_after_catch_up(task_id, head)
                 if after >= head:
                     raise cursor_ahead_error(task_id, head)
-            earliest = await self.reader.earliest_seq(task_id)
+            earliest, log_start = await self.reader.earliest(task_id)
         except SeqUntrusted as exc:
             raise seq_untrusted_error(exc.task_id, str(exc)) from None
         if after + 1 < earliest:
             raise events_gone_error(task_id, earliest)
+        return log_start
 
     async def _head_after_catch_up(self, task_id: str, head: int) -> int:
         try:
@@ -215,8 +217,11 @@ class StreamHub:
             return _UNBOUNDED
         return await self.reader.head(task_id)
 
-    async def events(self, ticket: Ticket, after: int | None) -> AsyncIterator[Batch | None]:
+    async def events(
+        self, ticket: Ticket, after: int | None, log_start: int | None = None
+    ) -> AsyncIterator[Batch | None]:
         """The stream's events in seq order, in batches; ``None`` items are keep-alive ticks.
+        ``log_start``: what :meth:`check_cursor` returned (its first read takes it).
 
         Ends after the task's terminal status event, or at once for a terminal task with
         nothing after the cursor; ends early (without a result, see ``ticket.cancelled``) when
@@ -230,7 +235,7 @@ class StreamHub:
             ticket.on_cancel.append(sub.close)
             self._streams[sub] = ticket
             try:
-                async for item in self._run(sub, partition, after):
+                async for item in self._run(sub, partition, after, log_start):
                     yield item
                     del item  # not held while the stream waits
             except NotOwner:
@@ -245,7 +250,7 @@ class StreamHub:
         return found[1].status_offset
 
     async def _run(
-        self, sub: Subscription, partition: int, after: int | None
+        self, sub: Subscription, partition: int, after: int | None, log_start: int | None
     ) -> AsyncIterator[Batch | None]:
         task_id = sub.task_id
         last = -1 if after is None else after
@@ -262,7 +267,10 @@ class StreamHub:
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
             try:
-                reading = self.reader.read_batches(task_id, None if any_first else last)
+                reading = self.reader.read_batches(
+                    task_id, None if any_first else last, log_start=log_start
+                )
+                log_start = None  # the cursor check's: good for the first read only
                 # Closed at once when the stream stops early: it leaves its shared scan.
                 async with contextlib.aclosing(reading):
                     async for chunk in reading:
