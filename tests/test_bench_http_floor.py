@@ -7,13 +7,10 @@ event loop x HTTP parser variant was really the one uvicorn ran (its label carri
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-from support.bench import REPO
+from support.bench import run_small
 
 pytestmark = pytest.mark.slow
 
@@ -24,22 +21,7 @@ VARIANTS = ("asyncio+h11", "asyncio+httptools", "uvloop+h11", "uvloop+httptools"
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("floor") / "out.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "bench_http_floor.py"),
-            "--small",
-            "--json",
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=BOUND_S,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    data: dict[str, Any] = json.loads(out.read_text())
-    return data
+    return run_small("bench_http_floor.py", None, out, BOUND_S)
 
 
 def rows(data: dict[str, Any], bench: str) -> dict[str, dict[str, Any]]:

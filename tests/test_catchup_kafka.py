@@ -18,7 +18,7 @@ from bridge.config import Settings
 from bridge.kafka.clients import committed_consumer, partition_for_key
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher
-from bridge.log.reader import NotRetained, Reader
+from bridge.log.reader import NotRetained, Reader, ReadEvent
 
 pytestmark = pytest.mark.kafka
 
@@ -87,12 +87,29 @@ async def read_all(reader: Reader, task: str, after: int | None) -> list[tuple[i
     return [(e.seq, e.event.payload) async for e in reader.read(task, after)]
 
 
+async def interleaved(topics: Settings, n: int) -> tuple[list[str], int, dict[str, list[dict]]]:
+    """``n`` tasks of one partition with ROUNDS interleaved events each: (tasks, partition,
+    every task's payloads read back)."""
+    tasks = same_partition(n, topics.topics.partitions)
+    partition = await publish_interleaved(topics, tasks)
+    return tasks, partition, await topic_read_back(topics, partition)
+
+
+async def read_batched(
+    reader: Reader, task: str, after: int, log_start: int | None
+) -> list[ReadEvent]:
+    async with asyncio.timeout(BOUND):
+        return [
+            e
+            async for batch in reader.read_batches(task, after, log_start=log_start)
+            for e in batch
+        ]
+
+
 async def test_concurrent_catch_ups_share_scans_and_each_gets_exactly_its_events(
     topics: Settings,
 ) -> None:
-    tasks = same_partition(40, topics.topics.partitions)
-    partition = await publish_interleaved(topics, tasks)
-    expected = await topic_read_back(topics, partition)
+    tasks, _, expected = await interleaved(topics, 40)
     async with reader_over(topics) as reader:
         afters = [None if i % 3 == 0 else i % ROUNDS for i in range(len(tasks))]
         async with asyncio.timeout(BOUND):
@@ -189,26 +206,18 @@ async def test_a_slow_reader_leaves_the_shared_scan_and_the_others_are_not_held_
 async def test_a_read_given_the_cursor_checks_log_start_asks_kafka_for_no_other(
     topics: Settings,
 ) -> None:
-    tasks = same_partition(3, topics.topics.partitions)
-    partition = await publish_interleaved(topics, tasks)
-    expected = await topic_read_back(topics, partition)
+    tasks, partition, expected = await interleaved(topics, 3)
     async with reader_over(topics) as reader:
         task = tasks[1]
         earliest, log_start = await reader.earliest(task)  # what check_cursor looks up
         assert earliest == 0
         asked = reader.log_start_cache.requests
-        async with asyncio.timeout(BOUND):
-            got = [
-                e
-                async for batch in reader.read_batches(task, 3, log_start=log_start)
-                for e in batch
-            ]
+        got = await read_batched(reader, task, 3, log_start)
         assert reader.log_start_cache.requests == asked  # one lookup for the whole open
         assert [e.seq for e in got] == list(range(4, ROUNDS))
         assert [e.event.payload for e in got] == expected[task][4:]
         # Without it, the read looks the log start up itself.
-        async with asyncio.timeout(BOUND):
-            again = [e async for batch in reader.read_batches(task, 3) for e in batch]
+        again = await read_batched(reader, task, 3, None)
         assert reader.log_start_cache.requests == asked + 1
         assert [e.seq for e in again] == [e.seq for e in got]
 
@@ -221,19 +230,9 @@ async def test_a_read_given_the_cursor_checks_log_start_asks_kafka_for_no_other(
             TopicPartition(topics.topics.events, partition), kept * len(tasks)
         )
         with pytest.raises(NotRetained) as gone:
-            async with asyncio.timeout(BOUND):
-                _ = [
-                    e
-                    async for batch in reader.read_batches(task, 2, log_start=log_start)
-                    for e in batch
-                ]
+            await read_batched(reader, task, 2, log_start)
         assert gone.value.earliest_seq == kept
-        async with asyncio.timeout(BOUND):
-            late = [
-                e
-                async for batch in reader.read_batches(task, 7, log_start=log_start)
-                for e in batch
-            ]
+        late = await read_batched(reader, task, 7, log_start)
         assert [e.seq for e in late] == list(range(8, ROUNDS))
         assert [e.event.payload for e in late] == expected[task][8:]
 
@@ -241,9 +240,7 @@ async def test_a_read_given_the_cursor_checks_log_start_asks_kafka_for_no_other(
 async def test_a_reader_consumer_left_at_the_end_of_the_log_stops_fetching_until_its_next_read(
     topics: Settings,
 ) -> None:
-    tasks = same_partition(2, topics.topics.partitions)
-    partition = await publish_interleaved(topics, tasks)
-    expected = await topic_read_back(topics, partition)
+    tasks, partition, expected = await interleaved(topics, 2)
     tp = TopicPartition(topics.topics.events, partition)
     async with reader_over(topics) as reader:
         last = tasks[-1]  # its last record is the partition's last

@@ -16,10 +16,14 @@ __all__ = ["REPO", "run_small"]
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
-def run_small(script: str, kafka_bootstrap: str, out: Path, bound_s: float) -> dict[str, Any]:
-    """``bench/<script> --small --json out``; the JSON, or an assertion with the bench's end."""
+def run_small(
+    script: str, kafka_bootstrap: str | None, out: Path, bound_s: float
+) -> dict[str, Any]:
+    """``bench/<script> --small --json out``; the JSON, or an assertion with the bench's end.
+    ``kafka_bootstrap`` None: a bench that needs no Kafka."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
-    env["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
+    if kafka_bootstrap is not None:
+        env["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / script), "--small", "--json", str(out)],
         env=env,
