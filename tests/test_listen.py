@@ -98,10 +98,12 @@ class FakeStreams:
     def release(self, ticket: Ticket) -> None:
         self.admission.release(ticket)
 
-    async def check_cursor(self, task_id: str, after: int | None) -> None:
+    async def check_cursor(self, task_id: str, after: int | None) -> int | None:
         raise AssertionError("a listen checks no cursor")
 
-    def events(self, ticket: Ticket, after: int | None) -> AsyncIterator[Any]:
+    def events(
+        self, ticket: Ticket, after: int | None, log_start: int | None = None
+    ) -> AsyncIterator[Any]:
         raise AssertionError("a listen reads no task event stream")
 
     def count_gone(self) -> None:

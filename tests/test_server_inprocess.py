@@ -266,11 +266,14 @@ class FakeStreams:
     def release(self, ticket: Ticket) -> None:
         self.admission.release(ticket)
 
-    async def check_cursor(self, task_id: str, after: int | None) -> None:
+    async def check_cursor(self, task_id: str, after: int | None) -> int | None:
         if self.refuse is not None:
             raise self.refuse
+        return None
 
-    async def events(self, ticket: Ticket, after: int | None) -> AsyncIterator[Any]:
+    async def events(
+        self, ticket: Ticket, after: int | None, log_start: int | None = None
+    ) -> AsyncIterator[Any]:
         for batch in self.batches:
             yield batch
 

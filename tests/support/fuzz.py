@@ -547,14 +547,15 @@ class MemoryStreams:
     def release(self, ticket: Ticket) -> None:
         self.admission.release(ticket)
 
-    async def check_cursor(self, task_id: str, after: int | None) -> None:
+    async def check_cursor(self, task_id: str, after: int | None) -> int | None:
         if after is not None and after + 1 < EARLIEST_SEQ:
             raise events_gone_error(task_id, EARLIEST_SEQ)
         if after is not None and after >= NEXT_SEQ:
             raise cursor_ahead_error(task_id, NEXT_SEQ)
+        return None  # no log start: nothing to hand the read
 
     async def events(
-        self, ticket: Ticket, after: int | None
+        self, ticket: Ticket, after: int | None, log_start: int | None = None
     ) -> AsyncIterator[list[tuple[int, TaskEvent]] | None]:
         first = EARLIEST_SEQ if after is None else after + 1
         meta = {"note": "line\nbreak \u2028"}
@@ -579,19 +580,25 @@ class RequestCase:
     body: bytes
 
 
-def stream_case(task_id: str = "t-work") -> RequestCase:
-    """A valid ``tasks/stream`` of a seeded task on the app without authentication: the request
-    that reaches a stream whatever the drawn cases reach."""
+def task_case(method: str, task_id: str = "t-work") -> RequestCase:
+    """A valid request of ``method`` (``tasks/stream``, ``tasks/get``, ...) on a seeded task on
+    the app without authentication: a request that reaches the handlers (and a stream, or a
+    JSON result) whatever the drawn cases reach."""
     params = {"taskId": task_id, "_meta": _VALID_META}
-    message = {"jsonrpc": "2.0", "id": 1, "method": "tasks/stream", "params": params}
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
     headers = [
         (b"mcp-protocol-version", LATEST_VERSION.encode()),
-        (b"mcp-method", b"tasks/stream"),
+        (b"mcp-method", method.encode()),
         (b"mcp-name", task_id.encode()),
         (b"content-type", b"application/json"),
         (b"accept", b"application/json, text/event-stream"),
     ]
     return RequestCase("none", "POST", headers, json.dumps(message).encode())
+
+
+def stream_case(task_id: str = "t-work") -> RequestCase:
+    """:func:`task_case` of ``tasks/stream``."""
+    return task_case("tasks/stream", task_id)
 
 
 class Endpoint:
