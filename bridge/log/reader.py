@@ -78,8 +78,12 @@ class SeqUntrusted(Exception):
         self.task_id = task_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadEvent:
+    """A retained event with its seq and offset. Not frozen: a replay makes one per event, and
+    a frozen dataclass's ``__init__`` costs four times as much (0.8 against 0.2 µs); nothing
+    changes one after the read made it."""
+
     seq: int
     offset: int
     event: TaskEvent
