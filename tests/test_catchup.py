@@ -21,11 +21,12 @@ TP = TopicPartition("events", 0)
 Rec = ConsumerRecord[bytes, bytes]
 
 
-def record(offset: int, key: bytes) -> Rec:
+def record(offset: int, key: bytes, pad: int = 0) -> Rec:
+    value = b"v%d" % offset + b"x" * pad
     return ConsumerRecord(
         topic=TP.topic, partition=0, offset=offset, timestamp=0, timestamp_type=0,
-        key=key, value=b"v%d" % offset, checksum=None, serialized_key_size=len(key),
-        serialized_value_size=4, headers=[],
+        key=key, value=value, checksum=None, serialized_key_size=len(key),
+        serialized_value_size=len(value), headers=[],
     )  # fmt: skip
 
 
@@ -33,8 +34,8 @@ class Log:
     """A partition of ``n`` records whose keys cycle over ``keys``; fetches are counted, and can
     be held (a slow broker) or made to fail below a log start (retention)."""
 
-    def __init__(self, n: int, keys: list[bytes], chunk: int = 10) -> None:
-        self.records = [record(i, keys[i % len(keys)]) for i in range(n)]
+    def __init__(self, n: int, keys: list[bytes], chunk: int = 10, pad: int = 0) -> None:
+        self.records = [record(i, keys[i % len(keys)], pad) for i in range(n)]
         self.chunk = chunk
         self.fetches: list[int] = []
         self.log_start = 0
@@ -131,6 +132,19 @@ async def test_a_slow_reader_leaves_the_scan_and_still_gets_everything_once() ->
     fast = await offsets(coalescer.records(TP, KEYS[1], 0, 3000))
     assert fast == log.mine(KEYS[1], 0, 3000)
     assert coalescer.detached == 1  # the slow one left; the fast one was never held up
+    rest = await offsets(slow)
+    assert [r.offset for r in first] + rest == log.mine(KEYS[0], 0, 3000)
+
+
+async def test_a_slow_reader_of_large_records_leaves_the_scan_by_their_bytes() -> None:
+    # 200 records of ~1 KB waiting: far under the count limit, over the byte limit.
+    log = Log(3000, KEYS[:2], pad=1000)
+    coalescer = Coalescer(log.fetch, member_limit=10_000, member_bytes=100_000)
+    slow = coalescer.records(TP, KEYS[0], 0, 3000)
+    first = await anext(slow)
+    fast = await offsets(coalescer.records(TP, KEYS[1], 0, 3000))
+    assert fast == log.mine(KEYS[1], 0, 3000)
+    assert coalescer.detached == 1
     rest = await offsets(slow)
     assert [r.offset for r in first] + rest == log.mine(KEYS[0], 0, 3000)
 

@@ -385,7 +385,11 @@ async def test_a_job_whose_worker_is_sigkilled_runs_again_and_its_task_completes
 async def test_retention_past_a_stalled_stream_and_an_old_cursor_answers_events_gone_only_there(
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    burst, pad = 4000, 2000  # 8 MB: more than the stalled stream's socket buffers hold
+    # 24 MB: far more than the bridge can hold for the stalled stream (its socket's send
+    # buffer, 4 MiB at most here; its catch-up read's buffer, 4 MiB and a fetch; the batch
+    # being written), so it must read from Kafka again, where the cut is. (At 8 MB, all of
+    # it once fitted: the read's buffer was bounded by count alone, 4,000 records.)
+    burst, pad = 12_000, 2000
     plan = LoadPlan(
         replicas=2,
         workers=1,

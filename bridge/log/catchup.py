@@ -19,10 +19,12 @@ The design, chosen for being simple to reason about:
   scans of a partition run at once; a further one waits for a slot, gathering members.
   When every member's range starts ahead of the scan, the scan seeks there instead of reading
   what nobody needs, so a scan never reads more than its members would have read alone.
-* **Bounded memory.** Each member buffers at most ``member_limit`` records. A member that falls
-  behind (its client reads slowly, or a long replay outruns it) leaves the scan at the scan's
-  position and continues with its own reads from there, after its buffered records: others
-  are never slowed down by it, and nothing is skipped or repeated.
+* **Bounded memory.** Each member buffers at most ``member_limit`` records and ``member_bytes``
+  of record values (4 MiB; one fetch more at most): by count alone, a reader stalled on 2 KB
+  events held 8 MB, and one on events of the 256 KiB limit could have held a gigabyte. A
+  member that falls behind (its client reads slowly, or a long replay outruns it) leaves the
+  scan at the scan's position and continues with its own reads from there, after its buffered
+  records: others are never slowed down by it, and nothing is skipped or repeated.
 * **Recent chunks.** The last few fetches (``recent_chunks`` in all, whatever the partition,
   for ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
   reads the same range again (the ones arriving while a scan runs wait for the next), and
@@ -98,14 +100,27 @@ class _Chunk:
 class _Member:
     """One read: the records of ``key`` with ``start <= offset < end``, buffered for its reader."""
 
-    __slots__ = ("buffered", "chunks", "done", "end", "error", "key", "left_at", "scan", "start")
+    __slots__ = (
+        "buffered",
+        "buffered_bytes",
+        "chunks",
+        "done",
+        "end",
+        "error",
+        "key",
+        "left_at",
+        "scan",
+        "start",
+    )
 
     def __init__(self, key: bytes | None, start: int, end: int) -> None:
         self.key = key
         self.start = start
         self.end = end
-        self.chunks: deque[list[Record]] = deque()
+        #: Each handed-out list of records with the bytes of their values.
+        self.chunks: deque[tuple[list[Record], int]] = deque()
         self.buffered = 0
+        self.buffered_bytes = 0
         self.done = False
         self.error: BaseException | None = None
         #: Where the member left its scan (its own reads continue from there).
@@ -180,6 +195,7 @@ class Coalescer:
         *,
         scans_per_partition: int = 1,
         member_limit: int = 4000,
+        member_bytes: int = 4 << 20,
         recent_chunks: int = 16,
         recent_s: float = 2.0,
     ) -> None:
@@ -191,6 +207,7 @@ class Coalescer:
         self.recent_s = recent_s
         self.scans_per_partition = scans_per_partition
         self.member_limit = member_limit
+        self.member_bytes = member_bytes
         self._scans: dict[TopicPartition, list[_Scan]] = {}
         self._slots: dict[TopicPartition, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -232,8 +249,9 @@ class Coalescer:
         try:
             while True:
                 if member.chunks:
-                    chunk = member.chunks.popleft()
+                    chunk, size = member.chunks.popleft()
                     member.buffered -= len(chunk)
+                    member.buffered_bytes -= size
                     yield chunk
                     continue
                 if member.error is not None:
@@ -366,8 +384,10 @@ class Coalescer:
             for member in members:
                 mine = chunk.of(key, max(at, member.start), member.end)
                 if mine:
-                    member.chunks.append(mine)
+                    size = sum(len(record.value or b"") for record in mine)
+                    member.chunks.append((mine, size))
                     member.buffered += len(mine)
+                    member.buffered_bytes += size
                     scan.wake[member].set()
 
     def _settle(self, scan: _Scan, position: int) -> None:
@@ -376,7 +396,7 @@ class Coalescer:
             if position >= member.end:
                 member.done = True
                 scan.remove(member)
-            elif member.buffered > self.member_limit:
+            elif member.buffered > self.member_limit or member.buffered_bytes > self.member_bytes:
                 member.left_at = position
                 self.detached += 1
                 scan.remove(member)
