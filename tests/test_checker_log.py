@@ -64,6 +64,17 @@ async def test_truth_counts_seq_and_after_retention_takes_the_base_from_the_inde
         recording.finished("viewer", "a")
         report = check(truth, recording)
         assert report.ok, report.summary()
+        # A task retention deleted whole: its count from the index, what was handed unjudged
+        # (not phantoms: the log had those events).
+        await delete_events_before(settings, 0, offsets["b"][-1] + 1)
+        truth = await ground_truth(settings, ["a", "b"])
+        assert (truth.tasks["b"].first_seq, truth.tasks["b"].digests) == (8, [])
+        recording = Recording()
+        for seq in range(8):
+            recording.record("viewer", "b", seq, STEP, {"task": "b", "i": seq})
+        recording.finished("viewer", "b")
+        report = check(truth, recording)
+        assert report.ok and report.unjudged == 8, report.summary()
 
         # Records of a task retention deleted before any index counted them: no provable base.
         for i in range(3):

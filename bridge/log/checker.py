@@ -253,6 +253,14 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
             task.first_seq = _base_from_index(task_id, task, index[p], truth.first_offsets[p])
         elif p in raced and truth.first_offsets[p] > 0:
             task.first_seq = None
+    # Tasks retention deleted whole: no record is read, the index still knows their count.
+    for p in trimmed:
+        first_read = truth.first_offsets.get(p, int(begins[TopicPartition(topic, p)]))
+        for task_id in index[p].rows:
+            if task_id in truth.tasks or (wanted is not None and task_id not in wanted):
+                continue
+            task = truth.tasks[task_id] = TaskTruth(p)
+            task.first_seq = _base_from_index(task_id, task, index[p], first_read)
     return truth
 
 
@@ -262,7 +270,8 @@ def _base_from_index(
     """The seq of the task's first record read, from its partition's persisted index.
 
     The task's entry counted ``next_seq`` records up to its ``last_offset``; those of them still
-    retained were read, so the first one read has seq ``next_seq`` minus them. That holds when
+    retained were read, so the first one read has seq ``next_seq`` minus them (a task none of
+    whose records is retained: ``next_seq``, its events all deleted). That holds when
     the entry reaches into the records read, or when the index had read past the first record
     read in the partition (then it counted every deleted record of the task). Without an entry,
     a task the index had read past that point without losing records had no deleted record.
