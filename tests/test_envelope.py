@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from pathlib import Path
 
+import fastavro
 import fastavro.schema
 import pytest
 from hypothesis import given
@@ -121,6 +123,69 @@ def test_truncated_or_padded_avro_bodies_are_malformed():
             decode_event(value[:cut])
     with pytest.raises(MalformedEnvelope):
         decode_event(value + b"\x00")
+
+
+def _varint(n: int, pad: int = 0) -> bytes:
+    """Avro's zig-zag varint of ``n``, spelt with ``pad`` more bytes than needed (allowed)."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append(z & 0x7F | 0x80)
+        z >>= 7
+    out.append(z)
+    for _ in range(pad):
+        out[-1] |= 0x80
+        out.append(0)
+    return bytes(out)
+
+
+def _avro(type_: bytes, payload: bytes, meta: bytes | None, ts: int, pads: list[int]) -> bytes:
+    header = encode_event(TaskEvent("a.b", {}, None, 0))[0][:10]
+    body = _varint(len(type_), pads[0]) + type_ + _varint(len(payload), pads[1]) + payload
+    body += b"\x00" if meta is None else b"\x02" + _varint(len(meta), pads[2]) + meta
+    return header + body + _varint(ts, pads[3])
+
+
+@given(
+    st.integers(-(2**63), 2**63 - 1) | st.integers(2**34, 2**41),
+    st.sampled_from(["a.b", "com.example." + "t" * 60]),
+    st.integers(0, 9000),
+    st.none() | st.integers(0, 200),
+    st.lists(st.integers(0, 2), min_size=4, max_size=4),
+)
+def test_the_hand_decoder_reads_every_spelling_of_the_avro_body_like_fastavro(
+    ts, type_, payload_size, meta_size, pads
+):
+    # The decoder reads the usual lengths and six-byte timestamps inline; every other shape
+    # (long types and payloads, _meta, other timestamps, lengths spelt in more bytes than
+    # needed, which Avro readers accept) takes the general path: all must agree.
+    payload = json.dumps({"p": "x" * payload_size}, separators=(",", ":")).encode()
+    meta = None if meta_size is None else json.dumps({"m": "y" * meta_size}).encode()
+    value = _avro(type_.encode(), payload, meta, ts, pads)
+    if pads[3] == 0 and 0 <= ts <= MAX_TIMESTAMP_MS:  # fastavro writes minimal varints only
+        schema = fastavro.parse_schema(json.loads(SCHEMA.read_text()))
+        with_fastavro = io.BytesIO()
+        fastavro.schemaless_writer(
+            with_fastavro,
+            schema,
+            {
+                "type": type_,
+                "payload": payload.decode(),
+                "_meta": meta and meta.decode(),
+                "timestamp": ts,
+            },
+        )
+        assert value[10:] == with_fastavro.getvalue() or any(pads[:3])
+    if not 0 <= ts <= MAX_TIMESTAMP_MS:
+        with pytest.raises(MalformedEnvelope):
+            decode_event(value)
+        return
+    event = decode_event(value)
+    assert (event.type, event.timestamp_ms) == (type_, ts)
+    assert event.payload_json == payload.decode()
+    assert event.meta_json == (meta and meta.decode())
+    with pytest.raises(MalformedEnvelope):  # cut short in its last varint
+        decode_event(value[:-1])
 
 
 @given(st.binary(max_size=200))

@@ -184,6 +184,33 @@ def test_arbitrary_bytes_behind_an_own_type_agree_with_an_eager_decode(tail, con
         assert_tail_agrees_with_eager(consumer_record(value, headers), 1_048_576)
 
 
+def _fields(event: TaskEvent) -> tuple[Any, ...]:
+    return (
+        event.type,
+        event.payload,
+        event.meta,
+        event.timestamp_ms,
+        event.payload_json,
+        event.meta_json,
+        event.trace,
+    )
+
+
+@given(st.lists(records(), max_size=12), st.sampled_from([64, 1_048_576]))
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_a_replay_s_batch_decode_gives_each_record_s_eager_event(written, max_bytes):
+    # RecordDecoder.events is the readers' one call per fetch: placeholders, unprefixed types
+    # (a type seen first unprefixed, then again) and the wire texts must be the eager ones.
+    recs = [consumer_record(value, headers, offset=i) for i, (value, headers) in enumerate(written)]
+    recs += recs  # the second time round, the type rule's answers are remembered
+    decoder = RecordDecoder(PREFIX, max_bytes, REVERSE_DNS_ONLY)
+    eager = [
+        event_from_record(r, prefix=PREFIX, max_bytes=max_bytes, types=REVERSE_DNS_ONLY)
+        for r in recs
+    ]
+    assert [_fields(e) for e in decoder.events(recs)] == [_fields(e) for e in eager]
+
+
 def test_placeholders_are_served_lazily_exactly_as_eagerly():
     undecodable = b"\xc3\x01 not avro at all"
     oversized = avro_record("com.example.big", '{"v":"' + "x" * 100 + '"}', None)

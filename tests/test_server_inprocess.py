@@ -41,6 +41,7 @@ from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.http import McpHttp
 from bridge.server.wire import (
     LATEST_VERSION,
+    EventBatch,
     Frame,
     JsonRpcRequest,
     RpcError,
@@ -454,8 +455,9 @@ async def test_tasks_stream_renders_each_event_with_its_cursor_then_the_result(
     assert isinstance(outcome, Streamed)
     frames = [item async for item in outcome.messages]
     first = frames[0]
-    assert isinstance(first, list) and first[0].event_id == encode_cursor(3, "t1", 4)
-    assert json.loads(first[0].data or "")["params"]["seq"] == 4
+    assert isinstance(first, EventBatch) and first.seqs == [4]
+    assert f"{first.cursor}{first.seqs[0]}" == encode_cursor(3, "t1", 4)
+    assert json.loads(first.texts[0])["params"]["seq"] == 4
     assert isinstance(frames[1], Frame) and frames[1].message is None  # keep-alive
     assert isinstance(frames[2], Frame) and frames[2].message == {
         "jsonrpc": "2.0",

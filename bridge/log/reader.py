@@ -445,14 +445,21 @@ class Reader(Component):
             # Closed below whatever happens: an abandoned read leaves its shared scan at once.
             try:
                 async for chunk in chunks:
-                    batch = []
-                    for record in chunk:
-                        if seq >= target:
-                            event = self._decoder.event(record)
-                            batch.append(ReadEvent(seq, record.offset, event))
-                        seq += 1
-                    if batch:
-                        yield batch
+                    if seq < target:  # the records from the checkpoint up to the cursor
+                        skip = min(target - seq, len(chunk))
+                        seq += skip
+                        chunk = chunk[skip:]
+                    if not chunk:
+                        continue
+                    events = self._decoder.events(chunk)
+                    yield [
+                        ReadEvent(number, record.offset, event)
+                        for number, record, event in zip(
+                            range(seq, seq + len(chunk)), chunk, events, strict=True
+                        )
+                    ]
+                    seq += len(chunk)
+                    del events
                 return
             except OffsetOutOfRangeError:
                 # Retention moved past us mid-read: start again from the next seq wanted.

@@ -19,10 +19,10 @@ records are never decoded by the tail at all: no live stream or call is waiting 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
-from bridge import strictjson
+from bridge import strictjson, tracing
 from bridge.envelope import (
     EnvelopeError,
     EnvelopeTooLarge,
@@ -171,6 +171,35 @@ class RecordDecoder:
         """:func:`event_from_record` under this decoder's settings."""
         event = _event_of(record, self.prefix, self.max_bytes, self._is_prefixed)
         return with_trace(event, record.headers)  # tracing: the record's traceparent, if on
+
+    def events(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> list[TaskEvent]:
+        """``[self.event(r) for r in records]``, in one call: a replay decodes thousands of
+        records at a time, and the calls around each decode were a third of its cost.
+
+        The common record (it decodes, its type is one already known to be prefixed) is taken
+        as :func:`decode_event` gives it; every other one, placeholders and unprefixed types
+        included, goes through :meth:`event`, so each event is exactly the one it would give.
+        """
+        if tracing.enabled():
+            return [self.event(record) for record in records]
+        max_bytes, known = self.max_bytes, self._prefixed.get
+        events: list[TaskEvent] = []
+        append = events.append
+        for record in records:
+            try:
+                event = decode_event(
+                    record.value,
+                    record.headers,
+                    max_bytes=max_bytes,
+                    record_timestamp_ms=record.timestamp,
+                )
+            except EnvelopeError:
+                event = self.event(record)
+            else:
+                if known(event.type) is not True:
+                    event = self.event(record)
+            append(event)
+        return events
 
     def _is_prefixed(self, event_type: str) -> bool:
         known = self._prefixed.get(event_type)

@@ -44,6 +44,7 @@ from bridge.server.wire import (
     SERVER_INFO_META,
     SUPPORTED_VERSIONS,
     TASKS_EXTENSION,
+    EventBatch,
     Frame,
     InitializeParams,
     JsonRpcRequest,
@@ -89,7 +90,7 @@ class Streamed:
     """A response sent as ``text/event-stream``: each yielded item is one SSE event (slotted:
     an open stream holds one for its whole life)."""
 
-    messages: AsyncIterator[dict[str, Any] | Frame | list[Frame] | bytes]
+    messages: AsyncIterator[dict[str, Any] | Frame | EventBatch | bytes]
     request_id: str | int | None = None
     #: Called once the response has ended, however it ended (even if it never started).
     on_close: Callable[[], None] | None = None
@@ -507,7 +508,7 @@ class MethodHandlers:
 
     async def _stream_frames(
         self, ticket: Ticket, request_id: str | int, after: int | None, log_start: int | None
-    ) -> AsyncIterator[Frame | list[Frame]]:
+    ) -> AsyncIterator[Frame | EventBatch]:
         task_id = ticket.task_id
         # Made for the first events: an idle stream (most open ones) holds neither.
         render: Callable[[int, TaskEvent], str] | None = None
@@ -521,10 +522,9 @@ class MethodHandlers:
                 cursor = cursor_prefix(request_id, task_id)
             texts = self._texts
             with tracing.deliver(task_id, batch):  # a span around this write, if traced
-                yield [
-                    Frame(None, f"{cursor}{seq}", texts.text(task_id, seq, event, render))
-                    for seq, event in batch
-                ]
+                yield EventBatch(
+                    cursor, [seq for seq, _ in batch], texts.texts(task_id, batch, render)
+                )
             del batch  # not held while the stream waits, maybe for hours
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.

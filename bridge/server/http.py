@@ -34,6 +34,7 @@ from bridge.server.wire import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
+    EventBatch,
     Frame,
     RpcError,
     dumps,
@@ -182,20 +183,19 @@ def _with_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [h for h in _SSE_HEADERS if h[0] not in names] + extra
 
 
-def _sse_chunk(item: dict[str, Any] | Frame | list[Frame] | bytes) -> bytes:
-    """One item of a :class:`Streamed` outcome as SSE bytes (a batch: all its events; bytes are
-    SSE already framed by their producer, as the plain EventSource endpoint frames its own)."""
+def _sse_chunk(item: dict[str, Any] | Frame | EventBatch | bytes) -> bytes:
+    """One item of a :class:`Streamed` outcome as SSE bytes (a batch of events: all of them, one
+    write; bytes are SSE already framed by their producer, as the plain EventSource endpoint
+    frames its own)."""
     if isinstance(item, bytes):
         return item
-    if isinstance(item, list):  # a batch: one write for what was at hand
-        # A replay's events, inline (a call per event shows in its profile); others as usual.
+    if isinstance(item, EventBatch):  # a replay's events: inline, a call per event shows
+        cursor = item.cursor
         return _utf8(
             "".join(
                 [
-                    f"id: {frame.event_id}\nevent: message\ndata: {frame.data}\n\n"
-                    if frame.data is not None and frame.event_id is not None
-                    else _sse_frame(frame)
-                    for frame in item
+                    f"id: {cursor}{seq}\nevent: message\ndata: {text}\n\n"
+                    for seq, text in zip(item.seqs, item.texts, strict=True)
                 ]
             )
         )

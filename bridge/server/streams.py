@@ -76,27 +76,31 @@ def take_next(
     ends: Callable[[int, TaskEvent], bool],
     *,
     any_first: bool = False,
+    end_type: str | None = None,
 ) -> tuple[Batch, int, Step]:
     """The one delivery rule of a stream: take exactly ``last + 1``, then the next, and so on.
 
     Returns the events taken, the new ``last`` and why it stopped. Events at or below ``last``
     were delivered already (or the cursor is past them) and are skipped; when one of them is the
     task's terminal status event (``ends``), nothing more is owed: ENDED. ``any_first`` lets the
-    first event taken have any seq (no cursor: the earliest retained event comes first).
+    first event taken have any seq (no cursor: the earliest retained event comes first). With
+    ``end_type``, ``ends`` is asked only about events of that type (no other can end the
+    stream): a replay takes thousands of events per call.
     """
     batch: Batch = []
+    append = batch.append
     for item in events:
-        seq = item.seq
+        seq, event = item.seq, item.event
         if seq <= last:
-            if ends(item.offset, item.event):
+            if (end_type is None or event.type == end_type) and ends(item.offset, event):
                 return batch, last, Step.ENDED
             continue
         if seq != last + 1 and not any_first:
             return batch, last, Step.GAP
         any_first = False
         last = seq
-        batch.append((seq, item.event))
-        if ends(item.offset, item.event):
+        append((seq, event))
+        if (end_type is None or event.type == end_type) and ends(item.offset, event):
             return batch, last, Step.ENDED
     return batch, last, Step.MORE
 
@@ -257,6 +261,7 @@ class StreamHub:
         any_first = after is None  # without a cursor the earliest retained seq comes first
         keepalive = self.settings.stream_keepalive_s
         ends = functools.partial(self._ends, task_id)
+        status = self._status_type
         while True:
             if sub.closed or self.draining.is_set():
                 return
@@ -274,7 +279,9 @@ class StreamHub:
                 # Closed at once when the stream stops early: it leaves its shared scan.
                 async with contextlib.aclosing(reading):
                     async for chunk in reading:
-                        batch, last, step = take_next(chunk, last, ends, any_first=any_first)
+                        batch, last, step = take_next(
+                            chunk, last, ends, any_first=any_first, end_type=status
+                        )
                         any_first = False if batch else any_first
                         if step is Step.GAP:
                             self.metrics.seq_gaps.inc()  # the canary: never expected
@@ -315,7 +322,7 @@ class StreamHub:
                     return
                 if sub.overflowed:
                     break  # fell behind: catch up from Kafka
-                batch, last, step = take_next(sub.take(), last, ends)
+                batch, last, step = take_next(sub.take(), last, ends, end_type=status)
                 if batch:
                     self._delivered(task_id, partition, batch, live=True)
                     yield batch

@@ -14,7 +14,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -66,6 +66,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TASKS_EXTENSION",
     "UNSUPPORTED_VERSION",
+    "EventBatch",
     "EventsListParams",
     "EventsPollParams",
     "EventsSubscribeParams",
@@ -165,6 +166,21 @@ class Frame:
     message: dict[str, Any] | None
     event_id: str | None = None
     data: str | None = None
+
+
+@dataclass(slots=True)
+class EventBatch:
+    """Notifications of one stream for one write, already rendered: SSE event ``i`` has the id
+    ``cursor + str(seqs[i])`` and the data ``texts[i]`` (one line of JSON each).
+
+    What a stream yields per batch instead of a :class:`Frame` per event: a replay writes
+    thousands of events a second, and an object per event (tracked by the garbage collector)
+    cost more than rendering it.
+    """
+
+    cursor: str
+    seqs: list[int]
+    texts: list[str]
 
 
 def result_response(request_id: str | int | None, result: dict[str, Any]) -> dict[str, Any]:
@@ -325,6 +341,32 @@ class RecentTexts:
             if len(text) <= self._max_chars >> 3:
                 self._keep(key, text)
         return text
+
+    def texts(
+        self,
+        task_id: str,
+        batch: Sequence[tuple[int, TaskEvent]],
+        render: Callable[[int, TaskEvent], str],
+    ) -> list[str]:
+        """:meth:`text` of each ``(seq, event)`` of ``batch``, in one call (a replay's)."""
+        texts = self._texts
+        out: list[str] = []
+        get, append = texts.get, out.append
+        limit, max_chars, largest = self._limit, self._max_chars, self._max_chars >> 3
+        chars = self._chars
+        for seq, event in batch:
+            key = (task_id, seq)
+            text = get(key)
+            if text is None:
+                text = render(seq, event)
+                if len(text) <= largest:
+                    chars += len(text)
+                    texts[key] = text
+                    while len(texts) > limit or chars > max_chars:
+                        chars -= len(texts.popitem(last=False)[1])  # the oldest
+            append(text)
+        self._chars = chars
+        return out
 
     def _keep(self, key: tuple[str, int], text: str) -> None:
         texts = self._texts
