@@ -140,6 +140,8 @@ def machine() -> dict[str, Any]:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "commit": _commit(),
         "loadavg_start": _loadavg(),
+        "calibration_ms_start": calibration_ms(),
+        "cpu_times_start": _cpu_times(),
         "nproc": len(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
@@ -200,6 +202,43 @@ def _loadavg() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+#: The calibration workload's size: about 40 ms on the 2-core machine of docs/benchmarks*.md.
+_CALIBRATION_ROUNDS = 7_000
+
+
+def calibration_ms() -> float:
+    """Milliseconds of a fixed pure-Python workload (JSON and string work like the bridge's
+    per-event path), best of five: how fast this host runs Python right now.
+
+    The same machine has measured twice as slow on one day as on another (a shared host);
+    a result is comparable with another run only next to this number.
+    """
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for i in range(_CALIBRATION_ROUNDS):
+            text = json.dumps({"i": i, "pad": "x" * 32}, separators=(",", ":"))
+            f"id: c{i}\nevent: message\ndata: {json.loads(text)['pad']}\n\n".encode()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
+
+
+def _cpu_times() -> list[int]:
+    """The host's (total, steal) CPU jiffies from /proc/stat; [] where there is none."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/stat", encoding="utf-8") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+        return [sum(fields[:8]), fields[7]]  # user..steal (guest time is inside user)
+    return []
+
+
+def _steal(start: list[int], end: list[int]) -> str:
+    """Share of the host's CPU time the hypervisor gave to others between two readings."""
+    if len(start) != 2 or len(end) != 2 or end[0] <= start[0]:
+        return "?"
+    return f"{100 * (end[1] - start[1]) / (end[0] - start[0]):.1f}%"
+
+
 def bench_settings(bootstrap: str, name: str) -> Settings:
     """Default settings on fresh topics (``bench-<name>-<8 hex>``) with one events partition."""
     return load_settings(
@@ -218,11 +257,18 @@ def report(res: Results, headline: str, *details: str, json_path: str | None = N
     all of it as JSON."""
     env = res.environment
     env["loadavg_end"] = _loadavg()
+    env["calibration_ms_end"] = calibration_ms()
+    env["cpu_steal"] = _steal(env.get("cpu_times_start", []), _cpu_times())
     print()
     print(f"{headline}  {env['date']}  commit {env['commit']}")
     print(
         f"machine: nproc={env['nproc']}  cpu={env['cpu']}  memory={env['memory']}  "
         f"loadavg {env['loadavg_start']} at start, {env['loadavg_end']} at end"
+    )
+    print(
+        f"speed:   calibration {env['calibration_ms_start']} ms at start, "
+        f"{env['calibration_ms_end']} ms at end (a fixed Python workload; lower is faster: "
+        f"compare runs next to it); CPU steal {env['cpu_steal']} during the run"
     )
     print(f"python:  {env['python']}  {env['versions']}  ({env['platform']})")
     print(f"kafka:   {env['kafka']}  provider={env['kafka_provider']}")

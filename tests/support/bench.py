@@ -34,4 +34,7 @@ def run_small(
     )
     assert done.returncode == 0, done.stderr[-4000:]
     data: dict[str, Any] = json.loads(out.read_text())
+    env = data["environment"]  # every report says how fast the host ran Python meanwhile
+    assert env["calibration_ms_start"] > 0 and env["calibration_ms_end"] > 0, env
+    assert env["cpu_steal"].endswith("%") or env["cpu_steal"] == "?", env
     return data
