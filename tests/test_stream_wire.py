@@ -187,3 +187,17 @@ def test_recent_texts_hold_at_most_their_character_bound_and_never_a_large_text(
     texts.text("t1", 99, large, render)
     texts.text("t1", 99, large, render)
     assert render.calls == 52, "a large text is rendered for each stream, never kept"
+
+
+def test_a_long_replay_batch_is_served_from_recent_texts_but_not_kept_in_them():
+    texts = RecentTexts()
+    render = CountingRender("t1")
+    event = TaskEvent("com.example.tick", {"n": 1})
+    texts.text("t1", 0, event, render)  # live: kept
+    long_batch = [(seq, event) for seq in range(RecentTexts.KEPT_BATCH + 1)]
+    lines = texts.texts("t1", long_batch, render)
+    assert lines == [renderer("t1", "io.mcpbridge")(seq, event) for seq, _ in long_batch]
+    assert render.calls == 1 + RecentTexts.KEPT_BATCH, "seq 0 came from the cache"
+    texts.texts("t1", long_batch[:2], render)  # a short batch: seq 1 was not kept, now is
+    texts.texts("t1", long_batch[:2], render)
+    assert render.calls == 2 + RecentTexts.KEPT_BATCH

@@ -319,6 +319,9 @@ class RecentTexts:
 
     __slots__ = ("_chars", "_limit", "_max_chars", "_texts")
 
+    #: Batches up to this many events are kept (see :meth:`texts`).
+    KEPT_BATCH = 256
+
     def __init__(self, limit: int = 4096, max_chars: int = 1 << 20) -> None:
         self._limit = limit
         self._max_chars = max_chars
@@ -333,14 +336,7 @@ class RecentTexts:
     ) -> str:
         """The text of ``task_id``'s event ``seq``, from ``render`` (a :func:`renderer` of
         that task) unless rendered lately."""
-        key = (task_id, seq)
-        texts = self._texts
-        text = texts.get(key)
-        if text is None:
-            text = render(seq, event)
-            if len(text) <= self._max_chars >> 3:
-                self._keep(key, text)
-        return text
+        return self.texts(task_id, [(seq, event)], render)[0]
 
     def texts(
         self,
@@ -348,11 +344,17 @@ class RecentTexts:
         batch: Sequence[tuple[int, TaskEvent]],
         render: Callable[[int, TaskEvent], str],
     ) -> list[str]:
-        """:meth:`text` of each ``(seq, event)`` of ``batch``, in one call (a replay's)."""
+        """:meth:`text` of each ``(seq, event)`` of ``batch``, in one call.
+
+        A batch of more than ``KEPT_BATCH`` events is read from the cache but not kept in it:
+        it is a replay far behind the head, whose texts would push out the ones the live
+        fan-out and a reconnect storm share, and keeping each cost more than rendering it.
+        """
         texts = self._texts
         out: list[str] = []
         get, append = texts.get, out.append
-        limit, max_chars, largest = self._limit, self._max_chars, self._max_chars >> 3
+        limit, max_chars = self._limit, self._max_chars
+        largest = max_chars >> 3 if len(batch) <= self.KEPT_BATCH else -1
         chars = self._chars
         for seq, event in batch:
             key = (task_id, seq)
@@ -367,13 +369,6 @@ class RecentTexts:
             append(text)
         self._chars = chars
         return out
-
-    def _keep(self, key: tuple[str, int], text: str) -> None:
-        texts = self._texts
-        self._chars += len(text)
-        texts[key] = text
-        while len(texts) > self._limit or self._chars > self._max_chars:
-            self._chars -= len(texts.popitem(last=False)[1])  # the oldest
 
     @property
     def chars(self) -> int:
