@@ -186,12 +186,11 @@ class RecordDecoder:
         events: list[TaskEvent] = []
         append = events.append
         for record in records:
+            # decode_event inline, not through _event_of: that call per record is the cost saved.
+            value, headers, timestamp = record.value, record.headers, record.timestamp
             try:
                 event = decode_event(
-                    record.value,
-                    record.headers,
-                    max_bytes=max_bytes,
-                    record_timestamp_ms=record.timestamp,
+                    value, headers, max_bytes=max_bytes, record_timestamp_ms=timestamp
                 )
             except EnvelopeError:
                 event = self.event(record)
