@@ -42,6 +42,9 @@ __all__ = [
     "task_key",
 ]
 
+#: The status of each stored code (the index's bytearray holds TaskStatus values).
+_STATUS_OF = {int(status): status for status in TaskStatus}
+
 #: 2: the co-partitioned layout (a record lives in the index partition numbered like its events
 #: partition); the bytes are those of 1, which was written wherever the key hashed. Version 1
 #: records are still decoded, for ``bridge index migrate``, and refused when restoring.
@@ -235,7 +238,7 @@ class PartitionIndex:
         entry = TaskEntry()
         entry.next_seq = self._next_seq[row]
         entry.last_offset = self._last_offset[row]
-        entry.status = TaskStatus(self._status[row])
+        entry.status = _STATUS_OF[self._status[row]]  # TaskStatus(code) costs ~1 µs a call
         entry.status_offset = self._status_offset[row]
         entry.flags = self._flags[row]
         entry.owner = self._owner[row]

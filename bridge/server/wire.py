@@ -16,6 +16,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -376,6 +377,7 @@ class RecentTexts:
         return self._chars
 
 
+@lru_cache(maxsize=4096)  # one per task, not per stream: making one serialises four JSON texts
 def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
     """A function rendering one notification as single-line JSON, for one stream.
 
