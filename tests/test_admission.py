@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
+from bridge.log.reader import ReadBatch, ReadEvent
 from bridge.server.admission import Admission, Caller, Limits, connection_of
 from bridge.server.streams import Step, take_next
 from bridge.server.wire import RpcError
@@ -181,3 +182,34 @@ def test_without_a_cursor_the_first_event_may_have_any_seq() -> None:
     batch, last, step = take_next(events, -1, never, any_first=True)
     assert [seq for seq, _ in batch] == [5, 6, 7] and last == 7 and step is Step.MORE
     assert take_next(events, -1, never)[2] is Step.GAP
+
+
+def as_read_batch(events: list[Ev]) -> ReadBatch:
+    """A reader's batch of consecutive events (what a catch-up read yields)."""
+    return ReadBatch(events[0].seq, [e.offset for e in events], [e.event for e in events])
+
+
+@settings(deadline=None)
+@given(
+    n=st.integers(1, 30),
+    start=st.integers(0, 29),
+    last=st.integers(-1, 32),
+    terminal=st.integers(-1, 29),
+    any_first=st.booleans(),
+    end_type=st.sampled_from([None, "com.example.e", "com.example.other"]),
+)
+def test_a_read_batch_is_taken_exactly_as_the_same_events_one_by_one(
+    n: int, start: int, last: int, terminal: int, any_first: bool, end_type: str | None
+) -> None:
+    """The stream takes a catch-up read's columns without a ReadEvent each: same rule, same
+    answer as for the events as objects (and end_type only spares asking about other types)."""
+    events = log_of(n + start)[start:]
+    ends = lambda offset, _event: offset == 10 * terminal  # noqa: E731
+    read = as_read_batch(events)
+    one_by_one = [ReadEvent(e.seq, e.offset, e.event) for e in events]
+    assert list(read) == one_by_one and len(read) == n
+    assert (read[0], read[-1], read[1:3]) == (one_by_one[0], one_by_one[-1], one_by_one[1:3])
+    expected = take_next(events, last, ends, any_first=any_first)
+    if end_type == "com.example.other":  # no event can end the stream then
+        expected = take_next(events, last, lambda o, e: False, any_first=any_first)
+    assert take_next(read, last, ends, any_first=any_first, end_type=end_type) == expected

@@ -30,7 +30,7 @@ from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import Indexer, NotOwner
-from bridge.log.reader import NotRetained, Reader, SeqUntrusted
+from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.wire import (
@@ -89,10 +89,14 @@ def take_next(
     """
     batch: Batch = []
     append = batch.append
-    for item in events:
-        seq, event = item.seq, item.event
+    items = (
+        events.triples()
+        if isinstance(events, ReadBatch)  # a read's columns: no object per event
+        else ((item.seq, item.offset, item.event) for item in events)
+    )
+    for seq, offset, event in items:
         if seq <= last:
-            if (end_type is None or event.type == end_type) and ends(item.offset, event):
+            if (end_type is None or event.type == end_type) and ends(offset, event):
                 return batch, last, Step.ENDED
             continue
         if seq != last + 1 and not any_first:
@@ -100,7 +104,7 @@ def take_next(
         any_first = False
         last = seq
         append((seq, event))
-        if (end_type is None or event.type == end_type) and ends(item.offset, event):
+        if (end_type is None or event.type == end_type) and ends(offset, event):
             return batch, last, Step.ENDED
     return batch, last, Step.MORE
 
