@@ -33,7 +33,15 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MAX_DEPTH", "NotWireJson", "dumps", "dumps_parsed", "loads", "loads_full"]
+__all__ = [
+    "MAX_DEPTH",
+    "NotWireJson",
+    "dumps",
+    "dumps_parsed",
+    "loads",
+    "loads_full",
+    "loads_short",
+]
 
 #: How deeply arrays and objects may nest (``[]`` is depth 1). Far beyond any real event, and
 #: far enough below the interpreter's recursion limit (1000) that a value accepted here can be
@@ -61,6 +69,16 @@ def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
         except Exception:  # msgspec's refusals (and UnicodeEncodeError): the full path decides
             pass
     return loads_full(text, max_depth=max_depth)
+
+
+def loads_short(text: str) -> Any:
+    """:func:`loads` of a text of at most ``2 * MAX_DEPTH`` characters, the fast decoder's
+    answer straight away (so short a text cannot nest too deeply); :class:`NotWireJson` when it
+    refuses, and the caller asks :func:`loads` for the authoritative answer."""
+    try:
+        return _FAST.decode(text)
+    except Exception:  # msgspec's refusals (and UnicodeEncodeError)
+        raise NotWireJson("refused by the fast decoder") from None
 
 
 def loads_full(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 import fastavro
 import fastavro.schema
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bridge.envelope import (
@@ -26,6 +26,7 @@ from bridge.envelope import (
     UnsupportedContentType,
     crc64_avro,
     decode_event,
+    decode_usual,
     encode_event,
     may_have_type,
 )
@@ -186,6 +187,67 @@ def test_the_hand_decoder_reads_every_spelling_of_the_avro_body_like_fastavro(
     assert event.meta_json == (meta and meta.decode())
     with pytest.raises(MalformedEnvelope):  # cut short in its last varint
         decode_event(value[:-1])
+
+
+def _fields(event: TaskEvent) -> tuple[object, ...]:
+    return (event.type, event.payload, event.meta, event.timestamp_ms, event.payload_json)
+
+
+@given(
+    st.integers(-(2**63), 2**63 - 1)
+    | st.integers(2**34, 2**41 - 1)
+    | st.integers(-(2**41), -(2**34)),
+    st.sampled_from(["a.b", "com.example." + "t" * 60, "é.x", ""]),
+    st.integers(0, 300),
+    st.none() | st.integers(0, 20),
+    st.lists(st.integers(0, 1), min_size=4, max_size=4),
+    st.sampled_from([None, AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE, "text/plain"]),
+    st.sampled_from(['{"p":"%s"}', '["%s"]', '{"p":"%s"\n}', '{"p":1e999,"q":"%s"}']),
+    st.integers(0, 2),
+)
+@example(2**40, "a.b", 10, None, [0, 0, 0, 0], None, '{"p":"%s"}', 0)  # the usual shape
+@example(2**40, "a.b", 150, None, [0, 0, 0, 0], AVRO_CONTENT_TYPE, '{"p":"%s"}', 0)  # 2-byte length
+@example(-(2**40), "a.b", 10, None, [0, 0, 0, 0], None, '{"p":"%s"}', 0)  # negative timestamp
+@example(2**40, "a.b", 10, None, [0, 0, 0, 0], JSON_CONTENT_TYPE, '{"p":"%s"}', 0)  # not Avro
+@example(2**40, "a.b", 10, None, [0, 0, 0, 0], None, '{"p":"%s"\n}', 0)  # a raw newline
+@example(2**40, "a.b", 10, None, [0, 0, 0, 0], None, '{"p":1e999,"q":"%s"}', 0)  # not wire JSON
+def test_the_usual_shape_is_read_exactly_as_decode_event_reads_it(
+    ts, type_, size, meta_size, pads, content_type, shape, cut
+):
+    # decode_usual is the replay's shortcut: whatever it answers must be decode_event's event
+    # (payload text included); None sends the record the full way.
+    payload = (shape % ("x" * size)).encode()
+    meta = None if meta_size is None else json.dumps({"m": "y" * meta_size}).encode()
+    value = _avro(type_.encode(), payload, meta, ts, pads)
+    value = value[: len(value) - cut] if cut < 2 else value + b"\x00"
+    headers = None if content_type is None else [(CONTENT_TYPE_HEADER, content_type.encode())]
+    usual = decode_usual(value, None if headers is None else tuple(headers), 1_048_576)
+    if usual is not None:
+        assert _fields(usual) == _fields(decode_event(value, headers))
+    plain = cut == 0 and meta is None and not any(pads) and shape == '{"p":"%s"}'
+    if (
+        plain
+        and type_
+        and size < 200
+        and 2**34 <= ts < 2**41
+        and content_type
+        in (
+            None,
+            AVRO_CONTENT_TYPE,
+        )
+    ):
+        assert usual is not None, "the usual shape must take the shortcut"
+
+
+@given(st.binary(max_size=120), st.sampled_from([None, AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE]))
+@example(b"\x06a.b\x05{}\x00\x80\x80\x80\x80\x80\x40", None)  # a negative payload length
+@example(b"\x07a.b\x04{}\x00\x80\x80\x80\x80\x80\x40", None)  # a negative type length
+def test_any_bytes_after_the_usual_header_are_read_as_decode_event_reads_them(tail, ct):
+    head = encode_event(TaskEvent("a.b", {}, None, 0))[0][:10]
+    headers = None if ct is None else ((CONTENT_TYPE_HEADER, ct.encode()),)
+    usual = decode_usual(head + tail, headers, 1_048_576)
+    if usual is not None:
+        assert _fields(usual) == _fields(decode_event(head + tail, headers))
 
 
 @given(st.binary(max_size=200))

@@ -28,6 +28,7 @@ from bridge.envelope import (
     EnvelopeTooLarge,
     TaskEvent,
     decode_event,
+    decode_usual,
     may_have_type,
 )
 from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
@@ -186,17 +187,10 @@ class RecordDecoder:
         events: list[TaskEvent] = []
         append = events.append
         for record in records:
-            # decode_event inline, not through _event_of: that call per record is the cost saved.
-            value, headers, timestamp = record.value, record.headers, record.timestamp
-            try:
-                event = decode_event(
-                    value, headers, max_bytes=max_bytes, record_timestamp_ms=timestamp
-                )
-            except EnvelopeError:
+            # The usual record, read in one go; any other through event(), the full way.
+            event = decode_usual(record.value, record.headers, max_bytes)
+            if event is None or known(event.type) is not True:
                 event = self.event(record)
-            else:
-                if known(event.type) is not True:
-                    event = self.event(record)
             append(event)
         return events
 
