@@ -185,15 +185,27 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     return counts
 
 
-async def topic_partition_ids(settings: Settings, topic: str) -> list[int]:
-    """The partition ids of ``topic``; :class:`TopicLayoutError` if it does not exist."""
+async def topic_partition_ids(
+    settings: Settings, topic: str, *, settle_s: float = 3.0
+) -> list[int]:
+    """The partition ids of ``topic``; :class:`TopicLayoutError` if it does not exist.
+
+    A topic created a moment ago (`bridge topics create`, then `bridge serve`) may not be in
+    the answering broker's metadata yet: asked again for up to ``settle_s`` seconds before the
+    error. (A clean-clone CI run met it: a bridge started right after creating its topics
+    refused to start.)
+    """
+    deadline = asyncio.get_running_loop().time() + settle_s
     async with kafka_admin(settings) as admin:
-        described = await admin.describe_topics([topic])
-    for entry in described:
-        if _field(entry, "topic") == topic and not _field(entry, "error_code"):
-            ids = sorted(_field(p, "partition") for p in _field(entry, "partitions"))
-            if ids:
-                return ids
+        while True:
+            for entry in await admin.describe_topics([topic]):
+                if _field(entry, "topic") == topic and not _field(entry, "error_code"):
+                    ids = sorted(_field(p, "partition") for p in _field(entry, "partitions"))
+                    if ids:
+                        return ids
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)  # metadata propagation has no event to wait on
     raise TopicLayoutError(f"topic {topic!r} does not exist: run `bridge topics create` first")
 
 
