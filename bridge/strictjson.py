@@ -38,9 +38,11 @@ __all__ = [
     "NotWireJson",
     "dumps",
     "dumps_parsed",
+    "fast_decode",
     "loads",
     "loads_full",
     "loads_short",
+    "may_nest_deeper",
 ]
 
 #: How deeply arrays and objects may nest (``[]`` is depth 1). Far beyond any real event, and
@@ -91,7 +93,7 @@ def loads_full(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> 
     elif _has_raw_surrogate(text):
         raise NotWireJson("text contains a lone UTF-16 surrogate")
     value = _parse(text)
-    if _may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
+    if may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
         raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
     if _SURROGATE_ESCAPE.search(text) is not None:
         _check_encodable(value)
@@ -106,19 +108,23 @@ def dumps(value: Any, *, max_depth: int = MAX_DEPTH) -> str:
         raise NotWireJson(f"not JSON-serialisable: {exc}") from None
     if _has_raw_surrogate(text):
         raise NotWireJson("a string contains a lone UTF-16 surrogate")
-    if _may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
+    if may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
         raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
     return text
 
 
 #: The fast decoder (see the module docstring); untyped, so it returns plain JSON values.
 _FAST = msgspec.json.Decoder()
+#: The fast decoder alone, for a hot loop that checks texts in bulk: what it accepts of a text
+#: that :func:`may_nest_deeper` clears (and, given bytes, that is valid UTF-8 without a BOM),
+#: :func:`loads` accepts with the same value; what it refuses (ValueError), ask :func:`loads`.
+fast_decode = _FAST.decode
 _BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
 
 
 def _fast_ok(text: str | bytes | bytearray, max_depth: int) -> bool:
     """True when the fast decoder's answer, if it accepts, is this module's answer too."""
-    if _may_nest_deeper(text, max_depth):
+    if may_nest_deeper(text, max_depth):
         return False  # the depth rule is checked by the full path only
     if isinstance(text, str):
         return True  # msgspec refuses raw surrogates itself (it encodes the str as UTF-8)
@@ -185,7 +191,7 @@ def _parse(text: str) -> Any:
         raise NotWireJson(f"an integer has more than {limit} digits") from None
 
 
-def _may_nest_deeper(text: str | bytes | bytearray, max_depth: int) -> bool:
+def may_nest_deeper(text: str | bytes | bytearray, max_depth: int = MAX_DEPTH) -> bool:
     """Cheap necessary condition: deeper nesting needs more than ``max_depth`` openers."""
     if len(text) <= 2 * max_depth:
         return False

@@ -274,15 +274,16 @@ def with_trace(event: TaskEvent, headers: Sequence[tuple[str, bytes]] | None) ->
 
 
 def _batch_contexts(
-    batch: Sequence[tuple[int, TaskEvent]],
+    batch: Sequence[tuple[int, TaskEvent | str]],
 ) -> tuple[Context | None, list[Link], int]:
-    """The first traced event's context, links to the other traces, how many traces."""
+    """The first traced event's context, links to the other traces, how many traces (a str,
+    an event's wire text, carries none: a reader makes them only while tracing is off)."""
     parent: Context | None = None
     links: list[Link] = []
     seen: set[tuple[tuple[str, bytes], ...]] = set()
     spans: set[tuple[int, int]] = set()
     for _, event in batch:
-        raw = event.trace
+        raw = None if isinstance(event, str) else event.trace
         if raw is None or raw in seen:
             continue
         seen.add(raw)
@@ -301,7 +302,9 @@ def _batch_contexts(
     return parent, links, len(spans)
 
 
-def deliver(task_id: str, batch: Sequence[tuple[int, TaskEvent]]) -> AbstractContextManager[None]:
+def deliver(
+    task_id: str, batch: Sequence[tuple[int, TaskEvent | str]]
+) -> AbstractContextManager[None]:
     """A span around the SSE write of one batch of a stream, when any event of it is traced.
 
     Its parent is the first traced event's context; the other traces of the batch are links.
@@ -314,7 +317,7 @@ def deliver(task_id: str, batch: Sequence[tuple[int, TaskEvent]]) -> AbstractCon
 
 @contextlib.contextmanager
 def _deliver(
-    tracer: Tracer, task_id: str, batch: Sequence[tuple[int, TaskEvent]]
+    tracer: Tracer, task_id: str, batch: Sequence[tuple[int, TaskEvent | str]]
 ) -> Iterator[None]:
     try:
         parent, links, traces = _batch_contexts(batch)

@@ -260,6 +260,7 @@ class FakeStreams:
         self.refuse: RpcError | None = None
         self.batches: list[list[tuple[int, Any]] | None] = []
         self.gone = 0
+        self.wire = False
 
     def admit(self, caller: Caller, task_id: str, request_id: str | int | None) -> Ticket:
         return self.admission.admit(caller, task_id, request_id)
@@ -273,8 +274,9 @@ class FakeStreams:
         return None
 
     async def events(
-        self, ticket: Ticket, after: int | None, log_start: int | None = None
+        self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
     ) -> AsyncIterator[Any]:
+        self.wire = wire  # the handler sends what it reads: it takes wire texts
         for batch in self.batches:
             yield batch
 
@@ -450,14 +452,24 @@ async def test_tasks_stream_renders_each_event_with_its_cursor_then_the_result(
 ) -> None:
     tasks.add("t1", "alice")
     event = TaskEvent("com.example.step", {"i": 1}, None, 5)
-    streams.batches = [[(4, event)], None]
+    spliced = '"type":"com.example.step","payload":{"i": 2}'  # a replay's wire text
+    streams.batches = [[(4, event), (5, spliced)], None]
     outcome = await handlers.dispatch(call("tasks/stream", {"taskId": "t1", "after": 3.0}))
     assert isinstance(outcome, Streamed)
     frames = [item async for item in outcome.messages]
     first = frames[0]
-    assert isinstance(first, EventBatch) and first.seqs == [4]
+    assert streams.wire
+    assert isinstance(first, EventBatch) and first.seqs == [4, 5]
     assert f"{first.cursor}{first.seqs[0]}" == encode_cursor(3, "t1", 4)
     assert json.loads(first.texts[0])["params"]["seq"] == 4
+    assert json.loads(first.texts[1])["params"] == {
+        "seq": 5,
+        "taskId": "t1",
+        "type": "com.example.step",
+        "payload": {"i": 2},
+        "_meta": {"io.modelcontextprotocol/related-task": {"taskId": "t1"}},
+    }
+    assert '"payload":{"i": 2}' in first.texts[1]  # the producer's text, as it wrote it
     assert isinstance(frames[1], Frame) and frames[1].message is None  # keep-alive
     assert isinstance(frames[2], Frame) and frames[2].message == {
         "jsonrpc": "2.0",

@@ -42,7 +42,15 @@ from bridge.log.indexer import Indexer
 from bridge.log.records import RecordDecoder
 from bridge.log.seqindex import TaskEntry
 
-__all__ = ["NotRetained", "ReadBatch", "ReadEvent", "Reader", "SeqUntrusted", "UnknownTask"]
+__all__ = [
+    "NotRetained",
+    "ReadBatch",
+    "ReadEvent",
+    "Reader",
+    "SeqUntrusted",
+    "UnknownTask",
+    "WireBatch",
+]
 
 #: Counts of a task's records from the log start before an OffsetOutOfRangeError is let
 #: through: retention would have to move the log start this many times during one count.
@@ -126,6 +134,28 @@ class ReadBatch(Sequence[ReadEvent]):
 
     def _seqs(self) -> range:
         return range(self.first, self.first + len(self.events))
+
+
+class WireBatch:
+    """The events of one fetch as a stream sends them (:meth:`Reader.read_wire`), in seq
+    order from ``first``: ``items[i]`` is seq ``first + i``, at ``offsets[i]``, either an event
+    or, for a record of the usual shape, its checked wire JSON members (a str,
+    :meth:`~bridge.log.records.RecordDecoder.wire_events`). ``full``: the indexes of the events,
+    ascending. No str is one of the bridge's own created or status events.
+    """
+
+    __slots__ = ("first", "full", "items", "offsets")
+
+    def __init__(
+        self, first: int, offsets: list[int], items: list[TaskEvent | str], full: list[int]
+    ) -> None:
+        self.first = first
+        self.offsets = offsets
+        self.items = items
+        self.full = full
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,6 +478,28 @@ class Reader(Component):
         had arrived, like any read, and a stream open costs one lookup, not two. A log start
         that moved on since is met as mid-read retention (the next pass looks it up again).
         """
+        async with aclosing(self._read_chunks(task_id, after, log_start)) as chunks:
+            async for seq, chunk in chunks:
+                events = self._decoder.events(chunk)
+                yield ReadBatch(seq, [record.offset for record in chunk], events)
+                del events
+
+    async def read_wire(
+        self, task_id: str, after: int | None = None, *, log_start: int | None = None
+    ) -> AsyncGenerator[WireBatch, None]:
+        """:meth:`read_batches` for a stream that sends what it reads: each batch holds the
+        usual records as wire JSON text, checked but not decoded
+        (:meth:`~bridge.log.records.RecordDecoder.wire_events`), the others as events."""
+        async with aclosing(self._read_chunks(task_id, after, log_start)) as chunks:
+            async for seq, chunk in chunks:
+                items, full = self._decoder.wire_events(chunk)
+                yield WireBatch(seq, [record.offset for record in chunk], items, full)
+                del items
+
+    async def _read_chunks(
+        self, task_id: str, after: int | None, log_start: int | None
+    ) -> AsyncGenerator[tuple[int, list[ConsumerRecord[bytes, bytes]]], None]:
+        """The records of :meth:`read_batches`, one list per fetch, with the seq of the first."""
         if after is not None and (
             not isinstance(after, int) or isinstance(after, bool) or after < 0
         ):
@@ -490,10 +542,8 @@ class Reader(Component):
                         chunk = chunk[skip:]
                     if not chunk:
                         continue
-                    events = self._decoder.events(chunk)
-                    yield ReadBatch(seq, [record.offset for record in chunk], events)
+                    yield seq, chunk
                     seq += len(chunk)
-                    del events
                 return
             except OffsetOutOfRangeError:
                 # Retention moved past us mid-read: start again from the next seq wanted.

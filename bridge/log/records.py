@@ -30,6 +30,7 @@ from bridge.envelope import (
     decode_event,
     decode_usual,
     may_have_type,
+    splice_usual,
 )
 from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 from bridge.kafka.clients import ConsumerRecord
@@ -156,7 +157,7 @@ class RecordDecoder:
     tail's cheap path.
     """
 
-    __slots__ = ("_prefixed", "fact_types", "max_bytes", "prefix", "types")
+    __slots__ = ("_members", "_prefixed", "fact_types", "max_bytes", "prefix", "types")
 
     def __init__(self, prefix: str, max_bytes: int, types: EventTypeRule = REVERSE_DNS_ONLY):
         self.prefix = prefix
@@ -167,6 +168,9 @@ class RecordDecoder:
         self.fact_types = frozenset({own.created, own.status})
         #: ``types.is_prefixed`` per type seen: a replay asks it for every record, of a few types.
         self._prefixed: dict[str, bool] = {}
+        #: :meth:`wire_events`' ``"type":...,"payload":`` per type's Avro bytes; "" for a type
+        #: it does not splice.
+        self._members: dict[bytes, str] = {}
 
     def event(self, record: ConsumerRecord[bytes, bytes]) -> TaskEvent:
         """:func:`event_from_record` under this decoder's settings."""
@@ -193,6 +197,42 @@ class RecordDecoder:
                 event = self.event(record)
             append(event)
         return events
+
+    def wire_events(
+        self, records: Sequence[ConsumerRecord[bytes, bytes]]
+    ) -> tuple[list[TaskEvent | str], list[int]]:
+        """What a stream sends of ``records``: for a record of the usual shape
+        (:func:`bridge.envelope.usual_parts`) whose payload is one line of the wire's JSON, an
+        object, and whose type is prefixed and not one of :attr:`fact_types`, its event as
+        wire JSON members, ``"type":<type>,"payload":<the producer's text>`` (a str); for every
+        other record, its event (:meth:`event`). And the indexes of the events among them.
+
+        The str is what rendering :meth:`event` ``(record)`` gives for those members (the
+        tests hold them equal), made without building the event: no payload dict, no
+        :class:`TaskEvent`, no serialising. The payload is still checked, here, in C (its
+        text goes out as the producer wrote it): 0.8 µs per record against 3.1 for the event
+        and its rendering. The bridge's own created and status events are always events:
+        a stream asks whether a status ends it.
+        """
+        if tracing.enabled():  # the events carry their records' trace headers
+            events = self.events(records)
+            return list(events), list(range(len(events)))
+        return splice_usual(records, self.max_bytes, self._members, self._members_head, self.event)
+
+    def _members_head(self, raw_type: bytes) -> str:
+        """``"type":<type as JSON>,"payload":`` for a type :meth:`wire_events` splices, else
+        ""; remembered per type (bounded: any producer picks types)."""
+        try:
+            type_ = raw_type.decode("utf-8")
+        except UnicodeDecodeError:
+            head = ""  # the event is a placeholder: decoded the full way
+        else:
+            spliced = type_ not in self.fact_types and self._is_prefixed(type_)
+            head = f'"type":{strictjson.dumps(type_)},"payload":' if spliced else ""
+        if len(self._members) >= _PREFIXED_CACHE:
+            self._members.clear()
+        self._members[raw_type] = head
+        return head
 
     def _is_prefixed(self, event_type: str) -> bool:
         known = self._prefixed.get(event_type)

@@ -155,7 +155,7 @@ class Streams(Protocol):
     async def check_cursor(self, task_id: str, after: int | None) -> int | None: ...
 
     def events(
-        self, ticket: Ticket, after: int | None, log_start: int | None = None
+        self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
     ) -> AsyncIterator[list[tuple[int, Any]] | None]: ...
 
     def count_gone(self) -> None: ...
@@ -511,9 +511,10 @@ class MethodHandlers:
     ) -> AsyncIterator[Frame | EventBatch]:
         task_id = ticket.task_id
         # Made for the first events: an idle stream (most open ones) holds neither.
-        render: Callable[[int, TaskEvent], str] | None = None
+        render: Callable[[int, TaskEvent | str], str] | None = None
         cursor = ""
-        async for batch in self.streams.events(ticket, after, log_start):
+        # wire: a replay hands over most records as their checked wire text, not as events.
+        async for batch in self.streams.events(ticket, after, log_start, wire=True):
             if batch is None:
                 yield Frame(None)
                 continue

@@ -24,13 +24,13 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Protocol
+from typing import Literal, Protocol, cast, overload
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import Indexer, NotOwner
-from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted
+from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted, WireBatch
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.wire import (
@@ -41,11 +41,14 @@ from bridge.server.wire import (
     seq_untrusted_error,
 )
 
-__all__ = ["Step", "StreamHub", "take_next"]
+__all__ = ["Step", "StreamHub", "take_next", "take_wire"]
 
 log = logging.getLogger(__name__)
 
 Batch = list[tuple[int, TaskEvent]]
+#: A batch as a stream that sends it takes it: each event, or its wire JSON members (a str,
+#: :class:`~bridge.log.reader.WireBatch`).
+WireItems = list[tuple[int, TaskEvent | str]]
 
 #: A head that no cursor can be ahead of (a seq is below 2**63, like the offsets it counts).
 _UNBOUNDED = 2**63
@@ -107,6 +110,38 @@ def take_next(
         if (end_type is None or event.type == end_type) and ends(offset, event):
             return batch, last, Step.ENDED
     return batch, last, Step.MORE
+
+
+def take_wire(
+    batch: WireBatch,
+    last: int,
+    ends: Callable[[int, TaskEvent], bool],
+    *,
+    end_type: str,
+    any_first: bool = False,
+) -> tuple[WireItems, int, Step]:
+    """:func:`take_next` of a read's :class:`~bridge.log.reader.WireBatch`, the same rule and
+    answer without a step per event: its seqs are consecutive, so what is skipped and what
+    is taken are two slices, and only its events (``batch.full``, a few) can be of
+    ``end_type``, which no wire text is. ``ends`` is asked only about those."""
+    first, items, offsets, full = batch.first, batch.items, batch.offsets, batch.full
+    n = len(items)
+    skip = min(n, max(0, last + 1 - first))  # at or below last: delivered, or before the cursor
+    stop, step = n, Step.MORE
+    for i in full:
+        event = items[i]
+        assert not isinstance(event, str)  # full holds the events' indexes
+        if event.type == end_type and ends(offsets[i], event):
+            if i < skip:
+                return [], last, Step.ENDED
+            stop, step = i + 1, Step.ENDED
+            break
+    if skip == n:
+        return [], last, Step.MORE
+    if skip == 0 and first != last + 1 and not any_first:
+        return [], last, Step.GAP
+    taken = list(zip(range(first + skip, first + stop), items[skip:stop], strict=True))
+    return taken, first + stop - 1, step
 
 
 class StreamHub:
@@ -225,9 +260,22 @@ class StreamHub:
             return _UNBOUNDED
         return await self.reader.head(task_id)
 
-    async def events(
-        self, ticket: Ticket, after: int | None, log_start: int | None = None
-    ) -> AsyncIterator[Batch | None]:
+    @overload
+    def events(
+        self,
+        ticket: Ticket,
+        after: int | None,
+        log_start: int | None = None,
+        *,
+        wire: Literal[False] = False,
+    ) -> AsyncIterator[Batch | None]: ...
+    @overload
+    def events(
+        self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
+    ) -> AsyncIterator[WireItems | None]: ...
+    def events(
+        self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool = False
+    ) -> AsyncIterator[Batch | None] | AsyncIterator[WireItems | None]:
         """The stream's events in seq order, in batches; ``None`` items are keep-alive ticks.
         ``log_start``: what :meth:`check_cursor` returned (its first read takes it).
 
@@ -235,7 +283,18 @@ class StreamHub:
         nothing after the cursor; ends early (without a result, see ``ticket.cancelled``) when
         the client cancels the request or the process drains. Raises :class:`RpcError` for
         events_gone found mid-stream.
+
+        ``wire``: the stream sends what it reads as it is, so a catch-up read may hand over an
+        event as its wire JSON members instead (a str, :meth:`Reader.read_wire`); live events,
+        and every event without ``wire``, are :class:`TaskEvent` s.
         """
+        if wire:
+            return self._events(ticket, after, log_start, wire=True)
+        return cast("AsyncIterator[Batch | None]", self._events(ticket, after, log_start))
+
+    async def _events(
+        self, ticket: Ticket, after: int | None, log_start: int | None, *, wire: bool = False
+    ) -> AsyncIterator[WireItems | None]:
         task_id = ticket.task_id
         self._opens["fresh" if after is None else "resume"].inc()
         partition = self.indexer.partition_of(task_id)
@@ -243,7 +302,7 @@ class StreamHub:
             ticket.on_cancel.append(sub.close)
             self._streams[sub] = ticket
             try:
-                async for item in self._run(sub, partition, after, log_start):
+                async for item in self._run(sub, partition, after, log_start, wire):
                     yield item
                     del item  # not held while the stream waits
             except NotOwner:
@@ -258,8 +317,13 @@ class StreamHub:
         return found[1].status_offset
 
     async def _run(
-        self, sub: Subscription, partition: int, after: int | None, log_start: int | None
-    ) -> AsyncIterator[Batch | None]:
+        self,
+        sub: Subscription,
+        partition: int,
+        after: int | None,
+        log_start: int | None,
+        wire: bool,
+    ) -> AsyncIterator[WireItems | None]:
         task_id = sub.task_id
         last = -1 if after is None else after
         any_first = after is None  # without a cursor the earliest retained seq comes first
@@ -276,16 +340,25 @@ class StreamHub:
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
             try:
-                reading = self.reader.read_batches(
-                    task_id, None if any_first else last, log_start=log_start
+                cursor = None if any_first else last
+                reading = (
+                    self.reader.read_wire(task_id, cursor, log_start=log_start)
+                    if wire
+                    else self.reader.read_batches(task_id, cursor, log_start=log_start)
                 )
                 log_start = None  # the cursor check's: good for the first read only
                 # Closed at once when the stream stops early: it leaves its shared scan.
                 async with contextlib.aclosing(reading):
                     async for chunk in reading:
-                        batch, last, step = take_next(
-                            chunk, last, ends, any_first=any_first, end_type=status
-                        )
+                        batch: WireItems
+                        if isinstance(chunk, WireBatch):
+                            batch, last, step = take_wire(
+                                chunk, last, ends, any_first=any_first, end_type=status
+                            )
+                        else:
+                            batch, last, step = take_next(  # type: ignore[assignment]
+                                chunk, last, ends, any_first=any_first, end_type=status
+                            )
                         any_first = False if batch else any_first
                         if step is Step.GAP:
                             self.metrics.seq_gaps.inc()  # the canary: never expected
@@ -326,17 +399,19 @@ class StreamHub:
                     return
                 if sub.overflowed:
                     break  # fell behind: catch up from Kafka
-                batch, last, step = take_next(sub.take(), last, ends, end_type=status)
-                if batch:
-                    self._delivered(task_id, partition, batch, live=True)
-                    yield batch
-                del batch  # not held while the stream waits, maybe for hours
+                live, last, step = take_next(sub.take(), last, ends, end_type=status)
+                if live:
+                    self._delivered(task_id, partition, live, live=True)
+                    yield live  # type: ignore[misc]
+                del live  # not held while the stream waits, maybe for hours
                 if step is Step.ENDED:
                     return
                 if step is Step.GAP:
                     break  # something is missing from the buffer: re-read from Kafka
 
-    def _delivered(self, task_id: str, partition: int, batch: Batch, *, live: bool) -> None:
+    def _delivered(
+        self, task_id: str, partition: int, batch: WireItems | Batch, *, live: bool
+    ) -> None:
         """Count a batch about to be written: one backlog and one latency sample per write."""
         m = self.metrics
         m.events_delivered.inc(len(batch))
@@ -344,8 +419,9 @@ class StreamHub:
         head = idx.next_seq_of(task_id) if idx is not None else None
         if head is not None:
             m.backlog.observe(max(0, head - 1 - batch[-1][0]))
-        if live:  # the oldest event of the batch waited longest
-            m.delivery_latency.observe(max(0.0, time.time() - batch[0][1].timestamp_ms / 1000))
+        first = batch[0][1]
+        if live and isinstance(first, TaskEvent):  # the oldest event of the batch waited longest
+            m.delivery_latency.observe(max(0.0, time.time() - first.timestamp_ms / 1000))
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset

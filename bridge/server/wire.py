@@ -333,7 +333,11 @@ class RecentTexts:
         self._texts: OrderedDict[tuple[str, int], str] = OrderedDict()
 
     def text(
-        self, task_id: str, seq: int, event: TaskEvent, render: Callable[[int, TaskEvent], str]
+        self,
+        task_id: str,
+        seq: int,
+        event: TaskEvent | str,
+        render: Callable[[int, TaskEvent | str], str],
     ) -> str:
         """The text of ``task_id``'s event ``seq``, from ``render`` (a :func:`renderer` of
         that task) unless rendered lately."""
@@ -342,8 +346,8 @@ class RecentTexts:
     def texts(
         self,
         task_id: str,
-        batch: Sequence[tuple[int, TaskEvent]],
-        render: Callable[[int, TaskEvent], str],
+        batch: Sequence[tuple[int, TaskEvent | str]],
+        render: Callable[[int, TaskEvent | str], str],
     ) -> list[str]:
         """:meth:`text` of each ``(seq, event)`` of ``batch``, in one call.
 
@@ -378,7 +382,7 @@ class RecentTexts:
 
 
 @lru_cache(maxsize=4096)  # one per task, not per stream: making one serialises four JSON texts
-def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
+def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent | str], str]:
     """A function rendering one notification as single-line JSON, for one stream.
 
     The same JSON value as ``dumps(notification(...))``; the parts fixed for the stream (the
@@ -393,15 +397,23 @@ def renderer(task_id: str, prefix: str) -> Callable[[int, TaskEvent], str]:
     An event whose content cannot be written as JSON (the decoder refuses such records, so
     this is the last line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder
     with its seq: one record can never fail a stream.
+
+    A str instead of an event is a replayed record's type and payload as checked wire JSON
+    members (:meth:`bridge.log.records.RecordDecoder.wire_events`, no ``_meta``): it goes
+    between the task id and the related-task ``_meta``, the same text its event would give.
     """
     head = _NOTIFICATION_HEAD
     after_seq = f',"taskId":{dumps(task_id)},"type":'
+    after_task = f',"taskId":{dumps(task_id)},'
     related = {"taskId": task_id}
     related_member = f",{dumps(RELATED_TASK_META)}:{dumps(related)}}}"
     plain_meta = dumps({RELATED_TASK_META: related})
     type_texts = _TYPE_TEXTS
 
-    def render(seq: int, event: TaskEvent) -> str:
+    def render(seq: int, event: TaskEvent | str) -> str:
+        if type(event) is str:  # checked wire members of a replayed record, without _meta
+            return f'{head}{seq}{after_task}{event},"_meta":{plain_meta}}}}}'
+        assert isinstance(event, TaskEvent)
         try:
             type_ = type_texts.get(event.type)
             if type_ is None:
