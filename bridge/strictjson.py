@@ -92,6 +92,11 @@ def loads_full(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> 
         text = _decode(text)
     elif _has_raw_surrogate(text):
         raise NotWireJson("text contains a lone UTF-16 surrogate")
+    if may_nest_deeper(text, max_depth) and _text_depth(text) > max_depth:
+        # Before parsing: the parser's own limit is the interpreter's recursion limit less
+        # the caller's stack, so the answer for a deep text would depend on who asks (a
+        # replay and the tail gave one record two different placeholders).
+        raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
     value = _parse(text)
     if may_nest_deeper(text, max_depth) and _nests_deeper(value, max_depth):
         raise NotWireJson(f"arrays and objects nest deeper than {max_depth} levels")
@@ -198,6 +203,25 @@ def may_nest_deeper(text: str | bytes | bytearray, max_depth: int = MAX_DEPTH) -
     if isinstance(text, str):
         return text.count("[") + text.count("{") > max_depth
     return text.count(b"[") + text.count(b"{") > max_depth
+
+
+#: A JSON string token (escapes included), and the brackets outside them.
+_STRING_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _text_depth(text: str) -> int:
+    """How deeply the text's arrays and objects nest, read from its brackets outside strings,
+    without parsing it (so without recursion). Exact for JSON; for other text an answer the
+    parser then refuses anyway: a string token is the same left to right for both."""
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING_TOKEN.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
 
 
 def _nests_deeper(value: Any, max_depth: int) -> bool:

@@ -459,17 +459,22 @@ async def test_tasks_stream_renders_each_event_with_its_cursor_then_the_result(
     frames = [item async for item in outcome.messages]
     first = frames[0]
     assert streams.wire
-    assert isinstance(first, EventBatch) and first.seqs == [4, 5]
-    assert f"{first.cursor}{first.seqs[0]}" == encode_cursor(3, "t1", 4)
-    assert json.loads(first.texts[0])["params"]["seq"] == 4
-    assert json.loads(first.texts[1])["params"] == {
+    assert isinstance(first, EventBatch)
+    blocks = first.text.split("\n\n")
+    assert blocks[-1] == "" and len(blocks) == 3  # two SSE events
+    ids, texts = zip(
+        *(block.split("\nevent: message\ndata: ") for block in blocks[:2]), strict=True
+    )
+    assert ids == (f"id: {encode_cursor(3, 't1', 4)}", f"id: {encode_cursor(3, 't1', 5)}")
+    assert json.loads(texts[0])["params"]["seq"] == 4
+    assert json.loads(texts[1])["params"] == {
         "seq": 5,
         "taskId": "t1",
         "type": "com.example.step",
         "payload": {"i": 2},
         "_meta": {"io.modelcontextprotocol/related-task": {"taskId": "t1"}},
     }
-    assert '"payload":{"i": 2}' in first.texts[1]  # the producer's text, as it wrote it
+    assert '"payload":{"i": 2}' in texts[1]  # the producer's text, as it wrote it
     assert isinstance(frames[1], Frame) and frames[1].message is None  # keep-alive
     assert isinstance(frames[2], Frame) and frames[2].message == {
         "jsonrpc": "2.0",

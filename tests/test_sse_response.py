@@ -23,7 +23,7 @@ from starlette.routing import Route
 from bridge.server.handlers import Streamed
 from bridge.server.http import RawEndpoint, SseResponse
 from bridge.server.runner import AppServer
-from bridge.server.wire import EventBatch, Frame, RpcError
+from bridge.server.wire import EventBatch, Frame, RpcError, sse_events
 
 BOUND = 30.0
 
@@ -39,7 +39,7 @@ class Outcome:
 
     async def messages(self) -> AsyncIterator[Any]:
         try:
-            yield EventBatch("c-", [0], ['{"n":0}'])
+            yield EventBatch(sse_events("c-", [0], ['{"n":0}']))
             while (item := await self.more.get()) is not None:
                 yield item
             if self.fail:

@@ -349,3 +349,28 @@ def test_dumps_parsed_writes_the_value_loads_gave(value):
     text = dumps_parsed(parsed)
     assert loads_full(text) == parsed
     assert "\n" not in text and "\r" not in text
+
+
+def _refusal_at_depth(text: str, frames: int) -> str:
+    """loads' refusal of ``text`` asked from ``frames`` calls deeper in the stack."""
+    if frames:
+        return _refusal_at_depth(text, frames - 1)
+    with pytest.raises(NotWireJson) as refused:
+        loads(text)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 900 + "1e999" + "]" * 900,  # deep, and a number no double holds at the bottom
+        '{"v":' + "[" * 700 + '"\\ud800"' + "]" * 700 + "}",
+        "[" * 200 + "]" * 199,  # deep and cut short
+    ],
+)
+def test_a_deep_text_is_refused_the_same_way_whoever_asks(text: str) -> None:
+    # The parser's recursion limit depends on the caller's stack: a record replayed from deep
+    # in a stream and the same record read by the tail must get the same placeholder.
+    shallow = _refusal_at_depth(text, 0)
+    assert shallow == _refusal_at_depth(text, 400)
+    assert "nest deeper than" in shallow

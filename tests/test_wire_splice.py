@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_admission import Ev
 from test_envelope import avro_record
-from test_lazy_decode import OWN, PREFIX, consumer_record, records
+from test_lazy_decode import OWN, PREFIX, consumer_record, events, records
 from test_strictjson import hostile_json_texts
 
 from bridge.envelope import CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE, TaskEvent, encode_event
@@ -25,7 +25,7 @@ from bridge.events import REVERSE_DNS_ONLY
 from bridge.log.reader import WireBatch
 from bridge.log.records import RecordDecoder
 from bridge.server.streams import Step, take_next, take_wire
-from bridge.server.wire import renderer
+from bridge.server.wire import RecentTexts, renderer, sse_events
 
 TASK = "a" * 32
 render = renderer(TASK, PREFIX)
@@ -187,3 +187,29 @@ def test_a_wire_batch_past_the_cursor_is_a_gap():
     never = lambda offset, event: False  # noqa: E731
     assert take_wire(wire, 2, never, end_type=STATUS) == ([], 2, Step.GAP)
     assert take_wire(wire, 2, never, end_type=STATUS, any_first=True)[1:] == (6, Step.MORE)
+
+
+# --- framing: a batch's SSE text in one go is its texts framed one by one --------------------
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    st.lists(
+        events() | st.sampled_from(['"type":"com.example.step","payload":{"i":1}', '"t":1']),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([1, 3, RecentTexts.KEPT_BATCH, RecentTexts.KEPT_BATCH + 1, 600]),
+    st.integers(0, 2**40),
+    st.sampled_from([0, 0, 2]),
+)
+def test_a_batch_is_framed_exactly_as_its_texts_one_by_one(kinds, size, first, gap):
+    render = renderer(TASK, PREFIX)
+    # A stream's batches have consecutive seqs; any other is framed one by one, as well.
+    batch = [(first + i + gap * (2 * i > size), kinds[i % len(kinds)]) for i in range(size)]
+    seqs = [seq for seq, _ in batch]
+    cursor = "c1-"
+    expected = sse_events(cursor, seqs, [render(seq, item) for seq, item in batch])
+    assert expected.count("\n\n") == size
+    assert render.frames(cursor, batch) == expected
+    assert RecentTexts().frames(TASK, cursor, batch, render) == expected

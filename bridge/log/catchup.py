@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import operator
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -58,6 +59,10 @@ __all__ = ["Coalescer", "LogStarts", "Read"]
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 #: Up to a chunk of committed records of a partition from an offset, and the next position.
 Fetch = Callable[[TopicPartition, int], Awaitable[tuple[list[Record], int]]]
+
+
+_KEY = operator.attrgetter("key")
+_OFFSET = operator.attrgetter("offset")
 
 
 class _Chunk:
@@ -78,8 +83,14 @@ class _Chunk:
         """Each key's (offsets, records) in this chunk."""
         keys = self.keys
         if keys is None:
+            records = self.records
+            of_key = list(map(_KEY, records))
+            if records and of_key.count(of_key[0]) == len(of_key):
+                # One task's records only (a long task's replay): grouped in C, not per record.
+                self.keys = {of_key[0]: (list(map(_OFFSET, records)), records)}
+                return self.keys
             keys = self.keys = {}
-            for record in self.records:
+            for record in records:
                 entry = keys.get(record.key)
                 if entry is None:
                     keys[record.key] = ([record.offset], [record])

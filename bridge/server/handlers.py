@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
-from bridge.envelope import TaskEvent
 from bridge.events import TERMINAL_WIRE
 from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket
@@ -49,6 +48,7 @@ from bridge.server.wire import (
     InitializeParams,
     JsonRpcRequest,
     RecentTexts,
+    Renderer,
     RpcError,
     TaskIdParams,
     TasksStreamParams,
@@ -511,7 +511,7 @@ class MethodHandlers:
     ) -> AsyncIterator[Frame | EventBatch]:
         task_id = ticket.task_id
         # Made for the first events: an idle stream (most open ones) holds neither.
-        render: Callable[[int, TaskEvent | str], str] | None = None
+        render: Renderer | None = None
         cursor = ""
         # wire: a replay hands over most records as their checked wire text, not as events.
         async for batch in self.streams.events(ticket, after, log_start, wire=True):
@@ -523,9 +523,7 @@ class MethodHandlers:
                 cursor = cursor_prefix(request_id, task_id)
             texts = self._texts
             with tracing.deliver(task_id, batch):  # a span around this write, if traced
-                yield EventBatch(
-                    cursor, [seq for seq, _ in batch], texts.texts(task_id, batch, render)
-                )
+                yield EventBatch(texts.frames(task_id, cursor, batch, render))
             del batch  # not held while the stream waits, maybe for hours
         # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
         # partition moved, resumes elsewhere.

@@ -189,16 +189,8 @@ def _sse_chunk(item: dict[str, Any] | Frame | EventBatch | bytes) -> bytes:
     frames its own)."""
     if isinstance(item, bytes):
         return item
-    if isinstance(item, EventBatch):  # a replay's events: inline, a call per event shows
-        cursor = item.cursor
-        return _utf8(
-            "".join(
-                [
-                    f"id: {cursor}{seq}\nevent: message\ndata: {text}\n\n"
-                    for seq, text in zip(item.seqs, item.texts, strict=True)
-                ]
-            )
-        )
+    if isinstance(item, EventBatch):  # a stream's events, framed by its renderer
+        return _utf8(item.text)
     return _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
 
 

@@ -555,12 +555,15 @@ class MemoryStreams:
         return None  # no log start: nothing to hand the read
 
     async def events(
-        self, ticket: Ticket, after: int | None, log_start: int | None = None
-    ) -> AsyncIterator[list[tuple[int, TaskEvent]] | None]:
+        self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
+    ) -> AsyncIterator[list[tuple[int, TaskEvent | str]] | None]:
         first = EARLIEST_SEQ if after is None else after + 1
         meta = {"note": "line\nbreak \u2028"}
+        # With wire (what tasks/stream asks for), odd seqs come as a replay's wire texts.
         yield [
-            (seq, TaskEvent("com.example.step", {"i": seq}, meta, 5))
+            (seq, f'"type":"com.example.step","payload":{{"i":{seq}}}')
+            if wire and seq % 2
+            else (seq, TaskEvent("com.example.step", {"i": seq}, meta, 5))
             for seq in range(first, NEXT_SEQ)
         ]
         yield None
