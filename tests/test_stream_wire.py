@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent, decode_event, encode_event
 from bridge.server.cursor import decode_cursor, encode_cursor
-from bridge.server.wire import RecentTexts, dumps, notification, renderer
+from bridge.server.wire import RecentTexts, Renderer, dumps, notification, renderer, sse_events
 
 texts = st.text(max_size=20)
 metas = st.none() | st.dictionaries(texts, st.integers() | texts, max_size=3)
@@ -201,3 +201,38 @@ def test_a_long_replay_batch_is_served_from_recent_texts_but_not_kept_in_them():
     texts.texts("t1", long_batch[:2], render)  # a short batch: seq 1 was not kept, now is
     texts.texts("t1", long_batch[:2], render)
     assert render.calls == 2 + RecentTexts.KEPT_BATCH
+
+
+class CountingRenderer(Renderer):
+    """A task's renderer that counts the events it renders (wire texts need none)."""
+
+    calls = 0
+
+    def __call__(self, seq: int, event: TaskEvent | str) -> str:
+        self.calls += 1
+        return super().__call__(seq, event)
+
+
+def test_a_long_batch_of_live_events_is_framed_from_recent_texts():
+    # A slow stream's batch after a burst: the texts its task's other streams rendered.
+    texts = RecentTexts()
+    event = TaskEvent("com.example.tick", {"n": 1})
+    first = CountingRenderer("t1", "io.mcpbridge")
+    for seq in range(100):
+        texts.text("t1", seq, event, first)  # live, a few at a time: kept
+    slow = CountingRenderer("t1", "io.mcpbridge")
+    batch = [(seq, event) for seq in range(RecentTexts.KEPT_BATCH + 44)]
+    framed = texts.frames("t1", "c-", batch, slow)
+    assert framed == sse_events("c-", [s for s, _ in batch], [first(s, e) for s, e in batch])
+    assert slow.calls == len(batch) - 100, "the first 100 came from the cache"
+
+
+def test_a_long_replay_read_is_framed_without_the_cache():
+    texts = RecentTexts()
+    render = CountingRenderer("t1", "io.mcpbridge")
+    wire = '"type":"com.example.tick","payload":{"n":1}'
+    created = TaskEvent("io.mcpbridge.task.created", {"n": 0})
+    batch: list[tuple[int, TaskEvent | str]] = [(0, created)]
+    batch += [(seq, wire) for seq in range(1, RecentTexts.KEPT_BATCH + 10)]
+    texts.frames("t1", "c-", batch, render)
+    assert render.calls == 1 and texts.chars == 0, "only the event rendered, nothing kept"

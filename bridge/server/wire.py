@@ -384,9 +384,11 @@ class RecentTexts:
         render: Renderer,
     ) -> str:
         """The SSE events of ``batch`` for a stream whose event ids start with ``cursor``: the
-        texts of :meth:`texts` for a batch of up to ``KEPT_BATCH`` events; a larger one (a
-        replay far behind the head) is rendered and framed in one go, without the cache."""
-        if len(batch) > self.KEPT_BATCH:
+        texts of :meth:`texts`, framed; except a replay's read far behind the head (more than
+        ``KEPT_BATCH`` events, wire texts among them), which is rendered and framed in one go
+        without the cache (:meth:`Renderer.frames`). A large batch of live events (a slow
+        stream after a burst) still reads the texts other streams of its task rendered."""
+        if len(batch) > self.KEPT_BATCH and str in map(type, map(_SECOND, batch)):
             return render.frames(cursor, batch)
         return sse_events(cursor, [seq for seq, _ in batch], self.texts(task_id, batch, render))
 
