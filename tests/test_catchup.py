@@ -196,6 +196,22 @@ async def test_a_later_scan_of_a_recent_range_reads_nothing_from_kafka_again() -
     assert await offsets(coalescer.records(TP, KEYS[5], 505, 1000)) == log.mine(KEYS[5], 505, 1000)
 
 
+async def test_recent_chunks_hold_at_most_their_bytes_of_record_values() -> None:
+    # 100 fetches of ten ~1 KB records (10,040 B each): 51 KB keeps the last five, not 100.
+    log = Log(1000, KEYS, pad=1000)
+    coalescer = Coalescer(log.fetch, recent_chunks=100, recent_bytes=51_000)
+    assert await offsets(coalescer.records(TP, KEYS[0], 0, 1000)) == log.mine(KEYS[0], 0, 1000)
+    assert len(log.fetches) == 100
+    kept = coalescer._recent
+    assert [chunk.start for _, chunk in kept] == [950, 960, 970, 980, 990]
+    assert coalescer._recent_size == sum(chunk.size for _, chunk in kept) <= 51_000
+    # the last five answer from memory; what went before them is fetched again
+    assert await offsets(coalescer.records(TP, KEYS[1], 955, 1000)) == log.mine(KEYS[1], 955, 1000)
+    assert len(log.fetches) == 100
+    assert await offsets(coalescer.records(TP, KEYS[2], 900, 950)) == log.mine(KEYS[2], 900, 950)
+    assert len(log.fetches) == 105
+
+
 async def test_concurrent_fresh_log_start_lookups_share_requests_and_see_the_present() -> None:
     start = {"value": 10}
     calls: list[list[int]] = []

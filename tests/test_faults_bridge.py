@@ -451,10 +451,14 @@ async def test_a_client_that_stops_reading_costs_bounded_memory_and_others_keep_
     kafka_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     queue_size = 64
-    # 18 MB, far beyond what the socket buffers hold (about 2.6 MB here) and what a burst costs
-    # in passing (fetches, decoding, the allocator's high water: about 7 MB on a quiet machine),
-    # so a stream that held what it could not send would grow by more than half of it
-    burst, pad = 9000, 2000
+    # 36 MB, far beyond what the socket buffers hold (about 2.6 MB here) and what a burst costs
+    # in passing, bounded by design whatever the burst's size: the tail's fetches, the stalled
+    # read's buffer in its shared scan (4 MiB and a fetch), the recent fetches kept for storms
+    # (4 MiB, the same records), one batch in flight as records, texts and SSE bytes, the
+    # allocator's high water: 4-8 MB on a quiet machine, 15 MB once under the full suite (when
+    # recent fetches were bounded by count only). A stream that held what it could not send
+    # would grow by more than half of the burst.
+    burst, pad = 18000, 2000
     plan = LoadPlan(
         replicas=2,
         workers=1,

@@ -25,8 +25,8 @@ The design, chosen for being simple to reason about:
   member that falls behind (its client reads slowly, or a long replay outruns it) leaves the
   scan at the scan's position and continues with its own reads from there, after its buffered
   records: others are never slowed down by it, and nothing is skipped or repeated.
-* **Recent chunks.** The last few fetches (``recent_chunks`` in all, whatever the partition,
-  for ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
+* **Recent chunks.** The last few fetches (``recent_chunks`` and ``recent_bytes`` of record
+  values in all, whatever the partition, for ``recent_s`` seconds) answer a later fetch that falls inside them: in a storm the next scan
   reads the same range again (the ones arriving while a scan runs wait for the next), and
   that costs no second Kafka read or record decode. Committed records never change; the
   reader's reads start at or above the log start it has just looked up, and it drops the
@@ -63,18 +63,21 @@ Fetch = Callable[[TopicPartition, int], Awaitable[tuple[list[Record], int]]]
 
 _KEY = operator.attrgetter("key")
 _OFFSET = operator.attrgetter("offset")
+_VALUE = operator.attrgetter("value")
 
 
 class _Chunk:
     """A fetch's answer: the committed records from ``start`` up to ``position``."""
 
-    __slots__ = ("at", "keys", "position", "records", "start")
+    __slots__ = ("at", "keys", "position", "records", "size", "start")
 
     def __init__(self, start: int, records: list[Record], position: int, at: float) -> None:
         self.start = start
         self.records = records
         self.position = position
         self.at = at
+        #: The bytes of its record values (None, a tombstone's, counts nothing).
+        self.size = sum(map(len, filter(None, map(_VALUE, records))))
         #: Each key's (offsets, records), built on first use: a read then picks its own
         #: records without looking at anyone else's.
         self.keys: dict[bytes | None, tuple[list[int], list[Record]]] | None = None
@@ -209,13 +212,17 @@ class Coalescer:
         member_bytes: int = 4 << 20,
         recent_chunks: int = 16,
         recent_s: float = 2.0,
+        recent_bytes: int = 4 << 20,
     ) -> None:
         self._kafka_fetch = fetch
         #: The last fetches of any partition, oldest first: at most ``recent_chunks`` of them
-        #: (a fetch is at most ``chunk`` records and a fetch's bytes), whatever the partitions.
-        self._recent: deque[tuple[TopicPartition, _Chunk]] = deque(maxlen=recent_chunks)
+        #: and ``recent_bytes`` of record values, whatever the partitions (by count alone, 16
+        #: fetches of 1 MiB held 16 MB for two seconds after a long replay passed by).
+        self._recent: deque[tuple[TopicPartition, _Chunk]] = deque()
+        self._recent_size = 0
         self.recent_chunks = recent_chunks
         self.recent_s = recent_s
+        self.recent_bytes = recent_bytes
         self.scans_per_partition = scans_per_partition
         self.member_limit = member_limit
         self.member_bytes = member_bytes
@@ -298,7 +305,7 @@ class Coalescer:
         recent = self._recent
         now = time.monotonic()
         while recent and now - recent[0][1].at > self.recent_s:
-            recent.popleft()
+            self._recent_size -= recent.popleft()[1].size
         for at, chunk in recent:
             if at == tp and chunk.start <= offset < chunk.position:
                 self.reused += 1
@@ -309,7 +316,14 @@ class Coalescer:
         records, position = await self._kafka_fetch(tp, offset)
         fetched = _Chunk(offset, records, position, time.monotonic())
         if position > offset:
-            recent.append((tp, fetched))  # the oldest goes when full
+            recent = self._recent  # forget_before may have replaced it meanwhile
+            recent.append((tp, fetched))
+            self._recent_size += fetched.size
+            # The oldest go when full (a fetch larger than the bound is not kept at all).
+            while recent and (
+                len(recent) > self.recent_chunks or self._recent_size > self.recent_bytes
+            ):
+                self._recent_size -= recent.popleft()[1].size
         return fetched
 
     def forget_before(self, tp: TopicPartition, log_start: int) -> None:
@@ -317,7 +331,8 @@ class Coalescer:
         (a read from below the log start must fail, as it would at the broker)."""
         if any(at == tp and c.start < log_start for at, c in self._recent):
             kept = [(at, c) for at, c in self._recent if at != tp or c.start >= log_start]
-            self._recent = deque(kept, maxlen=self.recent_chunks)
+            self._recent = deque(kept)
+            self._recent_size = sum(c.size for _, c in kept)
 
     def _join(self, tp: TopicPartition, member: _Member, wake: asyncio.Event) -> None:
         scans = self._scans.setdefault(tp, [])
