@@ -66,6 +66,11 @@ _OFFSET = operator.attrgetter("offset")
 _VALUE = operator.attrgetter("value")
 
 
+def _values_size(records: list[Record]) -> int:
+    """The bytes of the records' values (a tombstone's None counts nothing), summed in C."""
+    return sum(map(len, filter(None, map(_VALUE, records))))
+
+
 class _Chunk:
     """A fetch's answer: the committed records from ``start`` up to ``position``."""
 
@@ -76,8 +81,7 @@ class _Chunk:
         self.records = records
         self.position = position
         self.at = at
-        #: The bytes of its record values (None, a tombstone's, counts nothing).
-        self.size = sum(map(len, filter(None, map(_VALUE, records))))
+        self.size = _values_size(records)
         #: Each key's (offsets, records), built on first use: a read then picks its own
         #: records without looking at anyone else's.
         self.keys: dict[bytes | None, tuple[list[int], list[Record]]] | None = None
@@ -410,7 +414,7 @@ class Coalescer:
             for member in members:
                 mine = chunk.of(key, max(at, member.start), member.end)
                 if mine:
-                    size = sum(len(record.value or b"") for record in mine)
+                    size = _values_size(mine)
                     member.chunks.append((mine, size))
                     member.buffered += len(mine)
                     member.buffered_bytes += size

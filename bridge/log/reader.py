@@ -22,6 +22,7 @@ deleteRecords then served events that were already deleted.
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ __all__ = [
     "UnknownTask",
     "WireBatch",
 ]
+
+_OFFSET = operator.attrgetter("offset")
 
 #: Counts of a task's records from the log start before an OffsetOutOfRangeError is let
 #: through: retention would have to move the log start this many times during one count.
@@ -481,7 +484,7 @@ class Reader(Component):
         async with aclosing(self._read_chunks(task_id, after, log_start)) as chunks:
             async for seq, chunk in chunks:
                 events = self._decoder.events(chunk)
-                yield ReadBatch(seq, [record.offset for record in chunk], events)
+                yield ReadBatch(seq, list(map(_OFFSET, chunk)), events)
                 del events
 
     async def read_wire(
@@ -493,7 +496,7 @@ class Reader(Component):
         async with aclosing(self._read_chunks(task_id, after, log_start)) as chunks:
             async for seq, chunk in chunks:
                 items, full = self._decoder.wire_events(chunk)
-                yield WireBatch(seq, [record.offset for record in chunk], items, full)
+                yield WireBatch(seq, list(map(_OFFSET, chunk)), items, full)
                 del items
 
     async def _read_chunks(
