@@ -278,9 +278,8 @@ class TaskStreamClient:
 
 def _last_message(reply: httpx.Response) -> dict[str, Any]:
     if "text/event-stream" in reply.headers.get("content-type", ""):
-        messages = [
-            json.loads(line[5:]) for line in reply.text.splitlines() if line.startswith("data:")
-        ]
+        parser = SseDataParser()
+        messages = [json.loads(data) for data in parser.feed_lines(sse_lines(reply.text)) if data]
         return messages[-1] if messages else {}
     try:
         parsed = reply.json()
@@ -289,14 +288,48 @@ def _last_message(reply: httpx.Response) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-async def _sse_messages(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    data: list[str] = []
-    async for line in reply.aiter_lines():
+def sse_lines(text: str) -> list[str]:
+    """The complete lines of an SSE text: split on CRLF, LF or CR only (``str.splitlines`` also
+    splits on U+2028 and others, which JSON strings may hold raw). The last piece has no line
+    terminator, so it is an incomplete line and is dropped, as the standard drops it at EOF."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")[:-1]
+
+
+class SseDataParser:
+    """The data of SSE events, parsed line by line as the WHATWG HTML standard says (9.2.6).
+
+    Lines come already split on CRLF, LF or CR (``httpx`` splits on all three). A line starting
+    with ``:`` is a comment; a field name runs to the first ``:`` and exactly one space after it
+    is dropped from the value; a line without ``:`` is a field with an empty value. ``data``
+    values are joined with LF; an empty line dispatches the event unless its data is empty.
+    Other fields (``event``, ``id``, ``retry``) do not change the data and are not needed here.
+    An event the stream ends in the middle of is discarded, never dispatched. Linear: each line
+    is looked at once.
+    """
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def line(self, line: str) -> str | None:
+        """Take one line; the data of the event it dispatches, if it ends one."""
         if not line:
-            if data:
-                yield json.loads("\n".join(data))
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
-    if data:
-        yield json.loads("\n".join(data))
+            data, self._data = self._data, []
+            return "\n".join(data) if data else None
+        if line.startswith(":"):
+            return None
+        name, colon, value = line.partition(":")
+        if name == "data":
+            self._data.append(value[1:] if colon and value.startswith(" ") else value)
+        return None
+
+    def feed_lines(self, lines: list[str]) -> list[str]:
+        """The data of every event the lines complete, in order."""
+        return [data for data in map(self.line, lines) if data is not None]
+
+
+async def _sse_messages(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    parser = SseDataParser()
+    async for line in reply.aiter_lines():
+        data = parser.line(line)
+        if data:  # an event with empty data carries no JSON-RPC message
+            yield json.loads(data)

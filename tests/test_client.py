@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -22,7 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bridge.client import EventsGone, MemoryCursorStore, StreamError, TaskStreamClient
+from bridge.client import (
+    EventsGone,
+    MemoryCursorStore,
+    SseDataParser,
+    StreamError,
+    TaskStreamClient,
+    _sse_messages,
+    sse_lines,
+)
 from bridge.events import EVENTS_GONE
 
 BOUND = 20  # seconds any single wait may take before the test fails
@@ -135,3 +144,50 @@ async def test_a_plain_json_error_is_raised_as_a_stream_error_without_reconnecti
     assert (raised.value.code, raised.value.data) == (-32602, {"taskId": TASK})
     assert client.reconnects == 0
     assert len(fake.requests) == 1
+
+
+# The SSE parsing rules of the WHATWG HTML standard (9.2.6, "Interpreting an event stream").
+
+
+def sse_data(text: str) -> list[str]:
+    return SseDataParser().feed_lines(sse_lines(text))
+
+
+def test_exactly_one_space_after_the_colon_is_dropped_from_a_data_value() -> None:
+    assert sse_data("data:  two spaces\n\ndata:none\n\ndata: one\n\n") == [
+        " two spaces",
+        "none",
+        "one",
+    ]
+
+
+def test_data_lines_are_joined_with_line_feeds_and_a_bare_data_field_is_an_empty_line() -> None:
+    assert sse_data("data: a\ndata\ndata: b\n\n") == ["a\n\nb"]
+
+
+def test_comments_other_fields_and_names_with_spaces_do_not_change_the_data() -> None:
+    text = ": comment\nevent: x\nid: 7\nretry: 10\ndata : not data\ndata: kept\n\n"
+    assert sse_data(text) == ["kept"]
+
+
+def test_an_event_without_data_lines_is_not_dispatched_but_a_bare_data_field_is() -> None:
+    assert sse_data("event: x\n\n\n\ndata\n\n") == [""]
+
+
+def test_cr_lf_and_crlf_all_end_lines_and_other_unicode_breaks_do_not() -> None:
+    assert sse_data("data: a\r\rdata: b\r\n\r\ndata: c\u2028d\n\n") == ["a", "b", "c\u2028d"]
+
+
+def test_an_event_the_stream_ends_in_the_middle_of_is_discarded() -> None:
+    assert sse_data("data: done\n\ndata: half") == ["done"]
+    assert sse_data("data: done\n\ndata: half\n") == ["done"]
+
+
+async def test_the_streaming_parser_keeps_a_payload_s_leading_spaces_and_drops_a_cut_event() -> (
+    None
+):
+    body = 'data: {"a":\ndata:  " x"}\n\ndata: {"cut": 1}\n'
+    reply = httpx.Response(
+        200, content=body.encode(), headers={"content-type": "text/event-stream"}
+    )
+    assert [message async for message in _sse_messages(reply)] == [{"a": " x"}]
