@@ -172,6 +172,16 @@ async def test_admin_refuses_cross_site_requests_even_with_a_valid_credential(he
     assert indexer.actions == []
 
 
+async def test_admin_refuses_cross_site_requests_when_any_host_is_allowed():
+    http, indexer = admin_app(allowed_hosts=["*"])
+    async with http:
+        evil = OPS | {"origin": "http://evil.example"}
+        assert (await http.post("/admin/indexer/pause", headers=evil)).status_code == 403
+        own = OPS | {"host": "bridge.example:8080", "origin": "http://bridge.example:8080"}
+        assert (await http.post("/admin/indexer/pause", headers=own)).status_code == 200
+    assert indexer.actions == ["pause"]
+
+
 @pytest.mark.parametrize(
     "headers",
     [

@@ -161,7 +161,7 @@ class SseResponse(Response):
         self._task, self._receive = task, receive
         self._gone = self._ending = self._expired = False
         self._watch()
-        messages = aiter(self._outcome.messages)
+        messages = self._outcome.messages
         timer = None
         try:
             await send(
@@ -313,10 +313,11 @@ class McpHttp:
         """The DNS-rebinding check: the ``Host`` names this server, and an ``Origin``, when
         sent, is this server itself (scheme, host and port) or, with ``configured``, one of
         ``allowed_origins``."""
-        if "*" in self._allowed_hosts:
-            return True
+        any_host = "*" in self._allowed_hosts
+        if any_host and configured:
+            return True  # every Host and Origin: the operator's explicit choice
         host = _host_and_port(request.headers.get("host", ""))
-        if host is None or host[0] not in self._allowed_hosts:
+        if host is None or not (any_host or host[0] in self._allowed_hosts):
             return False
         origin = request.headers.get("origin")
         if origin is None:
@@ -330,7 +331,8 @@ class McpHttp:
         # Same origin: the scheme and port the request came in on, a name of this server.
         if scheme != request.scope.get("scheme") or port != (host[1] or _DEFAULT_PORTS[scheme]):
             return False
-        return origin_host in self._allowed_hosts or f"[{origin_host}]" in self._allowed_hosts
+        names = {host[0]} if any_host else self._allowed_hosts
+        return origin_host in names or f"[{origin_host}]" in names
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.settings.max_request_bytes
