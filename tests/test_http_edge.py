@@ -218,6 +218,12 @@ def test_a_token_parameter_is_redacted_however_its_name_is_encoded(name):
     assert redact_tokens(f"/x?{name}=vt1.secret.mac&a=1") == f"/x?{name}=[redacted]&a=1"
 
 
+def test_a_question_mark_inside_a_token_value_is_redacted_with_it():
+    assert redact_tokens("/x?token=a?b?c&d=1 x") == "/x?token=[redacted]&d=1 x"
+    assert redact_tokens("/x?%74oken=a?b") == "/x?%74oken=[redacted]"
+    assert redact_tokens("/x?a=b?token=c") == "/x?a=b?token=[redacted]"
+
+
 def test_the_server_reads_an_encoded_name_as_the_token_parameter():
     # Why the redaction decodes: starlette's query parser (the view's) decodes names.
     for name in ("%74oken", "tok%65n"):

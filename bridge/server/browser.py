@@ -181,22 +181,27 @@ def redact_tokens(text: str) -> str:
     Case is ignored (redacting too much is harmless).
     """
     out: list[str] = []
-    start, after_boundary = 0, False
+    start, before, redacting = 0, "", False
     for boundary in _PARAM_BOUNDARY.finditer(text):
-        out.append(_redacted(text[start : boundary.start()], after_boundary))
-        out.append(boundary.group())
-        start, after_boundary = boundary.end(), boundary.group() in "?&"
-    out.append(_redacted(text[start:], after_boundary))
+        redacting = _put(out, before, text[start : boundary.start()], redacting)
+        start, before = boundary.end(), boundary.group()
+    _put(out, before, text[start:], redacting)
     return "".join(out)
 
 
-def _redacted(piece: str, is_parameter: bool) -> str:
-    """``piece`` (the text between two boundaries) with its value redacted when it is a
-    ``token`` parameter."""
+def _put(out: list[str], before: str, piece: str, redacting: bool) -> bool:
+    """Append ``before`` (a boundary character) and ``piece`` (the text up to the next one) to
+    ``out``, a ``token`` parameter's value redacted; True while a redacted value goes on (only
+    ``&``, whitespace and ``"`` end a value: a ``?`` inside one is part of it)."""
+    if redacting and before == "?":
+        return True
+    out.append(before)
     name, equals, _ = piece.partition("=")
-    if is_parameter and equals and unquote_plus(name).lower() == TOKEN_PARAM:
-        return f"{name}=[redacted]"
-    return piece
+    if before in ("?", "&") and equals and unquote_plus(name).lower() == TOKEN_PARAM:
+        out.append(f"{name}=[redacted]")
+        return True
+    out.append(piece)
+    return False
 
 
 class _RedactTokens(logging.Filter):
