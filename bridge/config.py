@@ -360,6 +360,11 @@ class AuthSettings(BaseModel):
     #: Static tokens, ``{token: principal}``; prefer ``tokens_file`` (JSON of the same shape).
     tokens: dict[str, str] = Field(default_factory=dict, repr=False)
     tokens_file: Path | None = None
+    #: How long a static bearer token's authentication lasts on an open stream: a stream opened
+    #: with one ends (without a result) after this many seconds, and the client authenticates
+    #: again and resumes with its cursor. None: static tokens do not expire. (A JWT's ``exp``
+    #: and a view token's expiry always end the streams opened with them.)
+    bearer_ttl_s: int | None = Field(None, ge=1)
     jwt_algorithms: list[JwtAlgorithm] = Field(default_factory=lambda: [_RS256])
     jwt_secret: SecretStr | None = None
     #: A JWKS document (``{"keys": [...]}``) with the RS256 public keys.

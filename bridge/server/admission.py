@@ -47,11 +47,14 @@ def connection_of(scope: Mapping[str, Any]) -> Hashable | None:
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who asks: the verified principal, the client the limits count, the connection."""
+    """Who asks: the verified principal, the client the limits count, the connection, and
+    when the credential it presented expires (epoch seconds; None: never), which ends the
+    long-lived responses it opened."""
 
     principal: str
     client: str
     connection: Hashable | None = None
+    expires: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,11 +171,15 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def indexer_admin(request: Request) -> JSONResponse:
+    async def indexer_admin(request: Request) -> Response:
         # Operations drills (pausing the indexer to watch the lag alerts fire); off by default.
         if not settings.admin_endpoints:
             return JSONResponse({"error": "admin endpoints are disabled"}, 404)
-        indexer = running(request).indexer
+        served = running(request)
+        caller = served.endpoint.admin_gate(request)  # /mcp's authentication, same-origin only
+        if isinstance(caller, Response):
+            return caller
+        indexer = served.indexer
         action = request.path_params["action"]
         if action == "pause":
             indexer.pause()

@@ -3,6 +3,10 @@
 Modes: ``none`` (everyone is ``anonymous``), ``bearer`` (static tokens, compared in constant
 time), ``jwt`` (PyJWT; HS256 with a shared secret, RS256 with keys from a JWKS file). Tokens and
 secrets are never logged; errors say what is wrong without echoing the credential.
+
+A verified credential is an :class:`Identity`: the principal, and when the credential expires
+(a JWT's ``exp``; a static token's ``auth.bearer_ttl_s`` after it was presented, when set), so
+that a long-lived stream opened with it ends then (``bridge.server.http.SseResponse``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jwt
@@ -17,7 +24,7 @@ from starlette.requests import Request
 
 from bridge.config import AuthSettings
 
-__all__ = ["Authenticator", "Unauthorized"]
+__all__ = ["Authenticator", "Identity", "Unauthorized"]
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +35,21 @@ class Unauthorized(Exception):
     """No valid credential; the message is safe to show."""
 
 
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A verified caller: its principal, and when its credential expires (epoch seconds;
+    None: it does not)."""
+
+    principal: str
+    expires: float | None = None
+
+
 class Authenticator:
     """Turns a request's ``Authorization`` header into a principal."""
 
-    def __init__(self, settings: AuthSettings) -> None:
+    def __init__(self, settings: AuthSettings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self._clock = clock
         self._tokens: list[tuple[bytes, str]] = []
         self._keys: dict[str, Any] = {}
         if settings.mode == "bearer":
@@ -57,15 +74,22 @@ class Authenticator:
         return self.settings.mode != "none"
 
     def principal(self, request: Request) -> str:
+        """The verified principal of ``request`` (:class:`Unauthorized` if none)."""
+        return self.identify(request).principal
+
+    def identify(self, request: Request) -> Identity:
+        """The verified caller of ``request`` and its credential's expiry."""
         if self.settings.mode == "none":
-            return ANONYMOUS
+            return Identity(ANONYMOUS)
         header = request.headers.get("authorization", "")
         scheme, _, credential = header.partition(" ")
         if scheme.lower() != "bearer" or not credential.strip():
             raise Unauthorized("missing bearer token")
         credential = credential.strip()
         if self.settings.mode == "bearer":
-            return self._static(credential)
+            ttl = self.settings.bearer_ttl_s
+            expires = None if ttl is None else self._clock() + ttl
+            return Identity(self._static(credential), expires)
         return self._jwt(credential)
 
     def _static(self, credential: str) -> str:
@@ -78,7 +102,7 @@ class Authenticator:
             raise Unauthorized("invalid bearer token")
         return found
 
-    def _jwt(self, credential: str) -> str:
+    def _jwt(self, credential: str) -> Identity:
         s = self.settings
         try:
             header = jwt.get_unverified_header(credential)
@@ -107,7 +131,7 @@ class Authenticator:
         principal = claims.get(s.jwt_principal_claim)
         if not isinstance(principal, str) or not principal:
             raise Unauthorized(f"token has no {s.jwt_principal_claim!r} claim")
-        return principal
+        return Identity(principal, float(claims["exp"]))  # "exp" is required and checked
 
 
 def _load_json(path: Any, what: str) -> dict[str, Any]:

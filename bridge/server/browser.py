@@ -31,10 +31,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, unquote_plus
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bridge.config import Settings
@@ -69,7 +69,9 @@ log = logging.getLogger(__name__)
 _TOKEN_VERSION = "vt1"
 #: The query parameter that carries a view token (redacted from the access log).
 TOKEN_PARAM = "token"
-_TOKEN_IN_TEXT = re.compile(rf"(?<=[?&]){TOKEN_PARAM}=[^&\s\"]*")
+#: Where a query parameter may start or end in a log line: one character each, so splitting a
+#: line on them is one linear pass whatever the line holds.
+_PARAM_BOUNDARY = re.compile(r'[?&\s"]')
 #: The largest ``POST /view/token`` body read: a task id and nothing else.
 _MINT_BODY_LIMIT = 4096
 
@@ -171,19 +173,47 @@ class ViewTokens:
 
 
 def redact_tokens(text: str) -> str:
-    """``text`` with every ``token=...`` query value replaced (for access log lines)."""
-    return _TOKEN_IN_TEXT.sub(f"{TOKEN_PARAM}=[redacted]", text)
+    """``text`` with the value of every ``token`` query parameter replaced (for access log
+    lines), one linear pass.
+
+    A parameter's name is percent-decoded before it is compared, as the query parser that
+    serves the request decodes it: ``?%74oken=...`` and ``?tok%65n=...`` carry a token too.
+    Case is ignored (redacting too much is harmless).
+    """
+    out: list[str] = []
+    start, before, redacting = 0, "", False
+    for boundary in _PARAM_BOUNDARY.finditer(text):
+        redacting = _put(out, before, text[start : boundary.start()], redacting)
+        start, before = boundary.end(), boundary.group()
+    _put(out, before, text[start:], redacting)
+    return "".join(out)
+
+
+def _put(out: list[str], before: str, piece: str, redacting: bool) -> bool:
+    """Append ``before`` (a boundary character) and ``piece`` (the text up to the next one) to
+    ``out``, a ``token`` parameter's value redacted; True while a redacted value goes on (only
+    ``&``, whitespace and ``"`` end a value: a ``?`` inside one is part of it)."""
+    if redacting and before == "?":
+        return True
+    out.append(before)
+    name, equals, _ = piece.partition("=")
+    if before in ("?", "&") and equals and unquote_plus(name).lower() == TOKEN_PARAM:
+        out.append(f"{name}=[redacted]")
+        return True
+    out.append(piece)
+    return False
 
 
 class _RedactTokens(logging.Filter):
     """Rewrites uvicorn's access log records: their path argument holds the query string."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # Every text with a query, not only those spelling "token": the name may be encoded.
         if isinstance(record.args, tuple) and any(
-            isinstance(a, str) and TOKEN_PARAM in a for a in record.args
+            isinstance(a, str) and "=" in a for a in record.args
         ):
             record.args = tuple(redact_tokens(a) if isinstance(a, str) else a for a in record.args)
-        if isinstance(record.msg, str) and TOKEN_PARAM in record.msg:
+        if isinstance(record.msg, str) and "=" in record.msg:
             record.msg = redact_tokens(record.msg)
         return True
 
@@ -238,6 +268,10 @@ def _problem(status: int, message: str, **extra: Any) -> JSONResponse:
 
 
 _NOT_FOUND = "task not found"
+#: The last event of a stream whose view token expired.
+_EXPIRED_EVENT = sse_event(
+    dumps({"message": "the view token expired: mint a new one"}), event="expired"
+).encode()
 
 
 class BrowserView:
@@ -352,7 +386,8 @@ class BrowserView:
         client = grant.principal
         if not endpoint.auth.authenticates:  # anonymous callers are told apart by address
             client = f"{grant.principal}@{request.client.host if request.client else 'unknown'}"
-        return Caller(grant.principal, client, connection_of(request.scope))
+        # The token's expiry ends the stream it opens (the page then asks for a new link).
+        return Caller(grant.principal, client, connection_of(request.scope), grant.expires)
 
     async def _forward(
         self, request: Request, served: Served, caller: Caller, path: str
@@ -398,7 +433,10 @@ class BrowserView:
             finally:
                 await answer.close()
 
-        return StreamingResponse(body_of(), status_code=answer.status, headers=headers)
+        # The token is checked here, not at the owner: its expiry ends the stream here.
+        return self._sse(
+            body_of(), None, caller.expires, status_code=answer.status, headers=headers
+        )
 
     # --- state ---------------------------------------------------------------------------
 
@@ -479,10 +517,27 @@ class BrowserView:
             hub.release(ticket)
             raise
         body = self._stream(served, ticket, after, log_start)
-        return self._sse(body, lambda: hub.release(ticket))
+        return self._sse(body, lambda: hub.release(ticket), caller.expires)
 
-    def _sse(self, body: AsyncIterator[bytes], on_close: Callable[[], None] | None) -> Response:
-        return SseResponse(Streamed(body, None, on_close), None, headers=SECURITY_HEADERS)
+    def _sse(
+        self,
+        body: AsyncIterator[bytes],
+        on_close: Callable[[], None] | None,
+        expires: float | None = None,
+        *,
+        status_code: int = 200,
+        headers: Mapping[str, str] = SECURITY_HEADERS,
+    ) -> Response:
+        """An SSE response of ``body``, ended by an ``expired`` event when the view token it
+        was opened with expires (the page stops reconnecting and asks for a new link)."""
+        return SseResponse(
+            Streamed(body, None, on_close),
+            None,
+            headers=headers,
+            expires=expires,
+            expired_chunk=_EXPIRED_EVENT,
+            status_code=status_code,
+        )
 
     def _preamble(self) -> bytes:
         # retry: how soon the browser reconnects; the comment makes the open visible at once.

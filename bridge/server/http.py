@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from bridge.config import Settings
 from bridge.kafka.clients import KafkaError
@@ -49,6 +49,40 @@ __all__ = ["McpHttp", "RawEndpoint"]
 log = logging.getLogger(__name__)
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host_and_port(host: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header's name (lower case, an IPv6 address in brackets) and port (None when
+    absent); None when it is malformed."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, bracket, rest = host.partition("]")
+        name += bracket
+    elif host.count(":") == 1:
+        name, _, port = host.partition(":")
+        rest = f":{port}"
+    else:  # a name, or a bare IPv6 address (which has no port)
+        name, rest = host, ""
+    if not rest:
+        return name, None
+    port = rest.removeprefix(":")
+    if not rest.startswith(":") or not (port.isascii() and port.isdigit()) or len(port) > 5:
+        return None
+    return name, int(port)
+
+
+def _origin(origin: str) -> tuple[str, str, int] | None:
+    """An http(s) origin as (scheme, host, port), the default port filled in; None for
+    anything else ("null", not a URL, another scheme)."""
+    try:
+        url = urlsplit(origin.strip())
+        scheme, host, port = url.scheme.lower(), (url.hostname or "").lower(), url.port
+    except ValueError:  # an unclosed IPv6 bracket, a bad port
+        return None
+    if scheme not in _DEFAULT_PORTS or not host:
+        return None
+    return scheme, host, port if port is not None else _DEFAULT_PORTS[scheme]
 
 
 class RawEndpoint:
@@ -79,17 +113,26 @@ _SSE_HEADERS = [
 ]
 
 
+#: The last chunk of a stream whose caller's credential expired: an SSE comment, so the
+#: stream ends without a result (the client authenticates again and resumes with its cursor).
+CREDENTIAL_EXPIRED = b": credential expired\n\n"
+
+
 class SseResponse(Response):
     """A ``text/event-stream`` response of a :class:`Streamed` outcome: its messages framed as
-    SSE events, one write per item (a batch is one item), until they end or the client leaves.
+    SSE events, one write per item (a batch is one item), until they end, the client leaves,
+    or the credential the stream was opened with expires (``expires``, epoch seconds: the
+    stream then ends with ``expired_chunk`` instead of its next message, never with a result).
 
     It always runs ``on_close`` (the stream's admission slot is given back even when the client
     is gone before the first byte). Lean on purpose, as an idle stream holds one for hours:
     instead of starlette's ``StreamingResponse`` (an anyio task group and cancel scopes per
     response, and one more generator layer to frame bytes), the messages are sent from the
-    request's own task and one small task waits for the client's ``http.disconnect``, which
-    cancels the sending (a body write to a closed connection is dropped silently, so only the
-    disconnect message tells an idle stream that its client left).
+    request's own task; one small task waits for the client's ``http.disconnect`` and one
+    timer waits for the expiry, either of which cancels the sending (a body write to a closed
+    connection is dropped silently, so only the disconnect message tells an idle stream that
+    its client left). Every long-lived response is one of these, so the expiry rule lives here
+    once.
     """
 
     def __init__(
@@ -97,24 +140,40 @@ class SseResponse(Response):
         outcome: Streamed,
         request_id: str | int | None,
         headers: Mapping[str, str] | None = None,
+        *,
+        expires: float | None = None,
+        expired_chunk: bytes = CREDENTIAL_EXPIRED,
+        status_code: int = 200,
     ) -> None:
         # Not Response.__init__: it would render a body and set a content-length.
-        self.status_code = 200
+        self.status_code = status_code
         self.background = None
         # The shared list unless a caller adds headers (never mutated: a fresh list then).
         self.raw_headers = _SSE_HEADERS if not headers else _with_headers(headers)
         self._outcome = outcome
         self._request_id = request_id
+        self._expires = expires
+        self._expired_chunk = expired_chunk
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         task = asyncio.current_task()
         assert task is not None  # ASGI apps run in a task
         self._task, self._receive = task, receive
-        self._gone = self._ending = False
+        self._gone = self._ending = self._expired = False
         self._watch()
+        messages = self._outcome.messages
+        timer = None
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            messages = aiter(self._outcome.messages)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            if self._expires is not None:  # armed once the head is out: only the body is cut
+                delay = self._expires - time.time()
+                timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._expire)
             failed = False
             while not failed:
                 # The messages are iterated here, not through a framing generator: one
@@ -137,13 +196,28 @@ class SseResponse(Response):
             self._ending = True  # from here a disconnect is the end itself, not a reason to stop
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not self._gone:
+            if not (self._gone or self._expired):
                 raise  # the server's own cancellation: let it through
-            task.uncancel()  # ours: the client left, and the response simply ends
+            task.uncancel()  # ours: the client left, or the credential expired
+            if self._expired:  # the documented end: a comment (or the view's event), no result
+                body = {"type": "http.response.body", "body": self._expired_chunk}
+                await send({**body, "more_body": False})
         finally:
+            if timer is not None:
+                timer.cancel()
             self._waiting.cancel()
-            if self._outcome.on_close is not None:
-                self._outcome.on_close()
+            try:
+                await _aclose(messages)  # now, not when collected (a forwarded stream's upstream)
+            finally:
+                if self._outcome.on_close is not None:
+                    self._outcome.on_close()
+
+    def _expire(self) -> None:
+        if self._ending or self._gone:
+            return
+        # From here the response ends itself: a disconnect now changes nothing.
+        self._expired = self._ending = True
+        self._task.cancel()
 
     def _watch(self) -> None:
         # A callback on the receive, not a watching coroutine: one frame less per stream.
@@ -158,6 +232,17 @@ class SseResponse(Response):
             return
         self._gone = True  # the client left (or the server cannot tell us any more)
         self._task.cancel()
+
+
+async def _aclose(messages: AsyncIterator[Any]) -> None:
+    """Run the cleanup of a stream's messages that stopped early (a no-op once they ended)."""
+    close = getattr(messages, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:
+        log.exception("cleaning up a streamed response failed")
 
 
 def _utf8(text: str) -> bytes:
@@ -222,26 +307,32 @@ class McpHttp:
         self._allowed_hosts = {h.lower() for h in settings.allowed_hosts} | _LOOPBACK
         if settings.http_host not in ("0.0.0.0", "::", ""):
             self._allowed_hosts.add(settings.http_host.lower())
+        self._allowed_origins = {o for o in map(_origin, settings.allowed_origins) if o}
 
-    def _origin_allowed(self, request: Request) -> bool:
-        if "*" in self._allowed_hosts:
-            return True
-        host = request.headers.get("host", "").strip().lower()
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") and host.count(":") == 1 else host
-        if host.startswith("[") and "]" in host:
-            name = host[: host.index("]") + 1]
-        if name not in self._allowed_hosts:
+    def _origin_allowed(self, request: Request, *, configured: bool = True) -> bool:
+        """The DNS-rebinding check: the ``Host`` names this server, and an ``Origin``, when
+        sent, is this server itself (scheme, host and port) or, with ``configured``, one of
+        ``allowed_origins``."""
+        any_host = "*" in self._allowed_hosts
+        if any_host and configured:
+            return True  # every Host and Origin: the operator's explicit choice
+        host = _host_and_port(request.headers.get("host", ""))
+        if host is None or not (any_host or host[0] in self._allowed_hosts):
             return False
         origin = request.headers.get("origin")
         if origin is None:
             return True
-        if origin in self.settings.allowed_origins:
+        seen = _origin(origin)
+        if seen is None:  # "null", not a URL, or no http(s) origin: never this server's
+            return configured and origin in self.settings.allowed_origins
+        if configured and seen in self._allowed_origins:
             return True
-        try:
-            origin_host = (urlsplit(origin).hostname or "").lower()
-        except ValueError:  # not a URL (an unclosed IPv6 bracket, a bad port): no allowed host
+        scheme, origin_host, port = seen
+        # Same origin: the scheme and port the request came in on, a name of this server.
+        if scheme != request.scope.get("scheme") or port != (host[1] or _DEFAULT_PORTS[scheme]):
             return False
-        return origin_host in self._allowed_hosts or f"[{origin_host}]" in self._allowed_hosts
+        names = {host[0]} if any_host else self._allowed_hosts
+        return origin_host in names or f"[{origin_host}]" in names
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.settings.max_request_bytes
@@ -266,7 +357,7 @@ class McpHttp:
         if not self._origin_allowed(request):
             return JSONResponse({"error": "forbidden host or origin"}, status_code=403)
         try:
-            principal = self.auth.principal(request)
+            identity = self.auth.identify(request)
         except Unauthorized as exc:
             return JSONResponse(
                 {"error": str(exc)},
@@ -274,10 +365,21 @@ class McpHttp:
                 headers={"WWW-Authenticate": 'Bearer realm="mcp"'},
             )
         # Limits count an authenticated principal; anonymous callers are told apart by address.
-        client = principal
+        principal = client = identity.principal
         if not self.auth.authenticates:
             client = f"{principal}@{request.client.host if request.client else 'unknown'}"
-        return Caller(principal, client, connection_of(request.scope))
+        return Caller(principal, client, connection_of(request.scope), identity.expires)
+
+    def admin_gate(self, request: Request) -> Caller | Response:
+        """The gate of ``/admin/*``: ``/mcp``'s authentication, and no cross-site request at
+        all (an admin action is never taken on a web page's behalf): an ``Origin`` must be this
+        server's own, ``Sec-Fetch-Site`` (when sent) ``same-origin`` or ``none``."""
+        fetched_from = request.headers.get("sec-fetch-site", "none").strip().lower()
+        if fetched_from not in ("same-origin", "none") or not self._origin_allowed(
+            request, configured=False
+        ):
+            return JSONResponse({"error": "cross-site request refused"}, status_code=403)
+        return self._gate(request)
 
     def _hop(self, request: Request, body: bytes) -> Caller | Response | None:
         """A request forwarded by another replica: the caller its signature vouches for, or
@@ -329,7 +431,7 @@ class McpHttp:
             return self._json(error_response(request_id, error), 500)
         self.metrics.rpc(method, "ok", time.perf_counter() - started)
         if isinstance(outcome, Streamed):
-            return SseResponse(outcome, request_id)
+            return SseResponse(outcome, request_id, expires=caller.expires)
         return self._json(result_response(request_id, outcome), 200)
 
     async def _owner(self, task_id: str | None, hop: bool) -> str | None:
@@ -382,7 +484,15 @@ class McpHttp:
             finally:
                 await answer.close()
 
-        return StreamingResponse(body_of(), status_code=answer.status, headers=answer.headers)
+        # An SseResponse, so the caller's credential ends the forwarded stream too: the owner
+        # knows only the principal the hop vouches for.
+        return SseResponse(
+            Streamed(body_of()),
+            None,
+            answer.headers,
+            expires=caller.expires,
+            status_code=answer.status,
+        )
 
     def _refuse(
         self, method: str, request_id: str | int | None, error: RpcError, started: float
@@ -441,7 +551,7 @@ class McpHttp:
             # The transport's own statuses: 410 for events_gone, else the error's (400 at least).
             status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
             return self._json(error_response(request_id, exc), status)
-        return SseResponse(outcome, request_id)
+        return SseResponse(outcome, request_id, expires=caller.expires)
 
 
 def _kafka_error(exc: KafkaError) -> RpcError:

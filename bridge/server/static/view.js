@@ -125,6 +125,12 @@
         data.earliestSeq,
       );
     });
+    source.addEventListener("expired", () => {
+      // The view token ran out: a reconnect would be refused, so stop and say so.
+      finished = true;
+      close("expired", "link expired");
+      banner("The view link expired: ask for a new one. The events shown stay on the page.");
+    });
     source.addEventListener("fault", (message) => {
       const data = JSON.parse(message.data);
       close("failed", "failed");
