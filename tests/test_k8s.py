@@ -1226,6 +1226,27 @@ def test_the_image_carries_the_avro_schema_and_checks_it_at_build_time() -> None
     assert any(i == "RUN" and "encode_event" in a for i, a in runtime)
 
 
+def test_docker_run_with_the_image_s_defaults_refuses_to_serve_unauthenticated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The image listens on 0.0.0.0 (a container's address); auth mode none there is refused
+    # unless BRIDGE_AUTH__ALLOW_UNAUTHENTICATED=true is given to `docker run -e`.
+    _, runtime = _stages()
+    env = dict(
+        pair.split("=", 1) for i, a in runtime if i == "ENV" for pair in a.split() if "=" in pair
+    )
+    assert env["BRIDGE_HTTP_HOST"] == "0.0.0.0"
+    for key in list(os.environ):
+        if key.startswith("BRIDGE_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    problem = unauthenticated_exposure(load_settings())
+    assert problem is not None and "BRIDGE_AUTH__ALLOW_UNAUTHENTICATED=true" in problem
+    monkeypatch.setenv("BRIDGE_AUTH__ALLOW_UNAUTHENTICATED", "true")
+    assert unauthenticated_exposure(load_settings()) is None
+
+
 def test_the_dockerfile_holds_no_secrets_and_the_context_excludes_them() -> None:
     for instruction, args in _dockerfile():
         if instruction in ("ENV", "ARG", "LABEL"):
