@@ -31,7 +31,10 @@ RUN groupadd --system --gid 10001 bridge \
        --shell /usr/sbin/nologin bridge
 COPY --from=build /opt/bridge /opt/bridge
 # pip compiled the bytecode at install time; the root filesystem is read-only in Kubernetes.
-# HOME=/tmp: the only writable place (an emptyDir in k8s/).
+# HOME=/tmp: the only writable place (an emptyDir in k8s/). The server listens on the
+# container's address, so `bridge serve` refuses to start without caller authentication
+# (BRIDGE_AUTH__MODE=jwt|bearer and its settings) unless BRIDGE_AUTH__ALLOW_UNAUTHENTICATED=true
+# says that a gateway in front authenticates (docs/deployment.md, "Defaults").
 ENV PATH=/opt/bridge/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -364,7 +364,11 @@ def serve(settings: Settings, *, with_workers: bool = False) -> None:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from bridge.kafka.acls import Access
+    from bridge.server.auth import unauthenticated_exposure
 
+    exposure = unauthenticated_exposure(settings)
+    if exposure is not None:  # before Kafka: one line and the exit
+        raise UserError(exposure)
     access = Access.serving(settings, catalog_job_topics(settings), workers=args.with_workers)
     if settings.auto_create_topics:
         settings = require_kafka(settings)

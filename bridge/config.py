@@ -351,12 +351,21 @@ JwtAlgorithm = Literal["HS256", "RS256"]
 _RS256: JwtAlgorithm = "RS256"
 
 
+#: The least length of an HS256 key: RFC 7518 section 3.2 wants a key at least as long as the
+#: hash output (256 bits).
+JWT_HS256_MIN_BYTES = 32
+
+
 class AuthSettings(BaseModel):
     """Who is calling. Every task is bound to the principal that created it."""
 
     #: "none": everyone is the principal "anonymous" (task ids are then the only secret);
     #: "bearer": static tokens; "jwt": signed JSON Web Tokens (HS256 or RS256).
     mode: Literal["none", "bearer", "jwt"] = "none"
+    #: Mode "none" on an address other than loopback serves every caller who reaches the port
+    #: as one principal; ``bridge serve`` refuses that unless this says it is meant (behind an
+    #: authenticating gateway), and then warns at every start.
+    allow_unauthenticated: bool = False
     #: Static tokens, ``{token: principal}``; prefer ``tokens_file`` (JSON of the same shape).
     tokens: dict[str, str] = Field(default_factory=dict, repr=False)
     tokens_file: Path | None = None
@@ -369,10 +378,44 @@ class AuthSettings(BaseModel):
     jwt_secret: SecretStr | None = None
     #: A JWKS document (``{"keys": [...]}``) with the RS256 public keys.
     jwks_file: Path | None = None
+    #: The ``aud`` and ``iss`` every token must carry; both required in mode "jwt", so that a
+    #: token the same issuer minted for another API is refused.
     jwt_audience: str | None = None
     jwt_issuer: str | None = None
     #: The claim that names the principal.
     jwt_principal_claim: str = "sub"
+
+    _blank = field_validator("jwt_audience", "jwt_issuer", mode="before")(_blank_is_unset)
+
+    @model_validator(mode="after")
+    def _jwt_is_bound_to_this_api(self) -> Self:
+        if self.mode != "jwt":
+            return self
+        missing = [
+            env_name("auth", name)
+            for name, value in (
+                ("jwt_audience", self.jwt_audience),
+                ("jwt_issuer", self.jwt_issuer),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ValueError(
+                f"{env_name('auth', 'mode')}=jwt needs {' and '.join(missing)}: every token's aud "
+                "and iss are checked, so a token minted for another API is refused"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _hs256_key_long_enough(self) -> Self:
+        secret = self.jwt_secret.get_secret_value().encode() if self.jwt_secret else None
+        hs256 = self.mode == "jwt" and "HS256" in self.jwt_algorithms
+        if hs256 and secret is not None and len(secret) < JWT_HS256_MIN_BYTES:
+            raise ValueError(
+                f"{env_name('auth', 'jwt_secret')} must have at least {JWT_HS256_MIN_BYTES} bytes "
+                "for HS256 (RFC 7518 section 3.2: no shorter than the hash output)"
+            )
+        return self
 
 
 class TracingSettings(BaseModel):
@@ -568,6 +611,14 @@ class Settings(BaseSettings):
     #: bench/bench_http_floor.py), which every stream open pays. h11 (pure Python) stays a
     #: choice; ``auto`` is httptools when it is installed, else h11.
     server_http: Literal["auto", "h11", "httptools"] = "httptools"
+    #: Slow and idle clients (bridge/server/protocols.py): a request's head and body must
+    #: arrive within ``server_read_timeout_s`` of the connection opening or of the request's
+    #: first byte (else 408 and the connection closes; an open stream is never cut by it), its
+    #: head may hold ``server_max_head_bytes`` (else 431), and an idle connection is closed
+    #: ``server_keep_alive_s`` after its last response.
+    server_read_timeout_s: float = Field(30.0, gt=0, le=3600)
+    server_max_head_bytes: int = Field(64 * 1024, ge=4096, le=1024 * 1024)
+    server_keep_alive_s: int = Field(5, ge=1, le=3600)
     #: ``bridge serve``, once serving, freezes what it made at start out of the garbage
     #: collector's scans and runs a young collection every this many allocations (Python's
     #: default: 700): far fewer full collections, each a pause every stream shares, when

@@ -304,6 +304,8 @@ def test_tokens_never_reach_the_log(bearer: Bridge, http: httpx.Client) -> None:
 
 HS_SECRET = f"hs256-secret-{secrets.token_hex(16)}"
 KID = "test-key-1"
+AUDIENCE = "mcp-kafka-bridge-tests"
+ISSUER = "https://issuer.test/"
 
 
 @dataclass
@@ -347,6 +349,8 @@ def jwt_bridge(
         BRIDGE_AUTH__JWT_ALGORITHMS='["HS256", "RS256"]',
         BRIDGE_AUTH__JWT_SECRET=HS_SECRET,
         BRIDGE_AUTH__JWKS_FILE=str(jwks),
+        BRIDGE_AUTH__JWT_AUDIENCE=AUDIENCE,
+        BRIDGE_AUTH__JWT_ISSUER=ISSUER,
     ) as running:
         yield running
 
@@ -355,7 +359,8 @@ def claims(
     sub: str | None = "alice", *, exp_in: float | None = 300, **extra: Any
 ) -> dict[str, Any]:
     now = int(time.time())
-    out: dict[str, Any] = {"iat": now, **extra}
+    out: dict[str, Any] = {"iat": now, "aud": AUDIENCE, "iss": ISSUER, **extra}
+    out = {k: v for k, v in out.items() if v is not None}  # aud=None: a token without one
     if sub is not None:
         out["sub"] = sub
     if exp_in is not None:
@@ -425,6 +430,11 @@ BAD_TOKENS: dict[str, Callable[[Keys], str]] = {
     "hs256-wrong-secret": lambda keys: hs256(claims(), "not-the-secret-" + "x" * 32),
     "hs256-tampered-payload": _tampered,
     "hs256-no-sub": lambda keys: hs256(claims(sub=None)),
+    "hs256-another-api": lambda keys: hs256(claims(aud="another-api")),
+    "hs256-no-aud": lambda keys: hs256(claims(aud=None)),
+    "hs256-another-issuer": lambda keys: hs256(claims(iss="https://other.test/")),
+    "hs256-no-iss": lambda keys: hs256(claims(iss=None)),
+    "rs256-another-api": lambda keys: rs256(claims(aud="another-api"), keys.private),
     "hs256-empty-sub": lambda keys: hs256(claims(sub="")),
     "hs512": lambda keys: jwt.encode(
         claims(), HS_SECRET + "-longer-for-hs512" * 4, algorithm="HS512"

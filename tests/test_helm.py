@@ -51,13 +51,28 @@ from test_k8s import (
 )
 
 from bridge.kafka.topics import topic_layout
+from bridge.server.auth import unauthenticated_exposure
 from bridge.workers.packs import PACKS, pack_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "mcp-kafka-bridge"
 EXAMPLES = sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
-#: "defaults" is values.yaml alone; the others add examples/<name>.yaml.
+#: "defaults" is values.yaml with only the values it requires (REQUIRED); the others add
+#: examples/<name>.yaml (after the example it extends, EXTENDS).
 VALUES = ("defaults", *EXAMPLES)
+#: What values.yaml leaves to the operator, and the chart refuses to render without: the JWT
+#: Secret, issuer and audience, and each role's Kafka (SCRAM) credentials.
+REQUIRED = (
+    "auth.existingSecret=mcp-kafka-bridge-auth",
+    "auth.jwt.issuer=https://auth.example.com/",
+    "auth.jwt.audience=mcp-kafka-bridge",
+    "kafka.users.server.secret=mcp-kafka-bridge-server",
+    "kafka.users.server.username=mcp-kafka-bridge-server",
+    "kafka.users.worker.secret=mcp-kafka-bridge-worker",
+    "kafka.users.worker.username=mcp-kafka-bridge-worker",
+)
+#: Examples that add to another's values (monitoring adds to an install's).
+EXTENDS = {"monitoring": "scram"}
 RELEASE = "mcp-kafka-bridge"
 NAMESPACE = "mcp-bridge"
 PEERS = f"{RELEASE}-peers"
@@ -71,6 +86,9 @@ EXAMPLE_SECRETS = {
     "kafka-ca": {"ca.crt"},
     "mcp-bridge-server-cert": {"user.crt", "user.key"},
     "mcp-bridge-worker-cert": {"user.crt", "user.key"},
+    # REQUIRED's SCRAM credentials, as the operator would make them.
+    "mcp-kafka-bridge-server": {"password"},
+    "mcp-kafka-bridge-worker": {"password"},
 }
 
 
@@ -98,7 +116,10 @@ def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 
 def _values_args(values: str) -> list[str]:
-    return [] if values == "defaults" else ["-f", str(CHART / "examples" / f"{values}.yaml")]
+    if values == "defaults":
+        return [arg for s in REQUIRED for arg in ("--set", s)]
+    files = [EXTENDS[values], values] if values in EXTENDS else [values]
+    return [arg for name in files for arg in ("-f", str(CHART / "examples" / f"{name}.yaml"))]
 
 
 def _run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -213,7 +234,7 @@ def test_the_defaults_render_the_objects_of_the_kustomize_base(helm: str) -> Non
 
 @pytest.mark.parametrize(("replicas", "divides"), [(1, False), (2, True), (6, True)])
 def test_more_than_one_replica_divides_the_partitions_by_pod_name(
-    helm: str, replicas: int, divides: bool
+    helm: str, replicas: int, divides: bool, example_secrets: None
 ) -> None:
     docs = _render(helm, "defaults", f"server.replicas={replicas}")
     server = _server(docs)
@@ -226,7 +247,7 @@ def test_more_than_one_replica_divides_the_partitions_by_pod_name(
         assert env.get("BRIDGE_OWNERSHIP", "all") == "all"
         assert "BRIDGE_PEER_SECRET_FILE" not in env and "BRIDGE_INSTANCE_ID" not in env
         assert not _kind(docs, "Secret")
-        assert not _secret_files(docs, server)
+        assert not [path for path in _secret_files(docs, server) if "/peer/" in path]
         return
     assert env["BRIDGE_OWNERSHIP"] == "group"
     peers = _one(docs, "Service", PEERS)
@@ -350,7 +371,8 @@ def test_every_role_loads_its_settings(
 @pytest.mark.parametrize(
     ("values", "protocol", "files"),
     [
-        ("defaults", "PLAINTEXT", set()),
+        ("defaults", "SASL_SSL", {"password", "ca.crt"}),
+        ("minimal", "PLAINTEXT", set()),
         ("scram", "SASL_SSL", {"password", "ca.crt"}),
         ("mtls", "SSL", {"user.crt", "user.key", "ca.crt"}),
     ],
@@ -514,9 +536,15 @@ def test_the_dashboard_and_rules_have_one_source_each() -> None:
     [
         (["server.replicas=7"], "exceeds topics.partitions"),
         (["autoscaling.enabled=true", "autoscaling.maxReplicas=12"], "exceeds topics.partitions"),
-        (["auth.mode=jwt"], "auth.existingSecret"),
+        (["auth.existingSecret="], "auth.existingSecret: the Secret holding jwks.json"),
+        (["auth.mode=bearer", "auth.existingSecret="], "the Secret holding tokens.json"),
+        (["auth.jwt.issuer="], "auth.jwt.issuer: the iss"),
+        (["auth.jwt.audience="], "auth.jwt.audience: the aud"),
+        (["auth.jwt.algorithms={HS256}"], "auth.jwt.hs256SecretKey"),
+        (["auth.mode=none"], "auth.allowUnauthenticated=true, to confirm auth.mode=none"),
         (["auth.mode=password"], "auth.mode must be none, bearer or jwt"),
-        (["kafka.security=scram"], "kafka.security=scram: set kafka.users."),
+        (["kafka.users.worker.username="], "kafka.users.worker.username: its SCRAM user"),
+        (["kafka.users.server.secret="], "kafka.users.server.secret: the Secret"),
         (["kafka.security=sasl"], "kafka.security must be none, scram or mtls"),
         (["strimzi.kafkaUsers=true", "kafka.security=mtls"], "topics.create=true"),
         (["bridge.extraSettings.BRIDGE_PEER_SECRET=abc"], "would put a secret in a ConfigMap"),
@@ -529,13 +557,57 @@ def test_the_dashboard_and_rules_have_one_source_each() -> None:
 def test_bad_values_are_refused_with_a_clear_message(
     helm: str, sets: list[str], message: str
 ) -> None:
+    # Everything else as required, so that each case fails on its own value.
     done = _run_helm(
         helm,
         "template",
         RELEASE,
         str(CHART),
         f"--kube-version={KUBE}",
-        *(arg for s in sets for arg in ("--set", s)),
+        *(arg for s in (*REQUIRED, *sets) for arg in ("--set", s)),
     )
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+# --- secure defaults ---------------------------------------------------------------------------
+
+
+def test_the_defaults_refuse_to_render_naming_every_value_to_set(helm: str) -> None:
+    # `helm install` with values.yaml alone: one message with everything the operator decides.
+    done = _run_helm(helm, "template", RELEASE, str(CHART), f"--kube-version={KUBE}")
+    assert done.returncode != 0
+    for value in [s.split("=")[0] for s in REQUIRED]:
+        assert f"  - {value}: " in done.stderr, value
+    # The insecure choices are named as what they are, never taken silently.
+    assert "auth.mode=none with auth.allowUnauthenticated=true" in done.stderr
+    assert "kafka.security=none" in done.stderr
+
+
+def test_the_defaults_authenticate_callers_and_reach_kafka_over_sasl_ssl(
+    helm: str, settings_from: Any, example_secrets: None
+) -> None:
+    docs = _render(helm, "defaults")
+    server = settings_from(docs, _server(docs))
+    assert server.auth.mode == "jwt"
+    assert (server.auth.jwt_issuer, server.auth.jwt_audience) == (
+        "https://auth.example.com/",
+        "mcp-kafka-bridge",
+    )
+    for workload in _workloads(docs):
+        settings = settings_from(docs, workload)
+        assert settings.kafka_security_protocol == "SASL_SSL"
+        assert settings.kafka_tls.ca_file is not None and settings.kafka_tls.check_hostname
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_server_passes_the_bridge_s_own_start_checks(
+    helm: str, values: str, settings_from: Any, example_secrets: None
+) -> None:
+    # The pod listens on 0.0.0.0: mode none only with the opt-in, which the chart passes on.
+    docs = _render(helm, values)
+    settings = settings_from(docs, _server(docs))
+    assert settings.http_host == "0.0.0.0"
+    assert unauthenticated_exposure(settings) is None
+    allowed = _env(docs, _server(docs)).get("BRIDGE_AUTH__ALLOW_UNAUTHENTICATED")
+    assert (allowed == "true") is (settings.auth.mode == "none")

@@ -58,6 +58,7 @@ from bridge.kafka.acls import (
 )
 from bridge.kafka.topics import topic_layout
 from bridge.server.app import tool_catalog
+from bridge.server.auth import unauthenticated_exposure
 from bridge.workers.packs import PACKS, pack_tools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -795,6 +796,42 @@ def test_prod_authenticates_with_a_secret_mounted_read_only(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_s_server_passes_the_bridge_s_own_start_checks(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str, settings_from: Any
+) -> None:
+    docs = rendered[overlay]
+    settings = settings_from(docs, _workload(docs, "server"))
+    assert settings.http_host == "0.0.0.0"
+    assert unauthenticated_exposure(settings) is None
+    if overlay == "prod":
+        assert settings.auth.mode == "jwt"
+        assert settings.auth.jwt_audience and settings.auth.jwt_issuer
+        assert settings.kafka_security_protocol == "SASL_SSL"
+    else:
+        # The insecure choices, each written out in the overlay, never a silent default.
+        config = _config_map(docs)
+        assert config["BRIDGE_AUTH__MODE"] == "none"
+        assert config["BRIDGE_AUTH__ALLOW_UNAUTHENTICATED"] == "true"
+        assert config["BRIDGE_KAFKA_SECURITY_PROTOCOL"] == "PLAINTEXT"
+
+
+def test_the_base_alone_refuses_to_start_until_an_overlay_chooses(
+    kustomize: str, secured: dict[str, list[dict[str, Any]]], settings_from: Any
+) -> None:
+    # Kafka: SASL_SSL without a mechanism; every role refuses, naming what to set.
+    base = _docs(_build(kustomize, K8S / "base"))
+    for workload in _workloads(base):
+        with pytest.raises(ValueError, match="BRIDGE_KAFKA_SASL__MECHANISM"):
+            settings_from(base, workload)
+    # Callers: with Kafka chosen (components/kafka-mtls) but no auth, serving is refused.
+    docs = secured["kafka-mtls"]
+    settings = settings_from(docs, _workload(docs, "server"))
+    assert settings.auth.mode == "none"
+    problem = unauthenticated_exposure(settings)
+    assert problem is not None and "BRIDGE_AUTH__ALLOW_UNAUTHENTICATED=true" in problem
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_secret_is_mounted_read_only_and_readable_by_the_pod_only(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
@@ -1187,6 +1224,27 @@ def test_the_image_carries_the_avro_schema_and_checks_it_at_build_time() -> None
     assert link.is_symlink() or link.is_dir()
     assert (link / "task_event.avsc").is_file()
     assert any(i == "RUN" and "encode_event" in a for i, a in runtime)
+
+
+def test_docker_run_with_the_image_s_defaults_refuses_to_serve_unauthenticated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The image listens on 0.0.0.0 (a container's address); auth mode none there is refused
+    # unless BRIDGE_AUTH__ALLOW_UNAUTHENTICATED=true is given to `docker run -e`.
+    _, runtime = _stages()
+    env = dict(
+        pair.split("=", 1) for i, a in runtime if i == "ENV" for pair in a.split() if "=" in pair
+    )
+    assert env["BRIDGE_HTTP_HOST"] == "0.0.0.0"
+    for key in list(os.environ):
+        if key.startswith("BRIDGE_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    problem = unauthenticated_exposure(load_settings())
+    assert problem is not None and "BRIDGE_AUTH__ALLOW_UNAUTHENTICATED=true" in problem
+    monkeypatch.setenv("BRIDGE_AUTH__ALLOW_UNAUTHENTICATED", "true")
+    assert unauthenticated_exposure(load_settings()) is None
 
 
 def test_the_dockerfile_holds_no_secrets_and_the_context_excludes_them() -> None:

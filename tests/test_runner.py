@@ -31,7 +31,9 @@ async def whoami(request: Request) -> JSONResponse:
     young-generation GC threshold and count of frozen objects."""
     loop = asyncio.get_running_loop()
     server: AppServer = request.app.state.server
-    protocol = server._server.config.http_protocol_class.__name__
+    # uvicorn's protocol class under the bridge's read deadline (bridge/server/protocols.py)
+    mro = server._server.config.http_protocol_class.__mro__
+    protocol = next(c.__name__ for c in mro if c.__module__.startswith("uvicorn."))
     gc_state = {"young": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
     return JSONResponse({"loop": type(loop).__module__, "protocol": protocol, **gc_state})
 

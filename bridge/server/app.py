@@ -34,7 +34,7 @@ from bridge.log.fanout import Fanout
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.metrics import Metrics
-from bridge.server.auth import Authenticator
+from bridge.server.auth import Authenticator, check_exposure
 from bridge.server.browser import BrowserView
 from bridge.server.events import EventsMethods, events_extension
 from bridge.server.handlers import MethodHandlers
@@ -140,6 +140,7 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
     """The bridge's ASGI app; ``app.state.components`` is set while it runs (None before)."""
     metrics = Metrics()
     Authenticator(settings.auth)  # refuse bad auth settings now, not at the first request
+    check_exposure(settings)  # no unauthenticated listener beyond loopback unless opted in
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

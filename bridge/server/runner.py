@@ -36,6 +36,7 @@ from starlette.types import ASGIApp
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.server.app import Companion, create_app
+from bridge.server.protocols import protocol_class
 
 __all__ = ["AppServer", "ServerExited", "bridge_server", "tune_gc"]
 
@@ -60,7 +61,8 @@ class AppServer:
     uvicorn turn SIGINT/SIGTERM into a stop (False when the caller handles them itself and
     calls :meth:`stop`). ``loop`` and ``http``: uvicorn's event loop and HTTP parser
     (``auto`` takes uvloop and httptools when installed); the loop applies to :meth:`run` only,
-    :meth:`start` serves in the running loop.
+    :meth:`start` serves in the running loop. ``read_timeout_s``, ``max_head_bytes`` and
+    ``keep_alive_s``: what a slow or idle client may hold (bridge/server/protocols.py).
     """
 
     def __init__(
@@ -78,13 +80,19 @@ class AppServer:
         loop: Literal["auto", "asyncio", "uvloop"] = "auto",
         http: Literal["auto", "h11", "httptools"] = "auto",
         gc_young_threshold: int = 0,
+        read_timeout_s: float = 30.0,
+        max_head_bytes: int = 64 * 1024,
+        keep_alive_s: int = 5,
     ) -> None:
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
             loop=loop,
-            http=http,
+            # uvicorn's parser, with a deadline on reading each request and a bound on its head
+            http=protocol_class(http, read_timeout_s=read_timeout_s, max_head_bytes=max_head_bytes),
+            h11_max_incomplete_event_size=max_head_bytes,
+            timeout_keep_alive=keep_alive_s,
             log_level=log_level,
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
@@ -212,6 +220,9 @@ def bridge_server(
         loop=settings.server_loop,
         http=settings.server_http,
         gc_young_threshold=settings.gc_young_threshold,
+        read_timeout_s=settings.server_read_timeout_s,
+        max_head_bytes=settings.server_max_head_bytes,
+        keep_alive_s=settings.server_keep_alive_s,
     )
 
 

@@ -460,6 +460,8 @@ STREAM_ERRORS = frozenset({EVENTS_GONE, INVALID_PARAMS})
 PRINCIPAL = "alice"
 BEARER_TOKEN = "fuzz-bearer-token-0123456789"
 JWT_SECRET = "fuzz-jwt-secret-0123456789abcdef0123456789"
+JWT_AUDIENCE = "mcp-kafka-bridge-fuzz"
+JWT_ISSUER = "https://issuer.fuzz/"
 AUTH_MODES = ("none", "bearer", "jwt")
 MAX_REQUEST_BYTES = 64 * 1024
 
@@ -626,6 +628,8 @@ class Endpoint:
                 "jwt_algorithms": ["HS256", "RS256"],
                 "jwt_secret": JWT_SECRET,
                 "jwks_file": str(keys / "jwks.json"),
+                "jwt_audience": JWT_AUDIENCE,
+                "jwt_issuer": JWT_ISSUER,
             },
         }
         self._apps: dict[str, tuple[Settings, Authenticator, Any]] = {}
@@ -642,7 +646,7 @@ class Endpoint:
     def credentials(self) -> list[str]:
         """Authorization values that pass in some mode (the strategies mutate them)."""
         exp = int(time.time()) + 3600
-        claims = {"sub": PRINCIPAL, "exp": exp}
+        claims = {"sub": PRINCIPAL, "exp": exp, "aud": JWT_AUDIENCE, "iss": JWT_ISSUER}
         return [
             f"Bearer {BEARER_TOKEN}",
             "Bearer " + jwt.encode(claims, JWT_SECRET, algorithm="HS256"),

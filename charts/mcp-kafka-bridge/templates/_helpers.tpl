@@ -168,6 +168,53 @@ conformance:
 {{- $port -}}
 {{- end -}}
 
+{{/*
+The security values every install must decide: caller authentication and Kafka credentials.
+Every missing value is named in one message, with the explicit insecure choices; configmap.yaml
+and statefulset.yaml include this, so `helm install` with the defaults refuses to render.
+*/}}
+{{- define "bridge.checkSecurity" -}}
+{{- $auth := .Values.auth -}}
+{{- if not (has $auth.mode (list "none" "bearer" "jwt")) -}}
+{{- fail (printf "auth.mode must be none, bearer or jwt, not %q" $auth.mode) -}}
+{{- end -}}
+{{- $missing := list -}}
+{{- if eq $auth.mode "none" -}}
+{{- if not $auth.allowUnauthenticated -}}
+{{- $missing = append $missing "auth.allowUnauthenticated=true, to confirm auth.mode=none (every caller is one principal: only behind an authenticating gateway); or auth.mode=jwt|bearer" -}}
+{{- end -}}
+{{- else if not $auth.existingSecret -}}
+{{- $missing = append $missing (printf "auth.existingSecret: the Secret holding %s" (ternary "tokens.json" "jwks.json (or the HS256 key)" (eq $auth.mode "bearer"))) -}}
+{{- end -}}
+{{- if eq $auth.mode "jwt" -}}
+{{- if not $auth.jwt.issuer -}}
+{{- $missing = append $missing "auth.jwt.issuer: the iss of your tokens" -}}
+{{- end -}}
+{{- if not $auth.jwt.audience -}}
+{{- $missing = append $missing "auth.jwt.audience: the aud your tokens carry for this API" -}}
+{{- end -}}
+{{- if and (has "HS256" $auth.jwt.algorithms) (not $auth.jwt.hs256SecretKey) -}}
+{{- $missing = append $missing "auth.jwt.hs256SecretKey: the key of auth.existingSecret holding the HS256 key (auth.jwt.algorithms has HS256)" -}}
+{{- end -}}
+{{- end -}}
+{{- $kafka := include "bridge.security" . -}}
+{{- if and (ne $kafka "none") (not .Values.strimzi.kafkaUsers) -}}
+{{- $roles := ternary (list "server" "worker") (list "server") .Values.workers.enabled -}}
+{{- range $roles -}}
+{{- $user := get $.Values.kafka.users . -}}
+{{- if not $user.secret -}}
+{{- $missing = append $missing (printf "kafka.users.%s.secret: the Secret with its Kafka credentials (or strimzi.kafkaUsers=true)" .) -}}
+{{- end -}}
+{{- if and (eq $kafka "scram") (not $user.username) -}}
+{{- $missing = append $missing (printf "kafka.users.%s.username: its SCRAM user (or strimzi.kafkaUsers=true)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "set these values (docs/deployment.md, \"Helm\"):\n  - %s\nThe insecure choices are explicit: auth.mode=none with auth.allowUnauthenticated=true, and kafka.security=none (examples/minimal.yaml)." (join "\n  - " $missing)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "bridge.security" -}}
 {{- $mode := .Values.kafka.security -}}
 {{- if not (has $mode (list "none" "scram" "mtls")) -}}

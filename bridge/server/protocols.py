@@ -1,0 +1,144 @@
+"""uvicorn's HTTP/1.1 protocols with a deadline on reading each request, and a bound on its head.
+
+uvicorn (0.55) times out only an idle keep-alive connection, after a response. A connection
+that sends nothing, or a request head or body a byte at a time (slowloris), is kept open for
+ever, and httptools buffers a request head of any size. These subclasses of uvicorn's two
+protocols add, per connection:
+
+* a read deadline: a request must arrive whole (head and body) within ``read_timeout_s`` of the
+  connection opening or of the request's first byte; past it the connection is closed, with a
+  ``408`` when no response has begun. A request that has arrived whole (an open stream, a
+  long-running call) is never timed out by this;
+* a head bound: a request head past ``max_head_bytes`` is refused with ``431`` (httptools) or
+  ``400`` (h11, whose own incomplete-event limit is set to the same number).
+
+:func:`protocol_class` picks the parser like uvicorn's ``http`` setting and returns the class
+to pass to ``uvicorn.Config(http=...)``; bridge/server/runner.py does. What this module does
+not do: limit connections or requests per client (bridge/server/admission.py limits streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from typing import Any, ClassVar, Literal
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["protocol_class"]
+
+_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-length: 0\r\nconnection: close\r\n\r\n"
+)
+
+
+class _ReadDeadline:
+    """The timer shared by both protocols: armed while a request is arriving."""
+
+    read_timeout_s: ClassVar[float]
+    max_head_bytes: ClassVar[int]
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    cycle: Any
+
+    _deadline: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        # An app already running for this request owns the response: only the connection ends.
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_TIMEOUT)
+        self.transport.close()
+
+
+class _H11(_ReadDeadline, H11Protocol):
+    """h11: the head is bounded by h11 itself; the deadline follows h11's state of the peer."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()  # a connection must bring a request, not only hold a socket
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        state = self.conn.their_state
+        arriving = state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0])
+        if arriving:
+            self._arm()
+        else:
+            self._disarm()
+
+
+def _httptools_class() -> type[asyncio.Protocol]:
+    # Imported only when chosen: httptools is optional for uvicorn.
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class _HttpTools(_ReadDeadline, HttpToolsProtocol):
+        """httptools: the deadline spans message begin to message complete; the head's bytes
+        are counted as they are fed, because httptools buffers a header of any length."""
+
+        _head_bytes: int | None = None  # None: not inside a request head
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._head_bytes is None or self.transport.is_closing():
+                return
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._head_bytes = None
+                self._disarm()
+                self.transport.write(_TOO_LARGE)
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_bytes = 0
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._head_bytes = None
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+    return _HttpTools
+
+
+def protocol_class(
+    http: Literal["auto", "h11", "httptools"], *, read_timeout_s: float, max_head_bytes: int
+) -> type[asyncio.Protocol]:
+    """The protocol for ``uvicorn.Config(http=...)``: uvicorn's ``http`` choice (``auto`` is
+    httptools when installed) with the read deadline and the head bound."""
+    use_httptools = http == "httptools" or (
+        http == "auto" and importlib.util.find_spec("httptools") is not None
+    )
+    base = _httptools_class() if use_httptools else _H11
+    limits = {"read_timeout_s": read_timeout_s, "max_head_bytes": max_head_bytes}
+    return type(base.__name__, (base,), limits)

@@ -1,0 +1,136 @@
+"""Slow and idle clients against real uvicorn (bridge/server/protocols.py, runner.AppServer).
+
+A connection that brings no request, a head or body sent a byte at a time and then left
+unfinished (slowloris), and an oversized head each end the connection; a request that has
+arrived whole keeps its (long) response. Each parser (httptools, h11) is checked. Waits are
+bounded; the deadline is short so that the server's close is what ends each wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from bridge.config import load_settings
+from bridge.server.runner import AppServer, bridge_server
+
+BOUND = 30.0
+READ_TIMEOUT_S = 0.3
+MAX_HEAD = 8192
+PARSERS = ["httptools", "h11"]
+
+
+async def echo(request: Request) -> JSONResponse:
+    return JSONResponse({"bytes": len(await request.body())})
+
+
+async def ticks(request: Request) -> StreamingResponse:
+    async def body() -> AsyncIterator[bytes]:
+        # A response that outlives the read deadline several times over.
+        for i in range(8):
+            await asyncio.sleep(READ_TIMEOUT_S / 2)
+            yield f"tick {i}\n".encode()
+
+    return StreamingResponse(body(), media_type="text/plain")
+
+
+@pytest.fixture(params=PARSERS)
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    app = Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/ticks", ticks)])
+    served = AppServer(
+        app, sock=sock, log_level="warning", access_log=False, http=request.param,
+        handle_signals=False, read_timeout_s=READ_TIMEOUT_S, max_head_bytes=MAX_HEAD,
+    )  # fmt: skip
+    async with asyncio.timeout(BOUND):
+        await served.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        await served.close()
+
+
+async def _until_closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sends until it closes the connection (bounded)."""
+    async with asyncio.timeout(BOUND):
+        return await reader.read()
+
+
+async def _open(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_a_connection_that_sends_nothing_is_closed_with_408(server: int) -> None:
+    reader, writer = await _open(server)
+    answer = await _until_closed(reader)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    writer.close()
+
+
+async def test_a_head_left_unfinished_is_closed_with_408(server: int) -> None:
+    reader, writer = await _open(server)
+    writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\n")
+    for _ in range(3):  # a trickle of header bytes, never the blank line
+        writer.write(b"x")
+        await writer.drain()
+    answer = await _until_closed(reader)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    writer.close()
+
+
+async def test_a_body_left_unfinished_ends_the_connection(server: int) -> None:
+    reader, writer = await _open(server)
+    writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n" + b"{" * 10)
+    await writer.drain()
+    # The app is reading the body: it owns the response, so the connection just ends.
+    answer = await _until_closed(reader)
+    assert not answer.startswith(b"HTTP/1.1 200"), answer
+    writer.close()
+
+
+async def test_a_head_past_the_bound_is_refused(server: int) -> None:
+    reader, writer = await _open(server)
+    writer.write(b"GET /ticks HTTP/1.1\r\nhost: x\r\n")
+    for _ in range(4 * MAX_HEAD // 1024):
+        writer.write(b"x-filler: " + b"a" * 1014 + b"\r\n")
+    await writer.drain()
+    answer = await _until_closed(reader)
+    # 431 from the httptools protocol, 400 from h11's own incomplete-event limit.
+    assert answer.startswith((b"HTTP/1.1 431 ", b"HTTP/1.1 400 ")), answer[:80]
+    writer.close()
+
+
+async def test_a_whole_request_is_answered_and_its_long_response_is_not_cut(server: int) -> None:
+    reader, writer = await _open(server)
+    writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+    writer.write(b"GET /ticks HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    await writer.drain()
+    answer = await _until_closed(reader)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert b'{"bytes":2}' in answer
+    assert b"tick 7" in answer  # eight ticks over four deadlines: all of them arrived
+    writer.close()
+
+
+def test_the_settings_reach_uvicorn() -> None:
+    settings = load_settings(
+        kafka_bootstrap_servers="127.0.0.1:1",
+        server_http="h11",
+        server_read_timeout_s=12.5,
+        server_max_head_bytes=20_000,
+        server_keep_alive_s=7,
+    )
+    config = bridge_server(settings)._server.config
+    config.load()
+    assert config.timeout_keep_alive == 7
+    assert config.h11_max_incomplete_event_size == 20_000
+    protocol = config.http_protocol_class
+    assert (protocol.read_timeout_s, protocol.max_head_bytes) == (12.5, 20_000)  # type: ignore[attr-defined]
