@@ -38,8 +38,12 @@ from bridge.mcpevents.subscriptions import (
     SubscriptionTable,
     TtlPolicy,
     merge,
+    parse_record,
+    secrets_context,
+    secrets_of,
     subscription_id,
 )
+from bridge.sealing import KeyRing, Sealer
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods, webhook_methods
 from bridge.server.handlers import Call
@@ -491,11 +495,26 @@ def test_the_subscription_id_is_deterministic_over_principal_url_name_and_argume
     assert one not in others and len(set(others)) == 4
 
 
-def test_a_record_round_trips_and_no_repr_shows_the_secret_or_the_url() -> None:
+async def test_a_record_round_trips_with_its_secrets_sealed_and_no_repr_shows_them() -> None:
     sub = _sub(status=DeliveryStatus(last_delivery_ms=5, consecutive_failures=2))
-    assert Subscription.from_record(sub.to_record()) == sub
-    shown = repr(sub) + str(sub)
+    sealer = Sealer(KeyRing("k1", {"k1": b"k" * 32}))
+    sealed = await sealer.seal(sub.secrets_plaintext(), secrets_context(sub.id))
+    value = sub.to_record(sealed)
+    assert SECRET.encode() not in value and SECRET.removeprefix("whsec_").encode() not in value
+    stored = parse_record(value)
+    assert stored.sealed == sealed
+    opened = await sealer.open(stored.sealed, secrets_context(sub.id))
+    assert stored.subscription(secrets_of(opened)) == sub
+    shown = repr(sub) + str(sub) + repr(stored)
     assert SECRET not in shown and "example.com" not in shown and "ann" not in shown
+
+
+def test_a_record_of_8fd441c_with_its_secrets_in_clear_is_still_read() -> None:
+    sub = _sub()
+    body = json.loads(sub.to_record({}))
+    value = json.dumps({**body, "v": 1, "secrets": [SECRET]}).encode()
+    stored = parse_record(value)
+    assert stored.sealed is None and stored.subscription(stored.clear) == sub
 
 
 def test_ttl_grants_clamp_the_suggestion_and_never_grant_no_expiry() -> None:
@@ -520,12 +539,12 @@ def test_a_refresh_and_a_write_back_merge_the_same_way_in_either_order() -> None
 def test_a_write_back_after_the_tombstone_does_not_bring_the_subscription_back() -> None:
     table = SubscriptionTable()
     stored = _sub()
-    table.apply(0, "sub_1", stored.to_record())
+    table.apply(0, "sub_1", stored)
     table.apply(0, "sub_1", None)
     late = stored.delivered("c9", DeliveryStatus())
-    assert table.apply(0, "sub_1", late.to_record()) is False and table.get("sub_1") is None
+    assert table.apply(0, "sub_1", late) is False and table.get("sub_1") is None
     again = _sub(refreshed_ms=table.deleted_rev("sub_1") + 1)
-    assert table.apply(0, "sub_1", again.to_record()) and table.get("sub_1") == again
+    assert table.apply(0, "sub_1", again) and table.get("sub_1") == again
 
 
 def test_the_old_secret_signs_only_during_the_rotation_grace_window() -> None:
