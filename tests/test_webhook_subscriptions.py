@@ -28,8 +28,10 @@ from support.https import serving
 from support.layout import fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
+from support.topics import topic_records
 from support.waits import BOUND, wait_until
 
+from bridge.events import UNSUPPORTED
 from bridge.log.publisher import TaskEventPublisher
 from bridge.mcpevents.cursor import decode_task
 from bridge.mcpevents.subscriptions import (
@@ -52,12 +54,14 @@ from bridge.server.wire import JsonRpcRequest, RpcError
 NAME = "io.mcpbridge.task.event"
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 ROTATED = "whsec_" + base64.b64encode(b"r" * 32).decode()
-PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida")
+PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida", "jo", "kim", "lee")
 TOKENS = {f"tok-{name}": name for name in PRINCIPALS}
 #: The bridge's retry policy here: three attempts within three seconds.
 ATTEMPTS = 3
 RETRY_S = 3.0
 LIMIT = 3
+#: Verification challenges per (principal, callback host): three at once, then one per 10 min.
+BURST = 3
 
 kafka = pytest.mark.kafka
 
@@ -172,6 +176,8 @@ def wbridge(
         BRIDGE_WEBHOOK_BACKOFF_BASE_S="0.2",
         BRIDGE_WEBHOOK_BACKOFF_MAX_S="1",
         BRIDGE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_PRINCIPAL=str(LIMIT),
+        BRIDGE_WEBHOOK_VERIFY_BURST=str(BURST),
+        BRIDGE_WEBHOOK_VERIFY_PER_MINUTE="0.1",
     ) as running:
         yield running
 
@@ -454,6 +460,96 @@ async def test_a_callback_refused_at_delivery_time_suspends_delivery_until_a_ref
     assert await steps_reach(receiver, "k", 2) == [0, 1]
 
 
+def challenges(receiver: Receiver) -> list[Post]:
+    return [p for p in receiver.posts if p.message.get("type") == "verification"]
+
+
+async def throttled_total(bridge: Bridge) -> float:
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        text = (await http.get(bridge.url.removesuffix("/mcp") + "/metrics")).text
+    lines = [x for x in text.splitlines() if x.startswith(THROTTLED_METRIC + " ")]
+    return float(lines[0].split()[1]) if lines else 0.0
+
+
+THROTTLED_METRIC = "bridge_webhook_verifications_throttled_total"
+
+
+@kafka
+async def test_verifications_are_throttled_per_principal_and_host_and_a_refresh_sends_none(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "jo")
+    before = await throttled_total(wbridge)
+    await subscribed(wbridge, "jo", hook(task, receiver.url("t0")))  # verified: one token
+    receiver.echo = False  # the rest of the burst goes on failed challenges, each a POST
+    for n in range(1, BURST):
+        failed = await subscribe(wbridge, "jo", hook(task, receiver.url(f"t{n}")))
+        assert failed["error"]["data"] == {"reason": "challenge_failed"}
+    assert len(challenges(receiver)) == BURST
+    over = await subscribe(wbridge, "jo", hook(task, receiver.url("t-over")))
+    assert over["error"]["code"] == -32025, over
+    assert over["error"]["data"]["limit"] == "verifications"
+    assert over["error"]["data"]["retryAfterMs"] > 0
+    assert len(challenges(receiver)) == BURST  # throttled: nothing sent
+    assert await throttled_total(wbridge) == before + 1
+    # A refresh of the verified subscription sends no challenge and needs no token.
+    receiver.echo = True
+    for secret in (SECRET, ROTATED):
+        await subscribed(wbridge, "jo", hook(task, receiver.url("t0"), secret=secret))
+    assert len(challenges(receiver)) == BURST
+    # Another principal on the same host has a budget of its own.
+    other = await started_task(wbridge, "kim")
+    await subscribed(wbridge, "kim", hook(other, receiver.url("t-kim")))
+    assert len(challenges(receiver)) == BURST + 1
+
+
+@kafka
+async def test_the_subscriptions_topic_holds_no_signing_secret_in_clear(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "lee")
+    got = await subscribed(wbridge, "lee", hook(task, receiver.url("sealed")))
+    await subscribed(wbridge, "lee", hook(task, receiver.url("sealed"), secret=ROTATED))
+    await publish(wbridge, task, range(1))
+    await steps_reach(receiver, "sealed", 1)  # a write-back after the delivery, too
+    records = [r for r in await topic_records(wbridge.settings) if r.key == got["id"].encode()]
+    assert len(records) >= 3
+    for record in records:
+        assert record.value is not None
+        for secret in (SECRET, ROTATED):
+            key = secret.removeprefix("whsec_")
+            assert key.encode() not in record.value and key[:16].encode() not in record.value
+        sealed = json.loads(record.value)["secrets"]
+        assert sealed["alg"] == "A256GCM" and sealed["kid"] and sealed["ct"]
+    signed = receiver.events("sealed")[-1]  # and delivery signs with the opened secrets
+    assert Webhook(ROTATED).verify(signed.body, signed.headers)
+
+
+async def test_without_a_key_webhook_delivery_is_off_and_nothing_is_stored() -> None:
+    settings = make_settings("unused:9092", fresh_prefix(), auth={"mode": "bearer"})
+
+    class Source:
+        name = NAME
+
+        def descriptor(self) -> dict[str, Any]:
+            return {"name": NAME, "delivery": ["poll", "push"]}
+
+    source: Any = Source()
+    methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
+    listed = await methods.list(request("events/list", {}, "ann"))
+    assert listed["events"][0]["delivery"] == ["poll", "push"]  # type: ignore[index]
+    params = hook("t", "https://example.com/h")
+    with pytest.raises(RpcError) as refused:
+        await methods.methods()["events/subscribe"](request("events/subscribe", params, "ann"))
+    assert refused.value.code == UNSUPPORTED
+    assert refused.value.data == {"feature": "deliveryMode", "value": "webhook"}
+
+
+def request(method: str, params: dict[str, Any], principal: str = "anonymous") -> Call:
+    rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method=method, params=params)
+    return Call(rpc, Caller(principal, "conn"), legacy=False, params=params)
+
+
 def restart(bridge: Bridge, **env: str) -> None:
     assert bridge.server is not None
     bridge.server.stop()
@@ -572,11 +668,6 @@ async def test_an_unauthenticated_caller_is_forbidden_and_webhook_is_not_listed(
     source: Any = Source()
     methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
     params = hook("t", "https://example.com/h")
-
-    def request(method: str, params: dict[str, Any]) -> Call:
-        rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method=method, params=params)
-        return Call(rpc, Caller("anonymous", "conn"), legacy=False, params=params)
-
     for method in ("events/subscribe", "events/unsubscribe"):
         with pytest.raises(RpcError) as refused:
             await methods.methods()[method](request(method, params))
