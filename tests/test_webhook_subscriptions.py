@@ -25,10 +25,10 @@ import trustme
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
-from support.layout import fresh_prefix, make_settings
+from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
-from support.topics import topic_records
+from support.topics import TopicRecord, replay_records, topic_records
 from support.waits import BOUND, wait_until
 
 from bridge.events import UNSUPPORTED
@@ -555,6 +555,61 @@ def restart(bridge: Bridge, **env: str) -> None:
     bridge.server.stop()
     bridge.env.update(env)
     bridge.start_server()
+
+
+# --- upgrade: subscriptions stored by 8fd441c ---------------------------------------------------
+
+UPGRADE = Path(__file__).parent / "fixtures" / "upgrade-8fd441c-subscriptions"
+
+
+@kafka
+async def test_subscriptions_stored_by_8fd441c_keep_their_deliveries_and_are_sealed(
+    kafka_bootstrap: str, tmp_path: Path, ca: trustme.CA
+) -> None:
+    """The fixture's records (secrets in clear) replayed into a fresh topic: the upgraded bridge
+    delivers to both callbacks, signed with the secrets stored then (no new challenge, no
+    refresh), and the owner rewrites both records sealed."""
+    meta = json.loads((UPGRADE / "meta.json").read_text())
+    stored = [TopicRecord.from_json(r) for r in json.loads((UPGRADE / "records.json").read_text())]
+    settings = make_settings(kafka_bootstrap, fresh_prefix("u"))
+    assert settings.topics.partitions == meta["partitions"]
+    create_served_topics(settings)
+    await replay_records(settings, settings.topics.subscriptions, stored)
+    receiver = Receiver()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    with (
+        serving(_handler(receiver), ca, port=meta["receiver_port"]) as receiver.port,
+        running_bearer_bridge(
+            settings,
+            tmp_path,
+            {"tok-upgrader": meta["principal"]},
+            BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
+            BRIDGE_WEBHOOK_CA_FILE=str(tmp_path / "ca.pem"),
+            BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
+        ) as running,
+    ):
+        headers = {"Authorization": "Bearer tok-upgrader"}
+        async with httpx.AsyncClient(timeout=BOUND, headers=headers) as http:
+            task = await create_task(http, running.url, "slow_compute", {"seconds": 120})
+        for path in ("a", "b"):  # the task's first status change, at each callback
+            await wait_until(lambda p=path: receiver.events(p), what=f"a delivery to /hooks/{path}")
+        assert challenges(receiver) == []
+        secrets = meta["secrets"]
+        for path, secret in (("a", secrets["a"]), ("b", secrets["b"])):
+            post = receiver.events(path)[0]
+            assert Webhook(secret).verify(post.body, post.headers)["data"]["taskId"] == task
+
+        async def sealed() -> list[TopicRecord] | None:
+            latest = {r.key: r for r in await topic_records(settings)}
+            ok = all(r.value and json.loads(r.value)["v"] == 2 for r in latest.values())
+            return list(latest.values()) if ok else None
+
+        latest = await wait_until(sealed, what="both subscriptions rewritten sealed")
+    assert len(latest) == 2
+    for record in latest:
+        assert record.value is not None
+        for secret in secrets.values():
+            assert secret.removeprefix("whsec_").encode() not in record.value
 
 
 # --- in-process: the rules ---------------------------------------------------------------------

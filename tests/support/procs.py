@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.config import Settings
-from bridge.sealing import KeyRing
 
 from .layout import create_served_topics
 from .waits import wait_until_sync
@@ -202,6 +201,9 @@ def running_bearer_bridge(
 def webhook_keys_env(logs: Path) -> dict[str, str]:
     """The environment of a bridge that seals webhook secrets with a key file under ``logs``
     (made once, shared by every replica started with it)."""
+    # Imported here: the upgrade fixtures' generators run these helpers on 8fd441c's code.
+    from bridge.sealing import KeyRing
+
     keys = logs / "webhook-keys.json"
     if not keys.exists():
         KeyRing.with_new_key(keys)
