@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.cli import main
 from bridge.sealing import KeyFileError, KeyRing, Sealer, SealError
 
 SECRET = b'["whsec_c3Nzc3Nzc3Nzc3Nzc3Nzc3Nzc3Nzc3Nzc3Nzc3Nzc3M="]'
@@ -108,3 +109,18 @@ def test_a_malformed_key_file_is_refused_without_showing_its_content(
 def test_a_missing_key_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError):
         KeyRing.load(tmp_path / "absent.json")
+
+
+def test_bridge_webhooks_new_key_adds_a_current_key_and_keeps_the_older_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.json"
+    assert main(["webhooks", "new-key", str(path)]) == 0
+    first = KeyRing.load(path)
+    assert main(["webhooks", "new-key", str(path)]) == 0
+    second = KeyRing.load(path)
+    assert second.current != first.current and first.current in second.keys
+    assert json.loads(path.read_text())["keys"][second.current] not in capsys.readouterr().out
+    path.write_text('{"current": "x", "keys": {"x": "not-a-key-c2VjcmV0"}}')
+    assert main(["webhooks", "new-key", str(path)]) == 2
+    assert "c2VjcmV0" not in capsys.readouterr().err
