@@ -8,6 +8,7 @@ nothing. The retry schedule is pure and checked with a seeded generator and a fa
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import ipaddress
 import json
@@ -27,6 +28,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
 
 from bridge.mcpevents.webhooks import (
+    MAX_ANSWER_BYTES,
     SUBSCRIPTION_ID_HEADER,
     InvalidSecret,
     Outcome,
@@ -174,6 +176,8 @@ class Receiver:
     answer: bytes | None = None
     answer_headers: dict[str, str] = field(default_factory=dict)
     gzip_answer: bool = False
+    #: Answer 200 at once, then the body one byte every 0.2 s until released.
+    drip: bool = False
 
     @property
     def url(self) -> str:
@@ -185,6 +189,9 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             receiver.received.append((dict(self.headers.items()), body))
+            if receiver.drip:
+                self._drip()
+                return
             if receiver.hold:
                 receiver.release.wait(10)
             answer = b""
@@ -203,6 +210,15 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
+
+        def _drip(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(MAX_ANSWER_BYTES))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the sender hangs up at its deadline
+                while not receiver.release.wait(0.2):  # the drip's pace, not a synchronisation
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -466,6 +482,20 @@ async def test_an_answer_longer_than_the_cap_is_read_up_to_the_cap_only(
         outcome, peak = await _peak_bytes_allocated(verifying)
     assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
     assert peak < BOMB_BUDGET_BYTES, f"{peak} bytes held for an 8 MiB answer"
+
+
+async def test_an_answer_dripped_a_byte_at_a_time_ends_at_the_attempts_deadline(
+    receiver: Receiver, client_tls: ssl.SSLContext
+) -> None:
+    # Each byte comes well within the per-read timeout: only a deadline on the whole attempt
+    # ends it (else 4 KiB at 5 bytes a second would hold the subscribe for 14 minutes).
+    receiver.drip = True
+    sender = WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls, timeout_seconds=1.0)
+    async with sender:
+        outcome = await sender.verify_endpoint(
+            receiver.url, subscription_id="s", secrets=[OLD_SECRET]
+        )
+    assert outcome == Outcome(Verdict.RETRY, "timeout")
 
 
 # --- the retry schedule (pure) ----------------------------------------------------------------
