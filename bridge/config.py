@@ -565,8 +565,8 @@ class Settings(BaseSettings):
     webhook_rotation_grace_s: float = Field(600.0, ge=0)
     #: Verification challenges one principal may send to one callback host: this many at once,
     #: then ``webhook_verify_per_minute`` (ResourceExhausted beyond; a refresh sends none).
-    webhook_verify_burst: int = Field(5, ge=1)
-    webhook_verify_per_minute: float = Field(6.0, gt=0)
+    webhook_verify_burst: int = Field(10, ge=1)
+    webhook_verify_per_minute: float = Field(12.0, gt=0)
     #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
     webhook_keys: WebhookKeySettings = WebhookKeySettings()
 

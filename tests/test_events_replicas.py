@@ -126,6 +126,8 @@ def cluster(
         BRIDGE_WEBHOOK_CA_FILE=str(logs / "ca.pem"),
         BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
         BRIDGE_WEBHOOK_TIMEOUT_S="2",
+        # One principal verifies a callback URL per partition and task, all on one host.
+        BRIDGE_WEBHOOK_VERIFY_BURST="32",
         **webhook_keys_env(logs),
     )
     running = Cluster(settings, logs, env)
