@@ -99,7 +99,11 @@ class KeyRing:
     def load(cls, path: Path) -> KeyRing:
         """Read a key file; :class:`KeyFileError` naming only the path when it is unusable."""
         try:
-            document = json.loads(path.read_bytes())
+            text = path.read_bytes()
+        except OSError as exc:
+            raise KeyFileError(f"{path}: cannot read the key file ({exc.strerror})") from None
+        try:
+            document = json.loads(text)
             keys = {
                 str(kid): base64.b64decode(text, validate=True)
                 for kid, text in document["keys"].items()
@@ -107,7 +111,7 @@ class KeyRing:
             return cls(str(document["current"]), keys)
         except KeyFileError as exc:
             raise KeyFileError(f"{path}: {exc}") from None
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+        except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
             raise KeyFileError(
                 f'{path}: not a key file ({{"current": id, "keys": {{id: base64 of 32 bytes}}}})'
             ) from None

@@ -124,3 +124,8 @@ def test_bridge_webhooks_new_key_adds_a_current_key_and_keeps_the_older_ones(
     path.write_text('{"current": "x", "keys": {"x": "not-a-key-c2VjcmV0"}}')
     assert main(["webhooks", "new-key", str(path)]) == 2
     assert "c2VjcmV0" not in capsys.readouterr().err
+
+
+def test_a_missing_key_file_is_named_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(KeyFileError, match="cannot read the key file"):
+        KeyRing.load(tmp_path / "absent.json")
