@@ -106,11 +106,6 @@ def test_a_malformed_key_file_is_refused_without_showing_its_content(
     assert "c2hvcnQ" not in str(refused.value) and "a2tr" not in str(refused.value)
 
 
-def test_a_missing_key_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(KeyFileError):
-        KeyRing.load(tmp_path / "absent.json")
-
-
 def test_bridge_webhooks_new_key_adds_a_current_key_and_keeps_the_older_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
