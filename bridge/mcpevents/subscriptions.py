@@ -234,6 +234,8 @@ def parse_record(value: bytes) -> StoredRecord:
         if not isinstance(body["id"], str):
             raise TypeError("id")
         if version == _CLEAR_VERSION:
+            if not isinstance(secrets, list):
+                raise TypeError("secrets")
             return StoredRecord(body, None, tuple(secrets))
         if not isinstance(secrets, dict):
             raise TypeError("secrets")
