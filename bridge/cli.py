@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.config import Settings, load_settings
@@ -553,6 +554,24 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_webhooks(args: argparse.Namespace, settings: Settings) -> int:
+    """``bridge webhooks new-key [FILE]``: add a fresh key to the key file that seals webhook
+    secrets (created if absent) and make it current; the older keys stay for what they sealed."""
+    from bridge.sealing import KeyFileError, KeyRing
+
+    path = Path(args.file) if args.file else settings.webhook_keys.file
+    if path is None:
+        raise UserError(
+            "name the key file: bridge webhooks new-key FILE (or BRIDGE_WEBHOOK_KEYS__FILE)"
+        )
+    try:
+        ring = KeyRing.with_new_key(path)
+    except KeyFileError as exc:
+        raise UserError(str(exc)) from None
+    print(f"{path}: current key {ring.current} ({len(ring.keys)} keys); roll every replica")
+    return 0
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
@@ -652,6 +671,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="consumer group session timeout: how soon a dead worker's jobs move to others",
     )
     workers.set_defaults(func=cmd_workers)
+
+    webhooks = sub.add_parser("webhooks", help="the key that seals webhook secrets at rest")
+    webhooks.add_argument(
+        "action",
+        choices=["new-key"],
+        help="new-key: add a fresh current key to the key file (created if absent)",
+    )
+    webhooks.add_argument("file", nargs="?", help="the key file (default: webhook_keys.file)")
+    webhooks.set_defaults(func=cmd_webhooks)
     return parser
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "ToolSpec",
     "TopicSettings",
     "TracingSettings",
+    "WebhookKeySettings",
     "env_name",
     "load_settings",
     "running_in_ci",
@@ -461,6 +462,24 @@ def _header_pairs(text: str) -> dict[str, str]:
     return pairs
 
 
+class WebhookKeySettings(BaseModel):
+    """Where the key that seals webhook signing secrets at rest comes from (docs/events.md,
+    "Secrets at rest"). Set as ``BRIDGE_WEBHOOK_KEYS__FILE`` and so on.
+
+    Without a key file webhook delivery is off (``events/subscribe`` is refused and nothing is
+    stored): secrets are never written to Kafka in clear.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The key file: ``{"current": id, "keys": {id: base64 of 32 bytes}}``, the same on every
+    #: replica (mount it from a secret store); ``bridge webhooks new-key FILE`` writes one.
+    file: Path | None = None
+    #: Create ``file`` with a fresh key when it does not exist: for development only (a key made
+    #: on one replica's disk is unknown to the others and lost with the disk).
+    create: bool = False
+
+
 class Settings(BaseSettings):
     """All settings of the bridge. The README's Configuration table lists the main ones."""
 
@@ -592,6 +611,12 @@ class Settings(BaseSettings):
     webhook_suspend_after_failures: int = Field(10, ge=1)
     #: How long the replaced secret still signs (beside the new one) after a rotation.
     webhook_rotation_grace_s: float = Field(600.0, ge=0)
+    #: Verification challenges one principal may send to one callback host: this many at once,
+    #: then ``webhook_verify_per_minute`` (ResourceExhausted beyond; a refresh sends none).
+    webhook_verify_burst: int = Field(10, ge=1)
+    webhook_verify_per_minute: float = Field(12.0, gt=0)
+    #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
+    webhook_keys: WebhookKeySettings = WebhookKeySettings()
 
     _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
     #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).

@@ -222,6 +222,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # Webhooks (bridge/mcpevents/delivery.py): verification challenges the throttle refused.
+        self.webhook_verifications_throttled = Counter(
+            "bridge_webhook_verifications_throttled_total",
+            "events/subscribe verification challenges refused by the per (principal, callback "
+            "host) token bucket",
+            registry=r,
+        )
         # The end-to-end canary (bridge/canary.py): probes through the stream path.
         self.canary_probes = Counter(
             "bridge_canary_probes_total",

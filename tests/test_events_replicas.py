@@ -35,7 +35,7 @@ from conformance.wire import loads
 from support.https import serving
 from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, request, result
-from support.procs import Proc, bridge_env, free_port
+from support.procs import Proc, bridge_env, free_port, webhook_keys_env
 from support.sse import sse_events
 from support.waits import BOUND, wait_until, wait_until_sync
 from test_replicas import Replica, owned
@@ -126,6 +126,9 @@ def cluster(
         BRIDGE_WEBHOOK_CA_FILE=str(logs / "ca.pem"),
         BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
         BRIDGE_WEBHOOK_TIMEOUT_S="2",
+        # One principal verifies a callback URL per partition and task, all on one host.
+        BRIDGE_WEBHOOK_VERIFY_BURST="32",
+        **webhook_keys_env(logs),
     )
     running = Cluster(settings, logs, env)
     try:

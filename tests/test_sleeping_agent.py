@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.layout import fresh_prefix, make_settings
-from support.procs import Bridge, running_bridge
+from support.procs import Bridge, running_bridge, webhook_keys_env
 
 from bridge.client import StreamError, TaskStreamClient
 from bridge.demo.agenthome import AgentConfig, AgentHome
@@ -148,6 +148,7 @@ def agent_bridge(kafka_bootstrap: str, root: Path) -> Iterator[tuple[Bridge, Any
         BRIDGE_AUTH__TOKENS_FILE=str(tokens),
         BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
         BRIDGE_WEBHOOK_CA_FILE=str(tls.ca_file),
+        **webhook_keys_env(root),
     ) as running:
         yield running, tls
 

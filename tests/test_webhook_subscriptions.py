@@ -25,11 +25,13 @@ import trustme
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
-from support.layout import fresh_prefix, make_settings
+from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
+from support.topics import TopicRecord, replay_records, topic_records
 from support.waits import BOUND, wait_until
 
+from bridge.events import UNSUPPORTED
 from bridge.log.publisher import TaskEventPublisher
 from bridge.mcpevents.cursor import decode_task
 from bridge.mcpevents.subscriptions import (
@@ -38,8 +40,12 @@ from bridge.mcpevents.subscriptions import (
     SubscriptionTable,
     TtlPolicy,
     merge,
+    parse_record,
+    secrets_context,
+    secrets_of,
     subscription_id,
 )
+from bridge.sealing import KeyRing, Sealer
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods, webhook_methods
 from bridge.server.handlers import Call
@@ -48,12 +54,14 @@ from bridge.server.wire import JsonRpcRequest, RpcError
 NAME = "io.mcpbridge.task.event"
 SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 ROTATED = "whsec_" + base64.b64encode(b"r" * 32).decode()
-PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida")
+PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida", "jo", "kim", "lee")
 TOKENS = {f"tok-{name}": name for name in PRINCIPALS}
 #: The bridge's retry policy here: three attempts within three seconds.
 ATTEMPTS = 3
 RETRY_S = 3.0
 LIMIT = 3
+#: Verification challenges per (principal, callback host): three at once, then one per 10 min.
+BURST = 3
 
 kafka = pytest.mark.kafka
 
@@ -168,6 +176,8 @@ def wbridge(
         BRIDGE_WEBHOOK_BACKOFF_BASE_S="0.2",
         BRIDGE_WEBHOOK_BACKOFF_MAX_S="1",
         BRIDGE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_PRINCIPAL=str(LIMIT),
+        BRIDGE_WEBHOOK_VERIFY_BURST=str(BURST),
+        BRIDGE_WEBHOOK_VERIFY_PER_MINUTE="0.1",
     ) as running:
         yield running
 
@@ -450,11 +460,156 @@ async def test_a_callback_refused_at_delivery_time_suspends_delivery_until_a_ref
     assert await steps_reach(receiver, "k", 2) == [0, 1]
 
 
+def challenges(receiver: Receiver) -> list[Post]:
+    return [p for p in receiver.posts if p.message.get("type") == "verification"]
+
+
+async def throttled_total(bridge: Bridge) -> float:
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        text = (await http.get(bridge.url.removesuffix("/mcp") + "/metrics")).text
+    lines = [x for x in text.splitlines() if x.startswith(THROTTLED_METRIC + " ")]
+    return float(lines[0].split()[1]) if lines else 0.0
+
+
+THROTTLED_METRIC = "bridge_webhook_verifications_throttled_total"
+
+
+@kafka
+async def test_verifications_are_throttled_per_principal_and_host_and_a_refresh_sends_none(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "jo")
+    before = await throttled_total(wbridge)
+    await subscribed(wbridge, "jo", hook(task, receiver.url("t0")))  # verified: one token
+    receiver.echo = False  # the rest of the burst goes on failed challenges, each a POST
+    for n in range(1, BURST):
+        failed = await subscribe(wbridge, "jo", hook(task, receiver.url(f"t{n}")))
+        assert failed["error"]["data"] == {"reason": "challenge_failed"}
+    assert len(challenges(receiver)) == BURST
+    over = await subscribe(wbridge, "jo", hook(task, receiver.url("t-over")))
+    assert over["error"]["code"] == -32025, over
+    assert over["error"]["data"]["limit"] == "verifications"
+    assert over["error"]["data"]["retryAfterMs"] > 0
+    assert len(challenges(receiver)) == BURST  # throttled: nothing sent
+    assert await throttled_total(wbridge) == before + 1
+    # A refresh of the verified subscription sends no challenge and needs no token.
+    receiver.echo = True
+    for secret in (SECRET, ROTATED):
+        await subscribed(wbridge, "jo", hook(task, receiver.url("t0"), secret=secret))
+    assert len(challenges(receiver)) == BURST
+    # Another principal on the same host has a budget of its own.
+    other = await started_task(wbridge, "kim")
+    await subscribed(wbridge, "kim", hook(other, receiver.url("t-kim")))
+    assert len(challenges(receiver)) == BURST + 1
+
+
+@kafka
+async def test_the_subscriptions_topic_holds_no_signing_secret_in_clear(
+    wbridge: Bridge, receiver: Receiver
+) -> None:
+    task = await started_task(wbridge, "lee")
+    got = await subscribed(wbridge, "lee", hook(task, receiver.url("sealed")))
+    await subscribed(wbridge, "lee", hook(task, receiver.url("sealed"), secret=ROTATED))
+    await publish(wbridge, task, range(1))
+    await steps_reach(receiver, "sealed", 1)  # a write-back after the delivery, too
+    records = [r for r in await topic_records(wbridge.settings) if r.key == got["id"].encode()]
+    assert len(records) >= 3
+    for record in records:
+        assert record.value is not None
+        for secret in (SECRET, ROTATED):
+            key = secret.removeprefix("whsec_")
+            assert key.encode() not in record.value and key[:16].encode() not in record.value
+        sealed = json.loads(record.value)["secrets"]
+        assert sealed["alg"] == "A256GCM" and sealed["kid"] and sealed["ct"]
+    signed = receiver.events("sealed")[-1]  # and delivery signs with the opened secrets
+    assert Webhook(ROTATED).verify(signed.body, signed.headers)
+
+
+async def test_without_a_key_webhook_delivery_is_off_and_nothing_is_stored() -> None:
+    settings = make_settings("unused:9092", fresh_prefix(), auth={"mode": "bearer"})
+
+    class Source:
+        name = NAME
+
+        def descriptor(self) -> dict[str, Any]:
+            return {"name": NAME, "delivery": ["poll", "push"]}
+
+    source: Any = Source()
+    methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
+    listed = await methods.list(request("events/list", {}, "ann"))
+    assert listed["events"][0]["delivery"] == ["poll", "push"]  # type: ignore[index]
+    params = hook("t", "https://example.com/h")
+    with pytest.raises(RpcError) as refused:
+        await methods.methods()["events/subscribe"](request("events/subscribe", params, "ann"))
+    assert refused.value.code == UNSUPPORTED
+    assert refused.value.data == {"feature": "deliveryMode", "value": "webhook"}
+
+
+def request(method: str, params: dict[str, Any], principal: str = "anonymous") -> Call:
+    rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method=method, params=params)
+    return Call(rpc, Caller(principal, "conn"), legacy=False, params=params)
+
+
 def restart(bridge: Bridge, **env: str) -> None:
     assert bridge.server is not None
     bridge.server.stop()
     bridge.env.update(env)
     bridge.start_server()
+
+
+# --- upgrade: subscriptions stored by 8fd441c ---------------------------------------------------
+
+UPGRADE = Path(__file__).parent / "fixtures" / "upgrade-8fd441c-subscriptions"
+
+
+@kafka
+async def test_subscriptions_stored_by_8fd441c_keep_their_deliveries_and_are_sealed(
+    kafka_bootstrap: str, tmp_path: Path, ca: trustme.CA
+) -> None:
+    """The fixture's records (secrets in clear) replayed into a fresh topic: the upgraded bridge
+    delivers to both callbacks, signed with the secrets stored then (no new challenge, no
+    refresh), and the owner rewrites both records sealed."""
+    meta = json.loads((UPGRADE / "meta.json").read_text())
+    stored = [TopicRecord.from_json(r) for r in json.loads((UPGRADE / "records.json").read_text())]
+    settings = make_settings(kafka_bootstrap, fresh_prefix("u"))
+    assert settings.topics.partitions == meta["partitions"]
+    create_served_topics(settings)
+    await replay_records(settings, settings.topics.subscriptions, stored)
+    receiver = Receiver()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    with (
+        serving(_handler(receiver), ca, port=meta["receiver_port"]) as receiver.port,
+        running_bearer_bridge(
+            settings,
+            tmp_path,
+            {"tok-upgrader": meta["principal"]},
+            BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
+            BRIDGE_WEBHOOK_CA_FILE=str(tmp_path / "ca.pem"),
+            BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
+        ) as running,
+    ):
+        headers = {"Authorization": "Bearer tok-upgrader"}
+        async with httpx.AsyncClient(timeout=BOUND, headers=headers) as http:
+            task = await create_task(http, running.url, "slow_compute", {"seconds": 120})
+        for path in ("a", "b"):  # the task's first status change, at each callback
+            await wait_until(lambda p=path: receiver.events(p), what=f"a delivery to /hooks/{path}")
+        assert challenges(receiver) == []
+        secrets = meta["secrets"]
+        for path, secret in (("a", secrets["a"]), ("b", secrets["b"])):
+            post = receiver.events(path)[0]
+            assert Webhook(secret).verify(post.body, post.headers)["data"]["taskId"] == task
+
+        async def sealed() -> list[TopicRecord] | None:
+            latest = {r.key: r for r in await topic_records(settings)}
+            ok = all(r.value and json.loads(r.value)["v"] == 2 for r in latest.values())
+            return list(latest.values()) if ok else None
+
+        latest = await wait_until(sealed, what="both subscriptions rewritten sealed")
+    assert len(latest) == 2
+    for record in latest:
+        assert record.value is not None
+        for secret in secrets.values():
+            assert secret.removeprefix("whsec_").encode() not in record.value
 
 
 # --- in-process: the rules ---------------------------------------------------------------------
@@ -491,11 +646,26 @@ def test_the_subscription_id_is_deterministic_over_principal_url_name_and_argume
     assert one not in others and len(set(others)) == 4
 
 
-def test_a_record_round_trips_and_no_repr_shows_the_secret_or_the_url() -> None:
+async def test_a_record_round_trips_with_its_secrets_sealed_and_no_repr_shows_them() -> None:
     sub = _sub(status=DeliveryStatus(last_delivery_ms=5, consecutive_failures=2))
-    assert Subscription.from_record(sub.to_record()) == sub
-    shown = repr(sub) + str(sub)
+    sealer = Sealer(KeyRing("k1", {"k1": b"k" * 32}))
+    sealed = await sealer.seal(sub.secrets_plaintext(), secrets_context(sub.id))
+    value = sub.to_record(sealed)
+    assert SECRET.encode() not in value and SECRET.removeprefix("whsec_").encode() not in value
+    stored = parse_record(value)
+    assert stored.sealed == sealed
+    opened = await sealer.open(stored.sealed, secrets_context(sub.id))
+    assert stored.subscription(secrets_of(opened)) == sub
+    shown = repr(sub) + str(sub) + repr(stored)
     assert SECRET not in shown and "example.com" not in shown and "ann" not in shown
+
+
+def test_a_record_of_8fd441c_with_its_secrets_in_clear_is_still_read() -> None:
+    sub = _sub()
+    body = json.loads(sub.to_record({}))
+    value = json.dumps({**body, "v": 1, "secrets": [SECRET]}).encode()
+    stored = parse_record(value)
+    assert stored.sealed is None and stored.subscription(stored.clear) == sub
 
 
 def test_ttl_grants_clamp_the_suggestion_and_never_grant_no_expiry() -> None:
@@ -520,12 +690,12 @@ def test_a_refresh_and_a_write_back_merge_the_same_way_in_either_order() -> None
 def test_a_write_back_after_the_tombstone_does_not_bring_the_subscription_back() -> None:
     table = SubscriptionTable()
     stored = _sub()
-    table.apply(0, "sub_1", stored.to_record())
+    table.apply(0, "sub_1", stored)
     table.apply(0, "sub_1", None)
     late = stored.delivered("c9", DeliveryStatus())
-    assert table.apply(0, "sub_1", late.to_record()) is False and table.get("sub_1") is None
+    assert table.apply(0, "sub_1", late) is False and table.get("sub_1") is None
     again = _sub(refreshed_ms=table.deleted_rev("sub_1") + 1)
-    assert table.apply(0, "sub_1", again.to_record()) and table.get("sub_1") == again
+    assert table.apply(0, "sub_1", again) and table.get("sub_1") == again
 
 
 def test_the_old_secret_signs_only_during_the_rotation_grace_window() -> None:
@@ -553,11 +723,6 @@ async def test_an_unauthenticated_caller_is_forbidden_and_webhook_is_not_listed(
     source: Any = Source()
     methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
     params = hook("t", "https://example.com/h")
-
-    def request(method: str, params: dict[str, Any]) -> Call:
-        rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method=method, params=params)
-        return Call(rpc, Caller("anonymous", "conn"), legacy=False, params=params)
-
     for method in ("events/subscribe", "events/unsubscribe"):
         with pytest.raises(RpcError) as refused:
             await methods.methods()[method](request(method, params))

@@ -8,12 +8,15 @@ nothing. The retry schedule is pure and checked with a seeded generator and a fa
 from __future__ import annotations
 
 import base64
+import contextlib
+import gzip
 import ipaddress
 import json
 import random
 import ssl
 import threading
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
@@ -25,6 +28,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
 
 from bridge.mcpevents.webhooks import (
+    MAX_ANSWER_BYTES,
     SUBSCRIPTION_ID_HEADER,
     InvalidSecret,
     Outcome,
@@ -168,6 +172,12 @@ class Receiver:
     echo_challenge: bool = False
     release: threading.Event = field(default_factory=threading.Event)
     hold: bool = False
+    #: An answer body and headers of the test's own (a gzip bomb), instead of the echo.
+    answer: bytes | None = None
+    answer_headers: dict[str, str] = field(default_factory=dict)
+    gzip_answer: bool = False
+    #: Answer 200 at once, then the body one byte every 0.2 s until released.
+    drip: bool = False
 
     @property
     def url(self) -> str:
@@ -179,17 +189,36 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             receiver.received.append((dict(self.headers.items()), body))
+            if receiver.drip:
+                self._drip()
+                return
             if receiver.hold:
                 receiver.release.wait(10)
             answer = b""
             if receiver.echo_challenge:
                 answer = json.dumps({"challenge": json.loads(body)["challenge"]}).encode()
+            if receiver.answer is not None:
+                answer = receiver.answer
+            if receiver.gzip_answer:
+                answer = gzip.compress(answer)
+                receiver.answer_headers["Content-Encoding"] = "gzip"
             self.send_response(receiver.status)
             if receiver.location:
                 self.send_header("Location", receiver.location)
+            for name, value in receiver.answer_headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
+
+        def _drip(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(MAX_ANSWER_BYTES))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the sender hangs up at its deadline
+                while not receiver.release.wait(0.2):  # the drip's pace, not a synchronisation
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -388,6 +417,85 @@ async def test_an_endpoint_that_answers_2xx_without_the_challenge_fails_verifica
             receiver.url, subscription_id="sub_1", secrets=[OLD_SECRET]
         )
     assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
+
+
+#: 64 MiB of zeros gzipped: 64 KiB on the wire, the review's bomb.
+BOMB = gzip.compress(bytes(64 * 1024 * 1024), compresslevel=9)
+#: What the bomb may cost the sender: the transport's chunks, never the decoded 64 MiB.
+BOMB_BUDGET_BYTES = 2 * 1024 * 1024
+
+
+async def _peak_bytes_allocated(attempt: Awaitable[Outcome]) -> tuple[Outcome, int]:
+    """``attempt``'s outcome, and the most memory Python held for it at once (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        outcome = await attempt
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return outcome, peak
+
+
+async def test_a_gzip_bomb_answer_to_a_challenge_is_never_decompressed(
+    receiver: Receiver, client_tls: ssl.SSLContext
+) -> None:
+    assert len(BOMB) < 128 * 1024
+    receiver.answer, receiver.answer_headers = BOMB, {"Content-Encoding": "gzip"}
+    async with WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls) as sender:
+        verifying = sender.verify_endpoint(receiver.url, subscription_id="s", secrets=[OLD_SECRET])
+        outcome, peak = await _peak_bytes_allocated(verifying)
+    assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
+    assert peak < BOMB_BUDGET_BYTES, f"{peak} bytes held for a {len(BOMB)}-byte answer"
+
+
+async def test_a_gzip_bomb_answer_to_a_delivery_is_never_decompressed(
+    receiver: Receiver, client_tls: ssl.SSLContext
+) -> None:
+    receiver.answer, receiver.answer_headers = BOMB, {"Content-Encoding": "gzip"}
+    async with WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls) as sender:
+        outcome, peak = await _peak_bytes_allocated(_post(sender, receiver.url))
+    assert outcome == Outcome(Verdict.DELIVERED, None, 200)
+    assert peak < BOMB_BUDGET_BYTES, f"{peak} bytes held for a {len(BOMB)}-byte answer"
+
+
+async def test_the_sender_asks_for_identity_encoding_and_ignores_an_encoded_echo(
+    receiver: Receiver, client_tls: ssl.SSLContext
+) -> None:
+    # A valid echo, gzipped anyway: it was not asked for, so it is not read (nor decoded).
+    receiver.echo_challenge, receiver.gzip_answer = True, True
+    async with WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls) as sender:
+        outcome = await sender.verify_endpoint(
+            receiver.url, subscription_id="s", secrets=[OLD_SECRET]
+        )
+    [(headers, _)] = receiver.received
+    assert headers["Accept-Encoding"] == "identity"
+    assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
+
+
+async def test_an_answer_longer_than_the_cap_is_read_up_to_the_cap_only(
+    receiver: Receiver, client_tls: ssl.SSLContext
+) -> None:
+    receiver.answer = b" " * (8 * 1024 * 1024)  # whitespace: no echo, 8 MiB of it
+    async with WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls) as sender:
+        verifying = sender.verify_endpoint(receiver.url, subscription_id="s", secrets=[OLD_SECRET])
+        outcome, peak = await _peak_bytes_allocated(verifying)
+    assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
+    assert peak < BOMB_BUDGET_BYTES, f"{peak} bytes held for an 8 MiB answer"
+
+
+async def test_an_answer_dripped_a_byte_at_a_time_ends_at_the_attempts_deadline(
+    receiver: Receiver, client_tls: ssl.SSLContext
+) -> None:
+    # Each byte comes well within the per-read timeout: only a deadline on the whole attempt
+    # ends it (else 4 KiB at 5 bytes a second would hold the subscribe for 14 minutes).
+    receiver.drip = True
+    sender = WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls, timeout_seconds=1.0)
+    async with sender:
+        outcome = await sender.verify_endpoint(
+            receiver.url, subscription_id="s", secrets=[OLD_SECRET]
+        )
+    assert outcome == Outcome(Verdict.RETRY, "timeout")
 
 
 # --- the retry schedule (pure) ----------------------------------------------------------------

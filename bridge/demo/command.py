@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.component import cancel_and_wait, stop_signal
-from bridge.config import AuthSettings, Settings
+from bridge.config import AuthSettings, Settings, WebhookKeySettings
 from bridge.demo.common import DEFAULT_SESSION, DemoError
 from bridge.demo.narrator import Narrator
 from bridge.demo.receiver import LOOPBACK, ReceiverTls, throwaway_tls
@@ -64,7 +64,9 @@ def demo_command(
     token = secrets.token_urlsafe(24)  # this run's only credential: never a fixed default
     with tempfile.TemporaryDirectory(prefix="bridge-demo-") as workdir, _narration_only(settings):
         tls = throwaway_tls(Path(workdir))
-        demo = _Demo(_with_auth_and_webhooks(settings, token, tls), token, tls, Path(workdir))
+        demo = _Demo(
+            _with_auth_and_webhooks(settings, token, tls, Path(workdir)), token, tls, Path(workdir)
+        )
         return asyncio.run(_run_demo(demo, session, shown, speed, exit_after))
 
 
@@ -94,13 +96,24 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
     return settings.model_copy(update={"tool_packs": packs})
 
 
-def _with_auth_and_webhooks(settings: Settings, token: str, tls: ReceiverTls) -> Settings:
+def _with_auth_and_webhooks(
+    settings: Settings, token: str, tls: ReceiverTls, workdir: Path
+) -> Settings:
     """Bearer auth with the run's one token, and webhooks to the demo's loopback receiver:
-    its CA trusted, loopback allowed (nothing else is added to what the SSRF rules allow)."""
+    its CA trusted, loopback allowed (nothing else is added to what the SSRF rules allow), the
+    secrets sealed by a key made for the run (unless one is configured)."""
     auth = AuthSettings(mode="bearer", tokens={token: DEMO_PRINCIPAL})
     allow = list(dict.fromkeys([*settings.webhook_allowlist, f"{LOOPBACK}/32"]))
+    keys = settings.webhook_keys
+    if keys.file is None:
+        keys = WebhookKeySettings(file=workdir / "webhook-keys.json", create=True)
     return settings.model_copy(
-        update={"auth": auth, "webhook_allowlist": allow, "webhook_ca_file": tls.ca_file}
+        update={
+            "auth": auth,
+            "webhook_allowlist": allow,
+            "webhook_ca_file": tls.ca_file,
+            "webhook_keys": keys,
+        }
     )
 
 

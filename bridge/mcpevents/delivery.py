@@ -30,11 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
+
 from bridge.component import Component, cancel_and_wait
 from bridge.config import Settings
 from bridge.mcpevents.occurrences import Occurrence, PollBatch
 from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry
 from bridge.mcpevents.subscriptions import DeliveryStatus, Subscription
+from bridge.mcpevents.throttle import TokenBuckets
 from bridge.mcpevents.webhooks import (
     Outcome,
     RetryPolicy,
@@ -43,12 +46,14 @@ from bridge.mcpevents.webhooks import (
     control_message_id,
     deliver,
 )
+from bridge.sealing import Sealer
 
 __all__ = [
     "DeliveryPolicy",
     "Poll",
     "Revoked",
     "SubscriptionDelivery",
+    "VerificationThrottled",
     "WebhookDeliveries",
     "WebhookService",
 ]
@@ -306,6 +311,17 @@ class WebhookDeliveries:
         for sub_id in self.registry.table.in_partitions(owned):
             self._ensure(sub_id)
         log.info("webhook delivery: partitions %s owned", owned)
+        await self._reseal(owned)
+
+    async def _reseal(self, partitions: list[int]) -> None:
+        """Seal the secrets of subscriptions written before sealing (the upgrade path)."""
+        try:
+            rewritten = await self.registry.reseal(partitions)
+        except Exception as exc:  # the next assignment tries again; delivery goes on meanwhile
+            log.error("webhook secrets not resealed (%s)", type(exc).__name__)
+            return
+        if rewritten:
+            log.info("webhook subscriptions stored in clear, now sealed: %d", rewritten)
 
     async def revoked(self, partitions: list[int]) -> None:
         """Stop delivering ``partitions`` before the group hands them to another replica."""
@@ -348,11 +364,30 @@ class WebhookDeliveries:
         await cancel_and_wait(*self._starting, *(task for _, task in self._loops.values()))
 
 
+class VerificationThrottled(Exception):
+    """Too many verification challenges from one principal to one callback host lately."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(retry_after_s)
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return f"webhook verification throttled; retry in {self.retry_after_s:.1f} s"
+
+
 class WebhookService(Component):
     """Webhook subscriptions in one process: the sender, the registry (every replica's view of
     the subscriptions topic), the delivery group and the loops of the partitions it owns."""
 
-    def __init__(self, settings: Settings, poll: Poll, *, now_ms: Callable[[], int] = _now_ms):
+    def __init__(
+        self,
+        settings: Settings,
+        poll: Poll,
+        sealer: Sealer,
+        *,
+        now_ms: Callable[[], int] = _now_ms,
+        on_throttled: Callable[[], None] = lambda: None,
+    ):
         self.settings = settings
         self.poll = poll
         self.now_ms = now_ms
@@ -362,7 +397,12 @@ class WebhookService(Component):
             ssl_context=_callback_tls(settings),
             timeout_seconds=settings.webhook_timeout_s,
         )
-        self.registry = SubscriptionRegistry(settings)
+        #: Verification challenges per (principal, callback host): see :meth:`verify`.
+        self.verifications = TokenBuckets(
+            settings.webhook_verify_per_minute / 60, settings.webhook_verify_burst
+        )
+        self.on_throttled = on_throttled
+        self.registry = SubscriptionRegistry(settings, sealer)
         self.deliveries = WebhookDeliveries(self._delivery, self.registry)
         self.registry.on_change = self.deliveries.changed
         self.ownership = PartitionOwnership(
@@ -377,6 +417,21 @@ class WebhookService(Component):
 
     async def delete(self, sub_id: str) -> None:
         await self.registry.delete(sub_id)
+
+    async def verify(self, principal: str, url: str, sub_id: str, secret: str) -> Outcome:
+        """The draft's challenge before delivery to an unverified (principal, url) starts.
+
+        A live subscription of ``principal`` to ``url`` stands for a verification (a refresh
+        never sends one). Otherwise one token of the (principal, callback host) bucket is
+        spent first, or :class:`VerificationThrottled`: nothing is sent.
+        """
+        if self.registry.table.verified(principal, url, self.now_ms()):
+            return Outcome(Verdict.DELIVERED)
+        wait = self.verifications.take((principal, httpx.URL(url).host))
+        if wait is not None:
+            self.on_throttled()
+            raise VerificationThrottled(wait)
+        return await self.sender.verify_endpoint(url, subscription_id=sub_id, secrets=[secret])
 
     def _delivery(self, sub_id: str) -> SubscriptionDelivery:
         return SubscriptionDelivery(

@@ -13,6 +13,14 @@
   owner first catches its view up with the partition's end, on revocation it stops delivering
   before the group moves on. One process alone gets every partition.
 
+Secrets at rest: :meth:`SubscriptionRegistry.put` seals a record's signing secrets
+(:class:`~bridge.sealing.Sealer`, bound to the subscription id) and the view opens them as it
+reads. A record written before secrets were sealed (version 1, clear) is still read; its id is
+kept in :attr:`SubscriptionRegistry.unsealed` until a later record of it is sealed, and the
+owner of its partition rewrites it (:meth:`SubscriptionRegistry.reseal`) when it takes the
+partition. A record that does not open (a key the key file no longer holds, another record's
+ciphertext) is skipped like any unreadable record.
+
 No HTTP and no JSON-RPC here; the record contents (secrets) are never logged.
 """
 
@@ -35,7 +43,15 @@ from bridge.kafka.clients import (
     idempotent_producer,
 )
 from bridge.kafka.topics import topic_partition_ids
-from bridge.mcpevents.subscriptions import BadRecord, Subscription, SubscriptionTable
+from bridge.mcpevents.subscriptions import (
+    BadRecord,
+    Subscription,
+    SubscriptionTable,
+    parse_record,
+    secrets_context,
+    secrets_of,
+)
+from bridge.sealing import Sealer, SealError
 
 __all__ = ["PartitionOwnership", "SubscriptionRegistry"]
 
@@ -48,10 +64,13 @@ APPLY_TIMEOUT_S = 30.0
 class SubscriptionRegistry(Component):
     """The subscriptions topic as a table that every replica holds (see the module docstring)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, sealer: Sealer) -> None:
         self.settings = settings
+        self.sealer = sealer
         self.topic = settings.topics.subscriptions
         self.table = SubscriptionTable()
+        #: Ids whose latest record holds its secrets in clear (written before sealing).
+        self.unsealed: set[str] = set()
         #: Set once the view holds everything the topic held at start.
         self.restored = asyncio.Event()
         #: Called with a subscription id whenever its state changed (added, updated, deleted).
@@ -84,8 +103,24 @@ class SubscriptionRegistry(Component):
                     await client.stop()
 
     async def put(self, sub: Subscription) -> None:
-        """Write ``sub`` and return once this replica's view has applied it."""
-        await self._write(sub.id, sub.to_record())
+        """Write ``sub``, its secrets sealed, and return once this replica's view applied it."""
+        context = secrets_context(sub.id)
+        sealed = await self.sealer.seal(sub.secrets_plaintext(), context)
+        await self._write(sub.id, sub.to_record(sealed))
+
+    async def reseal(self, partitions: Iterable[int]) -> int:
+        """Rewrite, sealed, the subscriptions of ``partitions`` still stored in clear; how many.
+
+        The state written is the state held, so a racing refresh or write-back merges with it
+        as with any write (same revisions: ties go to the later record, which is equal).
+        """
+        rewritten = 0
+        for sub_id in self.table.in_partitions(partitions):
+            sub = self.table.get(sub_id)
+            if sub is not None and sub_id in self.unsealed:
+                await self.put(sub)
+                rewritten += 1
+        return rewritten
 
     async def delete(self, sub_id: str) -> None:
         """Tombstone ``sub_id`` (unsubscribe, expiry, termination)."""
@@ -121,7 +156,7 @@ class SubscriptionRegistry(Component):
             batches = await consumer.getmany(timeout_ms=500)
             for tp, records in batches.items():
                 for record in records:
-                    self._apply(tp.partition, record.offset, record.key, record.value)
+                    await self._apply(tp.partition, record.offset, record.key, record.value)
             positions = {tp.partition: await consumer.position(tp) for tp in tps}
             async with self._progress:
                 self._positions = positions
@@ -132,18 +167,35 @@ class SubscriptionRegistry(Component):
                     "webhook subscriptions restored: %d", len(self.table.in_partitions(positions))
                 )
 
-    def _apply(self, partition: int, offset: int, key: bytes | None, value: bytes | None) -> None:
+    async def _apply(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> None:
         if key is None:
             log.warning("subscriptions topic: a record without a key at %d/%d", partition, offset)
             return
         sub_id = key.decode("utf-8", "replace")
         try:
-            changed = self.table.apply(partition, sub_id, value)
-        except BadRecord as bad:
+            if value is None:
+                self.unsealed.discard(sub_id)
+            sub = None if value is None else await self._opened(sub_id, value)
+            changed = self.table.apply(partition, sub_id, sub)
+        except (BadRecord, SealError) as bad:
             log.warning("subscriptions topic: skipping %d/%d: %s", partition, offset, bad)
             return
         if changed:
             self.on_change(sub_id)
+
+    async def _opened(self, sub_id: str, value: bytes) -> Subscription:
+        """The subscription of a record value, its secrets opened (or read in clear)."""
+        stored = parse_record(value)
+        if stored.id != sub_id:
+            raise BadRecord("a subscription record under another id's key")
+        if stored.sealed is None:
+            self.unsealed.add(sub_id)
+            return stored.subscription(stored.clear)
+        plaintext = await self.sealer.open(stored.sealed, secrets_context(sub_id))
+        self.unsealed.discard(sub_id)
+        return stored.subscription(secrets_of(plaintext))
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:

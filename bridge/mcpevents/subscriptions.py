@@ -15,8 +15,12 @@ subscription's tombstone (a zombie) carries a definition no newer than the delet
 ignored.
 
 Secrets: a record holds the callback's signing secrets, because a replica that takes the
-partition over must sign with them. They never appear in a ``repr`` (nor do the principal, the
-URL or the arguments); this module logs nothing.
+partition over must sign with them, but only sealed (:mod:`bridge.sealing`, by the registry):
+:meth:`Subscription.to_record` takes the sealed form, and :func:`parse_record` hands the sealed
+form back for the registry to open. A version 1 record (written by bridges before secrets were
+sealed) holds them in clear; it is still read, and :attr:`StoredRecord.sealed` says which it
+was so that the owner can rewrite it sealed. Secrets never appear in a ``repr`` (nor do the
+principal, the URL or the arguments); this module logs nothing.
 
 Pure: no Kafka, no HTTP, no JSON-RPC.
 """
@@ -26,21 +30,27 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "BadRecord",
     "DeliveryStatus",
+    "StoredRecord",
     "Subscription",
     "SubscriptionTable",
     "TtlPolicy",
     "merge",
+    "parse_record",
+    "secrets_context",
+    "secrets_of",
     "subscription_id",
 ]
 
-_VERSION = 1
+#: Version 1: secrets in clear (until 8fd441c); version 2: secrets sealed.
+_CLEAR_VERSION = 1
+_VERSION = 2
 
 
 class BadRecord(ValueError):
@@ -168,28 +178,81 @@ class Subscription:
             delivery_rev=self.delivery_rev + 1,
         )
 
-    def to_record(self) -> bytes:
-        """The record value (JSON; secrets included: see the module docstring)."""
+    def secrets_plaintext(self) -> bytes:
+        """What the registry seals: the secrets, newest first, as a JSON array."""
+        return json.dumps(list(self.secrets), separators=(",", ":")).encode("ascii")
+
+    def to_record(self, sealed_secrets: Mapping[str, str]) -> bytes:
+        """The record value: JSON, with ``sealed_secrets`` (:meth:`secrets_plaintext` sealed
+        under :func:`secrets_context`) in place of the secrets."""
         body = {
             "v": _VERSION,
             **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-            "secrets": list(self.secrets),
+            "secrets": dict(sealed_secrets),
             "status": dataclasses.asdict(self.status),
         }
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
-    @classmethod
-    def from_record(cls, value: bytes) -> Subscription:
-        """Parse a record value; :class:`BadRecord` for anything else."""
+
+def secrets_context(sub_id: str) -> bytes:
+    """The associated data of a subscription's sealed secrets: they open under its id only."""
+    return b"mcp-kafka-bridge/webhook-secrets\x00" + sub_id.encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record value parsed, its secrets still as stored: sealed (version 2) or in clear."""
+
+    fields: dict[str, Any] = field(repr=False)
+    #: The sealed secrets of a version 2 record; None for a version 1 (clear) record.
+    sealed: dict[str, str] | None
+    clear: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def id(self) -> str:
+        return str(self.fields["id"])
+
+    def subscription(self, secrets: tuple[str, ...]) -> Subscription:
+        """The subscription, given its secrets (opened, or :attr:`clear`)."""
         try:
-            body = json.loads(value)
-            if not isinstance(body, dict) or body.pop("v", None) != _VERSION:
-                raise BadRecord("unknown subscription record version")
-            body["secrets"] = tuple(body["secrets"])
-            body["status"] = DeliveryStatus(**body["status"])
-            return cls(**body)
-        except (ValueError, TypeError, KeyError) as exc:
+            if not secrets or not all(isinstance(s, str) for s in secrets):
+                raise ValueError("no secrets")
+            return Subscription(**self.fields, secrets=secrets)
+        except (ValueError, TypeError) as exc:
             raise BadRecord(f"unreadable subscription record ({type(exc).__name__})") from None
+
+
+def parse_record(value: bytes) -> StoredRecord:
+    """Parse a record value of either version; :class:`BadRecord` for anything else."""
+    try:
+        body = json.loads(value)
+        version = body.pop("v", None) if isinstance(body, dict) else None
+        if version not in (_CLEAR_VERSION, _VERSION):
+            raise BadRecord("unknown subscription record version")
+        secrets = body.pop("secrets")
+        body["status"] = DeliveryStatus(**body["status"])
+        if not isinstance(body["id"], str):
+            raise TypeError("id")
+        if version == _CLEAR_VERSION:
+            if not isinstance(secrets, list):
+                raise TypeError("secrets")
+            return StoredRecord(body, None, tuple(secrets))
+        if not isinstance(secrets, dict):
+            raise TypeError("secrets")
+        return StoredRecord(body, {str(k): str(v) for k, v in secrets.items()})
+    except (ValueError, TypeError, KeyError) as exc:
+        raise BadRecord(f"unreadable subscription record ({type(exc).__name__})") from None
+
+
+def secrets_of(plaintext: bytes) -> tuple[str, ...]:
+    """The secrets from an opened :meth:`Subscription.secrets_plaintext`."""
+    try:
+        secrets = json.loads(plaintext)
+    except ValueError:
+        raise BadRecord("unreadable sealed secrets") from None
+    if not isinstance(secrets, list) or not all(isinstance(s, str) for s in secrets):
+        raise BadRecord("unreadable sealed secrets")
+    return tuple(secrets)
 
 
 def merge(old: Subscription | None, new: Subscription) -> Subscription:
@@ -217,14 +280,14 @@ class SubscriptionTable:
         #: The definition revision each deleted id had: older records after it are zombies.
         self._deleted: dict[str, int] = {}
 
-    def apply(self, partition: int, key: str, value: bytes | None) -> bool:
-        """Apply one record; True when the state of ``key`` changed. Raises :class:`BadRecord`."""
-        if value is None:
+    def apply(self, partition: int, key: str, sub: Subscription | None) -> bool:
+        """Apply one record (None: a tombstone); True when the state of ``key`` changed.
+        Raises :class:`BadRecord`."""
+        if sub is None:
             gone = self._subs.pop(key, None)
             if gone is not None:
                 self._deleted[key] = max(gone.refreshed_ms, self._deleted.get(key, 0))
             return gone is not None
-        sub = Subscription.from_record(value)
         if sub.id != key:
             raise BadRecord("a subscription record under another id's key")
         if sub.refreshed_ms <= self._deleted.get(key, -1):

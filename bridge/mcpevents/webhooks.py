@@ -33,6 +33,7 @@ import httpx
 from standardwebhooks import Webhook
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "SUBSCRIPTION_ID_HEADER",
     "AddressPolicy",
     "CallbackRefused",
@@ -58,8 +59,9 @@ Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 SUBSCRIPTION_ID_HEADER = "X-MCP-Subscription-Id"
 _SECRET_PREFIX = "whsec_"
 _SECRET_BYTES = range(24, 65)
-#: A challenge answer is a few dozen bytes; an endpoint cannot make us buffer more than this.
-_MAX_ANSWER_BYTES = 4096
+#: A challenge answer is a few dozen bytes; an endpoint cannot make us read more than this many
+#: bytes off the wire (counted raw: nothing is ever decompressed).
+MAX_ANSWER_BYTES = 4096
 
 
 class InvalidSecret(ValueError):
@@ -273,6 +275,7 @@ class WebhookSender:
     ) -> None:
         self.policy = AddressPolicy.from_allowlist(allowlist)
         self._resolver = resolver
+        self._timeout = timeout_seconds
         self._client = httpx.AsyncClient(
             verify=ssl_context or ssl.create_default_context(),
             timeout=timeout_seconds,
@@ -306,7 +309,9 @@ class WebhookSender:
         nonce = tokens.token_urlsafe(32)
         body = json.dumps({"type": "verification", "challenge": nonce}, separators=(",", ":"))
         msg_id = control_message_id("verification")
-        outcome, answer = await self._attempt(url, body.encode(), msg_id, subscription_id, secrets)
+        outcome, answer = await self._attempt(
+            url, body.encode(), msg_id, subscription_id, secrets, read_answer=True
+        )
         if outcome.verdict is not Verdict.DELIVERED:
             return outcome
         if _echoes(answer, nonce):
@@ -314,7 +319,34 @@ class WebhookSender:
         return Outcome(Verdict.RETRY, "challenge_failed", outcome.status)
 
     async def _attempt(
-        self, url: str, body: bytes, msg_id: str, subscription_id: str, secrets: Sequence[str]
+        self,
+        url: str,
+        body: bytes,
+        msg_id: str,
+        subscription_id: str,
+        secrets: Sequence[str],
+        *,
+        read_answer: bool = False,
+    ) -> tuple[Outcome, bytes]:
+        """One POST. Only a verification reads the answer; a delivery judges the status alone.
+
+        The whole attempt, resolution included, has one deadline, ``timeout_seconds``: a per-read
+        timeout alone would let an endpoint that drips one byte at a time hold it for hours.
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._post(url, body, msg_id, subscription_id, secrets, read_answer)
+        except TimeoutError:
+            return Outcome(Verdict.RETRY, "timeout"), b""
+
+    async def _post(
+        self,
+        url: str,
+        body: bytes,
+        msg_id: str,
+        subscription_id: str,
+        secrets: Sequence[str],
+        read_answer: bool,
     ) -> tuple[Outcome, bytes]:
         target = httpx.URL(url)
         try:
@@ -326,6 +358,9 @@ class WebhookSender:
         headers = {
             "Host": target.netloc.decode("ascii"),
             "Content-Type": "application/json",
+            # httpx would decompress what it reads, before any cap: a 64 KiB gzip answer is
+            # ~64 MiB. Ask for none; an encoded answer is not read at all (_raw_answer).
+            "Accept-Encoding": "identity",
             SUBSCRIPTION_ID_HEADER: subscription_id,
             **signature_headers(msg_id, body, secrets, datetime.now(UTC)),
         }
@@ -339,7 +374,7 @@ class WebhookSender:
         try:
             response = await self._client.send(request, stream=True)
             try:
-                answer = await _read_at_most(response, _MAX_ANSWER_BYTES)
+                answer = await _raw_answer(response, MAX_ANSWER_BYTES) if read_answer else b""
             finally:
                 await response.aclose()
         except httpx.TransportError as exc:
@@ -347,13 +382,22 @@ class WebhookSender:
         return classify_status(response.status_code), answer
 
 
-async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
-    answer = b""
-    async for chunk in response.aiter_bytes():
-        answer += chunk
+async def _raw_answer(response: httpx.Response, limit: int) -> bytes:
+    """At most ``limit`` bytes of the body as sent, never decoded; empty if it is encoded.
+
+    ``aiter_raw`` yields the transport's chunks (at most 64 KiB each) without decompressing
+    them; an answer with a ``Content-Encoding`` other than identity was not asked for and
+    cannot hold a readable echo, so it is not read at all.
+    """
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        return b""
+    answer = bytearray()
+    async for chunk in response.aiter_raw():
+        answer += chunk[: limit - len(answer)]
         if len(answer) >= limit:
             break
-    return answer[:limit]
+    return bytes(answer)
 
 
 def _echoes(answer: bytes, nonce: str) -> bool:

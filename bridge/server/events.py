@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from math import ceil
 from typing import Any
 
 import httpx
 
-from bridge.config import Settings
+from bridge.config import Settings, env_name
 from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
 from bridge.log.indexer import NotOwner
 from bridge.mcpevents import (
@@ -51,7 +53,7 @@ from bridge.mcpevents import (
 )
 from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
-from bridge.mcpevents.delivery import Poll, Revoked, WebhookService
+from bridge.mcpevents.delivery import Poll, Revoked, VerificationThrottled, WebhookService
 from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
 from bridge.mcpevents.sources import LiveEvents, Moved, TaskEvents, TaskLog, TaskLookup
 from bridge.mcpevents.subscriptions import (
@@ -62,6 +64,7 @@ from bridge.mcpevents.subscriptions import (
 )
 from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
+from bridge.sealing import KeyRing, Sealer
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
 from bridge.server.peers import PeerIdentity, Peers, routed_task_id
 from bridge.server.routing import Routing
@@ -92,6 +95,8 @@ __all__ = [
     "events_extension",
     "owner_poll",
 ]
+
+log = logging.getLogger(__name__)
 
 EVENTS_EXTENSION = "io.modelcontextprotocol/events"
 #: ``_meta`` flag of an events/poll asking for each occurrence's own cursor, as push and webhook
@@ -151,9 +156,11 @@ def events_extension(
     *,
     routing: Routing | None = None,
     peers: Peers | None = None,
+    on_throttled: Callable[[], None] = lambda: None,
 ) -> EventsMethods:
     """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires);
-    ``routing`` and ``peers`` when replicas divide the partitions."""
+    ``routing`` and ``peers`` when replicas divide the partitions; ``on_throttled`` counts
+    webhook verifications refused by the throttle."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
         tasks,
@@ -165,7 +172,9 @@ def events_extension(
         stopping=stopping,
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
-    webhooks = webhook_methods(settings, sources, routing=routing, peers=peers)
+    webhooks = webhook_methods(
+        settings, sources, routing=routing, peers=peers, on_throttled=on_throttled
+    )
     return EventsMethods(sources, stopping=stopping, webhooks=webhooks)
 
 
@@ -452,13 +461,35 @@ def webhook_methods(
     *,
     routing: Routing | None = None,
     peers: Peers | None = None,
+    on_throttled: Callable[[], None] = lambda: None,
 ) -> WebhookMethods:
-    """Webhook subscriptions over ``sources``; delivery only when callers authenticate."""
+    """Webhook subscriptions over ``sources``; delivery only when callers authenticate and a
+    key seals the secrets at rest (:func:`webhook_sealer`)."""
     by_name = {source.name: source for source in sources}
+    sealer = webhook_sealer(settings) if settings.auth.mode != "none" else None
     service = None
-    if settings.auth.mode != "none":
-        service = WebhookService(settings, delivery_poll(by_name, routing=routing, peers=peers))
+    if sealer is not None:
+        poll = delivery_poll(by_name, routing=routing, peers=peers)
+        service = WebhookService(settings, poll, sealer, on_throttled=on_throttled)
     return WebhookMethods(settings, by_name, service)
+
+
+def webhook_sealer(settings: Settings) -> Sealer | None:
+    """The sealer of webhook secrets at rest, or None (webhooks off) without a key file.
+
+    A missing file is created only when ``webhook_keys.create`` says so (development).
+    """
+    keys = settings.webhook_keys
+    if keys.file is None:
+        log.warning(
+            "webhook delivery is off: no key seals webhook secrets at rest (set %s)",
+            env_name("webhook_keys", "file"),
+        )
+        return None
+    if keys.create and not keys.file.exists():
+        KeyRing.with_new_key(keys.file)
+        log.warning("webhook secrets key file created at %s (development only)", keys.file)
+    return Sealer(KeyRing.load(keys.file))
 
 
 def _callback_url(url: str) -> str:
@@ -508,6 +539,7 @@ class WebhookMethods:
     ) -> None:
         self.sources = sources
         self.service = service
+        self.auth_mode = settings.auth.mode
         self.now_ms = now_ms
         self.ttl = TtlPolicy(
             settings.webhook_ttl_default_ms,
@@ -532,11 +564,17 @@ class WebhookMethods:
     def _running(self) -> WebhookService:
         """The service; ``Forbidden`` when callers do not authenticate (the draft: webhooks
         need a principal, or anyone could guess another tenant's subscription key)."""
-        if self.service is None:
+        if self.service is None and self.auth_mode == "none":
             raise RpcError(
                 FORBIDDEN,
                 "webhook delivery requires an authenticated principal",
                 {"reason": "unauthenticated"},
+            )
+        if self.service is None:
+            raise RpcError(
+                UNSUPPORTED,
+                "webhook delivery is off: this server has no key to seal webhook secrets",
+                {"feature": "deliveryMode", "value": "webhook"},
             )
         return self.service
 
@@ -576,7 +614,7 @@ class WebhookMethods:
             )
         if existing is None:
             self._within_limit(service, call.principal, now)
-        await self._verify(service, call.principal, url, sid, secret, now)
+        await self._verify(service, call.principal, url, sid, secret)
         expires = now + self.ttl.grant(params.ttl_ms, given=params.ttl_given)
         if existing is not None:
             await service.put(existing.refreshed(secret, expires, now, self.grace_ms))
@@ -633,12 +671,17 @@ class WebhookMethods:
             )
 
     async def _verify(
-        self, service: WebhookService, principal: str, url: str, sid: str, secret: str, now: int
+        self, service: WebhookService, principal: str, url: str, sid: str, secret: str
     ) -> None:
-        """The draft's challenge before delivery to an unverified (principal, url) starts."""
-        if service.registry.table.verified(principal, url, now):
-            return
-        outcome = await service.sender.verify_endpoint(url, subscription_id=sid, secrets=[secret])
+        """The draft's challenge, unless cached or throttled (:meth:`WebhookService.verify`)."""
+        try:
+            outcome = await service.verify(principal, url, sid, secret)
+        except VerificationThrottled as throttled:
+            raise RpcError(
+                RESOURCE_EXHAUSTED,
+                "too many webhook verifications to this callback host",
+                {"limit": "verifications", "retryAfterMs": ceil(throttled.retry_after_s * 1000)},
+            ) from None
         if outcome.verdict is not Verdict.DELIVERED:
             raise RpcError(
                 CALLBACK_ENDPOINT_ERROR,

@@ -20,10 +20,11 @@ def serving(
     handler: type[BaseHTTPRequestHandler],
     ca: trustme.CA | None,
     names: tuple[str, ...] = ("localhost",),
+    port: int = 0,
 ) -> Iterator[int]:
     """Serve ``handler`` over TLS (a certificate of ``ca`` for ``names``), or plain HTTP when
-    ``ca`` is None; yields the port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ``ca`` is None, on ``port`` (0: any free one); yields the port."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     if ca is not None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ca.issue_cert(*names).configure_cert(context)

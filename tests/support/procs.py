@@ -22,7 +22,15 @@ from bridge.config import Settings
 from .layout import create_served_topics
 from .waits import wait_until_sync
 
-__all__ = ["Bridge", "Proc", "bridge_env", "free_port", "running_bridge"]
+__all__ = [
+    "Bridge",
+    "Proc",
+    "bridge_env",
+    "free_port",
+    "running_bearer_bridge",
+    "running_bridge",
+    "webhook_keys_env",
+]
 
 #: Seconds a bridge may take to answer /readyz (it restores the index and checks Kafka first).
 READY_S = 90.0
@@ -186,5 +194,17 @@ def running_bearer_bridge(
     tokens_file = logs / "tokens.json"
     tokens_file.write_text(json.dumps(tokens))
     auth = {"BRIDGE_AUTH__MODE": "bearer", "BRIDGE_AUTH__TOKENS_FILE": str(tokens_file)}
-    with running_bridge(settings, logs, **auth, **env) as bridge:
+    with running_bridge(settings, logs, **{**webhook_keys_env(logs), **auth, **env}) as bridge:
         yield bridge
+
+
+def webhook_keys_env(logs: Path) -> dict[str, str]:
+    """The environment of a bridge that seals webhook secrets with a key file under ``logs``
+    (made once, shared by every replica started with it)."""
+    # Imported here: the upgrade fixtures' generators run these helpers on 8fd441c's code.
+    from bridge.sealing import KeyRing
+
+    keys = logs / "webhook-keys.json"
+    if not keys.exists():
+        KeyRing.with_new_key(keys)
+    return {"BRIDGE_WEBHOOK_KEYS__FILE": str(keys)}
