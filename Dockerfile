@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The bridge image: one image for every role (`serve`, `index`, `workers --pack NAME`, `verify`).
+# The bridge image: one image for every command (`serve`, `workers --pack NAME`, `verify`, ...).
 #
 #   docker build -t mcp-kafka-bridge:0.1.0 .
 #
@@ -46,7 +46,7 @@ RUN python -c "from bridge.envelope import encode_event, TaskEvent; encode_event
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080
-# No HEALTHCHECK: the same image runs `bridge index` and `bridge workers`, which serve no HTTP;
-# Kubernetes probes /healthz and /readyz of `bridge serve` (k8s/base/server/deployment.yaml).
+# No HEALTHCHECK: the same image runs `bridge workers` and `bridge verify`, which serve no HTTP;
+# Kubernetes probes /healthz and /readyz of `bridge serve` (k8s/base/server/statefulset.yaml).
 ENTRYPOINT ["bridge"]
 CMD ["serve"]

@@ -1,10 +1,12 @@
-"""The ``bridge`` command line: local Kafka, topics, serving, and (later) tools around the log.
+"""The bridge command line: local Kafka, topics, the server and workers, and tools around the log.
 
 Each subcommand is a small function taking the parsed arguments and the settings; errors that a
 user can act on are printed as one line on stderr (``bridge <command>: ...``) with exit status 2,
 never as a traceback. Commands that need Kafka check it first (:func:`require_kafka`: it answers,
 the clients accept the settings, the topics exist), so a wrong address, protocol or prefix is
 one line within seconds rather than a client retrying for minutes.
+
+Logging is configured here and only here (:func:`configure_logging`), for every command.
 """
 
 from __future__ import annotations
@@ -696,9 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{prog}: bad settings: {_one_line_settings_error(exc)}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
     func: Callable[[argparse.Namespace, Settings], int] = args.func
     try:
         return func(args, settings)
@@ -714,6 +714,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+def configure_logging(level: str) -> None:
+    """The process's logging: one format, ``level``, and aiokafka's expected start-up transients
+    demoted from ERROR (:mod:`bridge.kafka.logs`)."""
+    from bridge.kafka.logs import demote_startup_transients
+
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    demote_startup_transients()
 
 
 def _one_line_settings_error(exc: ValueError) -> str:

@@ -64,7 +64,7 @@ EVENTS_GONE = -32010
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
 UNSUPPORTED_VERSION = -32022
-#: The Events extension draft's (SEP-3415; provisional until it is accepted).
+#: The Events extension's (SEP-3415, as numbered in the text docs/events.md follows).
 NOT_FOUND = -32023
 FORBIDDEN = -32024
 UNSUPPORTED = -32026

@@ -193,17 +193,20 @@ async def test_task_updated_polls_only_the_callers_updates_and_resumes_across_a_
         ("alice", "ta", 3, "completed"),
     )
     first, cursor = await drain(sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"]}, 3)
-    assert [e["eventId"] for e in first] == ["ta.0", "ta.2", "ta.3"]
+    assert [e["eventId"] for e in first] == ["ta.0.updated", "ta.2.updated", "ta.3.updated"]
     assert first[2]["data"]["resultRequest"] == {"method": "tasks/get", "params": {"taskId": "ta"}}
     bobs, _ = await drain(
         sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"]}, 1, "tok-bob"
     )
-    assert [e["eventId"] for e in bobs] == ["tb.0"]
+    assert [e["eventId"] for e in bobs] == ["tb.0.updated"]
     server(sbridge).stop()
     await produce_updates(settings, ("alice", "tc", 0, "working"), ("alice", "tc", 1, "failed"))
     sbridge.start_server()
     rest, _ = await drain(sbridge, UPDATED, {"arguments": {}, "cursor": cursor}, 2)
-    assert [e["eventId"] for e in rest] == ["tc.0", "tc.1"]  # nothing lost, nothing repeated
+    assert [e["eventId"] for e in rest] == [
+        "tc.0.updated",
+        "tc.1.updated",
+    ]  # nothing lost, nothing repeated
 
 
 async def test_max_age_seeks_by_time_and_a_cursor_past_retention_is_truncated(
@@ -223,7 +226,7 @@ async def test_max_age_seeks_by_time_and_a_cursor_past_retention_is_truncated(
     aged, _ = await drain(
         sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"], "maxAgeMs": 600_000}, 1
     )
-    assert [e["eventId"] for e in aged] == ["tm.3"]
+    assert [e["eventId"] for e in aged] == ["tm.3.updated"]
     again = await polled(
         sbridge, UPDATED, {"arguments": {}, "cursor": start["cursor"], "maxAgeMs": 600_000}
     )
@@ -245,7 +248,9 @@ async def test_task_updated_push_of_one_task_delivers_live_beats_and_ends_with_i
     # The bridge's own update of the new task (working, seq 0) is written at the owner's next
     # index flush: wait for it, so that the stream opened "now" below sees only what follows.
     mine = {"arguments": {"taskId": task}, "cursor": before["cursor"]}
-    assert [e["eventId"] for e in (await drain(sbridge, UPDATED, mine, 1))[0]] == [f"{task}.0"]
+    assert [e["eventId"] for e in (await drain(sbridge, UPDATED, mine, 1))[0]] == [
+        f"{task}.0.updated"
+    ]
     async with client("tok-bob") as http:
         foreign = await call(
             http, sbridge.url, "events/stream", {"name": UPDATED, "arguments": {"taskId": task}}
@@ -269,7 +274,7 @@ async def test_task_updated_push_of_one_task_delivers_live_beats_and_ends_with_i
         async for message in messages:
             seen.append(message)
     events = [m["params"] for m in seen if m.get("method") == "notifications/events/event"]
-    assert [e["eventId"] for e in events] == [f"{task}.5", f"{task}.6"]
+    assert [e["eventId"] for e in events] == [f"{task}.5.updated", f"{task}.6.updated"]
     sid = active["params"]["_meta"][SID]
     assert seen[-1]["result"] == {"resultType": "complete", "_meta": {SID: sid}}
 
@@ -296,7 +301,7 @@ async def test_a_configured_source_skips_garbage_filters_and_is_only_for_its_pri
     )
     got, cursor = await drain(sbridge, ORDERS, {"arguments": args, "cursor": start["cursor"]}, 2)
     assert sorted(e["data"]["orderId"] for e in got) == ["o1", "o4"]
-    assert all(e["name"] == ORDERS and "-" in e["eventId"] for e in got)
+    assert all(e["name"] == ORDERS and e["eventId"].startswith(f"{ORDERS}/") for e in got)
     empty = await polled(sbridge, ORDERS, {"arguments": args, "cursor": cursor})
     assert empty["events"] == [] and empty["hasMore"] is False
     refused = await poll(sbridge, ORDERS, {"arguments": args, "cursor": None}, "tok-bob")
@@ -353,7 +358,7 @@ async def test_the_bridges_own_status_changes_reach_task_updated_once_each(sbrid
     statuses = [e["data"]["status"] for e in got]
     assert statuses[0] == "working" and statuses[-1] == "completed", statuses
     assert set(statuses[1:-1]) <= {"working"}, statuses
-    assert got[0]["eventId"] == f"{task_id}.0"  # task.created: seq 0
+    assert got[0]["eventId"] == f"{task_id}.0.updated"  # task.created: seq 0
     assert got[-1]["data"]["statusMessage"] == "done"
     seqs = [e["data"]["seq"] for e in got]
     assert seqs == sorted(set(seqs))  # each change once, in log order

@@ -284,7 +284,7 @@ async def test_task_updated_polls_only_the_callers_updates_with_their_outcome_re
     add_update(topic, "alice", "t1", 3, "completed", statusMessage="done")
     add_update(topic, "alice", "t2", 1, "failed")
     out = await poll(source, cursor=start["cursor"])
-    assert [e["eventId"] for e in out["events"]] == ["t1.0", "t1.3", "t2.1"]
+    assert [e["eventId"] for e in out["events"]] == ["t1.0.updated", "t1.3.updated", "t2.1.updated"]
     done = out["events"][1]["data"]
     assert done == {
         "taskId": "t1",
@@ -297,7 +297,7 @@ async def test_task_updated_polls_only_the_callers_updates_with_their_outcome_re
     assert out["events"][2]["data"]["resultRequest"]["method"] == "tasks/get"
     assert decode_partition(out["cursor"]) == (0, 4) and out["truncated"] is False
     bob = await poll(source, "bob", cursor=start["cursor"])
-    assert [e["eventId"] for e in bob["events"]] == ["tb.0"]
+    assert [e["eventId"] for e in bob["events"]] == ["tb.0.updated"]
 
 
 async def test_task_updated_narrowed_to_a_task_is_authorized_like_tasks_get() -> None:
@@ -307,7 +307,7 @@ async def test_task_updated_narrowed_to_a_task_is_authorized_like_tasks_get() ->
     source = updates_source(topic)
     first = encode_partition(0, 0)
     out = await poll(source, arguments={"taskId": "t1"}, cursor=first)
-    assert [e["eventId"] for e in out["events"]] == ["t1.0"]
+    assert [e["eventId"] for e in out["events"]] == ["t1.0.updated"]
     for who, task in (("bob", "t1"), ("alice", "nope")):
         with pytest.raises(RpcError) as refused:
             await poll(source, who, arguments={"taskId": task}, cursor=None)
@@ -325,7 +325,7 @@ async def test_unreadable_update_records_are_skipped_and_counted_never_fatal() -
     add_update(topic, "alice", "t1", 2, "working")
     source = updates_source(topic)
     out = await poll(source, cursor=encode_partition(0, 0))
-    assert [e["eventId"] for e in out["events"]] == ["t1.2"]
+    assert [e["eventId"] for e in out["events"]] == ["t1.2.updated"]
     assert source.skips.counts == {"unreadable": 4, "unknown_status": 1}
 
 
@@ -404,7 +404,7 @@ async def test_a_configured_source_reads_every_partition_and_skips_bad_values_co
     order(topic, 1, {"order": 2})
     out = await poll(source, cursor=start["cursor"])
     assert [e["data"] for e in out["events"]] == [{"order": 1}, {"order": 2}]
-    assert [e["eventId"] for e in out["events"]] == ["0-0", "1-6"]
+    assert [e["eventId"] for e in out["events"]] == [f"{ORDERS}/0-0", f"{ORDERS}/1-6"]
     assert source.skips.counts == {
         "not_json": 2,
         "not_object": 1,
@@ -498,7 +498,7 @@ async def test_push_replays_then_takes_live_chunks_and_heartbeats_with_the_posit
         active = await anext(stream)
         assert isinstance(active, Active) and active.truncated is False
         replayed = await anext(stream)
-        assert isinstance(replayed, Occurrence) and replayed.event_id == "t1.0"
+        assert isinstance(replayed, Occurrence) and replayed.event_id == "t1.0.updated"
         assert replayed.cursor == encode_partition(0, 1)
         add_update(topic, "bob", "tb", 0, "working")
         live.feed.offer(live_chunk(topic, 0, 1))  # bob's: moves the position, sends nothing
@@ -507,7 +507,7 @@ async def test_push_replays_then_takes_live_chunks_and_heartbeats_with_the_posit
         add_update(topic, "alice", "t1", 1, "input_required")
         live.feed.offer(live_chunk(topic, 0, 2))
         got = await anext(stream)
-        assert isinstance(got, Occurrence) and got.event_id == "t1.1"
+        assert isinstance(got, Occurrence) and got.event_id == "t1.1.updated"
 
 
 async def test_push_reads_kafka_again_after_a_hole_in_the_live_chunks() -> None:
@@ -522,7 +522,7 @@ async def test_push_reads_kafka_again_after_a_hole_in_the_live_chunks() -> None:
         add_update(topic, "alice", "t1", 1, "working")
         feed.offer(live_chunk(topic, 0, 1))  # starts after the position: a hole
         ids = [(await first).event_id, (await anext(stream)).event_id]  # type: ignore[union-attr]
-    assert ids == ["t1.0", "t1.1"]
+    assert ids == ["t1.0.updated", "t1.1.updated"]
 
 
 async def test_push_of_one_task_ends_after_its_terminal_status() -> None:

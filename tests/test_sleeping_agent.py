@@ -44,7 +44,7 @@ TOKEN = "sleeping-agent-test-token"
 def update(status: str, seq: int = 7, task_id: str = "T1") -> bytes:
     """A task.updated delivery body, as the bridge's delivery loop writes it."""
     message = {
-        "eventId": f"{task_id}.{seq}",
+        "eventId": f"{task_id}.{seq}.updated",
         "name": "io.mcpbridge.task.updated",
         "timestamp": "2026-01-01T00:00:00.000Z",
         "data": {"taskId": task_id, "seq": seq, "status": status},

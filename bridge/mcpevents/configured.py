@@ -11,8 +11,9 @@ bytes a producer writes, a poll or a stream goes on.
 
 * **Authorization**: the principals the entry lists (``"*"``: every caller); nobody by default.
   Anyone else is refused with :class:`NotPermitted` before the arguments are looked at.
-* **Occurrence**: ``eventId`` ``<partition>-<offset>`` (the record's position: the same on every
-  replica), ``timestamp`` the record's, ``data`` its value.
+* **Occurrence**: ``eventId`` ``<name>/<partition>-<offset>`` (the source's name and the record's
+  position: the same on every replica, and no other source's), ``timestamp`` the record's,
+  ``data`` its value.
 * **Cursor**: the next offset of every partition, ``k1.<topic tag>.<o0>.<o1>...``
   (:func:`~bridge.mcpevents.cursor.encode_offsets`).
 """
@@ -28,6 +29,7 @@ import jsonschema
 from bridge.config import EventSourceSpec
 from bridge.mcpevents.cursor import decode_offsets, encode_offsets, topic_tag
 from bridge.mcpevents.kafkalog import Record
+from bridge.mcpevents.occurrences import record_event_id
 from bridge.mcpevents.offsets import Found, OffsetSource, Selection
 from bridge.mcpevents.skips import Skips
 from bridge.mcpevents.sources import validated
@@ -125,7 +127,8 @@ class ConfiguredSource(OffsetSource):
         data = self._data(record.value)
         if data is None:
             return None
-        return Found(f"{record.partition}-{record.offset}", int(record.timestamp), data)
+        event_id = record_event_id(self.name, record.partition, record.offset)
+        return Found(event_id, int(record.timestamp), data)
 
     def _data(self, value: bytes | None) -> dict[str, Any] | None:
         """The record value as occurrence data; None (counted) when it cannot be one."""

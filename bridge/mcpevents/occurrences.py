@@ -1,8 +1,22 @@
 """What an event source hands to the serving side: occurrences, poll batches, stream items.
 
-Plain data in the draft's terms (SEP-3415 ``EventOccurrence`` and the poll result), with the
-wire field names applied by :meth:`Occurrence.wire` only; no JSON-RPC framing here (that is
+Plain data in the SEP-3415 terms (``EventOccurrence`` and the poll result), with the wire
+field names applied by :meth:`Occurrence.wire` only; no JSON-RPC framing here (that is
 :mod:`bridge.server.events`).
+
+**Event ids** (``eventId``, and so a webhook delivery's ``webhook-id``) are made here only, one
+function per kind, so that no two occurrences of one server share an id (receivers deduplicate
+on it; docs/events.md, "Event ids"):
+
+* a task's own event (:func:`task_event_id`): ``<taskId>.<seq>``, it ends in digits after a dot;
+* a task's status change on ``task.updated`` (:func:`task_update_id`):
+  ``<taskId>.<seq>.updated``, it ends in a letter;
+* a record of a configured source (:func:`record_event_id`): ``<name>/<partition>-<offset>``, it
+  ends in digits after a hyphen, and source names are unique and hold no ``/``.
+
+The three shapes never meet whatever a task id holds; within one kind, the task id and seq, or
+the source name and the record's position, are unique. Every part is taken from the log, so an
+id is the same on every replica, after restarts and through every delivery mode.
 """
 
 from __future__ import annotations
@@ -12,7 +26,35 @@ from typing import Any
 
 from bridge.tasks.messages import iso_ms
 
-__all__ = ["Active", "Heartbeat", "Occurrence", "PollBatch", "StreamItem"]
+__all__ = [
+    "Active",
+    "Heartbeat",
+    "Occurrence",
+    "PollBatch",
+    "StreamItem",
+    "record_event_id",
+    "task_event_id",
+    "task_update_id",
+]
+
+
+def task_event_id(task_id: str, seq: int) -> str:
+    """The ``eventId`` of event ``seq`` of task ``task_id`` (``task.event``)."""
+    return f"{task_id}.{seq}"
+
+
+def task_update_id(task_id: str, seq: int) -> str:
+    """The ``eventId`` of the status change that event ``seq`` of ``task_id`` made
+    (``task.updated``): not the id of that event itself, since the two occurrences differ (name
+    and data) and a receiver subscribed to both must get both."""
+    return f"{task_id}.{seq}.updated"
+
+
+def record_event_id(name: str, partition: int, offset: int) -> str:
+    """The ``eventId`` of the record at ``offset`` of ``partition`` read by the configured
+    source ``name``: its position names the record in its topic, the name the topic (and the
+    filters: two sources over one topic deliver two occurrences of a record)."""
+    return f"{name}/{partition}-{offset}"
 
 
 @dataclass(frozen=True, slots=True)

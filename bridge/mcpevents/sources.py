@@ -31,7 +31,14 @@ from bridge.events import TERMINAL_WIRE
 from bridge.log.indexer import NotOwner
 from bridge.log.reader import NotRetained
 from bridge.mcpevents.cursor import decode_task, encode_task
-from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
+from bridge.mcpevents.occurrences import (
+    Active,
+    Heartbeat,
+    Occurrence,
+    PollBatch,
+    StreamItem,
+    task_event_id,
+)
 
 __all__ = [
     "EventSource",
@@ -229,7 +236,7 @@ class TaskEvents:
 
     def occurrence(self, task_id: str, seq: int, event: TaskEvent) -> Occurrence:
         return Occurrence(
-            event_id=f"{task_id}.{seq}",
+            event_id=task_event_id(task_id, seq),
             name=self.name,
             timestamp_ms=event.timestamp_ms,
             data={"seq": seq, "type": event.type, "payload": event.payload},

@@ -9,8 +9,9 @@ the records whose key is the caller's: never another principal's tasks.
 * **Arguments**: ``{}`` (every task of the caller) or ``{"taskId": id}`` (that task only, with
   tasks/get's authorization: an unknown, expired or foreign task is ``TaskNotFound``; a push
   stream of it ends after its terminal status).
-* **Occurrence**: ``eventId`` ``<taskId>.<seq>`` (the status event's seq: the same id from every
-  replica, and the id the task's own event type gives that event); ``timestamp`` the status
+* **Occurrence**: ``eventId`` ``<taskId>.<seq>.updated`` (the status event's seq: the same id
+  from every replica, never the id the task's own event type gives that event, see
+  :mod:`bridge.mcpevents.occurrences`); ``timestamp`` the status
   event's; ``data`` ``{taskId, seq, status, statusMessage?, resultRequest?}``, where
   ``resultRequest`` is the request that returns the outcome (``tasks/get``, which carries
   ``result`` on completed and ``error`` on failed: the 2026-07-28 tasks extension has no
@@ -34,6 +35,7 @@ from bridge.log.seqindex import owner_key
 from bridge.log.updates import UpdateRecordError, decode_update, owner_hex
 from bridge.mcpevents.cursor import BadCursor, decode_partition, encode_partition
 from bridge.mcpevents.kafkalog import Record
+from bridge.mcpevents.occurrences import task_update_id
 from bridge.mcpevents.offsets import Found, OffsetSource, Selection
 from bridge.mcpevents.skips import Skips
 from bridge.mcpevents.sources import TaskLookup, validated
@@ -145,7 +147,7 @@ class TaskUpdates(OffsetSource):
             data["statusMessage"] = update.status_message
         if update.status in _WITH_OUTCOME:
             data["resultRequest"] = {"method": "tasks/get", "params": {"taskId": update.task_id}}
-        return Found(f"{update.task_id}.{update.seq}", update.ts, data)
+        return Found(task_update_id(update.task_id, update.seq), update.ts, data)
 
     def encode(self, positions: Mapping[int, int]) -> str:
         ((partition, offset),) = positions.items()

@@ -575,7 +575,7 @@ def _progress_fields(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# --- the Events extension (SEP-3415 draft) ------------------------------------------------
+# --- the Events extension (SEP-3415) ------------------------------------------------------
 
 SUBSCRIPTION_ID_META = "io.modelcontextprotocol/subscriptionId"
 

@@ -10,7 +10,7 @@ status event — so tasks/get and the event stream can never disagree. ``update`
 Tasks are bound to their creator: the log stores a digest of the principal, and another
 principal's task is reported exactly like an unknown one. The binding is the one the index took
 from the task's seq 0 (its ``task.created``); later records, whoever writes them, never change it. This module knows nothing of
-JSON-RPC; :mod:`bridge.server.mcp` maps its exceptions to wire errors.
+JSON-RPC; :mod:`bridge.server.handlers` maps its exceptions to wire errors.
 """
 
 from __future__ import annotations
