@@ -72,6 +72,7 @@ from bench_streams import (
     broker_ports,
     bytes_delta,
     created_record,
+    free_port,
     kafka_socket_bytes,
     mcp_body,
     mcp_headers,
@@ -178,11 +179,14 @@ class Usage:
 
 @dataclass
 class Replica(BridgeProcess):
-    """A serving replica of a group: it advertises the port it was started on."""
+    """A serving replica of a group: it advertises its peer listener, a port of its own."""
+
+    peer_port: int = field(default_factory=free_port)
 
     def env(self) -> dict[str, str]:
         env = super().env()
-        env["BRIDGE_ADVERTISED_URL"] = f"http://127.0.0.1:{self.port}"
+        env["BRIDGE_ADVERTISED_URL"] = f"http://127.0.0.1:{self.peer_port}"
+        env["BRIDGE_PEERS__PORT"] = str(self.peer_port)
         return env
 
     def scrape(self) -> str:

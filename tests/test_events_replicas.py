@@ -77,11 +77,12 @@ class Cluster:
     replicas: list[Replica] = field(default_factory=list)
 
     def start(self, name: str) -> Replica:
-        port = free_port()
+        port, peer_port = free_port(), free_port()
         env = {
             **self.env,
             "BRIDGE_INSTANCE_ID": name,
-            "BRIDGE_ADVERTISED_URL": f"http://127.0.0.1:{port}",
+            "BRIDGE_ADVERTISED_URL": f"http://127.0.0.1:{peer_port}",
+            "BRIDGE_PEERS__PORT": str(peer_port),
         }
         proc = Proc(name, ["serve", "--port", str(port)], env, self.logs / f"{name}.log")
         replica = Replica(name, port, proc.start())

@@ -93,11 +93,12 @@ def test_forged_tampered_and_malformed_tokens_are_refused():
 
 def test_a_view_token_is_no_peer_hop_signature_and_no_other_mac():
     """The same secret keys the peer hop: the view key is derived apart from it."""
-    from bridge.server.peers import PeerAuth, PeerIdentity
+    from bridge.server.hops import PeerAuth, PeerIdentity
 
     secret = "s" * 32
     tokens = ViewTokens(secret.encode(), 60, Clock())
-    hop = PeerAuth(secret).sign(PeerIdentity("alice", "alice"), "GET /view/tasks/t ", b"")
+    who = PeerIdentity("alice", "alice")
+    hop = PeerAuth(secret).sign("http://a:8081", "GET", "/view/tasks/t", {}, b"", who)
     version, claims, _ = tokens.mint("alice", "t")[0].split(".")
     with pytest.raises(BadViewToken):
         tokens.verify(f"{version}.{claims}.{hop['x-bridge-peer-signature']}")
@@ -550,12 +551,13 @@ async def test_with_replicas_any_replica_serves_any_tasks_view(kafka_bootstrap, 
     replicas = []
     try:
         for i in range(2):
-            port = free_port()
+            port, peer_port = free_port(), free_port()
             env = bridge_env(
                 settings,
                 BRIDGE_OWNERSHIP="group",
                 BRIDGE_INSTANCE_ID=f"view-replica-{i}",
-                BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{port}",
+                BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{peer_port}",
+                BRIDGE_PEERS__PORT=str(peer_port),
                 BRIDGE_PEER_SECRET=secret,
                 BRIDGE_OWNER_WAIT_S="20",
             )

@@ -77,12 +77,14 @@ class Replica:
 def start_replicas(settings: Settings, logs: Path, secret: str) -> list[Replica]:
     replicas = []
     for i in range(REPLICAS):
-        port = free_port()
+        port, peer_port = free_port(), free_port()
         env = bridge_env(
             settings,
             BRIDGE_OWNERSHIP="group",
             BRIDGE_INSTANCE_ID=f"replica-{i}",
-            BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{port}",
+            # Hops go to the peer listener, a port of its own.
+            BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{peer_port}",
+            BRIDGE_PEERS__PORT=str(peer_port),
             BRIDGE_PEER_SECRET=secret,
             BRIDGE_GROUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
             BRIDGE_OWNER_WAIT_S="20",

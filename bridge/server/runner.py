@@ -14,6 +14,10 @@ shutdown. The bridge drains its open streams in ``on_stop`` (:func:`bridge_serve
 ``tasks/stream`` never ends by itself, so without the drain every viewer would hold the shutdown
 until its bound, and then be cut off instead of told to resume. A second SIGINT forces the exit,
 as in uvicorn.
+
+With replicas (``ownership = "group"``) the process serves a second listener, the peer
+listener (:func:`peer_listener`): another uvicorn server in the same loop, started by the app
+once its components run and closed before they stop; it never handles signals.
 """
 
 from __future__ import annotations
@@ -26,18 +30,19 @@ import io
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
-from bridge.server.app import Companion, create_app
+from bridge.server.app import Companion, PeerListener, create_app
+from bridge.server.peers import server_tls
 
-__all__ = ["AppServer", "ServerExited", "bridge_server", "tune_gc"]
+__all__ = ["AppServer", "ServerExited", "bridge_server", "peer_listener", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,7 @@ class AppServer:
     uvicorn turn SIGINT/SIGTERM into a stop (False when the caller handles them itself and
     calls :meth:`stop`). ``loop`` and ``http``: uvicorn's event loop and HTTP parser
     (``auto`` takes uvloop and httptools when installed); the loop applies to :meth:`run` only,
-    :meth:`start` serves in the running loop.
+    :meth:`start` serves in the running loop. ``tls``: uvicorn's ``ssl_*`` options.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class AppServer:
         loop: Literal["auto", "asyncio", "uvloop"] = "auto",
         http: Literal["auto", "h11", "httptools"] = "auto",
         gc_young_threshold: int = 0,
+        tls: Mapping[str, Any] | None = None,
     ) -> None:
         config = uvicorn.Config(
             app,
@@ -89,6 +95,7 @@ class AppServer:
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
             lifespan="on",
+            **(tls or {}),
         )
         self._server = _Uvicorn(config, self, handle_signals)
         self._gc_young_threshold = gc_young_threshold
@@ -193,7 +200,9 @@ def bridge_server(
 
     ``quiet``: only uvicorn's warnings, no access log (the demo's narration is its output).
     """
-    app = create_app(settings, companions=companions)
+    app = create_app(
+        settings, companions=companions, peer_listener=peer_listener(settings, quiet=quiet)
+    )
 
     def drain_streams() -> None:
         components = app.state.components
@@ -213,6 +222,29 @@ def bridge_server(
         http=settings.server_http,
         gc_young_threshold=settings.gc_young_threshold,
     )
+
+
+def peer_listener(settings: Settings, *, quiet: bool = False) -> PeerListener:
+    """Serves the peer listener's app at ``peers.host`` (else ``http_host``) and
+    ``peers.port``, with TLS when configured, in the running loop; closed with the stack.
+
+    Its open hop streams were drained with the others by then (the same stream hub)."""
+
+    async def serve(app: ASGIApp, stack: contextlib.AsyncExitStack) -> None:
+        server = AppServer(
+            app,
+            host=settings.peers.host or settings.http_host,
+            port=settings.peers.port,
+            log_level="warning" if quiet else settings.log_level.lower(),
+            access_log=not quiet,
+            handle_signals=False,  # the public server's: one stop for both
+            http=settings.server_http,
+            tls=server_tls(settings.peers),
+        )
+        await server.start()
+        stack.push_async_callback(server.close)
+
+    return serve
 
 
 def tune_gc(young_threshold: int) -> None:

@@ -239,12 +239,13 @@ class LoadHarness:
         group = self.plan.replicas > 1
         secret = secrets.token_urlsafe(32)
         for i in range(self.plan.replicas):
-            port = free_port()
+            port, peer_port = free_port(), free_port()
             extra = (
                 {
                     "BRIDGE_OWNERSHIP": "group",
                     "BRIDGE_INSTANCE_ID": f"replica-{i}",
-                    "BRIDGE_ADVERTISED_URL": f"http://127.0.0.1:{port}",
+                    "BRIDGE_ADVERTISED_URL": f"http://127.0.0.1:{peer_port}",
+                    "BRIDGE_PEERS__PORT": str(peer_port),
                     "BRIDGE_PEER_SECRET": secret,
                     "BRIDGE_GROUP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
                     "BRIDGE_OWNER_WAIT_S": "20",
