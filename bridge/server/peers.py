@@ -154,6 +154,9 @@ class Peers:
             trust_env=False,
             verify=tls,
         )
+        # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
+        # replica did not sign (it signs a header's absence too).
+        del self._client.headers["accept"]
 
     async def close(self) -> None:
         await self._client.aclose()
