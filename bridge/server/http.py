@@ -30,7 +30,12 @@ from bridge.server.cursor import decode_cursor
 from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.hops import HopRefused, PeerIdentity, from_peer_listener
 from bridge.server.peers import Peers, routed_task_id
-from bridge.server.routing import RETRY_AFTER_MS, Routing, partition_moving_error
+from bridge.server.routing import (
+    RETRY_AFTER_MS,
+    Routing,
+    owner_unavailable_error,
+    partition_moving_error,
+)
 from bridge.server.wire import (
     EVENTS_GONE,
     INTERNAL_ERROR,
@@ -361,13 +366,7 @@ class McpHttp:
         except Exception as exc:
             self.metrics.forward(method, "unavailable", None)
             log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
-            error = RpcError(
-                INTERNAL_ERROR,
-                "The replica that owns this task did not answer; retry shortly",
-                {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
-                http_status=503,
-            )
-            return self._json(error_response(None, error), 503)
+            return self._json(error_response(None, owner_unavailable_error()), 503)
         self.metrics.forward(
             method, "ok" if answer.status < 500 else "error", time.perf_counter() - started
         )

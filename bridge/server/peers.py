@@ -34,10 +34,9 @@ import httpx
 from bridge.config import PeerSettings
 from bridge.server.classify import NAME_PARAM
 from bridge.server.hops import SIGNED_HEADERS, PeerAuth, PeerIdentity
-from bridge.server.routing import RETRY_AFTER_MS
+from bridge.server.routing import owner_unavailable_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,
-    INTERNAL_ERROR,
     LATEST_VERSION,
     PROTOCOL_VERSION_META,
     RpcError,
@@ -266,9 +265,4 @@ def _name_header(value: str) -> str:
 
 def _unavailable(method: str, base_url: str, why: str) -> RpcError:
     log.warning("%s at %s did not answer: %s", method, base_url, why)
-    return RpcError(
-        INTERNAL_ERROR,
-        "The replica that owns this task did not answer; retry shortly",
-        {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
-        http_status=503,
-    )
+    return owner_unavailable_error()
