@@ -160,6 +160,22 @@ async def test_a_request_without_a_hop_on_the_peer_listener_is_refused_even_with
     assert replica.refused("missing") == 1
 
 
+async def test_the_peer_listener_serves_the_hop_endpoints_only_and_a_view_get_needs_a_hop() -> None:
+    replica = Replica(group_settings())
+    transport = httpx.ASGITransport(app=replica.peer)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        for method, path in [
+            ("GET", "/metrics"),
+            ("GET", "/healthz"),
+            ("POST", "/view/token"),
+            ("GET", "/view/"),
+            ("POST", "/admin/indexer/pause"),
+        ]:
+            assert (await http.request(method, path)).status_code == 404, path
+        view = await http.get("/view/tasks/t1", params={"token": "anything"})
+    assert view.status_code == 401 and view.json()["reason"] == "missing"
+
+
 # --- the peer listener: replay, destination, tampering ----------------------------------------
 
 
