@@ -449,7 +449,7 @@ class PeerSettings(BaseModel):
     #: Nonces of accepted hops remembered (over ``max_age_s``) to refuse a replay. When it is
     #: full, further hops are refused (retriable) until entries expire, never forgotten early:
     #: size it above the peak hop rate times twice ``max_age_s``.
-    max_nonces: int = Field(200_000, ge=1_000, le=10_000_000)
+    max_nonces: int = Field(100_000, ge=1_000, le=10_000_000)
 
     _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)
 

@@ -178,7 +178,7 @@ class PeerAuth:
         own_origin: str | None = None,
         *,
         max_age_s: float = 10.0,
-        max_nonces: int = 200_000,
+        max_nonces: int = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._key = hashlib.sha256(_DOMAIN + b"\0" + secret.encode()).digest()
