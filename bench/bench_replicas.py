@@ -72,6 +72,7 @@ from bench_streams import (
     broker_ports,
     bytes_delta,
     created_record,
+    free_port,
     kafka_socket_bytes,
     mcp_body,
     mcp_headers,
@@ -178,12 +179,7 @@ class Usage:
 
 @dataclass
 class Replica(BridgeProcess):
-    """A serving replica of a group: it advertises the port it was started on."""
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env["BRIDGE_ADVERTISED_URL"] = f"http://127.0.0.1:{self.port}"
-        return env
+    """A serving replica of a group: its hops go to its peer listener (``replica_env``)."""
 
     def scrape(self) -> str:
         url = f"http://127.0.0.1:{self.port}/metrics"
@@ -204,8 +200,17 @@ def metric_sum(text: str, name: str, labels: str = "") -> float:
     return total
 
 
-def replica_env(secret: str, index: int) -> dict[str, str]:
+#: Each replica's peer listener binds a loopback address of its own, all on one port (as pods
+#: do): an owner URL must name the peer port and one of these hosts.
+PEER_HOSTS = [f"127.0.0.{k}" for k in range(2, 10)]
+
+
+def replica_env(secret: str, index: int, peer_port: int) -> dict[str, str]:
     return {
+        "BRIDGE_ADVERTISED_URL": f"http://{PEER_HOSTS[index]}:{peer_port}",
+        "BRIDGE_PEERS__HOST": PEER_HOSTS[index],
+        "BRIDGE_PEERS__PORT": str(peer_port),
+        "BRIDGE_PEERS__HOSTS": json.dumps(PEER_HOSTS),
         "BRIDGE_OWNERSHIP": "group",
         "BRIDGE_INSTANCE_ID": f"replica-{index}",
         "BRIDGE_PEER_SECRET": secret,
@@ -289,8 +294,10 @@ def start_cluster(bootstrap: str, n: int, logs: Path, secret: str) -> Cluster:
             "min_insync_replicas": 1,
         },
     )
+    peer_port = free_port()  # on 127.0.0.1: free on the other loopback addresses as a rule
     replicas = [
-        Replica(settings, replica_env(secret, i), logs / f"n{n}-replica{i}.log") for i in range(n)
+        Replica(settings, replica_env(secret, i, peer_port), logs / f"n{n}-replica{i}.log")
+        for i in range(n)
     ]
     return Cluster(settings, replicas)
 

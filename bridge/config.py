@@ -18,6 +18,7 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Self
+from urllib.parse import urlsplit
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -31,6 +32,7 @@ __all__ = [
     "KafkaLocalSettings",
     "KafkaSaslSettings",
     "KafkaTlsSettings",
+    "PeerSettings",
     "Settings",
     "ToolSpec",
     "TopicSettings",
@@ -480,6 +482,125 @@ class WebhookKeySettings(BaseModel):
     create: bool = False
 
 
+class PeerSettings(BaseModel):
+    """The peer listener: where replicas send each other the requests they forward
+    (``ownership = "group"``; docs/deployment.md, "The peer listener").
+
+    Set as ``BRIDGE_PEERS__PORT=8081`` and so on. Only signed hops are served there, and the
+    public listener never honours a hop. ``advertised_url`` is this listener's URL.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    #: The address the peer listener binds (unset: ``http_host``) and its port; the port of
+    #: every owner URL a replica accepts from the group.
+    host: str | None = None
+    port: int = Field(8081, ge=1, le=65535)
+    #: Hosts an owner URL read from the group may name: an exact name or address, or a suffix
+    #: that starts with a dot (``.bridge-peers.ns.svc.cluster.local``). Empty: the host of
+    #: ``advertised_url`` itself, and when it is a DNS name of several labels, every name that
+    #: shares its parent domain (the headless Service's).
+    hosts: list[str] = Field(default_factory=list)
+    #: TLS of the peer listener (scheme ``https``): its certificate and key, and the CA that
+    #: signed the replicas' certificates (a replica verifies the owner with it).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    #: Mutual TLS: the listener asks for a client certificate signed by ``tls_ca_file``, and a
+    #: replica presents its own (``tls_cert_file``, which must allow client authentication).
+    tls_client_auth: bool = False
+    #: How far a hop's timestamp may be from this replica's clock (skew and transit): a hop is
+    #: checked once when it arrives, so this bounds only how long a captured hop is worth
+    #: replaying, and how long its nonce is remembered.
+    max_age_s: float = Field(10.0, ge=1.0, le=60.0)
+    #: Nonces of accepted hops remembered (over ``max_age_s``) to refuse a replay. When it is
+    #: full, further hops are refused (retriable) until entries expire, never forgotten early:
+    #: size it above the peak hop rate times twice ``max_age_s``.
+    max_nonces: int = Field(100_000, ge=1_000, le=10_000_000)
+
+    _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_names(cls, value: list[str]) -> list[str]:
+        allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-.:[]")
+        for host in value:
+            if not host or not set(host.lower()) <= allowed or host in (".", ".."):
+                raise ValueError(f"peers.hosts: {host!r} is not a host name, address or .suffix")
+        return [host.lower() for host in value]
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                f"{env_name('peers', 'tls_cert_file')} and {env_name('peers', 'tls_key_file')} "
+                "go together"
+            )
+        if self.tls_client_auth and (self.tls_cert_file is None or self.tls_ca_file is None):
+            raise ValueError(
+                f"{env_name('peers', 'tls_client_auth')} needs the listener's certificate, key "
+                f"and {env_name('peers', 'tls_ca_file')}"
+            )
+        return self
+
+    @property
+    def scheme(self) -> Literal["http", "https"]:
+        """``https`` when the listener serves TLS."""
+        return "https" if self.tls_cert_file is not None else "http"
+
+    def origin(self, url: str, hosts: list[str]) -> str:
+        """``url`` as ``scheme://host:port`` (lower case) when it names a peer listener of
+        this configuration: the scheme, the port, a host in ``hosts`` (see :attr:`hosts`), and
+        nothing else (no user, path, query or fragment). ``ValueError`` otherwise.
+
+        One pass of :func:`urllib.parse.urlsplit` over at most 300 characters: the URL comes
+        from the group's metadata, which any member of the group writes.
+        """
+        if len(url) > 300:
+            raise ValueError("longer than 300 characters")
+        try:
+            parts = urlsplit(url)
+            port = parts.port if parts.port is not None else _DEFAULT_PORTS.get(parts.scheme)
+        except ValueError:
+            raise ValueError("not a URL") from None
+        host = (parts.hostname or "").lower()
+        if parts.scheme != self.scheme:
+            raise ValueError(f"scheme is not {self.scheme}")
+        if (
+            parts.username is not None
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise ValueError("more than scheme, host and port")
+        if port != self.port:
+            raise ValueError(f"port is not the peer port {self.port}")
+        if not any(_host_matches(host, entry) for entry in hosts):
+            raise ValueError(f"host {host!r} is not an accepted peer host")
+        shown = f"[{host}]" if ":" in host else host
+        return f"{self.scheme}://{shown}:{port}"
+
+    def accepted_hosts(self, advertised_url: str) -> list[str]:
+        """:attr:`hosts`, or the default derived from ``advertised_url``."""
+        if self.hosts:
+            return self.hosts
+        host = (urlsplit(advertised_url).hostname or "").lower()
+        labels = host.split(".")
+        if ":" in host or len(labels) < 2 or all(label.isdigit() for label in labels):
+            return [host]  # an address, or a single label: itself only
+        return [host, "." + host.split(".", 1)[1]]
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host_matches(host: str, entry: str) -> bool:
+    # Plain comparisons, no pattern: ".b.c" accepts "a.b.c" (any depth), never "b.c" or "xb.c".
+    if entry.startswith("."):
+        return len(host) > len(entry) and host.endswith(entry)
+    return host == entry
+
+
 class Settings(BaseSettings):
     """All settings of the bridge. The README's Configuration table lists the main ones."""
 
@@ -573,7 +694,8 @@ class Settings(BaseSettings):
     #: Static group membership (the pod's stable name): a restart within the session timeout
     #: gets the same partitions back without a rebalance.
     instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
-    #: The base URL other replicas reach this one at (``http://<pod>.<headless service>:8080``).
+    #: The base URL other replicas reach this one's peer listener at
+    #: (``http://<pod>.<headless service>:8081``: the scheme and port of ``peers``).
     advertised_url: str | None = Field(None, pattern=r"^https?://[^/\s]+$")
     #: The shared secret that authenticates a forwarded request between replicas (at least 32
     #: characters; prefer the file). Never logged; clients can never present it.
@@ -584,6 +706,8 @@ class Settings(BaseSettings):
     #: How long a request about a partition that is moving waits for an owner before it is
     #: answered with a retriable error.
     owner_wait_s: float = Field(5.0, ge=0)
+    #: The peer listener of the forwarded requests (``BRIDGE_PEERS__*``, :class:`PeerSettings`).
+    peers: PeerSettings = PeerSettings()
 
     # --- Events extension: webhook subscriptions (docs/events.md, "Webhooks") --------------
     #: Callback hosts (names) or CIDRs that may resolve to non-global addresses (loopback,
@@ -772,8 +896,15 @@ class Settings(BaseSettings):
         if self.advertised_url is None:
             raise ValueError(
                 f"{env_name('ownership')}=group needs {env_name('advertised_url')}: the URL other "
-                "replicas forward requests to (e.g. http://bridge-0.bridge-peers:8080)"
+                "replicas forward requests to (e.g. http://bridge-0.bridge-peers:8081)"
             )
+        try:
+            self.peers.origin(self.advertised_url, self.peers.accepted_hosts(self.advertised_url))
+        except ValueError as exc:
+            raise ValueError(
+                f"{env_name('advertised_url')} must be this replica's peer listener "
+                f"({self.peers.scheme}://<host>:{env_name('peers', 'port')}): {exc}"
+            ) from None
         secret = self.peer_secret_value
         if secret is None or len(secret) < 32:
             raise ValueError(

@@ -24,7 +24,21 @@ if TYPE_CHECKING:
     from bridge.log.indexer import Indexer
     from bridge.log.reader import Reader
 
-__all__ = ["KNOWN_METHODS", "Metrics"]
+__all__ = ["HOP_REFUSAL_REASONS", "KNOWN_METHODS", "Metrics"]
+
+#: Why a peer hop was refused (bridge.server.hops ``RefusalReason``), the bounded label set of
+#: ``bridge_peer_hops_refused_total`` (anything else: ``other``).
+HOP_REFUSAL_REASONS = (
+    "missing",
+    "malformed",
+    "destination",
+    "signature",
+    "stale",
+    "replay",
+    "nonces_full",
+    "owner_url",
+    "other",
+)
 
 #: JSON-RPC methods named in labels; anything else is counted as "other" (bounded labels).
 KNOWN_METHODS = frozenset(
@@ -229,6 +243,17 @@ class Metrics:
             "host) token bucket",
             registry=r,
         )
+        # Signed hops between replicas that were refused (bridge/server/hops.py), by reason:
+        # on the peer listener (a bad, stale, replayed or misaddressed hop) or before sending
+        # (an owner URL from the group that is no peer listener). Every reason starts at 0.
+        self.hops_refused = Counter(
+            "bridge_peer_hops_refused_total",
+            "Peer hops refused: received ones not believed, or owner URLs not contacted",
+            ["reason"],
+            registry=r,
+        )
+        for reason in HOP_REFUSAL_REASONS:
+            self.hops_refused.labels(reason)
         # The end-to-end canary (bridge/canary.py): probes through the stream path.
         self.canary_probes = Counter(
             "bridge_canary_probes_total",
@@ -273,6 +298,10 @@ class Metrics:
         self.forwarded.labels(label, outcome).inc()
         if seconds is not None:
             self.forward_seconds.labels(label).observe(seconds)
+
+    def hop_refused(self, reason: str) -> None:
+        """Count a refused peer hop (a reason outside the known set counts as ``other``)."""
+        self.hops_refused.labels(reason if reason in HOP_REFUSAL_REASONS else "other").inc()
 
     def rpc(self, method: str, code: int | str, seconds: float) -> None:
         # labels() takes a lock and builds its key on every call: once per (method, code)

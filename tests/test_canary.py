@@ -222,7 +222,9 @@ async def test_replicas_each_probe_only_the_partitions_they_own_and_together_all
             topics={"prefix": prefix, "partitions": 4, "min_insync_replicas": 1},
             ownership="group",
             instance_id=f"canary-{i}",
+            # No hop here: the peer listener is not served (create_app without one).
             advertised_url=f"http://127.0.0.1:{socks[i].getsockname()[1]}",
+            peers={"port": socks[i].getsockname()[1]},
             peer_secret=secret,
             group_session_timeout_ms=6000,
         )

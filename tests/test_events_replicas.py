@@ -35,7 +35,15 @@ from conformance.wire import loads
 from support.https import serving
 from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, request, result
-from support.procs import Proc, bridge_env, free_port, webhook_keys_env
+from support.procs import (
+    PEER_HOSTS,
+    Proc,
+    bridge_env,
+    free_peer_port,
+    free_port,
+    peer_env,
+    webhook_keys_env,
+)
 from support.sse import sse_events
 from support.waits import BOUND, wait_until, wait_until_sync
 from test_replicas import Replica, owned
@@ -75,13 +83,16 @@ class Cluster:
     logs: Path
     env: dict[str, str]
     replicas: list[Replica] = field(default_factory=list)
+    peer_port: int = field(default_factory=free_peer_port)
+    started: int = 0
 
     def start(self, name: str) -> Replica:
         port = free_port()
+        self.started += 1
         env = {
             **self.env,
+            **peer_env(self.started % len(PEER_HOSTS), self.peer_port),
             "BRIDGE_INSTANCE_ID": name,
-            "BRIDGE_ADVERTISED_URL": f"http://127.0.0.1:{port}",
         }
         proc = Proc(name, ["serve", "--port", str(port)], env, self.logs / f"{name}.log")
         replica = Replica(name, port, proc.start())

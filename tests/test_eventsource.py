@@ -29,7 +29,15 @@ from support.layout import (
     make_settings,
 )
 from support.mcp import create_task, result
-from support.procs import Bridge, Proc, bridge_env, free_port, running_bearer_bridge
+from support.procs import (
+    Bridge,
+    Proc,
+    bridge_env,
+    free_peer_port,
+    free_port,
+    peer_env,
+    running_bearer_bridge,
+)
 from support.sse import SseEvent, sse_events
 from support.waits import BOUND, wait_until
 
@@ -93,11 +101,12 @@ def test_forged_tampered_and_malformed_tokens_are_refused():
 
 def test_a_view_token_is_no_peer_hop_signature_and_no_other_mac():
     """The same secret keys the peer hop: the view key is derived apart from it."""
-    from bridge.server.peers import PeerAuth, PeerIdentity
+    from bridge.server.hops import PeerAuth, PeerIdentity
 
     secret = "s" * 32
     tokens = ViewTokens(secret.encode(), 60, Clock())
-    hop = PeerAuth(secret).sign(PeerIdentity("alice", "alice"), "GET /view/tasks/t ", b"")
+    who = PeerIdentity("alice", "alice")
+    hop = PeerAuth(secret).sign("http://a:8081", "GET", "/view/tasks/t", {}, b"", who)
     version, claims, _ = tokens.mint("alice", "t")[0].split(".")
     with pytest.raises(BadViewToken):
         tokens.verify(f"{version}.{claims}.{hop['x-bridge-peer-signature']}")
@@ -546,16 +555,16 @@ async def test_with_replicas_any_replica_serves_any_tasks_view(kafka_bootstrap, 
     two reads of each task is forwarded to its owner (token minted at either replica)."""
     settings = make_settings(kafka_bootstrap, fresh_prefix("vr"))
     create_served_topics(settings)
-    secret = secrets.token_hex(32)
+    secret, peer_port = secrets.token_hex(32), free_peer_port()
     replicas = []
     try:
         for i in range(2):
             port = free_port()
             env = bridge_env(
                 settings,
+                **peer_env(i, peer_port),
                 BRIDGE_OWNERSHIP="group",
                 BRIDGE_INSTANCE_ID=f"view-replica-{i}",
-                BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{port}",
                 BRIDGE_PEER_SECRET=secret,
                 BRIDGE_OWNER_WAIT_S="20",
             )

@@ -261,8 +261,29 @@ def test_more_than_one_replica_divides_the_partitions_by_pod_name(
         assert env["BRIDGE_INSTANCE_ID"] == pod
         url = env["BRIDGE_ADVERTISED_URL"]
         assert url == f"http://{pod}.{PEERS}.{NAMESPACE}.svc.cluster.local:{port['port']}"
+        assert port["port"] == int(env["BRIDGE_PEERS__PORT"]) == 8081  # the peer listener
         urls.add(url)
     assert len(urls) == replicas
+    ports = {p["name"]: p["containerPort"] for p in _container(server)["ports"]}
+    assert port["targetPort"] == "peer" and ports == {"http": 8080, "peer": 8081}
+    # Only server pods reach the peer port, and no other policy opens it.
+    server_pods = server["spec"]["template"]["metadata"]["labels"]
+    for policy in _kind(docs, "NetworkPolicy"):
+        for rule in policy["spec"].get("ingress", []):
+            if "peer" in {p["port"] for p in rule["ports"]}:
+                assert policy["metadata"]["name"] == f"{RELEASE}-peers"
+                (source,) = rule["from"]
+                assert _selects(source["podSelector"]["matchLabels"], server_pods)
+                assert not _selects(
+                    source["podSelector"]["matchLabels"],
+                    _worker(docs)["spec"]["template"]["metadata"]["labels"],
+                )
+        for rule in policy["spec"].get("egress", []):
+            if any(
+                "podSelector" in to and _selects(to["podSelector"]["matchLabels"], server_pods)
+                for to in rule["to"]
+            ):
+                assert {p["port"] for p in rule["ports"]} == {8081}
     secret_file = env["BRIDGE_PEER_SECRET_FILE"]
     assert _secret_files(docs, server)[secret_file] == f"{RELEASE}-peer/secret"
     # Only the server divides partitions.

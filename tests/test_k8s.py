@@ -612,6 +612,7 @@ def test_the_server_probes_drains_and_spreads(
     assert startup["httpGet"]["path"] == "/healthz"
     assert startup["periodSeconds"] * startup["failureThreshold"] > 300
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert {"name": "peer", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     # preStop, then the 10 s graceful drain of streams, with time left to close Kafka clients.
@@ -694,7 +695,7 @@ def test_the_server_is_a_parallel_statefulset_with_a_headless_peer_service(
     assert peers["spec"]["clusterIP"] == "None"
     assert peers["spec"]["publishNotReadyAddresses"] is False  # only ready owners get requests
     (port,) = peers["spec"]["ports"]
-    assert port["port"] == 8080 and port["targetPort"] == "http"
+    assert port["port"] == 8081 and port["targetPort"] == "peer"  # the peer listener only
     assert _selects(peers["spec"]["selector"], server["spec"]["template"]["metadata"]["labels"])
     assert not _selects(peers["spec"]["selector"], _pod_labels(_workload(docs, "worker")))
     client = _one(docs, "Service", NAME)
@@ -736,6 +737,7 @@ def test_each_replica_is_a_static_group_member_reachable_at_its_own_name(
         assert url.scheme == "http" and url.path in ("", "/")
         assert url.hostname == f"{pod}.{PEERS}.{namespace}.svc.cluster.local"
         assert url.port == port["port"] == container_port[port["targetPort"]]
+        assert url.port == int(env["BRIDGE_PEERS__PORT"]) != container_port["http"]
         urls.append(url.geturl())
     assert len(set(urls)) == 2
     # Within what Kafka brokers accept by default (group.min/max.session.timeout.ms).
@@ -1111,10 +1113,10 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_replicas_and_public_https
 ) -> None:
     policies = _kind(rendered[overlay], "NetworkPolicy")
     kafka_port = _kafka_port(rendered[overlay])
-    mcp_port = {
+    peer_port = {
         p["name"]: p["containerPort"]
         for p in _container(_workload(rendered[overlay], "server"))["ports"]
-    }["http"]
+    }["peer"]
     egress_peers = []
     ingress_ports = []
     to_kafka: set[int] = set()
@@ -1129,9 +1131,9 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_replicas_and_public_https
         for rule in spec.get("egress", []):
             ports = {p["port"] for p in rule["ports"]}
             if _only_server_pods(rule["to"]):
-                # A replica forwarding to the owner of a partition: server to server, MCP port.
+                # A replica forwarding to the owner of a partition: server to server, peer port.
                 assert spec["podSelector"]["matchLabels"] == SERVER_PODS
-                assert ports == {mcp_port}
+                assert ports == {peer_port}
                 between_replicas["egress"] += 1
                 continue
             if all("ipBlock" in peer for peer in rule["to"]):
@@ -1150,10 +1152,13 @@ def test_network_policies_allow_kafka_dns_the_mcp_port_replicas_and_public_https
             if any("strimzi.io/cluster" in p["podSelector"]["matchLabels"] for p in rule["to"]):
                 to_kafka |= ports
         for rule in spec.get("ingress", []):
-            ingress_ports += [p["port"] for p in rule["ports"]]
+            ports = {p["port"] for p in rule["ports"]}
+            ingress_ports += ports
             assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
             between_replicas["ingress"] += _only_server_pods(rule["from"])
-    assert set(ingress_ports) == {"http"}
+            # The peer port is opened to server pods only, in a rule of its own.
+            assert ("peer" in ports) <= (_only_server_pods(rule["from"]) and ports == {"peer"})
+    assert set(ingress_ports) == {"http", "peer"}
     assert between_replicas == {"ingress": 1, "egress": 1}
     assert webhooks == 1
     # Peers must keep their own labels: the kustomize `labels` must not have reached them.

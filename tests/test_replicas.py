@@ -28,7 +28,7 @@ import pytest
 from conformance.wire import loads
 from support.layout import create_served_topics, make_settings
 from support.mcp import create_task, request
-from support.procs import Proc, bridge_env, free_port
+from support.procs import Proc, bridge_env, free_peer_port, free_port, peer_env
 from support.sse import sse_events
 from support.waits import wait_until, wait_until_sync
 
@@ -75,14 +75,14 @@ class Replica:
 
 
 def start_replicas(settings: Settings, logs: Path, secret: str) -> list[Replica]:
-    replicas = []
+    replicas, peer_port = [], free_peer_port()
     for i in range(REPLICAS):
         port = free_port()
         env = bridge_env(
             settings,
+            **peer_env(i, peer_port),  # hops go to each replica's peer listener
             BRIDGE_OWNERSHIP="group",
             BRIDGE_INSTANCE_ID=f"replica-{i}",
-            BRIDGE_ADVERTISED_URL=f"http://127.0.0.1:{port}",
             BRIDGE_PEER_SECRET=secret,
             BRIDGE_GROUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
             BRIDGE_OWNER_WAIT_S="20",

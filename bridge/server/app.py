@@ -6,6 +6,11 @@ MCP endpoint → companions (in-process workers, when asked) → catch-up → th
 when on (:mod:`bridge.canary`). ``/healthz`` answers while
 the process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
 the log as it was at start (readiness), so a replica never serves a stale view.
+
+With ``ownership = "group"`` a second app, the peer listener's (:func:`peer_app`), serves the
+hops other replicas forward (``/mcp`` and the view's GETs, nothing else) from the same
+components, on its own port: it is started once they are and stopped before them. Only there
+is a signed hop believed; the public app authenticates every request.
 """
 
 from __future__ import annotations
@@ -38,21 +43,33 @@ from bridge.server.auth import Authenticator, check_exposure
 from bridge.server.browser import BrowserView
 from bridge.server.events import EventsMethods, events_extension
 from bridge.server.handlers import MethodHandlers
+from bridge.server.hops import PeerAuth, mark_peer_listener
 from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.listen import Listen, PeerTasks
-from bridge.server.peers import PeerAuth, Peers
+from bridge.server.peers import Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
 from bridge.tasks.tools import job_topics, tool_catalog
 
-__all__ = ["Companion", "Components", "create_app", "start_components", "tool_catalog"]
+__all__ = [
+    "Companion",
+    "Components",
+    "PeerListener",
+    "create_app",
+    "peer_app",
+    "start_components",
+    "tool_catalog",
+]
 
 log = logging.getLogger(__name__)
 
 #: Something that runs beside the server in its process (the in-process workers), started
 #: after the server's components and stopped before them through the exit stack.
 Companion = Callable[[Settings, contextlib.AsyncExitStack], Awaitable[None]]
+#: Serves the peer listener's app (bridge.server.runner: a second uvicorn server in this
+#: process) until the exit stack closes; called once the components have started.
+PeerListener = Callable[[ASGIApp, contextlib.AsyncExitStack], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -99,7 +116,8 @@ async def start_components(
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
-            routing, peers = Routing(settings, indexer), _peers(settings, stack)
+            routing = Routing(settings, indexer, on_refused=metrics.hop_refused)
+            peers = _peers(settings, routing, stack)
             events = events_extension(
                 settings,
                 service,
@@ -143,8 +161,17 @@ async def start_components(
     return Components(settings, metrics, indexer, reader, service, hub, endpoint, canary)
 
 
-def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> Starlette:
-    """The bridge's ASGI app; ``app.state.components`` is set while it runs (None before)."""
+def create_app(
+    settings: Settings,
+    *,
+    companions: Sequence[Companion] = (),
+    peer_listener: PeerListener | None = None,
+) -> Starlette:
+    """The bridge's ASGI app; ``app.state.components`` is set while it runs (None before).
+
+    ``peer_listener``: how the peer listener's app is served beside it when replicas divide
+    the partitions (without one, this replica forwards hops but receives none).
+    """
     metrics = Metrics()
     Authenticator(settings.auth)  # refuse bad auth settings now, not at the first request
     check_exposure(settings)  # no unauthenticated listener beyond loopback unless opted in
@@ -156,6 +183,8 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
             app.state.components = await start_components(
                 settings, stack, metrics=metrics, companions=companions
             )
+            if peer_listener is not None and settings.ownership == "group":
+                await peer_listener(peer_app(settings, lambda: app.state.components), stack)
             try:
                 yield
             finally:
@@ -224,6 +253,42 @@ def create_app(settings: Settings, *, companions: Sequence[Companion] = ()) -> S
     return app
 
 
+def peer_app(settings: Settings, components: Callable[[], Components | None]) -> ASGIApp:
+    """The peer listener's app: the hop endpoints of the same ``components`` (``/mcp``, and
+    the browser view's GETs when the view is on), every request marked as arrived there, so
+    that only its signed hop says who the caller is. Nothing else is served."""
+
+    def running(request: Request) -> Components:
+        served = components()
+        if served is None:
+            raise RuntimeError("the bridge's components are not started")
+        return served
+
+    async def post(request: Request) -> Response:
+        return await running(request).endpoint.post(request)
+
+    async def get(request: Request) -> Response:
+        return await running(request).endpoint.get(request)
+
+    routes = [
+        Route("/mcp", RawEndpoint(post), methods=["POST"]),
+        Route("/mcp", RawEndpoint(get), methods=["GET"]),
+    ]
+    if settings.view_enabled:
+        view = BrowserView(settings, running)
+        routes += [
+            Route("/view/tasks/{task_id}", view.state, methods=["GET"]),
+            Route("/view/tasks/{task_id}/events", view.events, methods=["GET"]),
+        ]
+    inner = Starlette(routes=routes)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        mark_peer_listener(scope)
+        await inner(scope, receive, send)
+
+    return app
+
+
 class _BridgeApp(Starlette):
     """The app, with ``POST``/``GET /mcp`` (every stream) taken before the router.
 
@@ -255,12 +320,15 @@ class _BridgeApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def _peers(settings: Settings, stack: contextlib.AsyncExitStack) -> Peers | None:
-    """The client of the hops to other replicas, when replicas divide the partitions."""
+def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStack) -> Peers | None:
+    """The client of the hops to other replicas, and the check of the hops they send here,
+    when replicas divide the partitions."""
     secret = settings.peer_secret_value
     if settings.ownership != "group" or secret is None:
         return None
-    peers = Peers(PeerAuth(secret))
+    p = settings.peers
+    auth = PeerAuth(secret, routing.own_url, max_age_s=p.max_age_s, max_nonces=p.max_nonces)
+    peers = Peers(auth, tls=client_tls(p))
     stack.push_async_callback(peers.close)
     return peers
 

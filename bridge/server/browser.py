@@ -42,8 +42,8 @@ from bridge.envelope import TaskEvent
 from bridge.events import TaskEventTypes
 from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.handlers import Streamed, detailed_task
+from bridge.server.hops import PeerIdentity, from_peer_listener
 from bridge.server.http import McpHttp, SseResponse
-from bridge.server.peers import PeerAuth, PeerIdentity, hop_target
 from bridge.server.streams import StreamHub
 from bridge.server.wire import (
     CLIENT_CAPS_META,
@@ -367,14 +367,8 @@ class BrowserView:
         this task. 403 for a foreign Host/Origin, 401 for a bad token, 404 for a token of
         another task (as for a task the caller may not see)."""
         endpoint = served.endpoint
-        if endpoint.peers is not None and PeerAuth.is_hop(request.headers):
-            identity = endpoint.peers.auth.verify(
-                request.headers, hop_target("GET", request.headers, path), b""
-            )
-            if identity is None:
-                log.warning("refused a forwarded view request with a bad or stale peer signature")
-                return _problem(401, "bad peer signature")
-            return Caller(identity.principal, identity.client, connection_of(request.scope))
+        if from_peer_listener(request.scope):  # a hop: only the signature, never a token
+            return endpoint._hop(request, b"", path)
         if not endpoint._origin_allowed(request):  # the MCP endpoint's DNS-rebinding check
             return _problem(403, "forbidden host or origin")
         try:
@@ -397,7 +391,7 @@ class BrowserView:
         task_id = request.path_params["task_id"]
         if endpoint.routing is None:
             return None
-        hop = endpoint.peers is not None and PeerAuth.is_hop(request.headers)
+        hop = from_peer_listener(request.scope)
         try:
             owner = await endpoint.routing.where(task_id)
         except RpcError as exc:

@@ -66,7 +66,8 @@ from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
 from bridge.sealing import KeyRing, Sealer
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
-from bridge.server.peers import PeerIdentity, Peers, routed_task_id
+from bridge.server.hops import PeerIdentity
+from bridge.server.peers import Peers, routed_task_id
 from bridge.server.routing import Routing
 from bridge.server.wire import (
     CALLBACK_ENDPOINT_ERROR,

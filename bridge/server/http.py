@@ -1,7 +1,8 @@
 """The MCP endpoint's HTTP transport: ``POST /mcp``, the ``GET`` resume, and SSE framing.
 
 Per request: the gate (Host/Origin against DNS rebinding, then authentication → a
-:class:`~bridge.server.admission.Caller`), the body limit, classification
+:class:`~bridge.server.admission.Caller`; on the peer listener instead, the signed hop of
+:mod:`bridge.server.hops`, and nothing else), the body limit, classification
 (:mod:`bridge.server.classify`), the handlers (:mod:`bridge.server.handlers`), and the response:
 JSON, or ``text/event-stream`` whose writes are batched and whose admission slot is released
 however the response ends. It knows no method's meaning; metrics are injected.
@@ -27,8 +28,14 @@ from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.classify import Inbound, Methods, Rejected, classify
 from bridge.server.cursor import decode_cursor
 from bridge.server.handlers import Call, MethodHandlers, Streamed
-from bridge.server.peers import PeerAuth, PeerIdentity, Peers, hop_target, routed_task_id
-from bridge.server.routing import RETRY_AFTER_MS, Routing, partition_moving_error
+from bridge.server.hops import HopRefused, PeerIdentity, from_peer_listener
+from bridge.server.peers import Peers, routed_task_id
+from bridge.server.routing import (
+    RETRY_AFTER_MS,
+    Routing,
+    owner_unavailable_error,
+    partition_moving_error,
+)
 from bridge.server.wire import (
     EVENTS_GONE,
     INTERNAL_ERROR,
@@ -381,21 +388,23 @@ class McpHttp:
             return JSONResponse({"error": "cross-site request refused"}, status_code=403)
         return self._gate(request)
 
-    def _hop(self, request: Request, body: bytes) -> Caller | Response | None:
-        """A request forwarded by another replica: the caller its signature vouches for, or
-        401; None for a request that is not a hop."""
-        if self.peers is None or not PeerAuth.is_hop(request.headers):
-            return None
-        identity = self.peers.auth.verify(
-            request.headers, hop_target(request.method, request.headers), body
-        )
-        if identity is None:
-            log.warning("refused a forwarded request with a bad or stale peer signature")
-            return JSONResponse({"error": "bad peer signature"}, status_code=401)
+    def _hop(self, request: Request, body: bytes, path: str = "/mcp") -> Caller | Response:
+        """A request on the peer listener: the caller its signature vouches for, or the
+        refusal (401; 503 when it may pass later). Never Host/Origin or client credentials:
+        the signature covers the destination and everything that decides the answer."""
+        try:
+            if self.peers is None:  # a replica that divides nothing takes no hops
+                raise HopRefused("destination")
+            identity = self.peers.auth.verify(request.method, path, request.headers, body)
+        except HopRefused as exc:
+            self.metrics.hop_refused(exc.reason)
+            log.warning("refused a forwarded request (%s)", exc.reason)
+            status = 503 if exc.retriable else 401
+            return JSONResponse({"error": str(exc), "reason": exc.reason}, status_code=status)
         return Caller(identity.principal, identity.client, connection_of(request.scope))
 
     async def post(self, request: Request) -> Response:
-        hop = self.peers is not None and PeerAuth.is_hop(request.headers)
+        hop = from_peer_listener(request.scope)
         caller: Caller | Response | None = None if hop else self._gate(request)
         if isinstance(caller, Response):
             return caller
@@ -404,7 +413,7 @@ class McpHttp:
         try:
             body = await self._read_body(request)
             if caller is None:  # a hop: the signature says who the caller is
-                caller = self._hop(request, body) or Response(status_code=401)
+                caller = self._hop(request, body)
                 if isinstance(caller, Response):
                     return caller
             inbound = classify(request.headers, body, self._methods)
@@ -459,13 +468,7 @@ class McpHttp:
         except Exception as exc:
             self.metrics.forward(method, "unavailable", None)
             log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
-            error = RpcError(
-                INTERNAL_ERROR,
-                "The replica that owns this task did not answer; retry shortly",
-                {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
-                http_status=503,
-            )
-            return self._json(error_response(None, error), 503)
+            return self._json(error_response(None, owner_unavailable_error()), 503)
         self.metrics.forward(
             method, "ok" if answer.status < 500 else "error", time.perf_counter() - started
         )
@@ -525,10 +528,8 @@ class McpHttp:
         cursor = request.headers.get("last-event-id")
         if cursor is None:
             return Response(status_code=405, headers={"Allow": "POST"})
-        hop = self.peers is not None and PeerAuth.is_hop(request.headers)
-        caller = (
-            (self._hop(request, b"") or Response(status_code=401)) if hop else self._gate(request)
-        )
+        hop = from_peer_listener(request.scope)
+        caller = self._hop(request, b"") if hop else self._gate(request)
         if isinstance(caller, Response):
             return caller
         try:

@@ -58,7 +58,8 @@ from bridge.log.indexer import NotOwner
 from bridge.mcpevents import Active, EventSource, Occurrence, StreamItem
 from bridge.server.admission import Caller, Ticket
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
-from bridge.server.peers import PeerIdentity, Peers
+from bridge.server.hops import PeerIdentity
+from bridge.server.peers import Peers
 from bridge.server.routing import Routing, partition_moving_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,

@@ -3,40 +3,40 @@
 Where it sits: between the HTTP gate (the caller is verified) and the handlers. With
 ``ownership = "group"`` each replica indexes only its share of the events partitions
 (bridge.log.indexer); a request about a task whose partition another replica owns is sent to
-that owner, once, and its response (JSON, or the SSE body as it is written) is passed back.
+that owner's peer listener, once, and its response (JSON, or the SSE body as it is written) is
+passed back.
 
-The hop is authenticated with the shared peer secret: the forwarding replica signs the verified
-principal, the client key the limits count, a timestamp, the method, and the body (HMAC-SHA256,
-:class:`PeerAuth`). The owner believes a principal only from a valid signature made within the
-last minute; a client cannot forge one without the secret, and a forwarded request is never
-forwarded again (a partition moving twice is answered with the retriable error instead).
+Every hop is signed (:class:`~bridge.server.hops.PeerAuth`: the destination, the request and
+the verified principal, with a timestamp and a nonce); the owner believes the principal only
+from a valid signature, on its peer listener only, and a forwarded request is never forwarded
+again (a partition moving twice is answered with the retriable error instead). The peer
+listener may serve TLS (:func:`client_tls`).
 
 :meth:`Peers.call` is the other kind of hop: a request of this replica's own, made for a verified
 caller (a listen reading a task's state at its owner, a webhook delivery reading events there),
 signed the same way, whose JSON-RPC result comes back as a dict.
 
-What it does not do: decide ownership (the group does) or know what a method means beyond the
-task id it names (:func:`routed_task_id`).
+What it does not do: decide ownership (the group does), check owner URLs (bridge.server.routing
+does), or know what a method means beyond the task id it names (:func:`routed_task_id`).
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import logging
-import time
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from bridge.config import PeerSettings
 from bridge.server.classify import NAME_PARAM
-from bridge.server.routing import RETRY_AFTER_MS
+from bridge.server.hops import SIGNED_HEADERS, PeerAuth, PeerIdentity
+from bridge.server.routing import owner_unavailable_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,
-    INTERNAL_ERROR,
     LATEST_VERSION,
     PROTOCOL_VERSION_META,
     RpcError,
@@ -45,43 +45,21 @@ from bridge.server.wire import (
 
 __all__ = [
     "FORWARDED_HEADERS",
-    "PeerAuth",
-    "PeerIdentity",
+    "OwnerRefusedHop",
     "Peers",
-    "hop_target",
+    "client_tls",
     "routed_task_id",
+    "server_tls",
 ]
 
 log = logging.getLogger(__name__)
 
-_PRINCIPAL = "x-bridge-peer-principal"
-_CLIENT = "x-bridge-peer-client"
-_TIME = "x-bridge-peer-time"
-_SIGNATURE = "x-bridge-peer-signature"
-#: Headers of the client's request that the owner needs (never Authorization or cookies: the
-#: owner trusts the signed principal, and a credential must not travel further than needed).
-FORWARDED_HEADERS = (
-    "accept",
-    "content-type",
-    "last-event-id",
-    "mcp-method",
-    "mcp-name",
-    "mcp-protocol-version",
-    "mcp-session-id",
-)
-#: How old a signed hop may be (clock skew between replicas included).
-_MAX_AGE_S = 60
+#: Headers of the client's request that the owner needs: exactly the signed ones.
+FORWARDED_HEADERS = SIGNED_HEADERS
 
 #: Methods whose params name the task they are about.
 _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel", "tasks/stream"})
 _EVENTS_METHODS = frozenset({"events/poll", "events/stream", "events/subscribe"})
-
-
-def hop_target(method: str, headers: Mapping[str, str], path: str = "/mcp") -> str:
-    """What a hop's signature covers besides the body: the HTTP method, the path (with its
-    query: the browser view's GETs name their task and cursor there), and the resume cursor
-    of a ``GET`` (a header, so that it cannot be swapped under a valid signature)."""
-    return f"{method} {path} {headers.get('last-event-id', '')}"
 
 
 def routed_task_id(method: str, params: Mapping[str, Any]) -> str | None:
@@ -102,72 +80,24 @@ def routed_task_id(method: str, params: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-@dataclass(frozen=True)
-class PeerIdentity:
-    """Who a forwarded request is from, as the signature vouches."""
+class OwnerRefusedHop(Exception):
+    """The owner's peer listener refused our signature (another secret, a clock too far off,
+    or an advertised URL that is not where the request went): a misconfiguration to fix."""
 
-    principal: str
-    client: str
-
-
-class PeerAuth:
-    """Signs and checks hops with the shared secret (never in a repr or a log)."""
-
-    def __init__(self, secret: str, clock: Any = time.time) -> None:
-        self._key = hashlib.sha256(b"mcp-kafka-bridge peer hop\0" + secret.encode()).digest()
-        self._clock = clock
-
-    def __repr__(self) -> str:
-        return "PeerAuth(<secret>)"
-
-    def _mac(self, stamp: str, principal: str, client: str, what: str, body: bytes) -> str:
-        message = b"\n".join(s.encode("utf-8") for s in (stamp, principal, client, what))
-        return hmac.new(self._key, message + b"\n" + body, hashlib.sha256).hexdigest()
-
-    def sign(self, identity: PeerIdentity, what: str, body: bytes) -> dict[str, str]:
-        """The headers that carry ``identity`` with the request ``what`` (method and target)."""
-        stamp = str(int(self._clock()))
-        mac = self._mac(stamp, identity.principal, identity.client, what, body)
-        return {
-            _PRINCIPAL: _header_safe(identity.principal),
-            _CLIENT: _header_safe(identity.client),
-            _TIME: stamp,
-            _SIGNATURE: mac,
-        }
-
-    @staticmethod
-    def is_hop(headers: Mapping[str, str]) -> bool:
-        return _SIGNATURE in headers
-
-    def verify(self, headers: Mapping[str, str], what: str, body: bytes) -> PeerIdentity | None:
-        """The identity a valid, fresh signature vouches for; None otherwise."""
-        try:
-            stamp = headers[_TIME]
-            principal = _header_value(headers[_PRINCIPAL])
-            client = _header_value(headers[_CLIENT])
-            signature = headers[_SIGNATURE]
-            age = abs(self._clock() - int(stamp))
-        except (KeyError, ValueError):
-            return None
-        if age > _MAX_AGE_S:
-            return None
-        expected = self._mac(stamp, principal, client, what, body)
-        if not hmac.compare_digest(expected, signature):
-            return None
-        return PeerIdentity(principal, client)
+    def __init__(self, owner: str) -> None:
+        super().__init__(f"the replica at {owner} refused the signed hop (401)")
 
 
-def _header_safe(value: str) -> str:
-    # A principal may hold any character (a JWT claim); percent-encode to stay a header value.
-    from urllib.parse import quote
-
-    return quote(value, safe="")
-
-
-def _header_value(value: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(value, errors="strict")
+def client_tls(settings: PeerSettings) -> ssl.SSLContext | bool:
+    """How a replica verifies the owner it forwards to: the peer CA (system CAs when unset)
+    for an ``https`` peer listener, presenting its own certificate under mutual TLS."""
+    if settings.scheme == "http":
+        return True  # unused: no TLS to verify
+    ca = str(settings.tls_ca_file) if settings.tls_ca_file is not None else None
+    context = ssl.create_default_context(cafile=ca)
+    if settings.tls_client_auth and settings.tls_cert_file and settings.tls_key_file:
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    return context
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -192,10 +122,26 @@ class Forwarded:
     content: bytes | None = None
 
 
+def server_tls(settings: PeerSettings) -> dict[str, Any]:
+    """uvicorn's TLS options of the peer listener (none for ``http``); under mutual TLS a
+    client certificate signed by the peer CA is required."""
+    if settings.tls_cert_file is None:
+        return {}
+    mutual = settings.tls_client_auth
+    return {
+        "ssl_certfile": str(settings.tls_cert_file),
+        "ssl_keyfile": str(settings.tls_key_file),
+        "ssl_ca_certs": str(settings.tls_ca_file) if mutual else None,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED if mutual else ssl.CERT_NONE,
+    }
+
+
 class Peers:
     """The HTTP client of the hops (one connection pool per process)."""
 
-    def __init__(self, auth: PeerAuth, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, auth: PeerAuth, timeout_s: float = 30.0, tls: ssl.SSLContext | bool = True
+    ) -> None:
         self.auth = auth
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
         self._call_timeout = httpx.Timeout(timeout_s)
@@ -205,7 +151,11 @@ class Peers:
             timeout=httpx.Timeout(timeout_s, read=None),
             follow_redirects=False,
             trust_env=False,
+            verify=tls,
         )
+        # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
+        # replica did not sign (it signs a header's absence too).
+        del self._client.headers["accept"]
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -219,14 +169,19 @@ class Peers:
         identity: PeerIdentity,
         path: str = "/mcp",
     ) -> Forwarded:
-        """Send the request to the owner at ``base_url`` (at ``path``: ``/mcp``, or a browser
-        view's GET, whose query carries no credential); the body streams back."""
-        sent = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
-        sent.update(self.auth.sign(identity, hop_target(method, headers, path), body))
+        """Send the request to the owner's peer listener at ``base_url`` (at ``path``:
+        ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
+        back. :class:`OwnerRefusedHop` when the owner refused the signature."""
+        sent = {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+        sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         request = self._client.build_request(
             method, f"{base_url}{path}", headers=sent, content=body
         )
         response = await self._client.send(request, stream=True)
+        if response.status_code == 401:  # the peer listener answers 401 for a refused hop only
+            await response.aclose()
+            log.warning("%s refused a signed hop: check the peer secret, clocks and URLs", base_url)
+            raise OwnerRefusedHop(base_url)
         passed = {
             k: v
             for k, v in response.headers.items()
@@ -262,11 +217,13 @@ class Peers:
         sent = {**params, "_meta": meta}
         body = dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": sent}).encode()
         headers = _request_headers(method, sent)
-        headers.update(self.auth.sign(identity, hop_target("POST", {}), body))
+        headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
         try:
             reply = await self._client.post(
                 f"{base_url}/mcp", content=body, headers=headers, timeout=self._call_timeout
             )
+            if reply.status_code == 401:  # a refused hop, not the caller's credential
+                raise _unavailable(method, base_url, "the owner refused the signed hop")
             message = reply.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise _unavailable(method, base_url, type(exc).__name__) from None
@@ -308,9 +265,4 @@ def _name_header(value: str) -> str:
 
 def _unavailable(method: str, base_url: str, why: str) -> RpcError:
     log.warning("%s at %s did not answer: %s", method, base_url, why)
-    return RpcError(
-        INTERNAL_ERROR,
-        "The replica that owns this task did not answer; retry shortly",
-        {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
-        http_status=503,
-    )
+    return owner_unavailable_error()

@@ -7,6 +7,11 @@ another one whose URL the last assignment named (forward there), or nobody for a
 partition is moving): the request then waits for the next assignment, up to ``owner_wait_s``,
 and is answered with :func:`partition_moving_error` if it is still unowned.
 
+Owner URLs come from the group's metadata, which any member of the consumer group writes: each
+is checked against the peer settings (scheme, host, port: ``PeerSettings.origin``) before a
+request goes there. A URL that fails is never contacted: the request is answered with the
+retriable :func:`owner_unavailable_error`, and the refusal is counted (``on_refused``).
+
 What it does not do: send anything (bridge.server.peers does).
 """
 
@@ -14,12 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Callable
 
 from bridge.config import Settings
 from bridge.log.indexer import Indexer
 from bridge.server.wire import INTERNAL_ERROR, RpcError
 
-__all__ = ["Routing", "partition_moving_error"]
+__all__ = ["Routing", "owner_unavailable_error", "partition_moving_error"]
+
+log = logging.getLogger(__name__)
+
+#: Owner URLs whose check is remembered (the group names one per replica; more is noise).
+_CHECKED_URLS = 256
 
 #: What a client is told to wait before retrying a request whose partition is moving.
 RETRY_AFTER_MS = 1000
@@ -35,13 +47,36 @@ def partition_moving_error(task_id: str) -> RpcError:
     )
 
 
-class Routing:
-    """Answers "where is this task served" from the indexer's ownership."""
+def owner_unavailable_error() -> RpcError:
+    """The retriable answer when the owner cannot be asked (HTTP 503)."""
+    return RpcError(
+        INTERNAL_ERROR,
+        "The replica that owns this task did not answer; retry shortly",
+        {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
+        http_status=503,
+    )
 
-    def __init__(self, settings: Settings, indexer: Indexer) -> None:
+
+class Routing:
+    """Answers "where is this task served" from the indexer's ownership.
+
+    ``on_refused`` is called with ``"owner_url"`` for each request whose owner URL is no peer
+    listener of this configuration (a metric, wired at composition).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        indexer: Indexer,
+        on_refused: Callable[[str], object] = lambda reason: None,
+    ) -> None:
         self.settings = settings
         self.indexer = indexer
-        self.own_url = settings.advertised_url
+        self._on_refused = on_refused
+        url = settings.advertised_url
+        self._hosts = settings.peers.accepted_hosts(url) if url else []
+        self._checked: dict[str, str | None] = {}
+        self.own_url = self._origin(url) if url else None
 
     @property
     def divided(self) -> bool:
@@ -54,10 +89,29 @@ class Routing:
         if self.indexer.owns(partition):
             return None
         url = self.indexer.owner_url(partition)
-        if url is None or url == self.own_url:
-            # Assigned to nobody, or to this replica before it restored the partition.
-            raise LookupError(partition)
-        return url
+        if url is None:
+            raise LookupError(partition)  # assigned to nobody
+        origin = self._origin(url)
+        if origin is None:
+            self._on_refused("owner_url")
+            raise owner_unavailable_error()
+        if origin == self.own_url:
+            raise LookupError(partition)  # to this replica, before it restored the partition
+        return origin
+
+    def _origin(self, url: str) -> str | None:
+        """The peer origin ``url`` names, or None when it is no peer listener of ours."""
+        if url in self._checked:
+            return self._checked[url]
+        try:
+            origin: str | None = self.settings.peers.origin(url, self._hosts)
+        except ValueError as exc:
+            origin = None
+            log.warning("the group names an owner URL that is no peer listener: %s", exc)
+        if len(self._checked) >= _CHECKED_URLS:
+            self._checked.clear()
+        self._checked[url] = origin
+        return origin
 
     async def where(self, task_id: str) -> str | None:
         """None to serve here, or the owner's base URL; :func:`partition_moving_error` after

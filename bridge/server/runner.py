@@ -14,6 +14,10 @@ shutdown. The bridge drains its open streams in ``on_stop`` (:func:`bridge_serve
 ``tasks/stream`` never ends by itself, so without the drain every viewer would hold the shutdown
 until its bound, and then be cut off instead of told to resume. A second SIGINT forces the exit,
 as in uvicorn.
+
+With replicas (``ownership = "group"``) the process serves a second listener, the peer
+listener (:func:`peer_listener`): another uvicorn server in the same loop, started by the app
+once its components run and closed before they stop; it never handles signals.
 """
 
 from __future__ import annotations
@@ -26,19 +30,20 @@ import io
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
-from bridge.server.app import Companion, create_app
+from bridge.server.app import Companion, PeerListener, create_app
+from bridge.server.peers import server_tls
 from bridge.server.protocols import protocol_class
 
-__all__ = ["AppServer", "ServerExited", "bridge_server", "tune_gc"]
+__all__ = ["AppServer", "ServerExited", "bridge_server", "peer_listener", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,7 @@ class AppServer:
     (``auto`` takes uvloop and httptools when installed); the loop applies to :meth:`run` only,
     :meth:`start` serves in the running loop. ``read_timeout_s``, ``max_head_bytes`` and
     ``keep_alive_s``: what a slow or idle client may hold (bridge/server/protocols.py).
+    ``tls``: uvicorn's ``ssl_*`` options.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class AppServer:
         read_timeout_s: float = 30.0,
         max_head_bytes: int = 64 * 1024,
         keep_alive_s: int = 5,
+        tls: Mapping[str, Any] | None = None,
     ) -> None:
         config = uvicorn.Config(
             app,
@@ -97,6 +104,7 @@ class AppServer:
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
             lifespan="on",
+            **(tls or {}),
         )
         self._server = _Uvicorn(config, self, handle_signals)
         self._gc_young_threshold = gc_young_threshold
@@ -201,7 +209,9 @@ def bridge_server(
 
     ``quiet``: only uvicorn's warnings, no access log (the demo's narration is its output).
     """
-    app = create_app(settings, companions=companions)
+    app = create_app(
+        settings, companions=companions, peer_listener=peer_listener(settings, quiet=quiet)
+    )
 
     def drain_streams() -> None:
         components = app.state.components
@@ -224,6 +234,32 @@ def bridge_server(
         max_head_bytes=settings.server_max_head_bytes,
         keep_alive_s=settings.server_keep_alive_s,
     )
+
+
+def peer_listener(settings: Settings, *, quiet: bool = False) -> PeerListener:
+    """Serves the peer listener's app at ``peers.host`` (else ``http_host``) and
+    ``peers.port``, with TLS when configured, in the running loop; closed with the stack.
+
+    Its open hop streams were drained with the others by then (the same stream hub)."""
+
+    async def serve(app: ASGIApp, stack: contextlib.AsyncExitStack) -> None:
+        server = AppServer(
+            app,
+            host=settings.peers.host or settings.http_host,
+            port=settings.peers.port,
+            log_level="warning" if quiet else settings.log_level.lower(),
+            access_log=not quiet,
+            handle_signals=False,  # the public server's: one stop for both
+            http=settings.server_http,
+            read_timeout_s=settings.server_read_timeout_s,
+            max_head_bytes=settings.server_max_head_bytes,
+            keep_alive_s=settings.server_keep_alive_s,
+            tls=server_tls(settings.peers),
+        )
+        await server.start()
+        stack.push_async_callback(server.close)
+
+    return serve
 
 
 def tune_gc(young_threshold: int) -> None:

@@ -57,7 +57,7 @@ from bridge.replay import create_task as create_replay_task
 
 from .layout import create_served_topics
 from .mcp import create_task
-from .procs import READY_S, Proc, bridge_env, free_port
+from .procs import READY_S, Proc, bridge_env, free_peer_port, free_port, peer_env
 from .waits import wait_until
 
 __all__ = ["Counters", "LoadHarness", "LoadPlan", "Replica"]
@@ -237,14 +237,14 @@ class LoadHarness:
 
     def _start_processes(self) -> None:
         group = self.plan.replicas > 1
-        secret = secrets.token_urlsafe(32)
+        secret, peer_port = secrets.token_urlsafe(32), free_peer_port()
         for i in range(self.plan.replicas):
             port = free_port()
             extra = (
                 {
+                    **peer_env(i, peer_port),
                     "BRIDGE_OWNERSHIP": "group",
                     "BRIDGE_INSTANCE_ID": f"replica-{i}",
-                    "BRIDGE_ADVERTISED_URL": f"http://127.0.0.1:{port}",
                     "BRIDGE_PEER_SECRET": secret,
                     "BRIDGE_GROUP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
                     "BRIDGE_OWNER_WAIT_S": "20",

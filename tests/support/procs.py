@@ -26,11 +26,17 @@ __all__ = [
     "Bridge",
     "Proc",
     "bridge_env",
+    "free_peer_port",
     "free_port",
+    "peer_env",
     "running_bearer_bridge",
     "running_bridge",
     "webhook_keys_env",
 ]
+
+#: The loopback addresses replicas' peer listeners bind, one each: replicas share one peer port
+#: (as pods do), and an owner URL must name it (BRIDGE_PEERS__PORT) and one of these hosts.
+PEER_HOSTS = [f"127.0.0.{k}" for k in range(2, 10)]
 
 #: Seconds a bridge may take to answer /readyz (it restores the index and checks Kafka first).
 READY_S = 90.0
@@ -40,6 +46,32 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_peer_port() -> int:
+    """A port free on every one of :data:`PEER_HOSTS` (held open together while chosen)."""
+    with contextlib.ExitStack() as held:
+        first = held.enter_context(socket.socket())
+        first.bind((PEER_HOSTS[0], 0))
+        port = int(first.getsockname()[1])
+        try:
+            for host in PEER_HOSTS[1:]:
+                held.enter_context(socket.socket()).bind((host, port))
+        except OSError:
+            return free_peer_port()  # taken on another address: draw again
+        return port
+
+
+def peer_env(index: int, port: int) -> dict[str, str]:
+    """What replica ``index`` of a group needs for hops: its peer listener on its own loopback
+    address and the shared ``port``, advertised as such."""
+    host = PEER_HOSTS[index]
+    return {
+        "BRIDGE_ADVERTISED_URL": f"http://{host}:{port}",
+        "BRIDGE_PEERS__HOST": host,
+        "BRIDGE_PEERS__PORT": str(port),
+        "BRIDGE_PEERS__HOSTS": json.dumps(PEER_HOSTS),
+    }
 
 
 def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:

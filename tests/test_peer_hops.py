@@ -1,0 +1,508 @@
+"""Hops between replicas: served on the peer listener only, signed over everything that decides
+the answer, each accepted once, addressed to one replica, over TLS when configured.
+
+In-process, no broker: the MCP endpoint over fakes of the task service (a task ``t1`` of
+alice's), behind the public app and behind the peer listener's app (``peer_app``), and
+:class:`~bridge.server.hops.PeerAuth` and the owner URL rule on their own. The TLS hop runs a
+real peer listener (uvicorn, certificates made for the test) and sends through ``Peers``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, get_args
+
+import httpx
+import pytest
+import trustme
+from starlette.applications import Starlette
+from starlette.routing import Route
+from support.mcp import request
+from support.procs import free_port
+from test_listen import FakeStreams, FakeTasks
+
+from bridge.config import Settings, load_settings
+from bridge.metrics import HOP_REFUSAL_REASONS, Metrics
+from bridge.server.app import peer_app
+from bridge.server.auth import Authenticator
+from bridge.server.handlers import MethodHandlers
+from bridge.server.hops import (
+    HopRefused,
+    PeerAuth,
+    PeerIdentity,
+    RefusalReason,
+    SeenNonces,
+    canonical,
+)
+from bridge.server.http import McpHttp, RawEndpoint
+from bridge.server.peers import Peers, client_tls
+from bridge.server.routing import Routing
+from bridge.server.runner import peer_listener
+from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
+
+SECRET = "s" * 40
+TOKENS = {"tok-alice": "alice"}
+HERE = "http://127.0.0.1:18081"
+ALICE = PeerIdentity("alice", "alice")
+
+
+def group_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "kafka_bootstrap_servers": "127.0.0.1:1",
+        "tool_packs": [],
+        "ownership": "group",
+        "advertised_url": HERE,
+        "peers": {"port": 18081},
+        "peer_secret": SECRET,
+        "auth": {"mode": "bearer", "tokens": TOKENS},
+        **overrides,
+    }
+    return load_settings(**values)
+
+
+class Replica:
+    """The MCP endpoint of one replica (fakes behind it), as the public app and the peer app."""
+
+    def __init__(self, settings: Settings, auth: PeerAuth | None = None) -> None:
+        tasks = FakeTasks()
+        tasks.add("t1", "alice")
+        handlers = MethodHandlers(settings, tasks, [], FakeStreams(), [])
+        self.metrics = Metrics()
+        self.auth = auth or PeerAuth(SECRET, HERE)
+        self.endpoint = McpHttp(
+            settings,
+            Authenticator(settings.auth),
+            handlers,
+            self.metrics,
+            on_cancelled=lambda client, request_id: None,
+            peers=Peers(self.auth),
+        )
+        post, get = RawEndpoint(self.endpoint.post), RawEndpoint(self.endpoint.get)
+        self.public = Starlette(
+            routes=[Route("/mcp", post, methods=["POST"]), Route("/mcp", get, methods=["GET"])]
+        )
+        self.peer = peer_app(settings, lambda: SimpleNamespace(endpoint=self.endpoint))  # type: ignore[arg-type,return-value]
+
+    def refused(self, reason: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "bridge_peer_hops_refused_total", {"reason": reason}
+        )
+        return value or 0.0
+
+
+def tasks_get(task_id: str = "t1") -> tuple[dict[str, str], bytes]:
+    headers, body = request("tasks/get", {"taskId": task_id})
+    return {k.lower(): v for k, v in headers.items()}, json.dumps(body).encode()
+
+
+def signed(
+    auth: PeerAuth,
+    headers: dict[str, str],
+    body: bytes,
+    *,
+    to: str = HERE,
+    who: PeerIdentity = ALICE,
+) -> dict[str, str]:
+    return {**headers, **auth.sign(to, "POST", "/mcp", headers, body, who)}
+
+
+async def post(app: Any, headers: dict[str, str], body: bytes) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        return await http.post("/mcp", content=body, headers=headers)
+
+
+def answer_of(reply: httpx.Response) -> dict[str, Any]:
+    message = reply.json()
+    assert isinstance(message, dict)
+    return message
+
+
+# --- the public listener never honours a hop --------------------------------------------------
+
+
+async def test_peer_headers_on_the_public_port_are_ignored_and_the_client_authenticated() -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    forged = {
+        **headers,
+        "authorization": "Bearer tok-alice",
+        "x-bridge-peer-principal": "mallory",
+        "x-bridge-peer-client": "mallory",
+        "x-bridge-peer-time": "1",
+        "x-bridge-peer-signature": "0" * 64,
+    }
+    reply = await post(replica.public, forged, body)
+    assert reply.status_code == 200, reply.text  # served to alice, her token; no hop refusal
+    assert answer_of(reply)["result"]["taskId"] == "t1"
+
+
+async def test_a_valid_hop_on_the_public_port_does_not_bypass_authentication() -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    reply = await post(replica.public, signed(replica.auth, headers, body), body)
+    assert reply.status_code == 401
+    assert reply.headers["www-authenticate"].startswith("Bearer")
+    # The same hop on the peer listener is believed (its nonce was not consumed above).
+    reply = await post(replica.peer, signed(replica.auth, headers, body), body)
+    assert reply.status_code == 200 and answer_of(reply)["result"]["taskId"] == "t1"
+
+
+async def test_a_request_without_a_hop_on_the_peer_listener_is_refused_even_with_a_token() -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    reply = await post(replica.peer, {**headers, "authorization": "Bearer tok-alice"}, body)
+    assert reply.status_code == 401 and reply.json()["reason"] == "missing"
+    assert replica.refused("missing") == 1
+
+
+async def test_the_peer_listener_serves_the_hop_endpoints_only_and_a_view_get_needs_a_hop() -> None:
+    replica = Replica(group_settings())
+    transport = httpx.ASGITransport(app=replica.peer)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        for method, path in [
+            ("GET", "/metrics"),
+            ("GET", "/healthz"),
+            ("POST", "/view/token"),
+            ("GET", "/view/"),
+            ("POST", "/admin/indexer/pause"),
+        ]:
+            assert (await http.request(method, path)).status_code == 404, path
+        view = await http.get("/view/tasks/t1", params={"token": "anything"})
+    assert view.status_code == 401 and view.json()["reason"] == "missing"
+
+
+# --- the peer listener: replay, destination, tampering ----------------------------------------
+
+
+async def test_a_replayed_hop_is_refused_and_counted() -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    hop = signed(replica.auth, headers, body)
+    first = await post(replica.peer, hop, body)
+    assert first.status_code == 200
+    again = await post(replica.peer, hop, body)
+    assert again.status_code == 401 and again.json()["reason"] == "replay"
+    assert replica.refused("replay") == 1
+
+
+async def test_a_hop_signed_for_another_replica_is_refused() -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    elsewhere = signed(replica.auth, headers, body, to="http://127.0.0.2:18081")
+    reply = await post(replica.peer, elsewhere, body)
+    assert reply.status_code == 401 and reply.json()["reason"] == "destination"
+    # Rewriting the destination header does not help: the MAC covers the real destination.
+    rewritten = {**elsewhere, "x-bridge-peer-to": HERE}
+    reply = await post(replica.peer, rewritten, body)
+    assert reply.status_code == 401 and reply.json()["reason"] == "signature"
+    assert replica.refused("destination") == 1 and replica.refused("signature") == 1
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda h, b: ({**h, "mcp-name": "t2"}, b), id="mcp-name"),
+        pytest.param(lambda h, b: ({**h, "accept": "application/json"}, b), id="accept"),
+        pytest.param(
+            lambda h, b: ({**h, "mcp-protocol-version": "2025-11-25"}, b), id="protocol-version"
+        ),
+        pytest.param(lambda h, b: ({**h, "last-event-id": "x"}, b), id="added-header"),
+        pytest.param(
+            lambda h, b: ({k: v for k, v in h.items() if k != "content-type"}, b),
+            id="removed-header",
+        ),
+        pytest.param(lambda h, b: (h, b.replace(b'"t1"', b'"t2"')), id="body"),
+        pytest.param(lambda h, b: ({**h, "x-bridge-peer-principal": "bob"}, b), id="principal"),
+        pytest.param(lambda h, b: ({**h, "x-bridge-peer-client": "bob"}, b), id="client"),
+        pytest.param(
+            lambda h, b: ({**h, "x-bridge-peer-time": str(int(h["x-bridge-peer-time"]) + 1)}, b),
+            id="time",
+        ),
+        pytest.param(
+            lambda h, b: ({**h, "x-bridge-peer-nonce": "A" * 22}, b),
+            id="nonce",
+        ),
+    ],
+)
+async def test_a_hop_whose_headers_or_body_were_changed_is_refused(tamper: Any) -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    hop = signed(replica.auth, headers, body)
+    changed_headers, changed_body = tamper(hop, body)
+    reply = await post(replica.peer, changed_headers, changed_body)
+    assert reply.status_code == 401 and reply.json()["reason"] == "signature", reply.text
+    assert replica.refused("signature") == 1
+
+
+async def test_a_hop_with_a_signed_header_twice_is_malformed() -> None:
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    hop = [*signed(replica.auth, headers, body).items(), ("mcp-name", "t2")]
+    transport = httpx.ASGITransport(app=replica.peer)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        reply = await http.post("/mcp", content=body, headers=hop)
+    assert reply.status_code == 401 and reply.json()["reason"] == "malformed"
+
+
+# --- the signature on its own -----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Lookup(dict[str, str]):
+    """A header mapping with ``getlist`` (what starlette's Headers offers)."""
+
+    def getlist(self, key: str) -> list[str]:
+        return [self[key]] if key in self else []
+
+
+def verify(auth: PeerAuth, hop: dict[str, str], body: bytes = b"{}") -> PeerIdentity:
+    return auth.verify("POST", "/mcp", Lookup(hop), body)
+
+
+def reason(auth: PeerAuth, hop: dict[str, str], body: bytes = b"{}") -> str:
+    with pytest.raises(HopRefused) as refused:
+        verify(auth, hop, body)
+    return refused.value.reason
+
+
+def test_a_principal_holding_a_newline_cannot_be_re_split_into_another_identity() -> None:
+    auth = PeerAuth(SECRET, HERE)
+    hop = auth.sign(HERE, "POST", "/mcp", {}, b"{}", PeerIdentity("alice\nbob", "c"))
+    # The same bytes joined by newlines would read as principal "alice", client "bob\nc".
+    moved = {
+        **hop,
+        "x-bridge-peer-principal": "alice",
+        "x-bridge-peer-client": "bob%0Ac",
+    }
+    assert reason(auth, moved) == "signature"
+    assert verify(auth, hop) == PeerIdentity("alice\nbob", "c")
+
+
+def test_the_canonical_encoding_prefixes_every_field_with_its_length() -> None:
+    assert canonical([b"a\n", b"b"]) != canonical([b"a", b"\nb"])
+    assert canonical([b"ab", b""]) != canonical([b"a", b"b"])
+    assert canonical([b"xy"]) == b"\x00\x00\x00\x02xy"
+
+
+def test_a_hop_is_valid_within_the_window_only_and_its_nonce_outlives_it() -> None:
+    clock = Clock()
+    auth = PeerAuth(SECRET, HERE, max_age_s=10, clock=clock)
+    hop = auth.sign(HERE, "POST", "/mcp", {}, b"{}", ALICE)
+    clock.now += 10.5
+    assert reason(auth, hop) == "stale"
+    clock.now -= 21  # a signer whose clock runs ahead is as stale
+    assert reason(auth, hop) == "stale"
+    clock.now += 11.5  # 1 s after signing: accepted once
+    assert verify(auth, hop) == ALICE
+    assert reason(auth, hop) == "replay"
+    clock.now += 8.9  # still inside the window: still remembered
+    assert reason(auth, hop) == "replay"
+
+
+def test_a_hop_signed_with_another_secret_is_refused_and_the_secret_never_shows() -> None:
+    other = PeerAuth("t" * 40, HERE)
+    assert reason(PeerAuth(SECRET, HERE), other.sign(HERE, "POST", "/mcp", {}, b"{}", ALICE)) == (
+        "signature"
+    )
+    assert SECRET not in repr(PeerAuth(SECRET, HERE))
+
+
+def test_a_replica_without_an_origin_takes_no_hop_and_a_missing_header_is_malformed() -> None:
+    auth = PeerAuth(SECRET, HERE)
+    hop = auth.sign(HERE, "POST", "/mcp", {}, b"{}", ALICE)
+    assert reason(PeerAuth(SECRET), hop) == "destination"
+    assert reason(auth, {}) == "missing"
+    without_nonce = {k: v for k, v in hop.items() if k != "x-bridge-peer-nonce"}
+    assert reason(auth, without_nonce) == "malformed"
+    assert reason(auth, {**hop, "x-bridge-peer-time": "-5"}) == "malformed"
+    assert reason(auth, {**hop, "x-bridge-peer-nonce": "short"}) == "malformed"
+
+
+def test_full_nonce_memory_refuses_new_hops_until_entries_expire_and_forgets_none() -> None:
+    nonces = SeenNonces(2)
+    nonces.add(b"a", 10.0, 0.0)
+    nonces.add(b"b", 20.0, 0.0)
+    with pytest.raises(HopRefused) as full:
+        nonces.add(b"c", 30.0, 5.0)
+    assert full.value.reason == "nonces_full" and full.value.retriable
+    with pytest.raises(HopRefused) as again:
+        nonces.add(b"a", 30.0, 5.0)  # still remembered: a replay, not forgotten for room
+    assert again.value.reason == "replay"
+    nonces.add(b"c", 30.0, 10.0)  # "a" expired at 10: room again
+    assert len(nonces) == 2
+
+
+async def test_a_hop_refused_for_want_of_nonce_room_is_answered_as_retriable() -> None:
+    auth = PeerAuth(SECRET, HERE, max_nonces=1)
+    replica = Replica(group_settings(), auth)
+    headers, body = tasks_get()
+    assert (await post(replica.peer, signed(auth, headers, body), body)).status_code == 200
+    reply = await post(replica.peer, signed(auth, headers, body), body)
+    assert reply.status_code == 503 and reply.json()["reason"] == "nonces_full"
+
+
+def test_every_refusal_reason_is_a_known_metric_label() -> None:
+    assert set(get_args(RefusalReason)) | {"other"} == set(HOP_REFUSAL_REASONS)
+    metrics = Metrics()
+    metrics.hop_refused("no such reason")
+    assert (
+        metrics.registry.get_sample_value("bridge_peer_hops_refused_total", {"reason": "other"})
+        == 1
+    )
+
+
+# --- owner URLs from the group --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("http://bridge-1.bridge-peers.ns.svc:8081", "http://bridge-1.bridge-peers.ns.svc:8081"),
+        ("HTTP://Bridge-1.Bridge-Peers.ns.svc:8081/", "http://bridge-1.bridge-peers.ns.svc:8081"),
+        ("http://x.y.bridge-peers.ns.svc:8081", "http://x.y.bridge-peers.ns.svc:8081"),
+        ("https://bridge-1.bridge-peers.ns.svc:8081", None),  # another scheme
+        ("http://bridge-1.bridge-peers.ns.svc:8080", None),  # the public port
+        ("http://bridge-1.bridge-peers.ns.svc", None),  # no port: 80
+        ("http://bridge-peers.ns.svc:8081", None),  # the suffix itself is no pod
+        ("http://evilbridge-peers.ns.svc:8081", None),
+        ("http://attacker.example:8081", None),
+        ("http://bridge-1.bridge-peers.ns.svc.attacker.example:8081", None),
+        ("http://user@bridge-1.bridge-peers.ns.svc:8081", None),
+        ("http://bridge-1.bridge-peers.ns.svc:8081/mcp", None),
+        ("http://bridge-1.bridge-peers.ns.svc:8081?x=1", None),
+        ("http://bridge-1.bridge-peers.ns.svc:99999", None),
+        ("http://[::1:8081", None),
+        ("http://" + "a." * 200 + "bridge-peers.ns.svc:8081", None),  # over 300 characters
+        ("", None),
+    ],
+)
+def test_owner_urls_must_name_a_peer_listener_of_this_configuration(
+    url: str, origin: str | None
+) -> None:
+    settings = group_settings(
+        advertised_url="http://bridge-0.bridge-peers.ns.svc:8081", peers={"port": 8081}
+    )
+    peers = settings.peers
+    hosts = peers.accepted_hosts(settings.advertised_url or "")
+    assert hosts == ["bridge-0.bridge-peers.ns.svc", ".bridge-peers.ns.svc"]
+    if origin is None:
+        with pytest.raises(ValueError):
+            peers.origin(url, hosts)
+    else:
+        assert peers.origin(url, hosts) == origin
+
+
+def test_configured_peer_hosts_replace_the_default_and_an_address_accepts_itself_only() -> None:
+    settings = group_settings(
+        advertised_url="http://10.0.0.7:18081",
+        peers={"port": 18081, "hosts": ["10.0.0.7", ".peers.example"]},
+    )
+    hosts = settings.peers.accepted_hosts(HERE)
+    assert settings.peers.origin("http://a.peers.example:18081", hosts)
+    assert settings.peers.origin("http://10.0.0.7:18081", hosts)
+    with pytest.raises(ValueError):
+        settings.peers.origin("http://127.0.0.1:18081", hosts)
+    assert group_settings().peers.accepted_hosts(HERE) == ["127.0.0.1"]
+    with pytest.raises(ValueError, match="not an accepted peer host"):  # its own URL, too
+        group_settings(peers={"port": 18081, "hosts": [".peers.example"]})
+
+
+def test_an_advertised_url_that_is_not_the_peer_listener_refuses_to_start() -> None:
+    with pytest.raises(ValueError, match="BRIDGE_PEERS__PORT"):
+        group_settings(advertised_url="http://127.0.0.1:8080")  # the public port
+    with pytest.raises(ValueError, match="scheme is not http"):
+        group_settings(advertised_url="https://127.0.0.1:18081")
+
+
+class FakeIndexer:
+    group = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def partition_of(self, task_id: str) -> int:
+        return 0
+
+    def owns(self, partition: int) -> bool:
+        return False
+
+    def owner_url(self, partition: int) -> str:
+        return self.url
+
+    async def next_rebalance(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_an_owner_url_that_is_no_peer_listener_is_never_contacted_and_is_counted() -> None:
+    settings = group_settings()
+    refused: list[str] = []
+    routing = Routing(settings, FakeIndexer("http://attacker.example:18081"), refused.append)  # type: ignore[arg-type]
+    with pytest.raises(RpcError) as error:
+        await routing.where("t1")
+    assert error.value.http_status == 503 and error.value.data["reason"] == "owner_unavailable"
+    assert refused == ["owner_url"]
+    good = Routing(settings, FakeIndexer("http://127.0.0.1:18081/"), refused.append)  # type: ignore[arg-type]
+    good.own_url = "http://127.0.0.1:1"  # pretend it is another replica's
+    assert await good.where("t1") == "http://127.0.0.1:18081"
+
+
+# --- TLS on the peer listener -----------------------------------------------------------------
+
+
+def tls_files(tmp_path: Path, ca: trustme.CA) -> dict[str, str]:
+    leaf = ca.issue_cert("127.0.0.1")
+    files = {"tls_cert_file": tmp_path / "peer.pem", "tls_key_file": tmp_path / "peer.key"}
+    leaf.cert_chain_pems[0].write_to_path(str(files["tls_cert_file"]))
+    leaf.private_key_pem.write_to_path(str(files["tls_key_file"]))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    return {**{k: str(v) for k, v in files.items()}, "tls_ca_file": str(tmp_path / "ca.pem")}
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+async def test_a_hop_over_tls_reaches_the_peer_listener_with_certificates_made_for_the_test(
+    tmp_path: Path, mutual: bool
+) -> None:
+    import contextlib
+
+    port = free_port()
+    url = f"https://127.0.0.1:{port}"
+    files = tls_files(tmp_path, trustme.CA())
+    settings = group_settings(
+        advertised_url=url,
+        peers={"port": port, "tls_client_auth": mutual, **files},
+        log_level="WARNING",
+    )
+    auth = PeerAuth(SECRET, url)
+    replica = Replica(settings, auth)
+    peers = Peers(auth, tls=client_tls(settings.peers))
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(replica.peer, stack)
+        stack.push_async_callback(peers.close)
+        params = {"taskId": "t1", "_meta": {CLIENT_CAPS_META: tasks_capability()}}
+        answer = await peers.call(url, "tasks/get", params, ALICE)
+        assert answer["taskId"] == "t1"
+        # Plain HTTP to the TLS port, or TLS without trusting the peer CA, does not get in.
+        async with httpx.AsyncClient(verify=ssl.create_default_context()) as stranger:
+            with pytest.raises(httpx.TransportError):
+                await stranger.post(f"{url}/mcp", content=b"{}")
+        # Trusting the CA but without a client certificate: refused by TLS under mutual TLS,
+        # else as a request without a hop (HTTP 401).
+        trusting = ssl.create_default_context(cafile=files["tls_ca_file"])
+        async with httpx.AsyncClient(verify=trusting) as anonymous:
+            if mutual:
+                with pytest.raises(httpx.TransportError):
+                    await anonymous.post(f"{url}/mcp", content=b"{}")
+            else:
+                assert (await anonymous.post(f"{url}/mcp", content=b"{}")).status_code == 401
