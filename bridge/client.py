@@ -278,9 +278,8 @@ class TaskStreamClient:
 
 def _last_message(reply: httpx.Response) -> dict[str, Any]:
     if "text/event-stream" in reply.headers.get("content-type", ""):
-        messages = [
-            json.loads(line[5:]) for line in reply.text.splitlines() if line.startswith("data:")
-        ]
+        lines = _split_lines(reply.text)
+        messages = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
         return messages[-1] if messages else {}
     try:
         parsed = reply.json()
@@ -289,9 +288,39 @@ def _last_message(reply: httpx.Response) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def _split_lines(text: str) -> list[str]:
+    """``text`` split at CRLF, LF and CR (the last item: what follows the last break)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+async def _sse_lines(reply: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an SSE body, ended by CRLF, LF or CR only, as the SSE grammar says.
+
+    Not ``aiter_lines``: it also ends a line at U+2028, U+0085 and the other breaks of
+    ``str.splitlines``, which the wire's JSON carries raw inside strings. One pass: a line
+    that spans chunks is kept in pieces and joined once.
+    """
+    pieces: list[str] = []  # the line not ended yet
+    after_cr = False  # the last chunk ended with CR: an LF first in the next is its CRLF
+    async for text in reply.aiter_text():
+        if after_cr and text.startswith("\n"):
+            text = text[1:]
+        after_cr = text.endswith("\r")
+        *ended, rest = _split_lines(text)
+        if ended:
+            ended[0] = "".join(pieces) + ended[0]
+            pieces = []
+            for line in ended:
+                yield line
+        if rest:
+            pieces.append(rest)
+    if pieces:
+        yield "".join(pieces)
+
+
 async def _sse_messages(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     data: list[str] = []
-    async for line in reply.aiter_lines():
+    async for line in _sse_lines(reply):
         if not line:
             if data:
                 yield json.loads("\n".join(data))

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
-from bridge import strictjson
+from bridge import strictjson, tracing
 from bridge.client import _sse_messages
 from bridge.config import load_settings
 from bridge.envelope import EnvelopeError, TaskEvent, decode_event, encode_event, may_have_type
@@ -112,6 +112,12 @@ def _long_number(n: int) -> str:
     return "[0." + "1" * n + "]"
 
 
+def _big_integers(n: int) -> str:
+    # int() of a digit run is quadratic: capped at 4300 digits by the interpreter, each number
+    # costs a bounded amount, and the count grows with n.
+    return "[" + ",".join(["9" * 4300] * max(n // 4301, 1)) + "]"
+
+
 def _surrogate_escapes(n: int) -> str:
     return '["' + "\\ud83d\\ude00" * (n // 12) + '"' + ",[]" * 130 + "]"
 
@@ -191,6 +197,26 @@ def _token_query(n: int) -> str:
 
 
 _RULE = EventTypeRule(["io.mcpbridge"])
+_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _tracestate(member: Callable[[int], str]) -> Callable[[int], dict[str, Any]]:
+    """``params`` whose ``_meta`` carries a valid traceparent and a tracestate of ``n`` bytes
+    (the body, not a header, so up to the request limit)."""
+
+    def make(n: int) -> dict[str, Any]:
+        members, size = [], 0
+        while size < n:
+            members.append(member(len(members)))
+            size += len(members[-1]) + 1
+        meta = {"traceparent": _TRACEPARENT, "tracestate": ",".join(members)}
+        return {"_meta": meta}
+
+    return make
+
+
+def _incoming_trace(params: dict[str, Any]) -> object:
+    return tracing._incoming({}, params)
 
 
 def _config() -> Any:
@@ -279,6 +305,7 @@ ADVERSARIES: list[Adversary] = [
     Adversary("loads: brackets", _brackets, _loads),
     Adversary("loads: brackets in strings", _quoted_brackets, _loads),
     Adversary("loads: long fraction", _long_number, _loads),
+    Adversary("loads: 4300-digit integers", _big_integers, _loads),
     Adversary("loads: surrogate-pair escapes", _surrogate_escapes, _loads),
     Adversary("POST body: escaped quotes", _as_bytes(_escaped_quotes), _classify),
     Adversary("record: escaped quotes", _record_value(_escaped_quotes), _decode_record),
@@ -296,6 +323,10 @@ ADVERSARIES: list[Adversary] = [
     ),
     Adversary("event type: vendor rule", _event_type, _RULE.is_prefixed),
     Adversary("access log: token redaction", _token_query, redact_tokens),
+    Adversary("tracestate: many members", _tracestate(lambda i: f"k{i}=v"), _incoming_trace),
+    Adversary(
+        "tracestate: near-miss keys", _tracestate(lambda i: "a" * 250 + "="), _incoming_trace
+    ),
     Adversary("Host and Origin: brackets", _host_header, _HTTP._origin_allowed),
     Adversary("Origin: userinfo", _origin_header, _HTTP._origin_allowed),
     Adversary("Authorization: JWT", _jwt_header, _principal),
@@ -311,4 +342,6 @@ def input_size(adversary: Adversary, n: int) -> int:
         return sum(map(len, data))
     if isinstance(data, Request):
         return len(json.dumps(dict(data.headers)))
+    if isinstance(data, dict):
+        return len(json.dumps(data))
     return len(data)
