@@ -115,7 +115,7 @@ def _long_number(n: int) -> str:
 def _big_integers(n: int) -> str:
     # int() of a digit run is quadratic: capped at 4300 digits by the interpreter, each number
     # costs a bounded amount, and the count grows with n.
-    return "[" + ",".join(["9" * 4300] * max(n // 4301, 1)) + "]"
+    return "[" + ",".join(["9" * 4300] * -(-n // 4301)) + "]"
 
 
 def _surrogate_escapes(n: int) -> str:
