@@ -41,7 +41,7 @@ def app() -> Starlette:
 
 
 @pytest.mark.parametrize(
-    ("http", "protocol"), [("h11", "H11Protocol"), ("httptools", "HttpToolsProtocol")]
+    ("http", "protocol"), [("h11", "H11Protocol"), ("httptools", "BoundedHttpTools")]
 )
 async def test_start_serves_in_the_running_loop_with_the_chosen_parser(http, protocol):
     sock = socket.socket()

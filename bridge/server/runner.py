@@ -36,6 +36,7 @@ from starlette.types import ASGIApp
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.server.app import Companion, create_app
+from bridge.server.httphead import http_protocol
 
 __all__ = ["AppServer", "ServerExited", "bridge_server", "tune_gc"]
 
@@ -84,7 +85,7 @@ class AppServer:
             host=host,
             port=port,
             loop=loop,
-            http=http,
+            http=http_protocol(http),
             log_level=log_level,
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import uvicorn
 from starlette.requests import Request
+from uvicorn.server import ServerState
 
 from bridge import strictjson, tracing
 from bridge.client import _sse_messages
@@ -41,6 +43,7 @@ from bridge.server.classify import Methods, Rejected, classify, decode_header_va
 from bridge.server.cursor import decode_cursor
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
+from bridge.server.httphead import BoundedHttpTools
 from bridge.server.wire import RpcError
 
 __all__ = ["ADVERSARIES", "KIB", "Adversary", "cpu_median", "growth", "input_size"]
@@ -278,6 +281,51 @@ def _read_body(pieces: list[bytes]) -> object:
         return exc
 
 
+class _Transport(asyncio.Transport):
+    """What a uvicorn protocol needs of a connection: it swallows writes and records a close."""
+
+    closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 1), "sockname": ("127.0.0.1", 2)}.get(name, default)
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+_UVICORN = uvicorn.Config(app=lambda *_: None, http=BoundedHttpTools, log_level="error")
+_UVICORN.load()
+_LOOP = asyncio.new_event_loop()
+
+
+def _trickled_head(n: int) -> list[bytes]:
+    """A request line whose URL is ``n`` bytes, in 16-byte reads, never ended."""
+    return [b"GET /"] + [b"a" * 16] * (n // 16)
+
+
+def _read_head(pieces: list[bytes]) -> object:
+    protocol = BoundedHttpTools(_UVICORN, ServerState(), {}, _loop=_LOOP)
+    transport = _Transport()
+    protocol.connection_made(transport)
+    for piece in pieces:
+        if transport.closed:
+            break
+        protocol.data_received(piece)
+    return transport.closed
+
+
 def _sse_line(n: int) -> list[bytes]:
     """One SSE line of ``n`` bytes in 64-byte chunks, never ended by a newline."""
     return [b"data: " + b"x" * 58] * (n // 64)
@@ -331,6 +379,7 @@ ADVERSARIES: list[Adversary] = [
     Adversary("Origin: userinfo", _origin_header, _HTTP._origin_allowed),
     Adversary("Authorization: JWT", _jwt_header, _principal),
     Adversary("POST body: 8-byte pieces", _trickled_body, _read_body),
+    Adversary("HTTP head: URL in 16-byte reads", _trickled_head, _read_head),
     Adversary("client SSE: one unended line", _sse_line, _client_sse),
 ]
 
