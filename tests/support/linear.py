@@ -307,7 +307,6 @@ class _Transport(asyncio.Transport):
 
 _UVICORN = uvicorn.Config(app=lambda *_: None, http=BoundedHttpTools, log_level="error")
 _UVICORN.load()
-_LOOP = asyncio.new_event_loop()
 
 
 def _trickled_head(n: int) -> list[bytes]:
@@ -316,14 +315,18 @@ def _trickled_head(n: int) -> list[bytes]:
 
 
 def _read_head(pieces: list[bytes]) -> object:
-    protocol = BoundedHttpTools(_UVICORN, ServerState(), {}, _loop=_LOOP)
-    transport = _Transport()
-    protocol.connection_made(transport)
-    for piece in pieces:
-        if transport.closed:
-            break
-        protocol.data_received(piece)
-    return transport.closed
+    loop = asyncio.new_event_loop()  # the protocol's, for tasks it never gets to start here
+    try:
+        protocol = BoundedHttpTools(_UVICORN, ServerState(), {}, _loop=loop)
+        transport = _Transport()
+        protocol.connection_made(transport)
+        for piece in pieces:
+            if transport.closed:
+                break
+            protocol.data_received(piece)
+        return transport.closed
+    finally:
+        loop.close()
 
 
 def _sse_line(n: int) -> list[bytes]:
