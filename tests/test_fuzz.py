@@ -39,18 +39,24 @@ from bridge.server.http import McpHttp
 RECORD_CASES = 200
 REQUEST_CASES = 300
 SEED = int(os.environ.get("FUZZ_SEED", "20261202"))
-#: Issue 26's freeze, at a size the old depth scan took ~1 s of CPU for: inside the 5 s wall
-#: bound, over the work bound of its size. Deep enough to be scanned, then a string never closed.
-ESCAPED_QUOTES = b"[" * 129 + b'"' + b'\\"' * 6144
+
+
+def escaped_quotes(pairs: int) -> bytes:
+    """Issue 26's freeze: deep enough to be scanned, then a string never closed, of escaped
+    quotes. The sizes below took 8fd441c's depth scan 1.5 to 3 s of CPU: inside the 5 s wall
+    bound, well over the work bound of their size."""
+    return b"[" * 129 + b'"' + b'\\"' * pairs
 
 
 def _escaped_quotes_record() -> RecordCase:
-    value = b'{"type":"' + OWN.created.encode() + b'","payload":{"v":' + ESCAPED_QUOTES + b"}}"
+    text = escaped_quotes(6144)  # the record is decoded on several paths: 12 KiB is enough
+    value = b'{"type":"' + OWN.created.encode() + b'","payload":{"v":' + text + b"}}"
     return RecordCase(b"task-1", value, [], 1_700_000_000_000, 1_048_576, True)
 
 
 def _escaped_quotes_request() -> RequestCase:
-    return RequestCase("none", "POST", [(b"content-type", b"application/json")], ESCAPED_QUOTES)
+    body = escaped_quotes(8192)
+    return RequestCase("none", "POST", [(b"content-type", b"application/json")], body)
 
 
 @pytest.fixture(scope="module")
