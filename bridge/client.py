@@ -279,7 +279,8 @@ class TaskStreamClient:
 def _last_message(reply: httpx.Response) -> dict[str, Any]:
     if "text/event-stream" in reply.headers.get("content-type", ""):
         parser = SseDataParser()
-        messages = [json.loads(data) for data in parser.feed_lines(sse_lines(reply.text)) if data]
+        complete = _split_lines(reply.text)[:-1]  # the last piece has no line end: dropped
+        messages = [json.loads(data) for data in parser.feed_lines(complete) if data]
         return messages[-1] if messages else {}
     try:
         parsed = reply.json()
@@ -288,20 +289,43 @@ def _last_message(reply: httpx.Response) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def sse_lines(text: str) -> list[str]:
-    """The complete lines of an SSE text: split on CRLF, LF or CR only (``str.splitlines`` also
-    splits on U+2028 and others, which JSON strings may hold raw). The last piece has no line
-    terminator, so it is an incomplete line and is dropped, as the standard drops it at EOF."""
-    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")[:-1]
+def _split_lines(text: str) -> list[str]:
+    """``text`` split at CRLF, LF and CR (the last item: what follows the last break)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+async def _sse_lines(reply: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an SSE body, ended by CRLF, LF or CR only, as the SSE grammar says.
+
+    Not ``aiter_lines``: it also ends a line at U+2028, U+0085 and the other breaks of
+    ``str.splitlines``, which the wire's JSON carries raw inside strings. One pass: a line
+    that spans chunks is kept in pieces and joined once.
+    """
+    pieces: list[str] = []  # the line not ended yet
+    after_cr = False  # the last chunk ended with CR: an LF first in the next is its CRLF
+    async for text in reply.aiter_text():
+        if after_cr and text.startswith("\n"):
+            text = text[1:]
+        after_cr = text.endswith("\r")
+        *ended, rest = _split_lines(text)
+        if ended:
+            ended[0] = "".join(pieces) + ended[0]
+            pieces = []
+            for line in ended:
+                yield line
+        if rest:
+            pieces.append(rest)
+    if pieces:
+        yield "".join(pieces)  # an unended last line: it can end no event
 
 
 class SseDataParser:
     """The data of SSE events, parsed line by line as the WHATWG HTML standard says (9.2.6).
 
-    Lines come already split on CRLF, LF or CR (``httpx`` splits on all three). A line starting
+    Lines come already split on CRLF, LF or CR only (:func:`_sse_lines`). A line starting
     with ``:`` is a comment; a field name runs to the first ``:`` and exactly one space after it
     is dropped from the value; a line without ``:`` is a field with an empty value. ``data``
-    values are joined with LF; an empty line dispatches the event unless its data is empty.
+    values are joined with LF; an empty line dispatches the event unless it had no data line.
     Other fields (``event``, ``id``, ``retry``) do not change the data and are not needed here.
     An event the stream ends in the middle of is discarded, never dispatched. Linear: each line
     is looked at once.
@@ -329,7 +353,7 @@ class SseDataParser:
 
 async def _sse_messages(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     parser = SseDataParser()
-    async for line in reply.aiter_lines():
+    async for line in _sse_lines(reply):
         data = parser.line(line)
         if data:  # an event with empty data carries no JSON-RPC message
             yield json.loads(data)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,8 +32,9 @@ from bridge.client import (
     SseDataParser,
     StreamError,
     TaskStreamClient,
+    _split_lines,
+    _sse_lines,
     _sse_messages,
-    sse_lines,
 )
 from bridge.events import EVENTS_GONE
 
@@ -150,7 +154,7 @@ async def test_a_plain_json_error_is_raised_as_a_stream_error_without_reconnecti
 
 
 def sse_data(text: str) -> list[str]:
-    return SseDataParser().feed_lines(sse_lines(text))
+    return SseDataParser().feed_lines(_split_lines(text)[:-1])
 
 
 def test_exactly_one_space_after_the_colon_is_dropped_from_a_data_value() -> None:
@@ -191,3 +195,52 @@ async def test_the_streaming_parser_keeps_a_payload_s_leading_spaces_and_drops_a
         200, content=body.encode(), headers={"content-type": "text/event-stream"}
     )
     assert [message async for message in _sse_messages(reply)] == [{"a": " x"}]
+
+
+# --- SSE lines: CRLF, LF or CR only ----------------------------------------------------------
+
+
+def _lines_read(chunks: list[bytes]) -> list[str]:
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async def read() -> list[str]:
+        return [line async for line in _sse_lines(httpx.Response(200, content=body()))]
+
+    return asyncio.run(read())
+
+
+def test_an_event_whose_json_holds_a_raw_line_separator_reaches_the_client_whole() -> None:
+    # The wire writes U+2028 and U+0085 raw inside JSON strings; aiter_lines ended lines there.
+    text = "a\u2028b\u2029c\x85d\x0be\x1cf"
+    body = f"id: 1\ndata: {json.dumps({'text': text}, ensure_ascii=False)}\n\n".encode()
+
+    async def read() -> list[dict[str, Any]]:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield body
+
+        reply = httpx.Response(200, content=chunks())
+        return [message async for message in _sse_messages(reply)]
+
+    assert asyncio.run(read()) == [{"text": text}]
+
+
+@given(
+    st.lists(st.sampled_from(["a", "\r", "\n", "\r\n", "\u2028", "data: x"]), max_size=12),
+    st.lists(st.integers(1, 5), min_size=1, max_size=12),
+)
+def test_sse_lines_end_at_crlf_lf_or_cr_wherever_the_chunks_are_cut(
+    parts: list[str], cuts: list[int]
+) -> None:
+    raw = "".join(parts).encode()
+    chunks, at = [], 0
+    for size in cuts * len(raw):
+        if at >= len(raw):
+            break
+        chunks.append(raw[at : at + size])
+        at += size
+    expected = re.split("\r\n|\r|\n", raw.decode())
+    if expected[-1] == "":
+        expected.pop()  # a body ending with a break has no line after it
+    assert _lines_read(chunks) == expected

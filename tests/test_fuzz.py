@@ -17,7 +17,10 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 from support.fuzz import (
+    OWN,
     Endpoint,
+    RecordCase,
+    RequestCase,
     decode_record,
     fuzz_test,
     record_cases,
@@ -38,6 +41,24 @@ REQUEST_CASES = 300
 SEED = int(os.environ.get("FUZZ_SEED", "20261202"))
 
 
+def escaped_quotes(pairs: int) -> bytes:
+    """Issue 26's freeze: deep enough to be scanned, then a string never closed, of escaped
+    quotes. The sizes below took 8fd441c's depth scan 1.5 to 3 s of CPU: inside the 5 s wall
+    bound, well over the work bound of their size."""
+    return b"[" * 129 + b'"' + b'\\"' * pairs
+
+
+def _escaped_quotes_record() -> RecordCase:
+    text = escaped_quotes(6144)  # the record is decoded on several paths: 12 KiB is enough
+    value = b'{"type":"' + OWN.created.encode() + b'","payload":{"v":' + text + b"}}"
+    return RecordCase(b"task-1", value, [], 1_700_000_000_000, 1_048_576, True)
+
+
+def _escaped_quotes_request() -> RequestCase:
+    body = escaped_quotes(8192)
+    return RequestCase("none", "POST", [(b"content-type", b"application/json")], body)
+
+
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[Endpoint]:
     with Endpoint() as served:
@@ -54,7 +75,13 @@ def test_any_record_decodes_to_a_wire_event_or_a_typed_error_on_every_path() -> 
     def target(case):  # type: ignore[no-untyped-def]
         outcomes[decode_record(case)] += 1
 
-    fuzz_test(target, record_cases(), examples=RECORD_CASES, seed_value=SEED)()
+    fuzz_test(
+        target,
+        record_cases(),
+        examples=RECORD_CASES,
+        seed_value=SEED,
+        explicit=(_escaped_quotes_record(),),
+    )()
     _say_seed(outcomes)
     # The cases reach past the first check: events, and more than one kind of refusal.
     assert outcomes["event"] > 0 and len(outcomes) >= 3, outcomes
@@ -75,7 +102,7 @@ def test_any_request_gets_a_documented_status_and_code_and_never_a_fault(
         seed_value=SEED,
         # A stream and a JSON result are always reached: which outcomes the drawn cases reach
         # changes with what ran before in the process (a CI run drew no plain 200).
-        explicit=(stream_case(), task_case("tasks/get")),
+        explicit=(stream_case(), task_case("tasks/get"), _escaped_quotes_request()),
     )()
     _say_seed(outcomes)
     # The cases reach the handlers and streams, not only the gate and the parser.

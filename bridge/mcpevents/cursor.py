@@ -45,6 +45,7 @@ _OFFSETS = "k1"
 _MAX_TEXT = 8192
 #: The largest seq (seq counts records at Kafka's int64 offsets).
 _MAX_SEQ = 2**63 - 1
+_MAX_DIGITS = len(str(_MAX_SEQ))
 
 
 class BadCursor(ValueError):
@@ -71,7 +72,9 @@ def _text(cursor: str, what: str) -> str:
 
 def _number(text: str, what: str, *, low: int = 0) -> int:
     """``text`` as an integer in ``low..2**63-1`` spelled the one way this module writes it."""
-    if not text.lstrip("-").isdigit() or text.startswith("+"):
+    digits = text.removeprefix("-")
+    # At most 19 digits (int() of a long run is slow, and past 4300 digits raises ValueError).
+    if not (0 < len(digits) <= _MAX_DIGITS and digits.isascii() and digits.isdigit()):
         raise BadCursor(what)
     value = int(text)
     if not low <= value <= _MAX_SEQ or text != str(value):

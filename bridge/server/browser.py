@@ -72,6 +72,8 @@ TOKEN_PARAM = "token"
 #: Where a query parameter may start or end in a log line: one character each, so splitting a
 #: line on them is one linear pass whatever the line holds.
 _PARAM_BOUNDARY = re.compile(r'[?&\s"]')
+#: Digits of the largest seq: a longer Last-Event-ID or ``after`` is no seq.
+_SEQ_DIGITS = len(str(MAX_SEQ))
 #: The largest ``POST /view/token`` body read: a task id and nothing else.
 _MINT_BODY_LIMIT = 4096
 
@@ -594,7 +596,13 @@ def _cursor(last_event_id: str | None, after: str | None) -> int | str | None:
         if raw is None or (name == "Last-Event-ID" and not raw.strip()):
             continue  # an empty Last-Event-ID is the browser saying "no event yet"
         text = raw.strip()
-        if not text.isascii() or not text.isdigit() or int(text) > MAX_SEQ:
+        # The length first: int() of a long digit run is slow, and past 4300 digits raises.
+        if (
+            len(text) > _SEQ_DIGITS
+            or not text.isascii()
+            or not text.isdigit()
+            or int(text) > MAX_SEQ
+        ):
             return f"{name} must be a seq: an integer from 0 to {MAX_SEQ}"
         return int(text)
     return None

@@ -348,16 +348,18 @@ class McpHttp:
             raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)
         # The ASGI messages themselves, not starlette's stream() generator: half the cost of a
         # small body, paid by every request (each stream open).
-        body = b""
+        # A bytearray: bytes += would copy the whole body per message, quadratic in a body
+        # trickled in many small pieces.
+        body = bytearray()
         while True:
             message = await request.receive()
             if message["type"] != "http.request":
                 raise ClientDisconnect()
-            body += bytes(message.get("body", b""))
+            body += message.get("body", b"")
             if len(body) > limit:
                 raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)
             if not message.get("more_body", False):
-                return body
+                return bytes(body)
 
     def _gate(self, request: Request) -> Caller | Response:
         """Who is calling, or the 403/401 response that refuses the request."""

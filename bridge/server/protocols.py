@@ -31,7 +31,8 @@ __all__ = ["protocol_class"]
 _TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"content-length: 0\r\nconnection: close\r\n\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 22\r\nconnection: close\r\n\r\nrequest head too large"
 )
 
 

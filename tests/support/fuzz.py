@@ -18,7 +18,10 @@ strategy draws (:func:`fuzz_test`); docs/fuzzing.md says why Hypothesis and not 
   nothing is 5xx or -32603, no unhandled exception is logged, and every body is wire JSON.
 
 Either target fails a case with :class:`FuzzFailure` (or the unexpected exception itself); a
-case that takes longer than :data:`CASE_BOUND_S` of wall time fails with :class:`Hang`. Not
+case that takes longer than :data:`CASE_BOUND_S` of wall time fails with :class:`Hang`, and one
+whose CPU time is above :data:`WORK_FLOOR_S` plus :data:`WORK_PER_KIB_S` per KiB of its input
+fails with :class:`TooMuchWork` (a parser quadratic in its input stays under any fixed bound at
+the sizes a fuzzer draws; per byte it does not). Not
 covered here (they need Kafka): the events extension, ``subscriptions/listen``, forwarding.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -36,7 +40,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import jwt
@@ -102,25 +106,36 @@ from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
 __all__ = [
     "CASE_BOUND_S",
     "DOCUMENTED",
+    "WORK_FLOOR_S",
+    "WORK_PER_KIB_S",
     "Endpoint",
     "FuzzFailure",
     "Hang",
     "RecordCase",
     "RequestCase",
+    "TooMuchWork",
     "decode_record",
     "fuzz_test",
     "record_cases",
     "request_cases",
     "wall_bound",
+    "work_bound",
+    "work_bound_s",
 ]
 
-T = TypeVar("T")
+T = TypeVar("T", bound="Sized")
 
 #: Wall seconds one case may take (a decode takes milliseconds, a request tens of them; a
 #: hang found is re-run while Hypothesis shrinks it, so the bound is not larger).
 CASE_BOUND_S = 5.0
 #: Hypothesis' own per-example deadline: generous, so a loaded machine never trips it.
 DEADLINE_MS = 5_000
+#: CPU seconds any case may take (a request's first JWT check, a JSON Schema compiled once)...
+WORK_FLOOR_S = 0.5
+#: ...plus this per KiB of the case's input. Linear parsers cost well under 1 ms per KiB (the
+#: slowest in bench/bench_parsers.py: ~0.2); the old quadratic depth scan passed this bound
+#: from about 8 KiB of escaped quotes.
+WORK_PER_KIB_S = 0.01
 
 
 class FuzzFailure(AssertionError):
@@ -129,6 +144,45 @@ class FuzzFailure(AssertionError):
 
 class Hang(FuzzFailure):
     """A case ran past its wall bound."""
+
+
+class TooMuchWork(FuzzFailure):
+    """A case cost more CPU time than its input's size allows."""
+
+
+class Sized(Protocol):
+    """A case that knows how many bytes of input it carries (its work bound scales with them)."""
+
+    def input_bytes(self) -> int: ...
+
+
+def work_bound_s(case: Sized) -> float:
+    """The CPU seconds ``case`` may take: a floor, plus a budget per KiB of its input."""
+    return WORK_FLOOR_S + WORK_PER_KIB_S * case.input_bytes() / 1024
+
+
+@contextlib.contextmanager
+def work_bound(case: Sized) -> Iterator[None]:
+    """Fail with :class:`TooMuchWork` when the block costs more CPU than :func:`work_bound_s`.
+
+    CPU time of this thread, not wall time: other processes on the machine do not count. The
+    garbage collector is paused meanwhile: a full collection of what Hypothesis holds (0.34 s
+    once, in a 226-byte request) is not the case's work.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        started = time.thread_time()
+        yield
+        spent, bound = time.thread_time() - started, work_bound_s(case)
+    finally:
+        if collecting:
+            gc.enable()
+    if spent > bound:
+        size = case.input_bytes()
+        raise TooMuchWork(
+            f"{type(case).__name__} of {size} bytes took {spent:.2f} s of CPU (bound {bound:.2f} s)"
+        )
 
 
 # --- bounds and drivers --------------------------------------------------------------------------
@@ -193,7 +247,7 @@ def fuzz_test(
     @given(cases)
     @run_explicit
     def run(case: T) -> None:
-        with wall_bound(CASE_BOUND_S, type(case).__name__):
+        with wall_bound(CASE_BOUND_S, type(case).__name__), work_bound(case):
             target(case)
 
     return run
@@ -222,6 +276,14 @@ class RecordCase:
     timestamp_ms: int
     max_bytes: int
     tupled_headers: bool  # aiokafka hands out a tuple; producers and tests may pass a list
+
+    def input_bytes(self) -> int:
+        """The bytes a producer chose: key, value, header names and values."""
+        headers = sum(
+            len(name.encode("utf-8", "surrogatepass")) + len(value or b"")
+            for name, value in self.headers
+        )
+        return len(self.key or b"") + len(self.value or b"") + headers
 
     def consumer_record(self) -> ConsumerRecord[bytes, bytes]:
         headers: Any = tuple(self.headers) if self.tupled_headers else self.headers
@@ -286,7 +348,10 @@ def _check_wire_event(event: TaskEvent, where: str) -> None:
     if "\n" in line or "\r" in line:
         raise FuzzFailure(f"{where}: the rendered notification is not one line")
     try:
-        params = strictjson.loads(line.encode("utf-8"))["params"]
+        # The notification and its params are two levels around the payload, which may nest
+        # as deep as the bound itself (strictjson.MAX_DEPTH allows for a few such levels).
+        text = line.encode("utf-8")
+        params = strictjson.loads(text, max_depth=strictjson.MAX_DEPTH + 2)["params"]
     except (strictjson.NotWireJson, UnicodeEncodeError) as exc:
         raise FuzzFailure(f"{where}: the rendered notification is not wire JSON: {exc}") from None
     if (params["type"], params["payload"]) != (event.type, event.payload):
@@ -357,7 +422,7 @@ def _mutated(draw: st.DrawFn, base: bytes, at_least: int = 0) -> bytes:
     data = bytearray(base)
     for _ in range(draw(st.integers(at_least, 4))):
         where = draw(st.integers(0, len(data)))
-        op = draw(st.sampled_from(["flip", "set", "insert", "delete", "repeat", "cut"]))
+        op = draw(st.sampled_from(["flip", "set", "insert", "delete", "repeat", "pump", "cut"]))
         if op == "flip" and where < len(data):
             data[where] ^= 1 << draw(st.integers(0, 7))
         elif op == "set" and where < len(data):
@@ -368,10 +433,16 @@ def _mutated(draw: st.DrawFn, base: bytes, at_least: int = 0) -> bytes:
             del data[where : where + draw(st.integers(1, 8))]
         elif op == "repeat":
             data[where:where] = data[where : where + draw(st.integers(1, 16))]
+        elif op == "pump":  # a short range over and over, what worst cases are made of
+            piece = bytes(data[where : where + draw(st.integers(1, 4))])
+            data[where:where] = piece * (draw(st.integers(1, PUMP_BYTES)) // max(len(piece), 1))
         elif op == "cut":
             del data[where:]
     return bytes(data)
 
+
+#: The most bytes one pump mutation adds: below the endpoint's body limit, so the body is parsed.
+PUMP_BYTES = 48 * 1024
 
 _NOISE_PREFIXES = [b"", b"\xc3\x01", encode_event(TaskEvent("a.b", {}))[0][:10]]
 
@@ -583,6 +654,10 @@ class RequestCase:
     method: str  # the HTTP method
     headers: list[tuple[bytes, bytes]]
     body: bytes
+
+    def input_bytes(self) -> int:
+        """The bytes a client chose: the body, header names and values."""
+        return len(self.body) + sum(len(name) + len(value) for name, value in self.headers)
 
 
 def task_case(method: str, task_id: str = "t-work") -> RequestCase:
