@@ -101,7 +101,14 @@ async def start_components(
             hub = StreamHub(settings, indexer, reader, fanout, metrics)
             routing, peers = Routing(settings, indexer), _peers(settings, stack)
             events = events_extension(
-                settings, service, reader, fanout, hub.draining, routing=routing, peers=peers
+                settings,
+                service,
+                reader,
+                fanout,
+                hub.draining,
+                streams=hub,
+                routing=routing,
+                peers=peers,
             )
             await events.start()  # webhook delivery, when offered
             stack.push_async_callback(events.stop)
