@@ -21,11 +21,12 @@ import pytest
 import pytest_asyncio
 from conformance.wire import loads
 from support.layout import fresh_prefix, make_settings
-from support.mcp import request
+from support.mcp import CLIENT_CAPS, meta, request, routing_headers
 from support.sse import sse_events
 from support.waits import BOUND, wait_until
 from test_canary import Served, serving
 
+from bridge.log.publisher import TaskEventPublisher
 from bridge.server.wire import INVALID_REQUEST
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio(loop_scope="module")]
@@ -206,3 +207,62 @@ async def test_a_refused_events_stream_gives_its_slot_back(served: Served) -> No
     ):
         assert "error" in loads(await reply.aread())
     assert served.components.hub.active_streams == 0
+
+
+async def test_slots_come_back_when_streams_end_by_themselves(served: Served) -> None:
+    """tasks/stream, events/stream and the view of a completed task end after its last event."""
+    await slots_back(served)
+    ended = await _completed_task(served)
+    token = await credential(served, ended, "view EventSource")
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        for kind in ("tasks/stream", "events/stream", "view EventSource"):
+            async with opener(served, ended, kind)(http, token) as reply:
+                assert reply.status_code == 200
+                text = (await reply.aread()).decode()
+            assert ('"result"' in text) or ("event: end" in text), (kind, text)
+            await slots_back(served)
+
+
+async def test_slots_come_back_when_requests_are_cancelled(served: Served, task_id: str) -> None:
+    """``notifications/cancelled`` ends a tasks/stream and a listen without a response."""
+    await slots_back(served)
+    mcp = f"{served.base}/mcp"
+    streams = {
+        9001: ("tasks/stream", {"taskId": task_id}),
+        9002: ("subscriptions/listen", {"notifications": {"taskIds": [task_id]}}),
+    }
+    async with httpx.AsyncClient(timeout=BOUND) as http, contextlib.AsyncExitStack() as stack:
+        replies = []
+        for request_id, (method, params) in streams.items():
+            replies.append(
+                await stack.enter_async_context(
+                    post_stream(http, mcp, method, params, request_id=request_id)
+                )
+            )
+        assert served.components.hub.active_streams == len(streams)
+        async with httpx.AsyncClient(timeout=BOUND) as other:  # the stream holds its connection
+            for request_id in streams:
+                await _cancel(other, mcp, request_id)
+        for reply in replies:
+            assert '"result"' not in (await reply.aread()).decode()
+    await slots_back(served)
+
+
+async def _completed_task(served: Served) -> str:
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        headers, body = request("tools/call", {"name": "slow_compute", "arguments": {}})
+        reply = await http.post(f"{served.base}/mcp", json=body, headers=headers)
+        ended = str(loads(reply.content)["result"]["taskId"])
+    status = f"{served.settings.event_type_prefix}.task.status"
+    async with TaskEventPublisher(served.settings) as publisher:
+        await publisher.publish(ended, status, {"status": "completed"})
+    return ended
+
+
+async def _cancel(http: httpx.AsyncClient, url: str, request_id: int) -> None:
+    params = {"requestId": request_id, "_meta": meta(CLIENT_CAPS)}
+    message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+    reply = await http.post(
+        url, json=message, headers=routing_headers("notifications/cancelled", params)
+    )
+    assert reply.status_code == 202, reply.text
