@@ -90,7 +90,7 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.streams_active = Gauge(
-            "bridge_streams_active", "Open tasks/stream responses", registry=r
+            "bridge_streams_active", "Open long-lived responses (stream slots)", registry=r
         )
         self.stream_opens = Counter(
             "bridge_stream_opens_total",

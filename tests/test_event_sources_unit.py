@@ -204,7 +204,7 @@ def call(method: str, params: dict[str, Any], principal: str = "alice") -> Call:
 
 async def poll(source: Any, principal: str = "alice", **params: Any) -> dict[str, Any]:
     body = {"name": source.name, "arguments": {}, **params}
-    out = await EventsMethods([source]).poll(call("events/poll", body, principal))
+    out = await EventsMethods([source], streams=None).poll(call("events/poll", body, principal))
     return dict(out)  # type: ignore[arg-type]
 
 
@@ -461,7 +461,9 @@ async def test_a_partition_the_cursor_does_not_name_is_read_from_its_start() -> 
 
 async def test_the_list_has_each_source_with_its_schemas() -> None:
     topic = FakeTopic({0: []})
-    methods = EventsMethods([updates_source(topic), orders_source(topic, description="Shipped")])
+    methods = EventsMethods(
+        [updates_source(topic), orders_source(topic, description="Shipped")], streams=None
+    )
     listed = await methods.list(call("events/list", {}))
     updates, orders = listed["events"]  # type: ignore[index]
     assert updates["name"] == UPDATES and updates["delivery"] == ["poll", "push"]

@@ -463,7 +463,7 @@ def events_call(method: str, params: dict[str, Any]) -> Call:
 
 
 async def test_a_push_stream_whose_task_moved_ends_without_a_result_or_a_termination() -> None:
-    methods = EventsMethods([MovingSource()], retry_s=0)
+    methods = EventsMethods([MovingSource()], streams=None, retry_s=0)
     outcome = await methods.stream(events_call("events/stream", {"name": EVENT, "arguments": {}}))
     assert isinstance(outcome, Streamed)
     async with asyncio.timeout(BOUND):
@@ -472,7 +472,7 @@ async def test_a_push_stream_whose_task_moved_ends_without_a_result_or_a_termina
 
 
 async def test_a_poll_that_asks_for_event_cursors_gets_each_occurrences_own() -> None:
-    methods = EventsMethods([MovingSource()])
+    methods = EventsMethods([MovingSource()], streams=None)
     plain = await methods.poll(events_call("events/poll", {"name": EVENT}))
     asked = {"name": EVENT, "_meta": {EVENT_CURSORS_META: True}}
     flagged = await methods.poll(events_call("events/poll", asked))
@@ -498,7 +498,7 @@ class OwnerAnswers:
 
 
 async def test_an_owners_poll_answer_is_the_batch_a_delivery_loop_reads() -> None:
-    methods = EventsMethods([MovingSource()])
+    methods = EventsMethods([MovingSource()], streams=None)
     asked = {"name": EVENT, "_meta": {EVENT_CURSORS_META: True}}
     answer = await methods.poll(events_call("events/poll", asked))
     assert isinstance(answer, dict)

@@ -94,7 +94,7 @@ def call(method: str, params: dict[str, Any], principal: str = "alice") -> Call:
 
 
 async def poll(log: FakeLog, principal: str = "alice", **params: Any) -> dict[str, Any]:
-    methods = EventsMethods([source(log)])
+    methods = EventsMethods([source(log)], streams=None)
     body = {"name": NAME, "arguments": {"taskId": "t"}, **params}
     return dict(await methods.poll(call("events/poll", body, principal)))  # type: ignore[arg-type]
 
@@ -143,7 +143,7 @@ async def test_a_foreign_task_is_not_found_like_an_unknown_one() -> None:
 
 
 async def test_list_pages_and_refuses_a_bad_page_cursor() -> None:
-    methods = EventsMethods([source(FakeLog(0))])
+    methods = EventsMethods([source(FakeLog(0))], streams=None)
     listed = await methods.list(call("events/list", {}))
     assert [e["name"] for e in listed["events"]] == [NAME]  # type: ignore[index]
     assert "webhook" not in listed["events"][0]["delivery"]  # type: ignore[index]

@@ -721,7 +721,7 @@ async def test_an_unauthenticated_caller_is_forbidden_and_webhook_is_not_listed(
             return {"name": NAME, "delivery": ["poll", "push"]}
 
     source: Any = Source()
-    methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
+    methods = EventsMethods([source], streams=None, webhooks=webhook_methods(settings, [source]))
     params = hook("t", "https://example.com/h")
     for method in ("events/subscribe", "events/unsubscribe"):
         with pytest.raises(RpcError) as refused:

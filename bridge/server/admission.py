@@ -1,7 +1,16 @@
-"""Who may open a tasks/stream: SEP-2694's one-stream-per-connection rule and the DoS limits.
+"""Who may open a long-lived response: SEP-2694's one-stream-per-connection rule and the DoS
+limits.
+
+Every response that stays open takes one slot here before its first byte and gives it back
+when it ends, however it ends: ``tasks/stream`` and its ``GET`` resume, ``subscriptions/listen``,
+``events/stream``, a ``tools/call`` that streams its progress, and the browser view's
+EventSource endpoint. One budget for all of them, so no kind of stream walks around another's
+limit. Responses that name no single task take a slot under a label of their own
+(:func:`label`), which no task id can equal, so the connection rule (per task) never meets them.
 
 Pure bookkeeping, no I/O: the stream hub asks :class:`Admission` before a stream starts and
-gives the slot back when it ends, so every rule here is unit-tested in-process.
+gives the slot back when it ends, so every rule here is unit-tested in-process. The refusals'
+wire shapes are :mod:`bridge.server.wire`'s.
 
 *Connection* is the transport connection (the SEP's rule is per connection, and its own use case
 is several clients on one task: a late joiner, a dashboard beside the agent, two tabs). On
@@ -23,9 +32,9 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.server.wire import INVALID_PARAMS, INVALID_REQUEST, RpcError
+from bridge.server.wire import rate_limited_error, stream_active_error, too_many_streams_error
 
-__all__ = ["Admission", "Caller", "Limits", "Ticket", "connection_of"]
+__all__ = ["Admission", "Caller", "Limits", "Ticket", "connection_of", "label"]
 
 #: Rate windows kept before idle clients' windows are dropped (memory follows active clients).
 _RATE_WINDOWS = 10_000
@@ -43,6 +52,12 @@ def connection_of(scope: Mapping[str, Any]) -> Hashable | None:
     if client is None:
         return None
     return (tuple(server or ()), tuple(client))
+
+
+def label(method: str, request_id: str | int | None) -> str:
+    """The slot key of a long-lived response that names no single task (a listen, an
+    events/stream, a tools/call with progress): a task id never contains a space."""
+    return f"{method} {request_id!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,17 +108,13 @@ class Admission:
         self.active = 0
 
     def admit(self, caller: Caller, task_id: str, request_id: str | int | None) -> Ticket:
-        """Take a slot, or raise the :class:`RpcError` that refuses the stream.
+        """Take a slot, or raise the :class:`~bridge.server.wire.RpcError` that refuses it.
 
         The connection rule is checked first: a second stream on one connection is -32602
         whatever else is wrong with it. Every attempt that passes it counts as an open.
         """
         if caller.connection is not None and (caller.connection, task_id) in self._on_connection:
-            raise RpcError(
-                INVALID_PARAMS,
-                "a tasks/stream for this task is already active on this connection; cancel it first",
-                {"reason": "stream_active", "taskId": task_id},
-            )
+            raise stream_active_error(task_id)
         self._count_open(caller.client)
         self._check_limits(caller.client)
         ticket = Ticket(caller, task_id, request_id)
@@ -151,31 +162,16 @@ class Admission:
             window.popleft()
         limit = self.limits.opens_per_minute
         if len(window) >= limit:
-            raise RpcError(
-                INVALID_REQUEST,
-                f"too many tasks/stream requests from this client (limit {limit} a minute)",
-                {"reason": "rate_limited", "retryAfterSeconds": round(window[0] + 60 - now, 1)},
-                http_status=429,
-            )
+            raise rate_limited_error(limit, window[0] + 60 - now)
         window.append(now)
 
     def _check_limits(self, client: str) -> None:
         per_client = self.limits.streams_per_client
         if self._per_client.get(client, 0) >= per_client:
-            raise RpcError(
-                INVALID_REQUEST,
-                f"too many active streams for this client (limit {per_client})",
-                {"reason": "too_many_streams", "limit": per_client},
-                http_status=429,
-            )
+            raise too_many_streams_error(per_client, replica=False)
         total = self.limits.streams_total
         if self.active >= total:
-            raise RpcError(
-                INVALID_REQUEST,
-                f"this replica serves its maximum of {total} streams; retry on another",
-                {"reason": "too_many_streams", "limit": total, "scope": "replica"},
-                http_status=503,
-            )
+            raise too_many_streams_error(total, replica=True)
 
     def forget_idle_clients(self) -> None:
         """Drop the rate windows of clients with no open in the last minute."""

@@ -124,6 +124,7 @@ async def start_components(
                 reader,
                 fanout,
                 hub.draining,
+                streams=hub,
                 routing=routing,
                 peers=peers,
                 on_throttled=metrics.webhook_verifications_throttled.inc,

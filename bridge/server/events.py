@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -65,7 +66,8 @@ from bridge.mcpevents.subscriptions import (
 from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
 from bridge.sealing import KeyRing, Sealer
-from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed
+from bridge.server.admission import label
+from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams
 from bridge.server.hops import PeerIdentity
 from bridge.server.peers import Peers, routed_task_id
 from bridge.server.routing import Routing
@@ -155,13 +157,15 @@ def events_extension(
     live: LiveEvents,
     stopping: asyncio.Event,
     *,
+    streams: Streams,
     routing: Routing | None = None,
     peers: Peers | None = None,
     on_throttled: Callable[[], None] = lambda: None,
 ) -> EventsMethods:
     """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires);
-    ``routing`` and ``peers`` when replicas divide the partitions; ``on_throttled`` counts
-    webhook verifications refused by the throttle."""
+    ``streams`` admits each push stream (the stream hub); ``routing`` and ``peers`` when
+    replicas divide the partitions; ``on_throttled`` counts webhook verifications refused by
+    the throttle."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
         tasks,
@@ -176,7 +180,7 @@ def events_extension(
     webhooks = webhook_methods(
         settings, sources, routing=routing, peers=peers, on_throttled=on_throttled
     )
-    return EventsMethods(sources, stopping=stopping, webhooks=webhooks)
+    return EventsMethods(sources, streams=streams, stopping=stopping, webhooks=webhooks)
 
 
 def offset_sources(
@@ -216,11 +220,15 @@ class EventsMethods:
         self,
         sources: Sequence[EventSource],
         *,
+        streams: Streams | None,
         stopping: asyncio.Event | None = None,
         retry_s: float = 1.0,
         webhooks: WebhookMethods | None = None,
     ) -> None:
+        """``streams``: the admission every push stream takes a slot of (the stream hub's);
+        None only where nothing is served over HTTP (tests of the methods themselves)."""
         self.sources = {source.name: source for source in sources}
+        self.streams = streams
         self.stopping = stopping or asyncio.Event()
         self.retry_s = retry_s
         self.webhooks = webhooks
@@ -298,14 +306,25 @@ class EventsMethods:
         }
 
     async def stream(self, call: Call) -> Outcome:
+        """A push stream: its slot is taken before the source opens anything (a refused
+        stream costs no read) and given back when the response ends, however it ends."""
         params = EventsSubscriptionParams.model_validate(call.params)
         source = self._source(params.name)
         request_id = call.rpc.id
-        with _mapped():
-            items = await source.open_stream(
-                call.principal, params.arguments or {}, params.cursor, params.max_age_ms
-            )
-        return Streamed(self._frames(call, source, params, items), request_id)
+        release: Callable[[], None] | None = None
+        if self.streams is not None:
+            ticket = self.streams.admit(call.caller, label("events/stream", request_id), request_id)
+            release = functools.partial(self.streams.release, ticket)
+        try:
+            with _mapped():
+                items = await source.open_stream(
+                    call.principal, params.arguments or {}, params.cursor, params.max_age_ms
+                )
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        return Streamed(self._frames(call, source, params, items), request_id, on_close=release)
 
     async def _frames(
         self,

@@ -24,7 +24,7 @@ from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
 from bridge.log.indexer import NotOwner
-from bridge.server.admission import Caller, Ticket
+from bridge.server.admission import Caller, Ticket, label
 from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
 from bridge.server.peers import routed_task_id
@@ -365,8 +365,13 @@ class MethodHandlers:
             call,
             tool,
             task_id,
-            self.service.create(
-                tool, arguments, call.principal, task_id=task_id, input_responses=answers or None
+            functools.partial(
+                self.service.create,
+                tool,
+                arguments,
+                call.principal,
+                task_id=task_id,
+                input_responses=answers or None,
             ),
         )
 
@@ -383,29 +388,43 @@ class MethodHandlers:
             call,
             tool,
             task_id,
-            self.service.update(task_id, call.principal, params.input_responses or {}),
+            functools.partial(
+                self.service.update, task_id, call.principal, params.input_responses or {}
+            ),
         )
 
     async def _direct(
-        self, call: Call, tool: ToolSpec, task_id: str, start: Awaitable[Any]
+        self, call: Call, tool: ToolSpec, task_id: str, start: Callable[[], Awaitable[Any]]
     ) -> Outcome:
-        """Run the job on a worker and answer with its result (streaming progress if asked)."""
+        """Run the job on a worker and answer with its result (streaming progress if asked).
+
+        A call that streams its progress is a long-lived response: it takes a stream slot
+        before the job starts (a refused call creates no task) and gives it back when the
+        response ends. A call answered as JSON is bounded by the active-task limit instead
+        (each is a task until it ends) and by ``direct_result_timeout_s``.
+        """
         token = call.meta.get("progressToken")
         if token is not None and call.accepts_sse:
-            return Streamed(self._direct_stream(call, task_id, start, token))
+            request_id = call.rpc.id
+            ticket = self.streams.admit(call.caller, label("tools/call", request_id), request_id)
+            return Streamed(
+                self._direct_stream(call, task_id, start, token),
+                request_id,
+                on_close=functools.partial(self.streams.release, ticket),
+            )
         last: dict[str, Any] = {}
         async for message in self._direct_stream(call, task_id, start, None):
             last = message  # without a token the only message is the response
         return dict(last["result"])
 
     async def _direct_stream(
-        self, call: Call, task_id: str, start: Awaitable[Any], token: Any
+        self, call: Call, task_id: str, start: Callable[[], Awaitable[Any]], token: Any
     ) -> AsyncIterator[dict[str, Any]]:
         progress_type = self.settings.own_types.progress
         status_type = self.settings.own_types.status
         timeout = self.settings.direct_result_timeout_s
         with self.service.watch(task_id) as sub:
-            await start
+            await start()
             view = await self.service.get(task_id, call.principal)
             try:
                 async with asyncio.timeout(timeout):

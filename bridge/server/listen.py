@@ -56,7 +56,7 @@ from bridge.config import Settings
 from bridge.log.fanout import Subscription
 from bridge.log.indexer import NotOwner
 from bridge.mcpevents import Active, EventSource, Occurrence, StreamItem
-from bridge.server.admission import Caller, Ticket
+from bridge.server.admission import Caller, Ticket, label
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
 from bridge.server.hops import PeerIdentity
 from bridge.server.peers import Peers
@@ -295,7 +295,7 @@ class Listen:
             )
         # A key no task id can equal: the hub's one-stream-per-task-per-connection rule does not
         # apply to listens, which name no single task.
-        ticket = self.streams.admit(caller, f"subscriptions/listen {request_id!r}", request_id)
+        ticket = self.streams.admit(caller, label("subscriptions/listen", request_id), request_id)
         self._listens[caller.client] += 1
         return ticket
 

@@ -97,11 +97,14 @@ __all__ = [
     "notification",
     "notification_message",
     "progress_notification",
+    "rate_limited_error",
     "renderer",
     "result_response",
     "seq_untrusted_error",
     "sse_events",
+    "stream_active_error",
     "tasks_capability",
+    "too_many_streams_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -302,6 +305,46 @@ def events_gone_error(task_id: str, earliest_seq: int, *, http_status: int = 200
         "Task events are no longer available",
         {"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest_seq},
         http_status=http_status,
+    )
+
+
+# --- admission: the refusals of every long-lived response ---------------------------------
+
+
+def stream_active_error(task_id: str) -> RpcError:
+    """A second tasks/stream of one task on one transport connection (SEP-2694: -32602)."""
+    return RpcError(
+        INVALID_PARAMS,
+        "a tasks/stream for this task is already active on this connection; cancel it first",
+        {"reason": "stream_active", "taskId": task_id},
+    )
+
+
+def rate_limited_error(limit: int, retry_after_s: float) -> RpcError:
+    """A client over its opens of long-lived responses a minute (429)."""
+    return RpcError(
+        INVALID_REQUEST,
+        f"too many stream requests from this client (limit {limit} a minute)",
+        {"reason": "rate_limited", "retryAfterSeconds": round(retry_after_s, 1)},
+        http_status=429,
+    )
+
+
+def too_many_streams_error(limit: int, *, replica: bool) -> RpcError:
+    """A client (429) or the whole replica (503, retry on another) at its limit of open
+    long-lived responses: streams, listens, events/stream, tools/call with progress."""
+    if replica:
+        return RpcError(
+            INVALID_REQUEST,
+            f"this replica serves its maximum of {limit} streams; retry on another",
+            {"reason": "too_many_streams", "limit": limit, "scope": "replica"},
+            http_status=503,
+        )
+    return RpcError(
+        INVALID_REQUEST,
+        f"too many active streams for this client (limit {limit})",
+        {"reason": "too_many_streams", "limit": limit},
+        http_status=429,
     )
 
 

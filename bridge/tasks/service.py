@@ -50,6 +50,9 @@ _WRITE_VISIBLE_S = 30.0
 _OWNED_ID_DRAWS = 64
 #: Events a waiting call buffers before it falls back to re-reading the task's state.
 _WATCH_BUFFER = 256
+#: When a reserved task without a TTL stops counting if this replica never sees it end (as the
+#: index's entries of such tasks: never).
+_NO_EXPIRY_MS = 10**15
 
 
 class KafkaUnavailable(RuntimeError):
@@ -117,22 +120,50 @@ class TaskView:
 
 @dataclass
 class _Owners:
-    """Active (non-terminal, unexpired) tasks per owner key of the index, seen by this replica."""
+    """Active (non-terminal, unexpired) tasks per owner key of the index, as this replica
+    counts them for the active-task limit: the tasks indexed here, and the creations it
+    reserved that its index has not shown yet.
+
+    A creation takes its place (:meth:`reserve`) before its first await, so concurrent creates
+    can never all pass the check; indexing the task turns the reservation into the task's own
+    entry, and a creation that wrote nothing gives it back (:meth:`unreserve`). A reservation
+    whose task is never indexed here (its partition is another replica's, or moved away
+    meanwhile) counts until the task's expiry: this replica cannot see it end, and counting it
+    is what bounds a principal to ``limit`` active tasks per replica.
+    """
 
     active: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
     owner_of: dict[str, int] = field(default_factory=dict)
 
+    def reserve(self, owner: int, task_id: str, expires_ms: int, limit: int, now_ms: int) -> None:
+        """Count ``task_id`` for ``owner`` now, or raise :class:`TooManyTasks` at the limit.
+        Synchronous on purpose: the check and the count are one step."""
+        if self.count(owner, now_ms) >= limit:
+            raise TooManyTasks(limit)
+        self.add(owner, task_id, expires_ms)
+
+    def unreserve(self, task_id: str) -> None:
+        """A creation that wrote nothing: its place is free again."""
+        self.finish(task_id)
+
     def add(self, owner: int, task_id: str, expires_ms: int) -> None:
+        if self.owner_of.get(task_id, owner) != owner:
+            self.finish(task_id)
         self.active[owner][task_id] = expires_ms
         self.owner_of[task_id] = owner
 
     def finish(self, task_id: str) -> None:
         owner = self.owner_of.pop(task_id, None)
         if owner is not None:
-            self.active[owner].pop(task_id, None)
+            tasks = self.active[owner]
+            tasks.pop(task_id, None)
+            if not tasks:
+                del self.active[owner]  # memory follows the principals with active tasks
 
     def count(self, owner: int, now_ms: int) -> int:
-        tasks = self.active.get(owner, {})
+        tasks = self.active.get(owner)
+        if tasks is None:
+            return 0
         for task_id in [t for t, exp in tasks.items() if exp <= now_ms]:
             self.finish(task_id)
         return len(tasks)
@@ -261,10 +292,15 @@ class TaskService:
         """
         owner = owner_digest(principal)
         now = time.time_ns() // 1_000_000
-        limit = self.settings.max_active_tasks_per_principal
-        if self._owners.count(owner_key(owner), now) >= limit:
-            raise TooManyTasks(limit)
         task_id = task_id or self.new_task_id()
+        # Reserved before the first await: concurrent creates see each other's places.
+        self._owners.reserve(
+            owner_key(owner),
+            task_id,
+            now + (tool.ttl_ms if tool.ttl_ms is not None else _NO_EXPIRY_MS),
+            self.settings.max_active_tasks_per_principal,
+            now,
+        )
         tracing.set_task_id(task_id)
         # Idempotent producers wait for the brokers for ever; the caller is answered within a
         # bound instead, and the creation runs on to its end (a task, with its job, or nothing).
@@ -297,7 +333,13 @@ class TaskService:
         input_responses: dict[str, Any] | None,
     ) -> TaskView:
         """The creation itself: ``task.created`` (indexed here), then the job."""
-        where = await publish_created(self.publisher, self._types, tool, principal, task_id, now)
+        try:
+            where = await publish_created(
+                self.publisher, self._types, tool, principal, task_id, now
+            )
+        except BaseException:
+            self._owners.unreserve(task_id)  # nothing was written: the place is free again
+            raise
         await self._visible(where.partition, where.offset)
         job = JobRequest(
             task_id=task_id,

@@ -1,0 +1,119 @@
+"""The active-task limit holds under concurrency, and across replicas (real broker).
+
+A create takes its place before its first await, so many concurrent creates cannot all pass a
+check made before any of them was indexed; a creation that wrote nothing gives its place back.
+With replicas (``ownership = "group"``) each replica counts the tasks of its own partitions
+and its own creations: the cluster-wide bound is the limit times the replicas, here two
+in-process replicas of a task service each (no HTTP, no workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+
+import pytest
+from support.layout import create_topics, fresh_prefix, make_settings
+from support.waits import wait_until
+
+from bridge.config import Settings, ToolSpec
+from bridge.log.indexer import Indexer
+from bridge.log.reader import Reader
+from bridge.tasks.service import TaskService, TaskView, TooManyTasks
+
+pytestmark = pytest.mark.kafka
+
+LIMIT = 3
+CREATES = 50
+#: A tool no worker runs: its tasks stay working, so they stay active.
+HOLD = ToolSpec(name="hold", description="Never picked up", task="required")
+
+
+@contextlib.asynccontextmanager
+async def task_service(settings: Settings) -> AsyncIterator[TaskService]:
+    async with Indexer(settings) as indexer:
+        reader = Reader(settings, indexer)
+        service = TaskService(settings, indexer, reader, {HOLD.name: HOLD})
+        await service.start()
+        try:
+            yield service
+        finally:
+            await service.stop()
+            await reader.close()
+
+
+async def create_many(service: TaskService, principal: str, n: int) -> list[TaskView]:
+    """``n`` creates at once; the tasks created (every other outcome must be TooManyTasks)."""
+    outcomes = await asyncio.gather(
+        *(service.create(HOLD, {}, principal) for _ in range(n)), return_exceptions=True
+    )
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(o, TooManyTasks) for o in refused), refused
+    return [o for o in outcomes if isinstance(o, TaskView)]
+
+
+async def test_concurrent_creates_pass_the_limit_exactly(kafka_bootstrap: str) -> None:
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("lim"), max_active_tasks_per_principal=LIMIT
+    )
+    await create_topics(settings, [HOLD.name])
+    async with task_service(settings) as service:
+        assert len(await create_many(service, "alice", CREATES)) == LIMIT
+        with pytest.raises(TooManyTasks):
+            await service.create(HOLD, {}, "alice")  # still full once all were indexed
+        assert len(await create_many(service, "bob", CREATES)) == LIMIT  # a budget of its own
+
+
+async def test_a_creation_that_wrote_nothing_gives_its_place_back(kafka_bootstrap: str) -> None:
+    settings = make_settings(kafka_bootstrap, fresh_prefix("lim"), max_active_tasks_per_principal=1)
+    await create_topics(settings, [HOLD.name])
+    async with task_service(settings) as service:
+        publish = service.publisher.publish
+
+        async def refused(*args: object, **kwargs: object) -> object:
+            raise ConnectionError("the broker refused the write")
+
+        service.publisher.publish = refused  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await service.create(HOLD, {}, "alice")
+        service.publisher.publish = publish  # type: ignore[method-assign]
+        await service.create(HOLD, {}, "alice")  # the failed one holds no place
+        with pytest.raises(TooManyTasks):
+            await service.create(HOLD, {}, "alice")
+
+
+async def test_with_two_replicas_a_principal_has_at_most_twice_the_limit(
+    kafka_bootstrap: str,
+) -> None:
+    prefix, secret = fresh_prefix("lim"), secrets.token_urlsafe(32)
+
+    def replica(i: int) -> Settings:
+        return make_settings(
+            kafka_bootstrap,
+            prefix,
+            topics={"prefix": prefix, "partitions": 4, "min_insync_replicas": 1},
+            max_active_tasks_per_principal=LIMIT,
+            ownership="group",
+            instance_id=f"limit-{i}",
+            advertised_url=f"http://127.0.0.1:{40000 + i}",  # no hop is made here
+            peer_secret=secret,
+            group_session_timeout_ms=6000,
+        )
+
+    await create_topics(replica(0), [HOLD.name])
+    async with task_service(replica(0)) as one, task_service(replica(1)) as two:
+
+        def divided() -> bool:
+            owned = [set(s.indexer.partitions) for s in (one, two)]
+            return all(owned) and owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]
+
+        await wait_until(divided, what="the two replicas divide the partitions")
+        created = await asyncio.gather(
+            create_many(one, "alice", CREATES), create_many(two, "alice", CREATES)
+        )
+        assert [len(c) for c in created] == [LIMIT, LIMIT]  # LIMIT x replicas in the cluster
+        for service in (one, two):
+            with pytest.raises(TooManyTasks):
+                await service.create(HOLD, {}, "alice")
