@@ -97,7 +97,9 @@ async def test_with_two_replicas_a_principal_has_at_most_twice_the_limit(
             max_active_tasks_per_principal=LIMIT,
             ownership="group",
             instance_id=f"limit-{i}",
-            advertised_url=f"http://127.0.0.1:{40000 + i}",  # no hop is made here
+            # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
+            advertised_url=f"http://127.0.0.{2 + i}:8081",
+            peers={"hosts": ["127.0.0.2", "127.0.0.3"]},
             peer_secret=secret,
             group_session_timeout_ms=6000,
         )

@@ -535,7 +535,7 @@ async def test_without_a_key_webhook_delivery_is_off_and_nothing_is_stored() -> 
             return {"name": NAME, "delivery": ["poll", "push"]}
 
     source: Any = Source()
-    methods = EventsMethods([source], webhooks=webhook_methods(settings, [source]))
+    methods = EventsMethods([source], streams=None, webhooks=webhook_methods(settings, [source]))
     listed = await methods.list(request("events/list", {}, "ann"))
     assert listed["events"][0]["delivery"] == ["poll", "push"]  # type: ignore[index]
     params = hook("t", "https://example.com/h")
