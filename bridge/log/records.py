@@ -135,7 +135,7 @@ def _identity(payload: dict[str, Any]) -> TaskIdentity | None:
     owner, created, ttl, poll = (
         payload.get(k) for k in ("owner", "createdMs", "ttlMs", "pollIntervalMs")
     )
-    if not (isinstance(owner, str) and len(owner) >= 16 and _count(created) and _count(poll)):
+    if not (isinstance(owner, str) and _count(created) and _count(poll)):
         return None
     if ttl is not None and not _count(ttl):
         return None

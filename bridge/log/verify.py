@@ -21,6 +21,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
+from bridge.log.identity import is_signed, load_keyring
 from bridge.log.indexer import load_index, read_to_end, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.seqindex import PartitionIndex
@@ -72,11 +73,17 @@ async def _verify_partition(
     log_start = int(begins[tp])
     through = persisted.through
     offsets: dict[str, list[int]] = defaultdict(list)
-    recount = PartitionIndex(tp.partition, settings.checkpoint_interval, track_dirty=False)
-    # The tail's own decoder: the same facts, decoding only the bridge's own types.
+    recount = PartitionIndex(
+        tp.partition,
+        settings.checkpoint_interval,
+        track_dirty=False,
+        unsigned_below=persisted.unsigned_below,
+    )
+    # The tail's own decoder and keyring: the same facts, decoding only the bridge's own types.
     decoder = RecordDecoder(
         settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
     )
+    keyring = load_keyring(settings)
 
     def count(record: ConsumerRecord[bytes, bytes]) -> None:
         if record.offset >= through:
@@ -86,8 +93,16 @@ async def _verify_partition(
         if task_id is None:
             return
         offsets[task_id].append(record.offset)
-        (created, status, identity), _ = decoder.facts(record)
-        recount.apply(task_id, record.offset, created=created, status=status, identity=identity)
+        (created, status, identity), event = decoder.facts(record)
+        signed = created and is_signed(keyring, task_id, event, identity, record.headers)
+        recount.apply(
+            task_id,
+            record.offset,
+            created=created,
+            status=status,
+            identity=identity,
+            signed=signed,
+        )
 
     await read_to_end(consumer, [tp], count)
     full = log_start == 0 and persisted.lost_before < 0
