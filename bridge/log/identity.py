@@ -31,6 +31,7 @@ import hmac
 import logging
 import os
 import re
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,11 @@ _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _MIN_KEY_BYTES = 32
 #: A header longer than any this version writes is not looked at (v1 . 32 . 43 characters).
 _MAX_HEADER = 96
+#: The lengths of the event type, task id and tool, ahead of them.
+_LENGTHS = struct.Struct(">III")
+#: The owner's two halves, created_ms, ttl_ms (-1: unlimited), poll_ms.
+_NUMBERS = struct.Struct(">QQqqq")
+_LOW64 = (1 << 64) - 1
 #: The key id of the key derived from the peer secret.
 PEER_KEY_ID = "peer"
 
@@ -128,21 +134,20 @@ class Keyring:
 
 
 def identity_message(event_type: str, task_id: str, identity: TaskIdentity, tool: Any) -> bytes:
-    """The signed bytes: every field length-prefixed, so no two identities share an encoding."""
-    fields = (
-        event_type,
-        task_id,
-        format(identity.owner, "032x"),
-        str(identity.created_ms),
-        str(identity.ttl_ms),
-        str(identity.poll_ms),
-        tool if isinstance(tool, str) else "",
+    """The signed bytes: the strings length-prefixed, the numbers fixed-width, so no two
+    identities share an encoding. :class:`struct.error` for a number out of range (no
+    signature can then cover it)."""
+    type_, task, tool_ = (
+        event_type.encode("utf-8"),
+        task_id.encode("utf-8"),
+        (tool if isinstance(tool, str) else "").encode("utf-8"),
     )
-    out = bytearray(_DOMAIN)
-    for text in fields:
-        data = text.encode("utf-8")
-        out += len(data).to_bytes(4, "big") + data
-    return bytes(out)
+    owner = identity.owner
+    numbers = _NUMBERS.pack(
+        owner >> 64, owner & _LOW64, identity.created_ms, identity.ttl_ms, identity.poll_ms
+    )
+    lengths = _LENGTHS.pack(len(type_), len(task), len(tool_))
+    return b"".join((_DOMAIN, lengths, type_, task, tool_, numbers))
 
 
 def parse_keyring(text: str) -> Keyring:
@@ -230,5 +235,8 @@ def is_signed(
     """Whether a ``task.created`` record's headers carry a valid signature of its identity."""
     if event is None or identity is None:
         return False
-    message = identity_message(event.type, task_id, identity, event.payload.get("tool"))
+    try:
+        message = identity_message(event.type, task_id, identity, event.payload.get("tool"))
+    except struct.error:  # a number past 64 bits: nothing the bridge writes, nothing it signed
+        return False
     return keyring.signature_of(message, headers)
