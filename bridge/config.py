@@ -397,6 +397,19 @@ class IdentitySettings(BaseModel):
         """The configured keyring's text (the file wins), or None."""
         return _read_secret(self.keys, self.keys_file)
 
+    @model_validator(mode="after")
+    def _keyring_usable(self) -> Self:
+        # Refused at load, in one line naming the setting (never the key), not at first use.
+        text = self.keyring_text()
+        if text is not None:
+            from bridge.log.identity import KeyringError, parse_keyring  # the keyring's own rules
+
+            try:
+                parse_keyring(text)
+            except KeyringError as exc:
+                raise ValueError(f"{env_name('identity', 'keys_file')}: {exc}") from None
+        return self
+
 
 class TracingSettings(BaseModel):
     """OpenTelemetry tracing (docs/operations.md "Tracing"): off by default.
