@@ -402,7 +402,7 @@ class IdentitySettings(BaseModel):
         # Refused at load, in one line naming the setting (never the key), not at first use.
         text = self.keyring_text()
         if text is not None:
-            from bridge.log.identity import KeyringError, parse_keyring  # the keyring's own rules
+            from bridge.keyring import KeyringError, parse_keyring
 
             try:
                 parse_keyring(text)

@@ -25,19 +25,16 @@ Kafka.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import logging
 import os
-import re
 import struct
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bridge.config import Settings, env_name
 from bridge.envelope import TaskEvent
+from bridge.keyring import IDENTITY_HEADER, Keyring, KeyringError, new_keyring_text, parse_keyring
 from bridge.log.seqindex import TaskIdentity
 
 __all__ = [
@@ -52,15 +49,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The record header that carries a ``task.created`` record's signature.
-IDENTITY_HEADER = "mcpbridge-identity"
-_VERSION = "v1"
 _DOMAIN = b"mcp-kafka-bridge task identity v1"
-#: Key ids: short, and free of the header's separator.
-_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
-_MIN_KEY_BYTES = 32
-#: A header longer than any this version writes is not looked at (v1 . 32 . 43 characters).
-_MAX_HEADER = 96
 #: The lengths of the event type, task id and tool, ahead of them.
 _LENGTHS = struct.Struct(">III")
 #: The owner's two halves, created_ms, ttl_ms (-1: unlimited), poll_ms.
@@ -68,69 +57,6 @@ _NUMBERS = struct.Struct(">QQqqq")
 _LOW64 = (1 << 64) - 1
 #: The key id of the key derived from the peer secret.
 PEER_KEY_ID = "peer"
-
-
-class KeyringError(ValueError):
-    """A keyring that cannot be used; the message names the setting and never the key."""
-
-
-class Keyring:
-    """Named HMAC keys: the first signs, all verify. Holds key material: no repr of it."""
-
-    __slots__ = ("_keys", "current")
-
-    def __init__(self, keys: Iterable[tuple[str, bytes]]) -> None:
-        pairs = list(keys)
-        if not pairs:
-            raise KeyringError("a keyring needs at least one key")
-        self._keys: dict[str, bytes] = {}
-        for key_id, secret in pairs:
-            if not _KEY_ID.fullmatch(key_id):
-                raise KeyringError(f"key id {key_id[:40]!r} is not 1-32 of [A-Za-z0-9_-]")
-            if len(secret) < _MIN_KEY_BYTES:
-                raise KeyringError(f"key {key_id!r} has fewer than {_MIN_KEY_BYTES} bytes")
-            if key_id in self._keys:
-                raise KeyringError(f"key id {key_id!r} is listed twice")
-            self._keys[key_id] = secret
-        #: The id of the key that signs.
-        self.current = pairs[0][0]
-
-    def __repr__(self) -> str:
-        return f"Keyring(current={self.current!r}, ids={list(self._keys)!r})"
-
-    @property
-    def key_ids(self) -> list[str]:
-        return list(self._keys)
-
-    def sign(self, message: bytes) -> bytes:
-        """The header value for ``message`` under the current key."""
-        mac = hmac.digest(self._keys[self.current], message, "sha256")
-        tag = base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
-        return f"{_VERSION}.{self.current}.{tag}".encode("ascii")
-
-    def verify(self, message: bytes, header: bytes | None) -> bool:
-        """True when ``header`` is a valid signature of ``message`` by any key of the ring."""
-        if header is None or len(header) > _MAX_HEADER:
-            return False
-        parts = header.split(b".")
-        if len(parts) != 3 or parts[0] != _VERSION.encode("ascii"):
-            return False
-        key = self._keys.get(parts[1].decode("ascii", "replace"))
-        if key is None:
-            return False
-        try:
-            tag = base64.urlsafe_b64decode(parts[2] + b"=" * (-len(parts[2]) % 4))
-        except (binascii.Error, ValueError):
-            return False
-        return hmac.compare_digest(hmac.digest(key, message, "sha256"), tag)
-
-    def signature_of(self, message: bytes, headers: Any) -> bool:
-        """:meth:`verify` with the record's headers (the last identity header counts)."""
-        found: bytes | None = None
-        for name, value in headers or ():
-            if name == IDENTITY_HEADER:
-                found = value
-        return self.verify(message, found)
 
 
 def identity_message(event_type: str, task_id: str, identity: TaskIdentity, tool: Any) -> bytes:
@@ -148,30 +74,6 @@ def identity_message(event_type: str, task_id: str, identity: TaskIdentity, tool
     )
     lengths = _LENGTHS.pack(len(type_), len(task), len(tool_))
     return b"".join((_DOMAIN, lengths, type_, task, tool_, numbers))
-
-
-def parse_keyring(text: str) -> Keyring:
-    """A keyring from its text: one ``<key id> <base64 key>`` per line, the signing key first;
-    blank lines and ``#`` comments are skipped."""
-    pairs: list[tuple[str, bytes]] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        fields = line.split()
-        if len(fields) != 2:
-            raise KeyringError(f"keyring line {number}: expected '<key id> <base64 key>'")
-        try:
-            secret = base64.b64decode(fields[1], validate=True)
-        except (binascii.Error, ValueError):
-            raise KeyringError(f"keyring line {number}: the key is not base64") from None
-        pairs.append((fields[0], secret))
-    return Keyring(pairs)
-
-
-def new_keyring_text(key_id: str = "k1") -> str:
-    """A keyring file's text holding one new random 256-bit key."""
-    return f"{key_id} {base64.b64encode(os.urandom(32)).decode('ascii')}\n"
 
 
 def load_keyring(settings: Settings) -> Keyring:
