@@ -106,6 +106,13 @@ async def test_tasks_created_by_8fd441c_keep_their_owners_and_new_forgeries_are_
         fresh = await service.create(TOOL, {}, "alice")  # a signed one
         assert (await service.get(fresh.task_id, "alice")).status == "working"
 
+    # The forged task gave its victim no task-updates record (no task.updated, no listen).
+    updates = [
+        decode_update(_b(r["key"]), _b(r["value"])) for r in await _records(settings, "updates")
+    ]
+    assert fresh.task_id in {u.task_id for u in updates}
+    assert fake not in {u.task_id for u in updates}
+
     async with serving(settings) as (indexer, service):  # restored from what the first persisted
         await assert_owners_kept(service)
         with pytest.raises(TaskNotFound):
