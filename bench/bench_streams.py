@@ -94,6 +94,7 @@ from bridge.envelope import decode_event
 from bridge.events import CreatedPayload
 from bridge.kafka.clients import committed_consumer
 from bridge.kafka.topics import create_layout
+from bridge.log.identity import keyring_env
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.create import identity_header
 from bridge.tasks.messages import new_task_id, owner_digest
@@ -300,6 +301,7 @@ class BridgeProcess:
             BRIDGE_LOG_LEVEL="WARNING",  # no access log lines for ten thousand requests
             PYTHONUNBUFFERED="1",
         )
+        env.update(keyring_env(self.settings))  # the bench's own task.created are signed
         env.update(self.extra_env)
         return env
 

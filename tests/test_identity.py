@@ -23,6 +23,7 @@ from bridge.log.identity import (
     KeyringError,
     identity_message,
     is_signed,
+    keyring_env,
     load_keyring,
     parse_keyring,
 )
@@ -340,3 +341,17 @@ def test_settings_with_an_unusable_keyring_are_refused_at_load_without_the_key()
     with pytest.raises(ValueError, match="BRIDGE_IDENTITY__KEYS_FILE") as caught:
         Settings(identity={"keys": f"k1 {secret}"})
     assert "fewer than 32 bytes" in str(caught.value) and secret not in str(caught.value)
+
+
+def test_a_child_process_is_given_the_same_keyring(tmp_path: Path):
+    path = tmp_path / "identity.keys"
+    dev = Settings(identity={"dev_keys_file": str(path)})
+    env = keyring_env(dev)
+    assert env == {"BRIDGE_IDENTITY__KEYS_FILE": str(path)} and path.is_file()
+    child = Settings(
+        ownership="group",
+        advertised_url="http://b:1",
+        peer_secret="p" * 40,
+        identity={"keys_file": env["BRIDGE_IDENTITY__KEYS_FILE"]},
+    )
+    assert load_keyring(child).verify(b"m", load_keyring(dev).sign(b"m"))

@@ -43,6 +43,7 @@ __all__ = [
     "KeyringError",
     "identity_message",
     "is_signed",
+    "keyring_env",
     "load_keyring",
     "parse_keyring",
 ]
@@ -142,3 +143,18 @@ def is_signed(
     except struct.error:  # a number past 64 bits: nothing the bridge writes, nothing it signed
         return False
     return keyring.signature_of(message, headers)
+
+
+def keyring_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that give a child ``bridge`` process this process's keyring,
+    whatever its own ownership mode (harnesses that start replicas beside a publisher)."""
+    identity = settings.identity
+    if identity.keys_file is not None:
+        return {env_name("identity", "keys_file"): str(identity.keys_file)}
+    if identity.keys is not None:
+        return {env_name("identity", "keys"): identity.keys.get_secret_value()}
+    if settings.ownership == "group" and settings.peer_secret_value:
+        return {}  # a child given the same peer secret derives the same key
+    path = identity.dev_keys_file.expanduser()
+    _dev_keyring(path)  # made now if it is not there yet
+    return {env_name("identity", "keys_file"): str(path)}
