@@ -26,6 +26,7 @@ from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, MarkerRecord, decode_index_record, owner_key
 from bridge.log.updates import decode_update
+from bridge.log.verify import verify_index
 from bridge.tasks.messages import new_task_id, owner_digest
 from bridge.tasks.service import TaskNotFound, TaskService
 
@@ -121,6 +122,9 @@ async def test_tasks_created_by_8fd441c_keep_their_owners_and_new_forgeries_are_
         again = await forge(settings, indexer, "bob")
         found = indexer.lookup(again)
         assert found is not None and found[1].owner == 0
+    # `bridge verify` agrees with the upgraded index (64-bit owners included).
+    report = await verify_index(settings)
+    assert report.ok, report.mismatches[:5]
     # Each partition 8fd441c had indexed now has a current marker whose upgrade offset is the
     # end 8fd441c left (carol's task.created, never indexed by it, is below it).
     latest = {}
