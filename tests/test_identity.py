@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,13 @@ def test_a_child_process_is_given_the_same_keyring(tmp_path: Path):
         identity={"keys_file": env["BRIDGE_IDENTITY__KEYS_FILE"]},
     )
     assert load_keyring(child).verify(b"m", load_keyring(dev).sign(b"m"))
+
+
+def test_processes_starting_together_share_one_development_key(tmp_path: Path):
+    path = tmp_path / "state" / "identity.keys"
+    settings = Settings(identity={"dev_keys_file": str(path)})
+    with ThreadPoolExecutor(8) as pool:
+        rings = list(pool.map(lambda _: load_keyring(settings), range(16)))
+    signature = rings[0].sign(b"m")
+    assert all(ring.verify(b"m", signature) for ring in rings)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["identity.keys"]  # nothing aside

@@ -99,25 +99,38 @@ def _dev_keyring(path: Path) -> Keyring:
     """One process without a configured keyring: a key made once in ``path`` (0600)."""
     path = path.expanduser()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise KeyringError(_no_key_message(path, exc)) from None
-    else:
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(new_keyring_text("dev"))
-        log.warning(
-            "no task identity keyring configured: made a development key in %s; set %s for "
-            "production (docs/operations.md, 'Task identity keys')",
-            path,
-            env_name("identity", "keys_file"),
-        )
-    try:
+        if _make_key_file(path):
+            log.warning(
+                "no task identity keyring configured: made a development key in %s; set %s "
+                "for production (docs/operations.md, 'Task identity keys')",
+                path,
+                env_name("identity", "keys_file"),
+            )
         return parse_keyring(path.read_text(encoding="ascii"))
     except (OSError, UnicodeDecodeError, KeyringError) as exc:
         raise KeyringError(_no_key_message(path, exc)) from None
+
+
+def _make_key_file(path: Path) -> bool:
+    """Make ``path`` with a new key unless it exists; True when this call made it.
+
+    Written aside, then linked into place: processes starting together never read a file
+    still being written, and exactly one of them makes it.
+    """
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    aside = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(new_keyring_text("dev"))
+        os.link(aside, path)
+    except FileExistsError:
+        return False
+    finally:
+        aside.unlink(missing_ok=True)
+    return True
 
 
 def _no_key_message(path: Path, exc: BaseException) -> str:
