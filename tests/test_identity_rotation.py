@@ -1,4 +1,5 @@
-"""Task identity keys on the real broker: rotation never orphans a task, refusals are counted.
+"""Task identity keys on the real broker: rotation never orphans a task, refusals are counted,
+and a server without a usable keyring refuses to start.
 
 Each "process" here is a fresh indexer without a persisted index, so it derives every task's
 owner from the log again: the hardest case for a rotation (a restored index would keep the
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from pydantic import SecretStr
+from test_cli_errors import assert_one_clear_line, run_bridge
 from test_identity_records import append_raw, forged_created
 from test_trust import BOUND, TOOL, bridge_side
 
@@ -66,3 +69,17 @@ async def test_refused_identity_records_are_counted_in_the_metrics(topics: Setti
         assert b"bridge_identity_records_refused_total 1.0" in generate_latest(metrics.registry)
         with pytest.raises(TaskNotFound):
             await side.service.get(fake, "alice")
+
+
+def test_serve_without_a_usable_keyring_is_one_line_naming_the_setting(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    run = run_bridge(
+        "serve",
+        kafka_bootstrap,
+        BRIDGE_TOPICS__PREFIX=topic_prefix,
+        BRIDGE_IDENTITY__DEV_KEYS_FILE=str(blocker / "identity.keys"),
+    )
+    assert_one_clear_line(run, "serve", "BRIDGE_IDENTITY__KEYS_FILE")
