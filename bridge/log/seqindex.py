@@ -211,7 +211,8 @@ class PartitionIndex:
     A task is a row: ``rows`` maps its id to a row number, and each field lives in a compact
     column (``array("q")``, ``array("Q")`` for the owner's halves, or ``bytearray``), so a task
     costs its id, a dict slot and about 74 bytes. Checkpoint seq 0 is the task's first offset;
-    later checkpoints live in a side table only for tasks that have them. :class:`TaskEntry` is built on lookup, as a snapshot.
+    later checkpoints live in a side table only for tasks that have them. :class:`TaskEntry` is
+    built on lookup, as a snapshot.
     """
 
     def __init__(
