@@ -3,9 +3,11 @@
 A task exists once its seq 0 is the bridge's own ``<prefix>.task.created`` event, signed: the
 index takes the task's owner, creation time, ttl and poll interval from that record only when
 its :data:`~bridge.log.identity.IDENTITY_HEADER` carries a valid signature of them by the
-publisher's keyring (:mod:`bridge.log.identity`), and nothing written later changes them. Both ways of creating a task write it here, so they cannot drift
-apart: :meth:`bridge.tasks.service.TaskService.create` (tools/call, then a job for a worker)
-and :mod:`bridge.replay` (a recorded session, whose events the caller publishes itself).
+publisher's keyring (:mod:`bridge.log.identity`), and nothing written later changes them.
+Every way of creating a task writes it here, so they cannot drift apart:
+:meth:`bridge.tasks.service.TaskService.create` (tools/call, then a job for a worker),
+:mod:`bridge.replay` (a recorded session, whose events the caller publishes itself) and the
+canary.
 
 This module queues no job and waits for no indexer; the callers do what comes next.
 """
