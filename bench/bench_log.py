@@ -426,7 +426,8 @@ def memory_breakdown(k: int) -> str:
     parts = {
         "id str": sys.getsizeof(t),
         "row int": sys.getsizeof(100_000),
-        "columns": 8 * 8 + 2,  # eight array("q") cells, status and flags bytes
+        # seven array("q") and two array("Q") cells (the 128-bit owner), status and flags bytes
+        "columns": 9 * 8 + 2,
     }
     return ", ".join(f"{name} {size}" for name, size in parts.items()) + " B, + dict slot"
 

@@ -94,7 +94,9 @@ from bridge.envelope import decode_event
 from bridge.events import CreatedPayload
 from bridge.kafka.clients import committed_consumer
 from bridge.kafka.topics import create_layout
+from bridge.log.identity import keyring_env
 from bridge.log.publisher import TaskEventPublisher
+from bridge.tasks.create import identity_header
 from bridge.tasks.messages import new_task_id, owner_digest
 
 # --- targets ------------------------------------------------------------------------------------
@@ -299,6 +301,7 @@ class BridgeProcess:
             BRIDGE_LOG_LEVEL="WARNING",  # no access log lines for ten thousand requests
             PYTHONUNBUFFERED="1",
         )
+        env.update(keyring_env(self.settings))  # the bench's own task.created are signed
         env.update(self.extra_env)
         return env
 
@@ -795,14 +798,17 @@ def http_post(port: int, method: str, params: dict[str, Any], name: str | None) 
 
 def created_record(settings: Settings, pub: TaskEventPublisher, task_id: str) -> Record:
     now = time.time_ns() // 1_000_000
-    payload = CreatedPayload(
+    created = CreatedPayload(
         tool="bench",
         owner=owner_digest(PRINCIPAL),
         created_ms=now,
         ttl_ms=24 * 3_600_000,
         poll_interval_ms=1000,
-    ).to_dict()
-    value, headers = pub.encode(f"{settings.event_type_prefix}.task.created", payload, None, now)
+    )
+    event_type = f"{settings.event_type_prefix}.task.created"
+    value, headers = pub.encode(event_type, created.to_dict(), None, now)
+    # Signed with the bridge's keyring (the same settings): else it would define no task.
+    headers = [*headers, identity_header(pub.keyring, event_type, task_id, created)]
     return task_id.encode(), value, headers
 
 

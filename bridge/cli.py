@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bridge.config import Settings, load_settings
+from bridge.keyring import KeyringError
 
 if TYPE_CHECKING:
     from bridge.client import TaskStreamClient
@@ -365,6 +366,17 @@ def serve(settings: Settings, *, with_workers: bool = False) -> None:
     bridge_server(settings, companions=companions).run()
 
 
+def require_keyring(settings: Settings) -> None:
+    """The task identity keyring can be had (configured, derived, or the development key made
+    now); else :class:`UserError` naming the setting."""
+    from bridge.log.identity import load_keyring
+
+    try:
+        load_keyring(settings)
+    except KeyringError as exc:
+        raise UserError(str(exc)) from None
+
+
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from bridge.kafka.acls import Access
     from bridge.server.auth import unauthenticated_exposure
@@ -381,6 +393,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings = require_kafka(settings, layout_topics(settings), hint, access)
     # Before uvicorn starts: a refusal is then this one line and the exit, never a ready replica.
     require_access(settings, access)
+    require_keyring(settings)
     serve(settings, with_workers=args.with_workers)
     return 0
 
@@ -703,6 +716,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args, settings)
     except UserError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except KeyringError as exc:  # a command that signs or verifies task identities
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -421,6 +421,47 @@ class AuthSettings(BaseModel):
         return self
 
 
+class IdentitySettings(BaseModel):
+    """The keys that sign task identities (``BRIDGE_IDENTITY__*``; docs/operations.md, "Task
+    identity keys"). Only records signed by one of them (or honoured by the upgrade rule) define
+    a task: a pipeline with WRITE on the events topic appends events but never creates one.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    #: The keyring file: one ``<key id> <base64 key of 32+ bytes>`` per line, the signing key
+    #: first, older keys after it (they still verify). Read at start; wins over ``keys``.
+    keys_file: Path | None = None
+    #: The same text inline (a secret: never logged, no repr).
+    keys: SecretStr | None = None
+    #: Neither set: replicas (``ownership = "group"``) derive a key from the peer secret; one
+    #: process (``"all"``) makes a development key here once (0600) and warns. A read-only or
+    #: missing home refuses to start with the setting to fix.
+    dev_keys_file: Path = Path.home() / ".local" / "state" / "mcp-kafka-bridge" / "identity.keys"
+
+    @field_validator("keys_file")
+    @classmethod
+    def _keys_file_exists(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
+
+    def keyring_text(self) -> str | None:
+        """The configured keyring's text (the file wins), or None."""
+        return _read_secret(self.keys, self.keys_file)
+
+    @model_validator(mode="after")
+    def _keyring_usable(self) -> Self:
+        # Refused at load, in one line naming the setting (never the key), not at first use.
+        text = self.keyring_text()
+        if text is not None:
+            from bridge.keyring import KeyringError, parse_keyring
+
+            try:
+                parse_keyring(text)
+            except KeyringError as exc:
+                raise ValueError(f"{env_name('identity', 'keys_file')}: {exc}") from None
+        return self
+
+
 class TracingSettings(BaseModel):
     """OpenTelemetry tracing (docs/operations.md "Tracing"): off by default.
 
@@ -793,6 +834,8 @@ class Settings(BaseSettings):
     view_retry_ms: int = Field(1000, ge=100, le=60_000)
     #: OpenTelemetry tracing (off by default; ``BRIDGE_TRACING__*``).
     tracing: TracingSettings = TracingSettings()
+    #: Task identity keys (``BRIDGE_IDENTITY__*``).
+    identity: IdentitySettings = IdentitySettings()
 
     @field_validator("view_token_secret_file")
     @classmethod

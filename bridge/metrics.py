@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.events import TaskStatus
@@ -81,6 +81,22 @@ class _TaskCounts(Collector):
                     counts[status] += count
         for status, count in counts.items():
             family.add_metric([status.wire], count)
+        yield family
+
+
+class _RefusedIdentities(Collector):
+    """``bridge_identity_records_refused_total``: ``task.created`` records the indexer refused
+    to take an identity from (unsigned after the upgrade offset, or forged), at scrape time."""
+
+    def __init__(self) -> None:
+        self.indexer: Indexer | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "bridge_identity_records_refused",
+            "task.created records that define nothing: no valid signature of the task identity",
+        )
+        family.add_metric([], self.indexer.refused_identities if self.indexer else 0)
         yield family
 
 
@@ -275,9 +291,12 @@ class Metrics:
         )
         self._tasks = _TaskCounts()
         r.register(self._tasks)
+        self._refused_identities = _RefusedIdentities()
+        r.register(self._refused_identities)
 
     def attach(self, indexer: Indexer) -> None:
         self._tasks.indexer = indexer
+        self._refused_identities.indexer = indexer
         self.events_partitions.set(indexer.partition_count)
         self.owned_partitions.set(len(indexer.partitions))
         indexer.add_ownership_listener(lambda gained, lost: self._moved(indexer, gained, lost))

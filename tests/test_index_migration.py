@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from support.layout import make_settings
+from support.legacy_index import legacy_marker_value, legacy_task_value
 from support.waits import BOUND, wait_until
 
 from bridge.cli import main
@@ -33,7 +34,7 @@ async def _old_layout_index(settings, *, index_partitions: int) -> dict[int, dic
     async with Indexer(settings) as counted:
         await counted.catch_up()
         expected = {p: idx.entries() for p, idx in counted.partitions.items()}
-        markers = {p: idx.marker() for p, idx in counted.partitions.items()}
+        markers = {p: (idx.through, idx.lost_before) for p, idx in counted.partitions.items()}
     if index_partitions != PARTITIONS:
         await _recreate_index_topic(settings, index_partitions)
     producer = plain_producer(settings)
@@ -44,10 +45,12 @@ async def _old_layout_index(settings, *, index_partitions: int) -> dict[int, dic
                 await producer.send_and_wait(
                     settings.topics.index,
                     key=task_key(task_id),
-                    value=b"\x01" + entry.encode(p)[1:],
+                    value=legacy_task_value(entry, p, version=1),
                 )
             await producer.send_and_wait(
-                settings.topics.index, key=marker_key(p), value=b"\x01" + markers[p][1:]
+                settings.topics.index,
+                key=marker_key(p),
+                value=legacy_marker_value(*markers[p], version=1),
             )
     finally:
         await producer.stop()

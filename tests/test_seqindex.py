@@ -13,12 +13,16 @@ from bridge.log.seqindex import (
     IndexRecordError,
     MarkerRecord,
     PartitionIndex,
+    TaskIdentity,
     TaskRecord,
     decode_index_record,
     marker_key,
     owner_key,
     task_key,
 )
+
+#: A signed identity (what the indexer passes for the bridge's own task.created).
+IDENTITY = TaskIdentity(owner_key("c" * 32), 1000, -1, 500)
 
 # A partition log: a list of task keys in offset order, with gaps for markers/aborted records.
 logs = st.lists(st.tuples(st.sampled_from("abcde"), st.integers(1, 3)), max_size=200)
@@ -72,7 +76,7 @@ def test_restoring_any_snapshot_and_replaying_from_older_positions_derives_the_s
 
 def test_status_folds_and_terminal_status_sticks():
     idx = PartitionIndex(0, 64)
-    idx.apply("t", 0, created=True)
+    idx.apply("t", 0, created=True, identity=IDENTITY, signed=True)
     assert idx.get("t").status is TaskStatus.WORKING
     idx.apply("t", 1, status=TaskStatus.INPUT_REQUIRED)
     idx.apply("t", 2, status=TaskStatus.COMPLETED)
@@ -87,7 +91,7 @@ def test_losing_records_to_retention_untrusts_known_tasks_and_foreign_new_ones()
     idx.apply("old", 0)
     idx.mark_lost(100)
     assert not idx.get("old").trusted
-    idx.apply("ours", 100, created=True)
+    idx.apply("ours", 100, created=True, identity=IDENTITY, signed=True)
     idx.apply("foreign", 101)
     assert idx.get("ours").trusted
     assert not idx.get("foreign").trusted
@@ -122,7 +126,9 @@ ATTACKER = "b" * 32
 def _feed(idx: PartitionIndex, offset: int, suffix: str, payload: dict) -> int | None:
     event = TaskEvent(f"{PREFIX}.{suffix}", payload, None, 0)
     created, status, identity = task_facts_of(event, PREFIX)
-    return idx.apply("t", offset, created=created, status=status, identity=identity)
+    # Signed, as the bridge writes it: the rule of the index is under test here, not the MAC.
+    signed = created
+    return idx.apply("t", offset, created=created, status=status, identity=identity, signed=signed)
 
 
 def _created(owner: str, created_ms: int = 1000) -> dict:

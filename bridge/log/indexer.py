@@ -21,6 +21,13 @@ seq for every record.
 If retention deletes records before they were counted (``through`` below the log start
 offset), the partition is marked lost: tasks known then become untrusted, and later tasks are
 trusted only if their first record is the bridge's own ``task.created``.
+
+A ``task.created`` defines its task only when it is authentic: signed with a key of the
+process's keyring (:mod:`bridge.log.identity`), or written before identities were signed. That
+upgrade rule is per partition: when a partition's restored marker is of a version before
+signing (8fd441c), the indexer records the partition's current end as ``unsigned_below``,
+once, and persists it with the marker; unsigned records below it keep their meaning, none
+written after it does. Refused records are ordinary events (:attr:`Indexer.refused_identities`).
 """
 
 from __future__ import annotations
@@ -52,8 +59,10 @@ from bridge.kafka.clients import (
 )
 from bridge.kafka.ownership import OwnershipAssignor
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
+from bridge.log.identity import Keyring, is_signed, load_keyring
 from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
 from bridge.log.seqindex import (
+    UNSIGNED_UNDECIDED,
     IndexRecordError,
     MarkerRecord,
     PartitionIndex,
@@ -214,8 +223,10 @@ async def load_index(
             continue  # only with strict_layout off: another slice's record
         if isinstance(record, TaskRecord):
             target.restore_task(record.task_id, record.entry)
+        elif record.version < 3:  # indexed before identities were signed: the upgrade rule
+            target.restore_marker(record.through, record.lost_before, UNSIGNED_UNDECIDED)
         else:
-            target.restore_marker(record.through, record.lost_before)
+            target.restore_marker(record.through, record.lost_before, record.unsigned_below)
     return index
 
 
@@ -257,6 +268,7 @@ class Indexer(Component):
         *,
         persist: bool = False,
         flush_interval_s: float = 0.5,
+        keyring: Keyring | None = None,
     ) -> None:
         self.settings = settings
         self.persist = persist
@@ -270,6 +282,11 @@ class Indexer(Component):
         self._decoder = RecordDecoder(
             settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
         )
+        #: Verifies the signature of every ``task.created`` record.
+        self.keyring = keyring if keyring is not None else load_keyring(settings)
+        #: ``task.created`` records refused by partitions no longer owned (see
+        #: :attr:`refused_identities`).
+        self._refused_before = 0
         #: Partitions whose writer a newer writer fenced (in ``all`` mode they go on unpersisted).
         self.fenced: set[int] = set()
         self.rebalances = 0
@@ -380,6 +397,7 @@ class Indexer(Component):
         self.restore_seconds = time.perf_counter() - started
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         begins = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
         for tp in tps:
             idx = restored[tp.partition]
             idx.track_dirty = self.persist
@@ -387,6 +405,8 @@ class Indexer(Component):
                 self._lost(idx, begins[tp])
             self.partitions[tp.partition] = idx
             self._persisted_markers[tp.partition] = idx.marker()
+            if idx.unsigned_below == UNSIGNED_UNDECIDED:
+                self._upgrade(idx, ends[tp])
             self._updates[tp.partition] = []
             consumer.seek(tp, idx.through)
         log.info(
@@ -395,6 +415,24 @@ class Indexer(Component):
             sum(len(restored[p]) for p in parts),
             self.restore_seconds,
         )
+
+    def _upgrade(self, idx: PartitionIndex, end: int) -> None:
+        """The upgrade rule: every record the partition held when this version first took it
+        was written before identities were signed; a ``task.created`` among them still counts.
+        Persisted with the next flush (the marker is written even if nothing else changed)."""
+        idx.unsigned_below = end
+        self._persisted_markers.pop(idx.partition, None)
+        log.warning(
+            "events partition %d was indexed by a version that did not sign task identities: "
+            "unsigned task.created records below offset %d are honoured, none after it",
+            idx.partition,
+            end,
+        )
+
+    @property
+    def refused_identities(self) -> int:
+        """``task.created`` records this process refused (unsigned or forged), in all."""
+        return self._refused_before + sum(idx.refused for idx in self.partitions.values())
 
     async def _open_writer(self, partition: int) -> None:
         writer = transactional_producer(
@@ -413,7 +451,8 @@ class Indexer(Component):
                 await self._flush_partition(p)
         await self._close_writers(parts)
         for p in parts:
-            self.partitions.pop(p, None)
+            gone = self.partitions.pop(p, None)
+            self._refused_before += gone.refused if gone is not None else 0
             self._persisted_markers.pop(p, None)
             self._updates.pop(p, None)
         log.info("no longer owning events partitions %s", sorted(parts))
@@ -555,8 +594,11 @@ class Indexer(Component):
         # Only the bridge's own created and status records are decoded here (the facts); the
         # rest is decoded when a listener reads the event, if one ever does.
         (created, status, identity), event = self._decoder.facts(record)
+        signed = created and is_signed(self.keyring, task_id, event, identity, record.headers)
         before = idx.folded_status(task_id) if self.persist else None
-        seq = idx.apply(task_id, record.offset, created=created, status=status, identity=identity)
+        seq = idx.apply(
+            task_id, record.offset, created=created, status=status, identity=identity, signed=signed
+        )
         if seq is None:
             return
         if self.persist:
@@ -595,6 +637,7 @@ class Indexer(Component):
         self._updates[idx.partition].append(
             TaskUpdate(
                 owner=after[2],
+                full_owner=not idx.owner_is_prefix(task_id),
                 task_id=task_id,
                 seq=seq,
                 status=TaskStatus(after[0]).wire,

@@ -37,8 +37,6 @@ from bridge.kafka.clients import (
 from bridge.log.indexer import read_to_end, topic_partitions
 from bridge.log.seqindex import (
     IndexRecordError,
-    MarkerRecord,
-    PartitionIndex,
     decode_index_record,
 )
 
@@ -83,7 +81,7 @@ async def migrate_index(
         except IndexRecordError as exc:
             raise IndexRecordError(f"cannot migrate {key[:40]!r}: {exc}") from None
         target = record.partition
-        if record.version == 2 and slice_ == target:
+        if record.version >= 2 and slice_ == target:
             continue
         writes[target].append((target, key, _reencoded(record, value)))
         report.rewritten += 1
@@ -99,9 +97,9 @@ async def migrate_index(
 
 
 def _reencoded(record: object, value: bytes) -> bytes:
-    if isinstance(record, MarkerRecord):
-        return PartitionIndex(record.partition, 1, record.through, record.lost_before).marker()
-    # A task record's bytes differ from version 2 only in the version byte.
+    # Task and marker records of version 1 differ from version 2 only in the version byte.
+    # They stay version 2 (not the current 3): the partition was indexed before task
+    # identities were signed, which the indexer's upgrade rule needs to know.
     return bytes([2]) + value[1:]
 
 

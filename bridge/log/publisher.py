@@ -15,6 +15,7 @@ from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.log.identity import Keyring, load_keyring
 from bridge.tracing import record_headers
 
 __all__ = ["EventTooLarge", "Published", "TaskEventPublisher", "UnprefixedEventType"]
@@ -54,10 +55,25 @@ class Published:
 class TaskEventPublisher(Component):
     """Publishes task events; use as ``async with TaskEventPublisher(settings) as pub``."""
 
-    def __init__(self, settings: Settings, *, fmt: Literal["avro", "json"] = "avro") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        fmt: Literal["avro", "json"] = "avro",
+        keyring: Keyring | None = None,
+    ) -> None:
         self.settings = settings
         self.fmt: Literal["avro", "json"] = fmt
         self._producer: AIOKafkaProducer | None = None
+        self._keyring = keyring
+
+    @property
+    def keyring(self) -> Keyring:
+        """The keys that sign the task identities this publisher writes (loaded on first use:
+        a pipeline's publisher never needs them)."""
+        if self._keyring is None:
+            self._keyring = load_keyring(self.settings)
+        return self._keyring
 
     async def start(self) -> None:
         self._producer = idempotent_producer(self.settings, role="publisher")
@@ -96,17 +112,19 @@ class TaskEventPublisher(Component):
         *,
         meta: dict[str, Any] | None = None,
         timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> Published:
-        """Publish one event and wait until Kafka acknowledged it on all in-sync replicas."""
+        """Publish one event and wait until Kafka acknowledged it on all in-sync replicas;
+        ``headers`` are added to the record's (the bridge's own identity signature)."""
         if self._producer is None:
             raise RuntimeError("publisher not started: use `async with TaskEventPublisher(...)`")
         if not task_id:
             raise ValueError("task_id must be a non-empty string")
-        value, headers = self.encode(event_type, payload, meta, timestamp_ms)
+        value, own = self.encode(event_type, payload, meta, timestamp_ms)
         metadata = await self._producer.send_and_wait(
             self.settings.topics.events,
             key=task_id.encode("utf-8"),
             value=value,
-            headers=[*headers, *record_headers()],  # the current trace context, if tracing
+            headers=[*own, *(headers or ()), *record_headers()],  # trace context, if tracing
         )
         return Published(metadata.partition, metadata.offset)

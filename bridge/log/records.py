@@ -7,7 +7,7 @@ describing why, so no event is ever dropped and no bad record can crash a reader
 :func:`task_facts_of` reads the facts a record may state about its task (created, a status). Anyone who can write
 to the events topic writes records, so it is strict: a status counts only under its exact wire
 name, and an identity only from a well-formed ``task.created`` payload (the index then takes
-it only from the task's seq 0).
+it only from the task's seq 0, and only when the record is signed: :mod:`bridge.log.identity`).
 
 The tail decodes only what the index folds (:class:`RecordDecoder`, :meth:`~RecordDecoder.facts`):
 the key, and the whole event only when the record may be the bridge's own ``task.created`` or
@@ -135,7 +135,7 @@ def _identity(payload: dict[str, Any]) -> TaskIdentity | None:
     owner, created, ttl, poll = (
         payload.get(k) for k in ("owner", "createdMs", "ttlMs", "pollIntervalMs")
     )
-    if not (isinstance(owner, str) and len(owner) >= 16 and _count(created) and _count(poll)):
+    if not (isinstance(owner, str) and _count(created) and _count(poll)):
         return None
     if ttl is not None and not _count(ttl):
         return None

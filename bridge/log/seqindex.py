@@ -12,10 +12,16 @@ records before they were counted, the offset where counting resumed (``lost_befo
 
 Index records (the compacted ``<prefix>.task-index`` topic) are small fixed-layout structs:
 
-* key ``t:<taskId>`` → ``<B i q q B B q q q q q`` (version, partition, next_seq, last_offset,
-  status, flags, status_offset, owner, created_ms, ttl_ms, poll_ms) followed by ``<q q`` per
-  checkpoint;
-* key ``p:<partition>`` → ``<B q q`` (version, through, lost_before).
+* key ``t:<taskId>`` → ``<B i q q B B q Q Q q q q`` (version 3: version, partition, next_seq,
+  last_offset, status, flags, status_offset, owner (128 bits, high then low half), created_ms,
+  ttl_ms, poll_ms) followed by ``<q q`` per checkpoint;
+* key ``p:<partition>`` → ``<B q q q`` (version 3: version, through, lost_before,
+  unsigned_below).
+
+Versions 1 and 2 (8fd441c and before) are still read: their owner is the digest's first 64
+bits (the entry is marked :data:`FLAG_OWNER_PREFIX` and compared on those bits only), and a
+version 2 marker means the partition was indexed before identities were signed
+(:attr:`PartitionIndex.unsigned_below` is then chosen by the indexer, once).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from dataclasses import dataclass
 from bridge.events import TERMINAL_STATUSES, TaskStatus
 
 __all__ = [
+    "FLAG_OWNER_PREFIX",
     "FLAG_UNTRUSTED",
+    "UNSIGNED_UNDECIDED",
     "IndexRecordError",
     "MarkerRecord",
     "PartitionIndex",
@@ -39,6 +47,7 @@ __all__ = [
     "decode_index_record",
     "marker_key",
     "owner_key",
+    "owner_prefix",
     "task_key",
 ]
 
@@ -48,30 +57,47 @@ _STATUS_OF = {int(status): status for status in TaskStatus}
 #: 2: the co-partitioned layout (a record lives in the index partition numbered like its events
 #: partition); the bytes are those of 1, which was written wherever the key hashed. Version 1
 #: records are still decoded, for ``bridge index migrate``, and refused when restoring.
-_VERSION = 2
-_READABLE = (1, 2)
-_TASK = struct.Struct("<BiqqBBqqqqq")
+#: 3: 128-bit owners, and the marker's ``unsigned_below``.
+_VERSION = 3
+_READABLE = (1, 2, 3)
+_TASK = struct.Struct("<BiqqBBqQQqqq")
+_TASK_V2 = struct.Struct("<BiqqBBqqqqq")
 _CHECKPOINT = struct.Struct("<qq")
-_MARKER = struct.Struct("<Bqq")
+_MARKER = struct.Struct("<Bqqq")
+_MARKER_V2 = struct.Struct("<Bqq")
+_LOW64 = (1 << 64) - 1
+_HEX = frozenset("0123456789abcdef")
 
 #: The task's count may have missed records that retention deleted before they were indexed.
 FLAG_UNTRUSTED = 1
+#: Only the owner's first 64 bits are known (an entry persisted by 8fd441c or before).
+FLAG_OWNER_PREFIX = 2
+#: A restored marker predates signed identities: the indexer decides ``unsigned_below``.
+UNSIGNED_UNDECIDED = -1
 
 
 @dataclass(frozen=True, slots=True)
 class TaskIdentity:
     """What a ``task.created`` event says of its task, as the index keeps it."""
 
-    owner: int
+    owner: int  # the 128-bit owner key
     created_ms: int
     ttl_ms: int  # -1: unlimited
     poll_ms: int
 
 
 def owner_key(digest: str) -> int:
-    """The index's 64-bit signed form of a principal digest (its first 16 hex digits)."""
-    value = int(digest[:16], 16)
-    return value - (1 << 64) if value >= 1 << 63 else value
+    """The index's form of a principal digest: its 128 bits (exactly 32 lowercase hex digits,
+    as :func:`bridge.tasks.messages.owner_digest` writes them) as an unsigned int."""
+    if len(digest) != 32 or not _HEX.issuperset(digest):
+        raise ValueError("an owner digest is 32 lowercase hex digits")
+    return int(digest, 16)
+
+
+def owner_prefix(owner: int) -> int:
+    """The first 64 bits of an owner key: all an entry of 8fd441c holds, and the task-updates
+    topic's record key."""
+    return owner >> 64
 
 
 class IndexRecordError(ValueError):
@@ -113,6 +139,15 @@ class TaskEntry:
     def trusted(self) -> bool:
         return not self.flags & FLAG_UNTRUSTED
 
+    def owned_by(self, owner: int) -> bool:
+        """Whether the owner key ``owner`` owns this task: on all 128 bits, or on the first 64
+        for an entry that holds no more (:data:`FLAG_OWNER_PREFIX`). Never for no owner."""
+        if self.owner == 0:
+            return False
+        if self.flags & FLAG_OWNER_PREFIX:
+            return owner_prefix(self.owner) == owner_prefix(owner)
+        return self.owner == owner
+
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
@@ -150,7 +185,8 @@ class TaskEntry:
             int(self.status),
             self.flags,
             self.status_offset,
-            self.owner,
+            self.owner >> 64,
+            self.owner & _LOW64,
             self.created_ms,
             self.ttl_ms,
             self.poll_ms,
@@ -173,9 +209,10 @@ class PartitionIndex:
     """The derived state of one events partition, stored by columns.
 
     A task is a row: ``rows`` maps its id to a row number, and each field lives in a compact
-    column (``array("q")`` or ``bytearray``), so a task costs its id, a dict slot and about 66
-    bytes. Checkpoint seq 0 is the task's first offset; later checkpoints live in a side table
-    only for tasks that have them. :class:`TaskEntry` is built on lookup, as a snapshot.
+    column (``array("q")``, ``array("Q")`` for the owner's halves, or ``bytearray``), so a task
+    costs its id, a dict slot and about 74 bytes. Checkpoint seq 0 is the task's first offset;
+    later checkpoints live in a side table only for tasks that have them. :class:`TaskEntry` is
+    built on lookup, as a snapshot.
     """
 
     def __init__(
@@ -186,11 +223,17 @@ class PartitionIndex:
         lost_before: int = -1,
         *,
         track_dirty: bool = True,
+        unsigned_below: int = 0,
     ) -> None:
         self.partition = partition
         self.checkpoint_interval = checkpoint_interval
         self.through = through
         self.lost_before = lost_before
+        #: Unsigned ``task.created`` records below this offset were written before identities
+        #: were signed (the upgrade rule) and still define their task; 0: none is honoured.
+        self.unsigned_below = unsigned_below
+        #: ``task.created`` records refused since this index was made (unsigned, forged).
+        self.refused = 0
         #: Only a persisting indexer needs to know which rows changed since its last flush.
         self.track_dirty = track_dirty
         self.dirty: set[str] = set()
@@ -201,7 +244,8 @@ class PartitionIndex:
         self._status_offset = array("q")
         self._status = bytearray()
         self._flags = bytearray()
-        self._owner = array("q")
+        self._owner_hi = array("Q")
+        self._owner_lo = array("Q")
         self._created = array("q")
         self._ttl = array("q")
         self._poll = array("q")
@@ -223,7 +267,8 @@ class PartitionIndex:
         self._last_offset.append(-1)
         self._status.append(TaskStatus.UNKNOWN)
         self._flags.append(0)
-        self._owner.append(0)
+        self._owner_hi.append(0)
+        self._owner_lo.append(0)
         self._created.append(0)
         self._ttl.append(-1)
         self._poll.append(0)
@@ -241,7 +286,7 @@ class PartitionIndex:
         entry.status = _STATUS_OF[self._status[row]]  # TaskStatus(code) costs ~1 µs a call
         entry.status_offset = self._status_offset[row]
         entry.flags = self._flags[row]
-        entry.owner = self._owner[row]
+        entry.owner = self._owner_of(row)
         entry.created_ms = self._created[row]
         entry.ttl_ms = self._ttl[row]
         entry.poll_ms = self._poll[row]
@@ -252,6 +297,9 @@ class PartitionIndex:
             if more is not None:
                 entry.checkpoints.extend(more)
         return entry
+
+    def _owner_of(self, row: int) -> int:
+        return (self._owner_hi[row] << 64) | self._owner_lo[row]
 
     def items(self) -> Iterator[tuple[str, TaskEntry]]:
         for task_id, row in self.rows.items():
@@ -272,7 +320,12 @@ class PartitionIndex:
         row = self.rows.get(task_id)
         if row is None:
             return None
-        return self._status[row], self._status_offset[row], self._owner[row]
+        return self._status[row], self._status_offset[row], self._owner_of(row)
+
+    def owner_is_prefix(self, task_id: str) -> bool:
+        """Whether the task's owner key holds only the digest's first 64 bits."""
+        row = self.rows.get(task_id)
+        return row is not None and bool(self._flags[row] & FLAG_OWNER_PREFIX)
 
     def status_counts(self) -> dict[TaskStatus, int]:
         return {status: self._status.count(int(status)) for status in TaskStatus}
@@ -290,17 +343,26 @@ class PartitionIndex:
         created: bool = False,
         status: TaskStatus | None = None,
         identity: TaskIdentity | None = None,
+        signed: bool = False,
     ) -> int | None:
         """Count the committed record at ``offset``; return its seq, or None if already counted.
 
         ``created`` marks the bridge's own ``task.created`` event; ``status`` the status a status
-        event announces. Records must be applied in offset order.
+        event announces; ``signed`` that the record carries a valid signature of ``identity``
+        (:mod:`bridge.log.identity`). Records must be applied in offset order.
 
-        Only a ``task.created`` at seq 0 defines the task (status working, and ``identity``):
-        the bridge always writes it first under a fresh random id, so any later one is some
-        producer's ordinary event that keeps its seq and changes nothing. A status changes the
-        task only until it is terminal.
+        Only an authentic ``task.created`` at seq 0 defines the task (status working, and
+        ``identity``): the bridge always writes it first under a fresh random id, so any later
+        one is some producer's ordinary event that keeps its seq and changes nothing.
+        Authentic means signed, or (the upgrade rule) unsigned below :attr:`unsigned_below` in
+        a partition whose records were all counted (after a loss, the first record left of a
+        task may be any later one). Any other ``task.created`` is an ordinary event, counted
+        in :attr:`refused`. A status changes the task only until it is terminal.
         """
+        if created and not self._authentic(offset, identity, signed):
+            created = False
+            if offset >= self.through:  # counted once, not again on a re-read
+                self.refused += 1
         row = self.rows.get(task_id)
         if row is None:
             row = self._new_row(task_id)
@@ -330,11 +392,18 @@ class PartitionIndex:
             self.dirty.add(task_id)
         return seq
 
+    def _authentic(self, offset: int, identity: TaskIdentity | None, signed: bool) -> bool:
+        if identity is None:
+            return False
+        # UNSIGNED_UNDECIDED (-1) honours nothing until the indexer decides.
+        return signed or (offset < self.unsigned_below and self.lost_before < 0)
+
     def _define(self, row: int, offset: int, identity: TaskIdentity | None) -> None:
         self._status[row] = TaskStatus.WORKING
         self._status_offset[row] = offset
         if identity is not None:
-            self._owner[row] = identity.owner
+            self._owner_hi[row] = identity.owner >> 64
+            self._owner_lo[row] = identity.owner & _LOW64
             self._created[row] = identity.created_ms
             self._ttl[row] = identity.ttl_ms
             self._poll[row] = identity.poll_ms
@@ -358,7 +427,7 @@ class PartitionIndex:
         self.through = log_start
 
     def marker(self) -> bytes:
-        return _MARKER.pack(_VERSION, self.through, self.lost_before)
+        return _MARKER.pack(_VERSION, self.through, self.lost_before, self.unsigned_below)
 
     def restore_task(self, task_id: str, entry: TaskEntry) -> None:
         row = self.rows.get(task_id)
@@ -369,7 +438,8 @@ class PartitionIndex:
         self._status[row] = entry.status
         self._status_offset[row] = entry.status_offset
         self._flags[row] = entry.flags
-        self._owner[row] = entry.owner
+        self._owner_hi[row] = entry.owner >> 64
+        self._owner_lo[row] = entry.owner & _LOW64
         self._created[row] = entry.created_ms
         self._ttl[row] = entry.ttl_ms
         self._poll[row] = entry.poll_ms
@@ -380,9 +450,10 @@ class PartitionIndex:
         else:
             self._more_checkpoints.pop(row, None)
 
-    def restore_marker(self, through: int, lost_before: int) -> None:
+    def restore_marker(self, through: int, lost_before: int, unsigned_below: int = 0) -> None:
         self.through = through
         self.lost_before = lost_before
+        self.unsigned_below = unsigned_below
 
 
 _TERMINAL_CODES = frozenset(int(s) for s in TERMINAL_STATUSES)
@@ -412,46 +483,50 @@ class MarkerRecord:
     through: int
     lost_before: int
     version: int = _VERSION
+    unsigned_below: int = 0
 
 
 def decode_index_record(key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
     """Decode one index topic record; raises :class:`IndexRecordError` on anything unknown."""
     try:
         if key.startswith(b"t:"):
-            (
-                version,
-                partition,
-                next_seq,
-                last_offset,
-                status,
-                flags,
-                status_offset,
-                owner,
-                created_ms,
-                ttl_ms,
-                poll_ms,
-            ) = _TASK.unpack_from(value)
-            if version not in _READABLE or (len(value) - _TASK.size) % _CHECKPOINT.size:
-                raise IndexRecordError(f"task record of version {version}, {len(value)} bytes")
-            entry = TaskEntry()
-            entry.next_seq = next_seq
-            entry.last_offset = last_offset
-            entry.status = TaskStatus(status)
-            entry.flags = flags
-            entry.status_offset = status_offset
-            entry.owner = owner
-            entry.created_ms = created_ms
-            entry.ttl_ms = ttl_ms
-            entry.poll_ms = poll_ms
-            entry.checkpoints.frombytes(value[_TASK.size :])
-            return TaskRecord(key[2:].decode("utf-8"), partition, entry, version)
+            return _task_record(key[2:].decode("utf-8"), value)
         if key.startswith(b"p:"):
-            version, through, lost_before = _MARKER.unpack(value)
-            if version not in _READABLE:
-                raise IndexRecordError(f"marker record of version {version}")
-            return MarkerRecord(int(key[2:]), through, lost_before, version)
+            return _marker_record(int(key[2:]), value)
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         if isinstance(exc, IndexRecordError):
             raise
         raise IndexRecordError(f"undecodable index record {key[:40]!r}: {exc}") from None
     raise IndexRecordError(f"unknown index record key {key[:40]!r}")
+
+
+def _task_record(task_id: str, value: bytes) -> TaskRecord:
+    version = value[0] if value else 0
+    layout = _TASK if version == _VERSION else _TASK_V2
+    if version not in _READABLE or (len(value) - layout.size) % _CHECKPOINT.size:
+        raise IndexRecordError(f"task record of version {version}, {len(value)} bytes")
+    fields = layout.unpack_from(value)
+    entry = TaskEntry()
+    (_, partition, entry.next_seq, entry.last_offset, status, entry.flags) = fields[:6]
+    entry.status = TaskStatus(status)
+    entry.status_offset = fields[6]
+    if version == _VERSION:
+        entry.owner = (fields[7] << 64) | fields[8]
+    elif fields[7]:
+        # 8fd441c kept the digest's first 64 bits (signed): that much, and say so.
+        entry.owner = (fields[7] & _LOW64) << 64
+        entry.flags |= FLAG_OWNER_PREFIX
+    entry.created_ms, entry.ttl_ms, entry.poll_ms = fields[-3:]
+    entry.checkpoints.frombytes(value[layout.size :])
+    return TaskRecord(task_id, partition, entry, version)
+
+
+def _marker_record(partition: int, value: bytes) -> MarkerRecord:
+    version = value[0] if value else 0
+    if version == _VERSION:
+        _, through, lost_before, unsigned_below = _MARKER.unpack(value)
+        return MarkerRecord(partition, through, lost_before, version, unsigned_below)
+    if version not in _READABLE:
+        raise IndexRecordError(f"marker record of version {version}")
+    _, through, lost_before = _MARKER_V2.unpack(value)
+    return MarkerRecord(partition, through, lost_before, version)

@@ -90,6 +90,10 @@ def owner_record_key(principal: str) -> bytes:
     return owner_hex(owner_key(owner_digest(principal))).encode("ascii")
 
 
+def _owner_of(principal: str) -> int:
+    return owner_key(owner_digest(principal))
+
+
 class TaskUpdates(OffsetSource):
     """Status changes of the caller's tasks (see the module docstring)."""
 
@@ -120,12 +124,12 @@ class TaskUpdates(OffsetSource):
         partition = partitions[partition_for_key(key, len(partitions))]
         return Selection(
             (partition,),
-            functools.partial(self._match, key, task_id),
+            functools.partial(self._match, key, _owner_of(principal), task_id),
             ends=functools.partial(_ends_the_task, task_id),
             over=over,
         )
 
-    def _match(self, key: bytes, task_id: str | None, record: Record) -> Found | None:
+    def _match(self, key: bytes, owner: int, task_id: str | None, record: Record) -> Found | None:
         if record.key != key:
             return None  # another principal's: not even decoded
         try:
@@ -133,6 +137,8 @@ class TaskUpdates(OffsetSource):
         except UpdateRecordError:
             self.skips.add("unreadable")
             return None
+        if not update.matches(owner):
+            return None  # the same first 64 bits, another principal
         if TaskStatus.from_wire(update.status) is None:
             self.skips.add("unknown_status")
             return None

@@ -410,7 +410,7 @@ class TaskService:
     async def get(self, task_id: str, principal: str) -> TaskView:
         """The task as tasks/get shows it; :class:`TaskNotFound` for unknown/expired/foreign."""
         partition, entry = await self._lookup(task_id)
-        if entry.owner == 0 or entry.owner != owner_key(owner_digest(principal)):
+        if not entry.owned_by(owner_key(owner_digest(principal))):
             # Answer exactly like an unknown id, in time too: an unknown id costs a catch-up.
             await self._catch_up()
             raise TaskNotFound()

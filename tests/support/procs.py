@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge.config import Settings
+from bridge.log.identity import keyring_env
 
 from .layout import create_served_topics
 from .waits import wait_until_sync
@@ -91,6 +92,7 @@ def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
     )
     if settings.kafka_request_timeout_ms is not None:
         env["BRIDGE_KAFKA_REQUEST_TIMEOUT_MS"] = str(settings.kafka_request_timeout_ms)
+    env.update(keyring_env(settings))  # replicas verify what the test's publishers sign
     env.update(extra)
     return env
 
