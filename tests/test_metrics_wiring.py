@@ -10,6 +10,7 @@ lookups stopped counting, and so did the canary's own seq-gap counter.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import re
@@ -22,6 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from support.imports import bridge_modules
 from support.layout import fresh_prefix, make_settings
 from support.served import Served, serving
 from support.waits import BOUND, wait_until
@@ -168,6 +170,25 @@ async def test_every_dashboard_metric_is_registered_once_in_the_registry_metrics
     suffixes = ("", "_bucket", "_count", "_sum")
     unserved = sorted(n for n in wanted if not any(n.removesuffix(s) in typed for s in suffixes))
     assert not unserved, f"not served by /metrics: {unserved}"
+
+
+def test_only_the_composition_makes_metrics_and_wires_the_reader_and_the_stream_hubs() -> None:
+    # A Metrics() built anywhere else is a registry nobody scrapes (the canary's was); the
+    # reader's reports and each hub's are given to their constructors, by the composition.
+    made: dict[str, int] = {}
+    for name, path in bridge_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                callee = node.func
+                called = callee.id if isinstance(callee, ast.Name) else getattr(callee, "attr", "")
+                wires = called == "Reader" and any(
+                    k.arg and k.arg.startswith("on_") for k in node.keywords
+                )
+                if called in ("Metrics", "StreamHub") or wires:
+                    key = f"{name}: {called}"
+                    made[key] = made.get(key, 0) + 1
+    app = "bridge.server.app"
+    assert made == {f"{app}: Metrics": 1, f"{app}: Reader": 1, f"{app}: StreamHub": 2}, made
 
 
 # --- counting with the canary on --------------------------------------------------------------
