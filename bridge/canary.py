@@ -23,7 +23,9 @@ per probe.
 Metrics (docs/operations.md): ``bridge_canary_probes_total{partition}``,
 ``bridge_canary_lost_total{partition}`` and ``bridge_canary_latency_seconds``. The canary's
 streams run in a hub of their own, the same class over the same indexer, reader and fan-out,
-whose metrics nobody scrapes: the ``bridge_stream_*`` series stay the clients' own.
+built by the composition with reports that leave the ``bridge_stream_*`` series to the clients
+(:meth:`~bridge.metrics.Metrics.canary_streams`) but count a seq gap in the served
+``bridge_stream_seq_gaps_total``; the shared reader's scan and lookup metrics go on counting.
 """
 
 from __future__ import annotations
@@ -39,10 +41,8 @@ from dataclasses import dataclass, field
 from bridge.component import Component, cancel_and_wait
 from bridge.config import Settings, ToolSpec
 from bridge.events import StatusPayload
-from bridge.log.fanout import Fanout
 from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.publisher import TaskEventPublisher
-from bridge.log.reader import Reader
 from bridge.metrics import Metrics
 from bridge.server.admission import Caller, Ticket
 from bridge.server.streams import StreamHub
@@ -95,17 +95,16 @@ class Canary(Component):
         self,
         settings: Settings,
         indexer: Indexer,
-        reader: Reader,
-        fanout: Fanout,
+        hub: StreamHub,
         publisher: TaskEventPublisher,
         metrics: Metrics,
     ) -> None:
+        """``hub``: the canary's own (see the module doc), not the clients'."""
         self.settings = settings
         self.indexer = indexer
         self.publisher = publisher
         self.metrics = metrics
-        # A hub of its own (see the module doc): client-facing stream metrics stay clean.
-        self.hub = StreamHub(settings, indexer, reader, fanout, Metrics())
+        self.hub = hub
         types = settings.own_types
         self._types = types
         self.probe_type = f"{types.prefix}.{PROBE_SUFFIX}"

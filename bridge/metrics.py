@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from bridge.log.indexer import Indexer
     from bridge.log.reader import Reader
 
-__all__ = ["HOP_REFUSAL_REASONS", "KNOWN_METHODS", "Metrics"]
+__all__ = ["HOP_REFUSAL_REASONS", "KNOWN_METHODS", "Metrics", "StreamMetrics"]
 
 #: Why a peer hop was refused (bridge.server.hops ``RefusalReason``), the bounded label set of
 #: ``bridge_peer_hops_refused_total`` (anything else: ``other``).
@@ -98,6 +99,28 @@ class _RefusedIdentities(Collector):
         )
         family.add_metric([], self.indexer.refused_identities if self.indexer else 0)
         yield family
+
+
+def _nothing(*_: float) -> None:
+    """A report nobody counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMetrics:
+    """What a :class:`~bridge.server.streams.StreamHub` reports: the few callables it needs,
+    bound once at composition (:func:`bridge.server.app.start_components`), so a hub never
+    reaches into a registry or rewires anything shared. Unset reports count nothing."""
+
+    opened_fresh: Callable[[], None] = _nothing
+    opened_resume: Callable[[], None] = _nothing
+    refused_gone: Callable[[], None] = _nothing
+    stream_started: Callable[[], None] = _nothing
+    stream_ended: Callable[[], None] = _nothing
+    catchup_read: Callable[[], None] = _nothing
+    seq_gap: Callable[[], None] = _nothing
+    delivered: Callable[[int], None] = _nothing  # events in one write
+    backlog: Callable[[int], None] = _nothing  # head seq minus the write's last seq
+    latency: Callable[[float], None] = _nothing  # seconds from event to write (live)
 
 
 class Metrics:
@@ -311,6 +334,27 @@ class Metrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(str(p))
         self._oldest = {p: v for p, v in self._oldest.items() if p not in lost}
+
+    def streams(self) -> StreamMetrics:
+        """The client-facing hub's reports: the ``bridge_stream_*`` series."""
+        return StreamMetrics(
+            # labels() takes a lock and a dict lookup: once here, not on every open.
+            opened_fresh=self.stream_opens.labels("fresh").inc,
+            opened_resume=self.stream_opens.labels("resume").inc,
+            refused_gone=self.stream_opens.labels("gone").inc,
+            stream_started=self.streams_active.inc,
+            stream_ended=self.streams_active.dec,
+            catchup_read=self.catchup_reads.inc,
+            seq_gap=self.seq_gaps.inc,
+            delivered=self.events_delivered.inc,
+            backlog=self.backlog.observe,
+            latency=self.delivery_latency.observe,
+        )
+
+    def canary_streams(self) -> StreamMetrics:
+        """The canary's hub: its streams are not clients, so the ``bridge_stream_*`` series stay
+        the clients' own; only a seq gap counts (the canary is there to find one)."""
+        return StreamMetrics(seq_gap=self.seq_gaps.inc)
 
     def forward(self, method: str, outcome: str, seconds: float | None) -> None:
         label = method if method in KNOWN_METHODS else "other"

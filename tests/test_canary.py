@@ -9,60 +9,27 @@ only timer.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from support.layout import create_served_topics, fresh_prefix, make_settings
+from support.layout import fresh_prefix, make_settings
 from support.mcp import call
+from support.served import Served, serving
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
 from bridge.metrics import Metrics
-from bridge.server.app import Components, create_app
 from bridge.tasks.messages import new_task_id
 
 #: Fast probes for the tests (production: 10 s when on).
 INTERVAL_S = 0.2
 TIMEOUT_S = 2.0
 PARTITIONS = 3  # make_settings' events partitions
-
-
-@dataclass
-class Served:
-    settings: Settings
-    base: str
-    components: Components
-
-
-@asynccontextmanager
-async def serving(settings: Settings, sock: socket.socket | None = None) -> AsyncIterator[Served]:
-    """The bridge's app under uvicorn in this event loop, once it is ready (lifespan run)."""
-    create_served_topics(settings)
-    app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    sock = sock or socket.create_server(("127.0.0.1", 0))
-    running = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await wait_until(
-            lambda: server.started or running.done(), what="the bridge serves", poll_s=0.05
-        )
-        assert not running.done(), "the bridge did not start"
-        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        yield Served(settings, base, app.state.components)
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(BOUND):
-            await running
-        sock.close()
 
 
 def canary_settings(kafka_bootstrap: str, **overrides: Any) -> Settings:

@@ -21,7 +21,7 @@ from bridge.config import load_settings
 from bridge.envelope import TaskEvent
 from bridge.log.fanout import Fanout
 from bridge.log.indexer import IndexedEvent
-from bridge.metrics import Metrics
+from bridge.metrics import StreamMetrics
 from bridge.server.admission import Caller
 from bridge.server.streams import StreamHub
 
@@ -121,7 +121,7 @@ def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
         log.append()
 
     async def scenario() -> list[int]:
-        hub = StreamHub(CONFIG, log, log, Fanout(log), Metrics())  # type: ignore[arg-type]
+        hub = StreamHub(CONFIG, log, log, Fanout(log), StreamMetrics())  # type: ignore[arg-type]
         ticket = hub.admit(Caller("p", "p", None), TASK, 1)
         delivered: list[int] = []
 
@@ -156,7 +156,7 @@ def test_a_drain_ends_the_streams_but_not_the_calls_waiting_on_the_same_task() -
 
     async def scenario() -> tuple[list[int], bool]:
         fanout = Fanout(log)  # type: ignore[arg-type]
-        hub = StreamHub(CONFIG, log, log, fanout, Metrics())  # type: ignore[arg-type]
+        hub = StreamHub(CONFIG, log, log, fanout, StreamMetrics())  # type: ignore[arg-type]
         ticket = hub.admit(Caller("p", "p", None), TASK, 1)
         delivered: list[int] = []
         first = asyncio.Event()

@@ -217,7 +217,11 @@ class Coalescer:
         recent_chunks: int = 16,
         recent_s: float = 2.0,
         recent_bytes: int = 4 << 20,
+        on_scan: Callable[[int], None] | None = None,
+        on_detach: Callable[[], None] | None = None,
     ) -> None:
+        """``on_scan`` is called with the number of reads a scan served, when it ends, and
+        ``on_detach`` when a read leaves its scan to read alone (metrics, given once)."""
         self._kafka_fetch = fetch
         #: The last fetches of any partition, oldest first: at most ``recent_chunks`` of them
         #: and ``recent_bytes`` of record values, whatever the partitions (by count alone, 16
@@ -238,10 +242,8 @@ class Coalescer:
         self.reads = 0
         self.detached = 0
         self.reused = 0
-        #: Called with the number of reads a scan served, when it ends, and when a read leaves
-        #: its scan to read alone (metrics).
-        self.on_scan: Callable[[int], None] | None = None
-        self.on_detach: Callable[[], None] | None = None
+        self._on_scan = on_scan
+        self._on_detach = on_detach
 
     async def close(self) -> None:
         """Stop every scan; their members get an error."""
@@ -396,8 +398,8 @@ class Coalescer:
             # Otherwise the members have the error; the scan itself ends quietly.
         finally:
             self.scans += 1
-            if self.on_scan is not None:
-                self.on_scan(scan.joined)
+            if self._on_scan is not None:
+                self._on_scan(scan.joined)
 
     @staticmethod
     def _hand_out(scan: _Scan, chunk: _Chunk, at: int) -> None:
@@ -430,8 +432,8 @@ class Coalescer:
                 member.left_at = position
                 self.detached += 1
                 scan.remove(member)
-                if self.on_detach is not None:
-                    self.on_detach()
+                if self._on_detach is not None:
+                    self._on_detach()
 
 
 class LogStarts:
@@ -445,14 +447,20 @@ class LogStarts:
     events the deletion had removed, from a consumer's buffer or a recent chunk.)
     """
 
-    def __init__(self, lookup: Callable[[list[int]], Awaitable[dict[int, int]]]) -> None:
+    def __init__(
+        self,
+        lookup: Callable[[list[int]], Awaitable[dict[int, int]]],
+        *,
+        on_request: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_request`` is called for each lookup request sent (metrics, given once)."""
         self._lookup = lookup
         self._next: asyncio.Future[dict[int, int]] | None = None
         self._wanted: set[int] = set()
         self._driver: asyncio.Task[None] | None = None
-        #: Lookup requests sent (a storm of opens should send few), and a hook for metrics.
+        #: Lookup requests sent (a storm of opens should send few).
         self.requests = 0
-        self.on_request: Callable[[], None] | None = None
+        self._on_request = on_request
 
     async def fresh(self, partition: int) -> int:
         """The log start of ``partition`` as looked up after this call began."""
@@ -470,8 +478,8 @@ class LogStarts:
             future, wanted = self._next, sorted(self._wanted)
             self._next, self._wanted = None, set()
             self.requests += 1
-            if self.on_request is not None:
-                self.on_request()
+            if self._on_request is not None:
+                self._on_request()
             try:
                 starts = await self._lookup(wanted)
             except BaseException as exc:

@@ -192,8 +192,19 @@ class Reader(Component):
     """Reads retained task events through a small pool of ``read_committed`` consumers."""
 
     def __init__(
-        self, settings: Settings, indexer: Indexer, *, pool_size: int = 4, chunk: int = 2000
+        self,
+        settings: Settings,
+        indexer: Indexer,
+        *,
+        pool_size: int = 4,
+        chunk: int = 2000,
+        on_scan: Callable[[int], None] | None = None,
+        on_detach: Callable[[], None] | None = None,
+        on_lookup: Callable[[], None] | None = None,
     ) -> None:
+        """``on_scan``, ``on_detach`` and ``on_lookup`` report each shared scan (with the reads
+        it served), each read that left its scan to read alone, and each log-start request:
+        given once, by the composition that owns the metrics (bridge.log knows none)."""
         self.settings = settings
         self.indexer = indexer
         # Reads decode every event they return, eagerly: a stream sends all of them (the tail
@@ -215,21 +226,10 @@ class Reader(Component):
         self._created = 0
         self.records_scanned = 0
         #: Shared scans; one of the pool's consumers stays free for everything else.
-        self.catchup = Coalescer(self._scan_fetch, member_limit=2 * chunk)
-        self.log_start_cache = LogStarts(self._shared_log_starts)
-
-    def observe(
-        self,
-        *,
-        scans: Callable[[int], None],
-        detached: Callable[[], None],
-        lookups: Callable[[], None],
-    ) -> None:
-        """Report each shared scan (with the reads it served), each read that left its scan
-        to read alone, and each log-start request (the hub's metrics)."""
-        self.catchup.on_scan = scans
-        self.catchup.on_detach = detached
-        self.log_start_cache.on_request = lookups
+        self.catchup = Coalescer(
+            self._scan_fetch, member_limit=2 * chunk, on_scan=on_scan, on_detach=on_detach
+        )
+        self.log_start_cache = LogStarts(self._shared_log_starts, on_request=on_lookup)
 
     async def stop(self) -> None:
         await self.close()

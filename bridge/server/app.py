@@ -108,14 +108,21 @@ async def start_components(
             indexer = Indexer(settings, persist=True)
             await indexer.start()
             stack.push_async_callback(indexer.stop)
-            reader = Reader(settings, indexer)
+            # Metrics are wired here, once: no component rewires a shared one's reports.
+            reader = Reader(
+                settings,
+                indexer,
+                on_scan=metrics.catchup_scans.observe,
+                on_detach=metrics.catchup_detached.inc,
+                on_lookup=metrics.log_start_lookups.inc,
+            )
             stack.push_async_callback(reader.close)
             fanout = Fanout(indexer, on_overflow=metrics.slow_fallbacks.inc)
             service = TaskService(settings, indexer, reader, {t.name: t for t in tools}, fanout)
             await service.start()
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
-            hub = StreamHub(settings, indexer, reader, fanout, metrics)
+            hub = StreamHub(settings, indexer, reader, fanout, metrics.streams())
             routing = Routing(settings, indexer, on_refused=metrics.hop_refused)
             peers = _peers(settings, routing, stack)
             events = events_extension(
@@ -155,7 +162,8 @@ async def start_components(
     stack.push_async_callback(cancel_and_wait, refresher)
     canary = None
     if settings.canary_interval_s > 0:  # probes the stream path; stops first, ending its tasks
-        canary = Canary(settings, indexer, reader, fanout, service.publisher, metrics)
+        probes = StreamHub(settings, indexer, reader, fanout, metrics.canary_streams())
+        canary = Canary(settings, indexer, probes, service.publisher, metrics)
         await canary.start()
         stack.push_async_callback(canary.stop)
     log.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)

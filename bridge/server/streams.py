@@ -31,7 +31,7 @@ from bridge.envelope import TaskEvent
 from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted, WireBatch
-from bridge.metrics import Metrics
+from bridge.metrics import StreamMetrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.wire import (
     INTERNAL_ERROR,
@@ -153,7 +153,7 @@ class StreamHub:
         indexer: Indexer,
         reader: Reader,
         fanout: Fanout,
-        metrics: Metrics,
+        metrics: StreamMetrics,
     ) -> None:
         self.settings = settings
         self.indexer = indexer
@@ -171,15 +171,6 @@ class StreamHub:
             )
         )
         self._status_type = settings.own_types.status
-        # labels() takes a lock and a dict lookup: once here, not on every open.
-        self._opens = {mode: metrics.stream_opens.labels(mode) for mode in ("fresh", "resume")}
-        # The reader's shared scans and log-start lookups report here (bridge.log knows no
-        # metrics).
-        reader.observe(
-            scans=metrics.catchup_scans.observe,
-            detached=metrics.catchup_detached.inc,
-            lookups=metrics.log_start_lookups.inc,
-        )
 
     def drain(self) -> None:
         """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
@@ -207,18 +198,18 @@ class StreamHub:
     def admit(self, caller: Caller, task_id: str, request_id: str | int | None) -> Ticket:
         """Take the stream's slot before any byte of it is sent (see :mod:`admission`)."""
         ticket = self.admission.admit(caller, task_id, request_id)
-        self.metrics.streams_active.inc()
+        self.metrics.stream_started()
         return ticket
 
     def release(self, ticket: Ticket) -> None:
         """Give the slot back when the response ends, however it ends (idempotent)."""
         if not ticket.released:
-            self.metrics.streams_active.dec()
+            self.metrics.stream_ended()
         self.admission.release(ticket)
 
     def count_gone(self) -> None:
         """A stream refused with events_gone before it started."""
-        self.metrics.stream_opens.labels("gone").inc()
+        self.metrics.refused_gone()
 
     def cancel(self, client: str, request_id: str | int) -> int:
         """``notifications/cancelled``: end the client's streams of that request id."""
@@ -296,7 +287,8 @@ class StreamHub:
         self, ticket: Ticket, after: int | None, log_start: int | None, *, wire: bool = False
     ) -> AsyncIterator[WireItems | None]:
         task_id = ticket.task_id
-        self._opens["fresh" if after is None else "resume"].inc()
+        m = self.metrics
+        (m.opened_fresh if after is None else m.opened_resume)()
         partition = self.indexer.partition_of(task_id)
         with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
             ticket.on_cancel.append(sub.close)
@@ -335,7 +327,7 @@ class StreamHub:
                 return
             # Catch up from Kafka: history, or what the buffer dropped while the client was slow.
             sub.reset()
-            self.metrics.catchup_reads.inc()
+            self.metrics.catchup_read()
             # Terminal before the read: the read reaches the head, past the terminal event (or
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
@@ -361,7 +353,7 @@ class StreamHub:
                             )
                         any_first = False if batch else any_first
                         if step is Step.GAP:
-                            self.metrics.seq_gaps.inc()  # the canary: never expected
+                            self.metrics.seq_gap()  # the canary's alarm: never expected
                             raise RpcError(
                                 INTERNAL_ERROR,
                                 "internal error: a seq gap in catch-up",
@@ -414,14 +406,14 @@ class StreamHub:
     ) -> None:
         """Count a batch about to be written: one backlog and one latency sample per write."""
         m = self.metrics
-        m.events_delivered.inc(len(batch))
+        m.delivered(len(batch))
         idx = self.indexer.partitions.get(partition)
         head = idx.next_seq_of(task_id) if idx is not None else None
         if head is not None:
-            m.backlog.observe(max(0, head - 1 - batch[-1][0]))
+            m.backlog(max(0, head - 1 - batch[-1][0]))
         first = batch[0][1]
         if live and isinstance(first, TaskEvent):  # the oldest event of the batch waited longest
-            m.delivery_latency.observe(max(0.0, time.time() - first.timestamp_ms / 1000))
+            m.latency(max(0.0, time.time() - first.timestamp_ms / 1000))
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset
