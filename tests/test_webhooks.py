@@ -37,6 +37,7 @@ from bridge.mcpevents.webhooks import (
     WebhookSender,
     check_secret,
     classify_status,
+    control_message_id,
     deliver,
     is_forbidden_address,
     signature_headers,
@@ -572,3 +573,9 @@ async def test_delivery_stops_at_the_attempt_bound_and_never_retries_an_abandon(
     assert len(fake.sleeps) == 3
     gone = Outcome(Verdict.ABANDON, "http_4xx", 410)
     assert await _deliver([gone, retry], RetryPolicy(), FakeTime()) == gone
+
+
+def test_a_control_message_id_carries_128_random_bits() -> None:
+    ids = {control_message_id("gap") for _ in range(64)}
+    assert len(ids) == 64
+    assert all(len(i.removeprefix("msg_gap_")) == 32 for i in ids)  # 16 random bytes, hex

@@ -109,7 +109,7 @@ def signature_headers(
 
 def control_message_id(kind: str) -> str:
     """A ``webhook-id`` for a control envelope (``gap``, ``terminated``, ``verification``)."""
-    return f"msg_{kind}_{tokens.token_hex(12)}"
+    return f"msg_{kind}_{tokens.token_hex(16)}"  # 128 random bits
 
 
 class Verdict(enum.StrEnum):
