@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -41,6 +41,7 @@ from bridge.mcpevents.occurrences import (
 )
 
 __all__ = [
+    "CursorAhead",
     "EventSource",
     "InvalidArguments",
     "Moved",
@@ -57,6 +58,17 @@ _GAP_ATTEMPTS = 5
 
 class InvalidArguments(ValueError):
     """Subscription arguments that do not match the event type's ``inputSchema``."""
+
+
+class CursorAhead(ValueError):
+    """A task event cursor past the task's last event: a seq the task never had."""
+
+    def __init__(self, task_id: str, next_seq: int) -> None:
+        super().__init__(
+            f"the cursor is past the last event of the task (its next seq is {next_seq})"
+        )
+        self.task_id = task_id
+        self.next_seq = next_seq
 
 
 class Moved(Exception):
@@ -124,6 +136,10 @@ class EventSource(Protocol):
     name: str
 
     def descriptor(self) -> dict[str, Any]: ...
+
+    async def authorize(self, principal: str, arguments: dict[str, Any]) -> None:
+        """Raise what a new subscription would raise when ``principal`` may no longer read
+        ``arguments`` (a push stream checks it again at each heartbeat)."""
 
     async def poll(
         self,
@@ -206,6 +222,9 @@ class TaskEvents:
         heartbeat_s: float,
         stopping: asyncio.Event | None = None,
         now_ms: Callable[[], int] = _now_ms,
+        clock: Callable[[], float] = time.monotonic,
+        catch_up: Callable[[], Awaitable[None]] | None = None,
+        catch_up_s: float = 5.0,
     ) -> None:
         self.name = name
         self.tasks = tasks
@@ -216,6 +235,12 @@ class TaskEvents:
         self.heartbeat_s = heartbeat_s
         self.stopping = stopping or asyncio.Event()
         self.now_ms = now_ms
+        #: The heartbeat's clock (seconds, monotonic), apart so that tests can drive it.
+        self.clock = clock
+        #: Catches this replica's index up with the log (:meth:`Indexer.catch_up`): a cursor
+        #: at or past the head may come from a replica that is further along.
+        self.catch_up = catch_up
+        self.catch_up_s = catch_up_s
         self._validator = jsonschema.Draft202012Validator(TASK_INPUT_SCHEMA)
 
     def descriptor(self) -> dict[str, Any]:
@@ -234,13 +259,37 @@ class TaskEvents:
         task_id = str(arguments["taskId"])
         return task_id, await self.tasks.get(task_id, principal)
 
+    async def authorize(self, principal: str, arguments: dict[str, Any]) -> None:
+        """TaskNotFound once the caller may no longer see the task (tasks/get's answer)."""
+        await self._authorized(principal, arguments)
+
+    async def _resumed(self, task_id: str, cursor: str) -> int:
+        """The last seq ``cursor`` names: BadCursor for another task's cursor, CursorAhead for
+        one past the task's head, after this replica's index caught up (bounded: on timeout
+        the cursor is taken, and a read from it finds nothing until the task gets there)."""
+        last = decode_task(cursor, task_id)
+        head = await self.log.head(task_id)
+        if last < head or self.catch_up is None:
+            if last >= head:
+                raise CursorAhead(task_id, head)
+            return last
+        try:
+            async with asyncio.timeout(self.catch_up_s):
+                await self.catch_up()
+        except TimeoutError:
+            return last
+        head = await self.log.head(task_id)
+        if last >= head:
+            raise CursorAhead(task_id, head)
+        return last
+
     def occurrence(self, task_id: str, seq: int, event: TaskEvent) -> Occurrence:
         return Occurrence(
             event_id=task_event_id(task_id, seq),
             name=self.name,
             timestamp_ms=event.timestamp_ms,
             data={"seq": seq, "type": event.type, "payload": event.payload},
-            cursor=encode_task(seq),
+            cursor=encode_task(seq, task_id),
         )
 
     def ends(self, event: TaskEvent) -> bool:
@@ -282,25 +331,27 @@ class TaskEvents:
         next_poll_ms = max(int(view.poll_interval_ms), 1000)
         if cursor is None:
             head = await self.log.head(task_id)
-            return PollBatch([], encode_task(head - 1), False, False, next_poll_ms)
-        last = decode_task(cursor)
+            return PollBatch([], encode_task(head - 1, task_id), False, False, next_poll_ms)
+        last = await self._resumed(task_id, cursor)
         floor = None if max_age_ms is None else self.now_ms() - max_age_ms
         events: list[Occurrence] = []
-        truncated = False
+        truncated, resumed = False, None
         async with _closing(self._history(task_id, last)) as history:
             async for item in history:
                 if len(events) >= max_events:
                     break
                 if isinstance(item, _Gap):
-                    truncated, last = True, item.last
+                    last = item.last
+                elif floor is not None and item.event.timestamp_ms < floor:
+                    last = item.seq  # older than the client asked for: skipped
+                else:
+                    last = item.seq
+                    events.append(self.occurrence(task_id, item.seq, item.event))
                     continue
-                last = item.seq
-                if floor is not None and item.event.timestamp_ms < floor:
-                    truncated = True  # older than the client asked for: skipped
-                    continue
-                events.append(self.occurrence(task_id, item.seq, item.event))
+                truncated, resumed = True, encode_task(last, task_id)
         has_more = last < await self.log.head(task_id) - 1
-        return PollBatch(events, encode_task(last), truncated, has_more, next_poll_ms)
+        cursor = encode_task(last, task_id)
+        return PollBatch(events, cursor, truncated, has_more, next_poll_ms, resumed)
 
     # --- push ----------------------------------------------------------------------------
 
@@ -313,7 +364,7 @@ class TaskEvents:
     ) -> AsyncIterator[StreamItem]:
         """Check the subscription (raising before any byte is sent), then its stream items."""
         task_id, _ = await self._authorized(principal, arguments)
-        last = None if cursor is None else decode_task(cursor)
+        last = None if cursor is None else await self._resumed(task_id, cursor)
         floor = None if max_age_ms is None or last is None else self.now_ms() - max_age_ms
         return self._stream(task_id, principal, last, floor)
 
@@ -336,27 +387,30 @@ class TaskEvents:
         """:meth:`_stream`'s items while the subscription is open and the process runs."""
         if last is None:
             last = await self.log.head(task_id) - 1
-        yield Active(encode_task(last), False)
+        yield Active(encode_task(last, task_id), False)
+        sent_at = self.clock()
         while not (self.stopping.is_set() or sub.closed):
             sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
             finished = (await self.tasks.get(task_id, principal)).status in TERMINAL_WIRE
-            tail = _Tail(self, task_id, last, floor)
+            tail = _Tail(self, task_id, last, floor, sent_at)
             async with _closing(self._history(task_id, last)) as history:
                 async for item in history:
                     for out in tail.step(item):
                         yield out
                     if tail.ended:
                         return
+                    if tail.due():  # a replay skipping old events still says where it is
+                        yield tail.heartbeat()
             for out in tail.caught_up():
                 yield out
-            last, floor = tail.last, None
+            last, floor, sent_at = tail.last, None, tail.sent_at
             if finished:
                 return  # the terminal status event was at or before the head just read
             async for out in self._live(task_id, sub, tail):
                 yield out
             if tail.ended:
                 return
-            last = tail.last
+            last, sent_at = tail.last, tail.sent_at
         if not self.stopping.is_set():
             # The fan-out closes a subscription only for a partition this replica lost.
             raise Moved(task_id)
@@ -365,8 +419,8 @@ class TaskEvents:
         """Live events from the fan-out while they follow on; returns to re-read from Kafka
         after an overflow or a gap, and at the end."""
         while not self.stopping.is_set():
-            if not await sub.wait(self.heartbeat_s):
-                yield Heartbeat(encode_task(tail.last))
+            if not await sub.wait(max(self.heartbeat_s - (self.clock() - tail.sent_at), 0.0)):
+                yield tail.heartbeat()
                 continue
             if sub.closed or sub.overflowed:
                 return
@@ -382,37 +436,59 @@ class TaskEvents:
 
 
 class _Tail:
-    """Where a push stream stands: the last seq sent, the age floor, whether it has ended."""
+    """Where a push stream stands: the last seq sent, the age floor, whether it has ended, and
+    when it last sent anything (for the heartbeat, in every phase)."""
 
-    def __init__(self, source: TaskEvents, task_id: str, last: int, floor: int | None) -> None:
+    def __init__(
+        self, source: TaskEvents, task_id: str, last: int, floor: int | None, sent_at: float
+    ) -> None:
         self.source = source
         self.task_id = task_id
         self.last = last
         self.floor = floor
         self.ended = False
         self.skipped = False
+        self.sent_at = sent_at
+
+    def _cursor(self, last: int) -> str:
+        return encode_task(last, self.task_id)
+
+    def _sent(self, out: list[StreamItem]) -> list[StreamItem]:
+        if out:
+            self.sent_at = self.source.clock()
+        return out
+
+    def due(self) -> bool:
+        """Nothing sent for a heartbeat period."""
+        return self.source.clock() - self.sent_at >= self.source.heartbeat_s
+
+    def heartbeat(self) -> Heartbeat:
+        """A heartbeat at the last seq checked (a reconnect with it goes on from there)."""
+        self.sent_at = self.source.clock()
+        return Heartbeat(self._cursor(self.last))
 
     def step(self, item: Sequenced | _Gap) -> list[StreamItem]:
-        """What to send for ``item``: a fresh ``active`` for a gap or an age skip."""
+        """What to send for ``item``: a fresh ``active`` for a gap or an age skip (also when
+        the skipped event was the task's last: the skip is said before the stream ends)."""
         source = self.source
         if isinstance(item, _Gap):
             self.last = item.last
-            return [Active(encode_task(self.last), True)]
+            return self._sent([Active(self._cursor(self.last), True)])
         self.last = item.seq
         self.ended = source.ends(item.event)
         if self.floor is not None and item.event.timestamp_ms < self.floor:
             self.skipped = True
-            return []
+            return self.caught_up() if self.ended else []
         out: list[StreamItem] = []
         if self.skipped:
             self.skipped = False
-            out.append(Active(encode_task(item.seq - 1), True))
+            out.append(Active(self._cursor(item.seq - 1), True))
         out.append(source.occurrence(self.task_id, item.seq, item.event))
-        return out
+        return self._sent(out)
 
     def caught_up(self) -> list[StreamItem]:
         """At the end of history: a skip not yet announced is announced now."""
         if not self.skipped:
             return []
         self.skipped = False
-        return [Active(encode_task(self.last), True)]
+        return self._sent([Active(self._cursor(self.last), True)])
