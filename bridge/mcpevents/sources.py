@@ -5,7 +5,9 @@
 every replica and after restarts, because seq is derived from the log), ``data``
 ``{seq, type, payload}``. History comes from the reader (checkpoint seek), live events from the
 process's fan-out; a cursor older than retention resumes at the earliest retained seq with
-``truncated``. Poll and push share the one read rule (:meth:`TaskEvents._history`).
+``truncated``. Poll and push share the one read rule (:meth:`TaskEvents._history`). A cursor
+names its task and must not be past the task's head (:meth:`TaskEvents._resumed`). A push
+stream heartbeats whenever it sent nothing for a period, in its replay from Kafka as live.
 
 No JSON-RPC here: unknown or foreign tasks raise the task service's ``TaskNotFound`` and bad
 arguments :class:`InvalidArguments`; :mod:`bridge.server.events` maps them to wire errors. When

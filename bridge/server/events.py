@@ -13,7 +13,9 @@ delivery loops read events through :func:`delivery_poll`, the very ``events/poll
 
 Push: one SSE response per ``events/stream``; ``notifications/events/active`` first, then
 ``event`` and ``heartbeat`` (carrying the cursor), each with the request id in
-``_meta["io.modelcontextprotocol/subscriptionId"]``. A read failure is reported with
+``_meta["io.modelcontextprotocol/subscriptionId"]``; the sources heartbeat in every phase
+(replay and live), and at each heartbeat the caller's access is checked again (a stream whose
+access is gone ends with ``terminated``). A read failure is reported with
 ``notifications/events/error`` and retried from the last cursor sent; repeated failures, or the
 task becoming invisible, end the stream with ``notifications/events/terminated``. The final
 ``StreamEventsResult`` is sent only when the server ends the stream (after a task's terminal
