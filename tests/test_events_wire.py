@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -276,6 +277,45 @@ async def test_a_replay_over_a_busy_topic_heartbeats_every_period_and_a_reconnec
     assert isinstance(first, Active) and first.cursor == beats[-1].cursor and not first.truncated
     assert resumed[-1][1].event_id == "t1.0.updated"
     assert resumed[-1][0] < timed[-1][0]  # fewer fetches: it did not start over
+
+
+class StuckTopic(SlowTopic):
+    """A topic whose fetches past ``stuck_at`` wait until the test lets them through (a reader
+    whose consumers are all busy)."""
+
+    def __init__(self, clock: Clock, stuck_at: int) -> None:
+        super().__init__(clock)
+        self.stuck_at = stuck_at
+        self.through = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def fetch(self, topic: str, partition: int, offset: int) -> Chunk:
+        if offset >= self.stuck_at:
+            self.waiting.set()
+            await self.through.wait()
+        return await super().fetch(topic, partition, offset)
+
+
+async def test_a_fetch_that_keeps_the_replay_waiting_does_not_silence_the_stream() -> None:
+    topic = StuckTopic(Clock(), stuck_at=4)
+    for seq in range(4):
+        topic.add("bob", "tb", seq, "working")
+    topic.add("alice", "t1", 0, "working")
+    source = task_updates(topic, Tasks(t1="working"))
+    source.clock = time.monotonic  # the wait for the fetch is real: a short period
+    source.heartbeat_s = 0.01
+    stream = await source.open_stream("alice", {}, encode_partition(0, 0), None)
+    async with asyncio.timeout(10), contextlib.aclosing(stream):  # type: ignore[type-var]
+        assert isinstance(await anext(stream), Active)
+        beat = await anext(stream)
+        while not topic.waiting.is_set():
+            beat = await anext(stream)  # heartbeats of the records before, if any were due
+        beat = await anext(stream)  # the fetch is stuck: the stream still speaks
+        assert isinstance(beat, Heartbeat) and beat.cursor == encode_partition(0, 4)
+        topic.through.set()
+        while not isinstance(item := await anext(stream), Occurrence):
+            assert isinstance(item, Heartbeat)
+    assert item.event_id == "t1.0.updated"
 
 
 async def test_a_task_replay_skipping_old_events_heartbeats_and_a_reconnect_goes_on() -> None:

@@ -33,8 +33,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from dataclasses import dataclass
 from typing import Any
 
+from bridge.component import cancel_and_wait
 from bridge.kafka.clients import OffsetOutOfRangeError
-from bridge.mcpevents.kafkalog import Feed, LiveTopics, Record, TopicReader
+from bridge.mcpevents.kafkalog import Chunk, Feed, LiveTopics, Record, TopicReader
 from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
 
 __all__ = ["Found", "OffsetSource", "Selection"]
@@ -84,6 +85,16 @@ class _Checked:
 
 
 _CHECKED = _Checked()
+
+
+class _Waiting:
+    """A fetch has not answered yet; it goes on (a push stream heartbeats meanwhile)."""
+
+
+_WAITING = _Waiting()
+
+#: What the replay hands out: records, and the markers above.
+_Replayed = Record | _Skipped | _Checked | _Waiting
 
 
 class OffsetSource:
@@ -189,18 +200,45 @@ class OffsetSource:
             cursor=self.encode(positions),
         )
 
+    async def _fetch(
+        self, partition: int, offset: int, patience: Callable[[], float] | None
+    ) -> AsyncGenerator[Chunk | _Waiting]:
+        """The fetch at ``offset``; with ``patience``, a :data:`_WAITING` each time it has not
+        answered within ``patience()`` seconds (a wait for a pooled consumer included)."""
+        if patience is None:
+            yield await self.reader.fetch(self.topic, partition, offset)
+            return
+        fetch = asyncio.ensure_future(self.reader.fetch(self.topic, partition, offset))
+        try:
+            while not (await asyncio.wait({fetch}, timeout=patience()))[0]:
+                yield _WAITING
+            yield fetch.result()
+        finally:
+            await cancel_and_wait(fetch)  # left early: the fetch is not left running
+
     async def _replay(
-        self, positions: dict[int, int], ends: Mapping[int, int]
-    ) -> AsyncGenerator[Record | _Skipped | _Checked]:
+        self,
+        positions: dict[int, int],
+        ends: Mapping[int, int],
+        patience: Callable[[], float] | None = None,
+    ) -> AsyncGenerator[_Replayed]:
         """Every committed record from ``positions`` up to ``ends``, partitions round robin
         (one fetch each), updating ``positions`` before each record is handed out; a
         :data:`_SKIPPED` when retention moved the log start past a position meanwhile, a
-        :data:`_CHECKED` after each fetch (its records all handed out, the position past it)."""
+        :data:`_CHECKED` after each fetch (its records all handed out, the position past it),
+        and with ``patience`` a :data:`_WAITING` whenever a fetch keeps it waiting that long."""
         pending = [p for p in positions if positions[p] < ends[p]]
         while pending:
             for p in list(pending):
                 try:
-                    chunk = await self.reader.fetch(self.topic, p, positions[p])
+                    chunk = None
+                    async with contextlib.aclosing(self._fetch(p, positions[p], patience)) as got:
+                        async for answer in got:
+                            if isinstance(answer, _Waiting):
+                                yield answer
+                            else:
+                                chunk = answer
+                    assert chunk is not None, "a fetch answers or raises"
                 except OffsetOutOfRangeError:
                     begins, _ = await self.reader.bounds(self.topic, [p])
                     if begins[p] <= positions[p]:
@@ -238,7 +276,7 @@ class OffsetSource:
         scanned = 0
         async with contextlib.aclosing(self._replay(positions, ends)) as items:
             async for item in items:
-                if isinstance(item, _Checked):
+                if isinstance(item, _Checked | _Waiting):
                     continue
                 if isinstance(item, _Skipped):
                     truncated, resumed = True, self.encode(positions)
@@ -298,10 +336,14 @@ class _Push:
             return None
         return self._sent(Heartbeat(self.source.encode(self.positions)))
 
-    def _item(self, record: Record | _Skipped | _Checked) -> StreamItem | None:
+    def _patience(self) -> float:
+        """How long a fetch may keep the stream quiet before a heartbeat is due."""
+        return max(self.source.heartbeat_s - (self.source.clock() - self.sent_at), 0.0)
+
+    def _item(self, record: _Replayed) -> StreamItem | None:
         """What to send for ``record`` (positions already moved past it)."""
         source = self.source
-        if isinstance(record, _Checked):
+        if isinstance(record, _Checked | _Waiting):
             return None
         if isinstance(record, _Skipped):
             return self._sent(Active(source.encode(self.positions), True))
@@ -338,7 +380,8 @@ class _Push:
             while not source.stopping.is_set():
                 feed.reset()  # from Kafka: at the start, after an overflow or a hole
                 _, ends = await source.reader.bounds(source.topic, selection.partitions)
-                async with contextlib.aclosing(source._replay(self.positions, ends)) as items:
+                replay = source._replay(self.positions, ends, self._patience)
+                async with contextlib.aclosing(replay) as items:
                     async for record in items:
                         item = self._item(record) or self._beat()
                         if item is not None:
