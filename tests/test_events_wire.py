@@ -459,6 +459,21 @@ class Revocable:
             yield Heartbeat(f"c{n}")
 
 
+class Busy(Revocable):
+    """An event type whose stream only delivers events (it never needs a heartbeat); each
+    event takes a tick of ``clock``."""
+
+    def __init__(self, allowed: int, error: Exception, clock: Clock) -> None:
+        super().__init__(allowed, error)
+        self.clock = clock
+
+    async def _items(self) -> AsyncIterator[StreamItem]:
+        yield Active("c0", False)
+        for n in range(1, 100):
+            self.clock.now += 1.0
+            yield Occurrence(f"e{n}", self.name, NOW_MS, {"n": n}, f"c{n}")
+
+
 async def frames(outcome: Any) -> list[dict[str, Any]]:
     assert isinstance(outcome, Streamed)
     async with asyncio.timeout(10):
@@ -478,6 +493,17 @@ async def test_a_push_stream_ends_with_terminated_when_access_is_gone(
     assert kinds == ["active", "heartbeat", "heartbeat", "terminated"]
     assert got[-1]["params"]["error"]["code"] == code
     assert got[-1]["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": 9}
+
+
+async def test_a_busy_push_stream_checks_access_every_period_too() -> None:
+    clock = Clock()
+    source = Busy(allowed=1, error=NotPermitted("no longer listed"), clock=clock)
+    events = EventsMethods([source], recheck_s=PERIOD, clock=clock)
+    got = await frames(await events.stream(call("events/stream", {"name": source.name})))
+    kinds = [m.get("method", "result").rsplit("/", 1)[-1] for m in got]
+    # checked at the 2nd tick (allowed) and the 4th (gone): three events, then terminated
+    assert kinds == ["active", "event", "event", "event", "terminated"]
+    assert got[-1]["params"]["error"]["code"] == -32024
 
 
 # --- item 6 (b), (d), (e), (f): events/subscribe -------------------------------------------------

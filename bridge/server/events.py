@@ -206,7 +206,9 @@ def events_extension(
     webhooks = webhook_methods(
         settings, sources, routing=routing, peers=peers, on_throttled=on_throttled
     )
-    return EventsMethods(sources, stopping=stopping, webhooks=webhooks)
+    return EventsMethods(
+        sources, stopping=stopping, webhooks=webhooks, recheck_s=settings.stream_keepalive_s
+    )
 
 
 def offset_sources(
@@ -249,11 +251,17 @@ class EventsMethods:
         stopping: asyncio.Event | None = None,
         retry_s: float = 1.0,
         webhooks: WebhookMethods | None = None,
+        recheck_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sources = {source.name: source for source in sources}
         self.stopping = stopping or asyncio.Event()
         self.retry_s = retry_s
         self.webhooks = webhooks
+        #: A push stream checks its caller's access at each heartbeat, and at least this often
+        #: while events keep it busy (it then sends no heartbeat); ``clock`` measures it.
+        self.recheck_s = recheck_s
+        self.clock = clock
 
     async def start(self) -> None:
         """Start webhook delivery, when offered (the other methods need no start)."""
@@ -345,15 +353,17 @@ class EventsMethods:
         items: AsyncIterator[StreamItem],
     ) -> AsyncIterator[dict[str, Any]]:
         """The stream's messages; a failed read is reported and retried from the last cursor.
-        At each heartbeat the caller's access is checked again: when it is gone the stream
-        ends with ``terminated`` and the error a new subscription would get."""
+        At each heartbeat, and every ``recheck_s`` while events keep the stream busy, the
+        caller's access is checked again: when it is gone the stream ends with ``terminated``
+        and the error a new subscription would get."""
         sid = call.rpc.id
-        cursor, failures = params.cursor, 0
+        cursor, failures, checked_at = params.cursor, 0, self.clock()
         while True:
             try:
                 async for item in items:
                     failures = 0
-                    if isinstance(item, Heartbeat):
+                    if isinstance(item, Heartbeat) or self.clock() - checked_at >= self.recheck_s:
+                        checked_at = self.clock()
                         gone = await _access_gone(source, call.principal, params)
                         if gone is not None:
                             yield events_notification("terminated", sid, error=gone.error())
