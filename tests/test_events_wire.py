@@ -318,6 +318,45 @@ async def test_a_fetch_that_keeps_the_replay_waiting_does_not_silence_the_stream
     assert item.event_id == "t1.0.updated"
 
 
+class StuckLog(TaskLog):
+    """A task log whose read of seqs from ``stuck_at`` on waits until the test lets it through
+    (a reader whose consumers are all busy)."""
+
+    def __init__(self, clock: Clock, stuck_at: int, **tasks: list[TaskEvent]) -> None:
+        super().__init__(clock, **tasks)
+        self.stuck_at = stuck_at
+        self.through = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def read_batches(
+        self, task_id: str, after: int | None = None
+    ) -> AsyncIterator[list[Read]]:
+        async for batch in super().read_batches(task_id, after):
+            if batch[0].seq >= self.stuck_at:
+                self.waiting.set()
+                await self.through.wait()
+            yield batch
+
+
+async def test_a_task_read_that_keeps_the_replay_waiting_does_not_silence_the_stream() -> None:
+    clock = Clock()
+    log = StuckLog(clock, 3, t=[step(0, old=True), step(1, old=True), step(2, old=True), step(3)])
+    source = task_events(log, Tasks(t="working"), clock)
+    source.clock = time.monotonic  # the wait for the read is real: a short period
+    source.heartbeat_s = 0.01
+    stream = await source.open_stream("alice", {"taskId": "t"}, _before_first(source), 5_000)
+    async with asyncio.timeout(10), contextlib.aclosing(stream):  # type: ignore[type-var]
+        assert isinstance(await anext(stream), Active)
+        while not log.waiting.is_set():
+            await anext(stream)  # heartbeats while old events are skipped, if any were due
+        beat = await anext(stream)  # the read is stuck: the stream still speaks
+        assert isinstance(beat, Heartbeat) and decode_task(beat.cursor, "t") == 2  # type: ignore[arg-type]
+        log.through.set()
+        while not isinstance(item := await anext(stream), Occurrence):
+            assert isinstance(item, Heartbeat | Active)
+    assert item.data["payload"]["i"] == 3
+
+
 async def test_a_task_replay_skipping_old_events_heartbeats_and_a_reconnect_goes_on() -> None:
     clock = Clock()
     events = [step(i, old=True) for i in range(20)] + [step(20)]

@@ -33,10 +33,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.component import cancel_and_wait
 from bridge.kafka.clients import OffsetOutOfRangeError
 from bridge.mcpevents.kafkalog import Chunk, Feed, LiveTopics, Record, TopicReader
 from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
+from bridge.mcpevents.pacing import Waiting, paced
 
 __all__ = ["Found", "OffsetSource", "Selection"]
 
@@ -86,15 +86,8 @@ class _Checked:
 
 _CHECKED = _Checked()
 
-
-class _Waiting:
-    """A fetch has not answered yet; it goes on (a push stream heartbeats meanwhile)."""
-
-
-_WAITING = _Waiting()
-
-#: What the replay hands out: records, and the markers above.
-_Replayed = Record | _Skipped | _Checked | _Waiting
+#: What the replay hands out: records, the markers above, and the pacing's.
+_Replayed = Record | _Skipped | _Checked | Waiting
 
 
 class OffsetSource:
@@ -200,21 +193,9 @@ class OffsetSource:
             cursor=self.encode(positions),
         )
 
-    async def _fetch(
-        self, partition: int, offset: int, patience: Callable[[], float] | None
-    ) -> AsyncGenerator[Chunk | _Waiting]:
-        """The fetch at ``offset``; with ``patience``, a :data:`_WAITING` each time it has not
-        answered within ``patience()`` seconds (a wait for a pooled consumer included)."""
-        if patience is None:
-            yield await self.reader.fetch(self.topic, partition, offset)
-            return
-        fetch = asyncio.ensure_future(self.reader.fetch(self.topic, partition, offset))
-        try:
-            while not (await asyncio.wait({fetch}, timeout=patience()))[0]:
-                yield _WAITING
-            yield fetch.result()
-        finally:
-            await cancel_and_wait(fetch)  # left early: the fetch is not left running
+    async def _fetch(self, partition: int, offset: int) -> AsyncGenerator[Chunk]:
+        """The one fetch at ``offset`` (for :func:`~bridge.mcpevents.pacing.paced`)."""
+        yield await self.reader.fetch(self.topic, partition, offset)
 
     async def _replay(
         self,
@@ -226,15 +207,17 @@ class OffsetSource:
         (one fetch each), updating ``positions`` before each record is handed out; a
         :data:`_SKIPPED` when retention moved the log start past a position meanwhile, a
         :data:`_CHECKED` after each fetch (its records all handed out, the position past it),
-        and with ``patience`` a :data:`_WAITING` whenever a fetch keeps it waiting that long."""
+        and with ``patience`` a :data:`~bridge.mcpevents.pacing.WAITING` whenever a fetch keeps
+        it waiting that long (a wait for a pooled consumer included)."""
         pending = [p for p in positions if positions[p] < ends[p]]
         while pending:
             for p in list(pending):
                 try:
                     chunk = None
-                    async with contextlib.aclosing(self._fetch(p, positions[p], patience)) as got:
+                    fetch = paced(self._fetch(p, positions[p]), patience)
+                    async with contextlib.aclosing(fetch) as got:
                         async for answer in got:
-                            if isinstance(answer, _Waiting):
+                            if isinstance(answer, Waiting):
                                 yield answer
                             else:
                                 chunk = answer
@@ -276,7 +259,7 @@ class OffsetSource:
         scanned = 0
         async with contextlib.aclosing(self._replay(positions, ends)) as items:
             async for item in items:
-                if isinstance(item, _Checked | _Waiting):
+                if isinstance(item, _Checked | Waiting):
                     continue
                 if isinstance(item, _Skipped):
                     truncated, resumed = True, self.encode(positions)
@@ -343,7 +326,7 @@ class _Push:
     def _item(self, record: _Replayed) -> StreamItem | None:
         """What to send for ``record`` (positions already moved past it)."""
         source = self.source
-        if isinstance(record, _Checked | _Waiting):
+        if isinstance(record, _Checked | Waiting):
             return None
         if isinstance(record, _Skipped):
             return self._sent(Active(source.encode(self.positions), True))

@@ -41,6 +41,7 @@ from bridge.mcpevents.occurrences import (
     StreamItem,
     task_event_id,
 )
+from bridge.mcpevents.pacing import Waiting, paced
 
 __all__ = [
     "CursorAhead",
@@ -297,15 +298,22 @@ class TaskEvents:
     def ends(self, event: TaskEvent) -> bool:
         return event.type == self.status_type and event.payload.get("status") in TERMINAL_WIRE
 
-    async def _history(self, task_id: str, last: int) -> AsyncIterator[Sequenced | _Gap]:
+    async def _history(
+        self, task_id: str, last: int, patience: Callable[[], float] | None = None
+    ) -> AsyncIterator[Sequenced | _Gap | Waiting]:
         """Retained events after seq ``last`` up to the indexed head, in seq order; a
-        :class:`_Gap` first when retention deleted some of them."""
+        :class:`_Gap` first when retention deleted some of them; with ``patience``, a
+        :data:`~bridge.mcpevents.pacing.WAITING` whenever a read keeps it waiting that long."""
         for _ in range(_GAP_ATTEMPTS):
             try:
-                async with _closing(
-                    self.log.read_batches(task_id, last if last >= 0 else None)
-                ) as batches:
+                async with (
+                    _closing(self.log.read_batches(task_id, last if last >= 0 else None)) as reads,
+                    _closing(paced(reads, patience)) as batches,
+                ):
                     async for batch in batches:
+                        if isinstance(batch, Waiting):
+                            yield batch
+                            continue
                         for item in batch:
                             if item.seq > last + 1:
                                 yield _Gap(item.seq - 1)
@@ -342,6 +350,8 @@ class TaskEvents:
             async for item in history:
                 if len(events) >= max_events:
                     break
+                if isinstance(item, Waiting):
+                    continue
                 if isinstance(item, _Gap):
                     last = item.last
                 elif floor is not None and item.event.timestamp_ms < floor:
@@ -395,9 +405,9 @@ class TaskEvents:
             sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
             finished = (await self.tasks.get(task_id, principal)).status in TERMINAL_WIRE
             tail = _Tail(self, task_id, last, floor, sent_at)
-            async with _closing(self._history(task_id, last)) as history:
+            async with _closing(self._history(task_id, last, tail.patience)) as history:
                 async for item in history:
-                    for out in tail.step(item):
+                    for out in [] if isinstance(item, Waiting) else tail.step(item):
                         yield out
                     if tail.ended:
                         return
@@ -435,6 +445,8 @@ class TaskEvents:
                     yield out
                 if tail.ended:
                     return
+            if tail.due():  # only events already sent came: still say where the stream is
+                yield tail.heartbeat()
 
 
 class _Tail:
@@ -462,7 +474,11 @@ class _Tail:
 
     def due(self) -> bool:
         """Nothing sent for a heartbeat period."""
-        return self.source.clock() - self.sent_at >= self.source.heartbeat_s
+        return self.patience() <= 0
+
+    def patience(self) -> float:
+        """How long a read may keep the stream quiet before a heartbeat is due."""
+        return self.source.heartbeat_s - (self.source.clock() - self.sent_at)
 
     def heartbeat(self) -> Heartbeat:
         """A heartbeat at the last seq checked (a reconnect with it goes on from there)."""
