@@ -465,6 +465,21 @@ def _ahead(task: str, seq: int) -> str:
     return source.occurrence(task, seq, step(seq)).cursor  # type: ignore[return-value]
 
 
+async def test_during_a_rolling_upgrade_cursors_can_be_minted_in_the_old_form() -> None:
+    clock = Clock()
+    log = TaskLog(clock, t=[step(0), step(1)])
+    bound = task_events(log, Tasks(t="working"), clock)
+    legacy = task_events(log, Tasks(t="working"), clock, bind_cursors=False)
+    old_form = (await poll_task(legacy, "t", None))["cursor"]
+    assert old_form == "dDEuMQ"  # t1.1: what replicas of 8fd441c read
+    new_form = (await poll_task(bound, "t", None))["cursor"]
+    for source in (bound, legacy):  # either reads both forms
+        assert (await poll_task(source, "t", old_form))["events"] == []
+        assert (await poll_task(source, "t", new_form))["events"] == []
+    assert Settings().event_cursors.task_version == 2
+    assert Settings(event_cursors={"task_version": 1}).event_cursors.task_version == 1
+
+
 # --- item 6 (g): access is checked again at each heartbeat ---------------------------------------
 
 

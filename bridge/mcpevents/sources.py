@@ -228,6 +228,7 @@ class TaskEvents:
         clock: Callable[[], float] = time.monotonic,
         catch_up: Callable[[], Awaitable[None]] | None = None,
         catch_up_s: float = 5.0,
+        bind_cursors: bool = True,
     ) -> None:
         self.name = name
         self.tasks = tasks
@@ -244,7 +245,14 @@ class TaskEvents:
         #: at or past the head may come from a replica that is further along.
         self.catch_up = catch_up
         self.catch_up_s = catch_up_s
+        #: Mint cursors that name their task (``t2``); False: the ``t1`` form of 8fd441c, while a
+        #: rolling upgrade from it has replicas of both versions serving.
+        self.bind_cursors = bind_cursors
         self._validator = jsonschema.Draft202012Validator(TASK_INPUT_SCHEMA)
+
+    def cursor(self, task_id: str, last: int) -> str:
+        """The cursor after seq ``last`` of ``task_id`` (the one place this source mints one)."""
+        return encode_task(last, task_id if self.bind_cursors else None)
 
     def descriptor(self) -> dict[str, Any]:
         return {
@@ -292,7 +300,7 @@ class TaskEvents:
             name=self.name,
             timestamp_ms=event.timestamp_ms,
             data={"seq": seq, "type": event.type, "payload": event.payload},
-            cursor=encode_task(seq, task_id),
+            cursor=self.cursor(task_id, seq),
         )
 
     def ends(self, event: TaskEvent) -> bool:
@@ -341,7 +349,7 @@ class TaskEvents:
         next_poll_ms = max(int(view.poll_interval_ms), 1000)
         if cursor is None:
             head = await self.log.head(task_id)
-            return PollBatch([], encode_task(head - 1, task_id), False, False, next_poll_ms)
+            return PollBatch([], self.cursor(task_id, head - 1), False, False, next_poll_ms)
         last = await self._resumed(task_id, cursor)
         floor = None if max_age_ms is None else self.now_ms() - max_age_ms
         events: list[Occurrence] = []
@@ -360,9 +368,9 @@ class TaskEvents:
                     last = item.seq
                     events.append(self.occurrence(task_id, item.seq, item.event))
                     continue
-                truncated, resumed = True, encode_task(last, task_id)
+                truncated, resumed = True, self.cursor(task_id, last)
         has_more = last < await self.log.head(task_id) - 1
-        cursor = encode_task(last, task_id)
+        cursor = self.cursor(task_id, last)
         return PollBatch(events, cursor, truncated, has_more, next_poll_ms, resumed)
 
     # --- push ----------------------------------------------------------------------------
@@ -399,7 +407,7 @@ class TaskEvents:
         """:meth:`_stream`'s items while the subscription is open and the process runs."""
         if last is None:
             last = await self.log.head(task_id) - 1
-        yield Active(encode_task(last, task_id), False)
+        yield Active(self.cursor(task_id, last), False)
         sent_at = self.clock()
         while not (self.stopping.is_set() or sub.closed):
             sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
@@ -465,7 +473,7 @@ class _Tail:
         self.sent_at = sent_at
 
     def _cursor(self, last: int) -> str:
-        return encode_task(last, self.task_id)
+        return self.source.cursor(self.task_id, last)
 
     def _sent(self, out: list[StreamItem]) -> list[StreamItem]:
         if out:

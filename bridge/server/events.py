@@ -201,6 +201,7 @@ def events_extension(
         stopping=stopping,
         catch_up=catch_up,
         catch_up_s=settings.cursor_catch_up_s,
+        bind_cursors=settings.event_cursors.task_version == 2,
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
     webhooks = webhook_methods(
