@@ -382,8 +382,7 @@ class _Push:
         after an overflow or a hole, and at the end."""
         source = self.source
         while not source.stopping.is_set():
-            quiet = source.clock() - self.sent_at
-            got = await feed.wait(max(source.heartbeat_s - quiet, 0.0))
+            got = await feed.wait(self._patience())
             if feed.overflowed:
                 return
             for chunk in feed.take() if got else []:

@@ -439,7 +439,7 @@ class TaskEvents:
         """Live events from the fan-out while they follow on; returns to re-read from Kafka
         after an overflow or a gap, and at the end."""
         while not self.stopping.is_set():
-            if not await sub.wait(max(self.heartbeat_s - (self.clock() - tail.sent_at), 0.0)):
+            if not await sub.wait(max(tail.patience(), 0.0)):
                 yield tail.heartbeat()
                 continue
             if sub.closed or sub.overflowed:
