@@ -642,6 +642,18 @@ def _host_matches(host: str, entry: str) -> bool:
     return host == entry
 
 
+class EventCursorSettings(BaseModel):
+    """The cursors the Events extension mints (docs/events.md). Set as
+    ``BRIDGE_EVENT_CURSORS__TASK_VERSION``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``task.event`` cursors: 2 names the task (a cursor of another task is refused); 1 is the
+    #: form versions up to 8fd441c read, for the span of a rolling upgrade from them (both are
+    #: read either way). Set 1 while replicas of both versions serve, then remove it.
+    task_version: Literal[1, 2] = 2
+
+
 class Settings(BaseSettings):
     """All settings of the bridge. The README's Configuration table lists the main ones."""
 
@@ -782,6 +794,7 @@ class Settings(BaseSettings):
     webhook_verify_per_minute: float = Field(12.0, gt=0)
     #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
     webhook_keys: WebhookKeySettings = WebhookKeySettings()
+    event_cursors: EventCursorSettings = EventCursorSettings()
 
     _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
     #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).

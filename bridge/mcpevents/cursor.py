@@ -5,7 +5,9 @@ a number to do arithmetic on, and a later version can change the text without br
 cursors (an unknown version is refused, never guessed at). Cursors carry only log positions,
 never replica state: any replica, before or after a restart, reads the same position.
 
-* a task's own events: ``t1.<last>``, the seq of the last event the client has (``-1``: none);
+* a task's own events: ``t2.<tag>.<last>``, the seq of the last event the client has (``-1``:
+  none), ``tag`` 8 hex digits of the task id's SHA-256 so that a cursor of one task is not
+  taken for another's; ``t1.<last>`` (minted before the tag, no task named) is still read;
 * an ``events/list`` page: ``p1.<index>``, the first entry of the page;
 * a topic partition read by offset (``task.updated``, the owner's partition of the updates
   topic): ``u1.<partition>.<offset>``, the next offset to read;
@@ -36,7 +38,9 @@ __all__ = [
     "topic_tag",
 ]
 
-_TASK = "t1"
+_TASK = "t2"
+#: The task cursor before it named its task: still read (clients hold them), never minted.
+_TASK_V1 = "t1"
 _PAGE = "p1"
 _PARTITION = "u1"
 _OFFSETS = "k1"
@@ -98,14 +102,24 @@ def _decode(cursor: str, version: str, what: str) -> int:
     return _number(fields[0], what, low=-1)
 
 
-def encode_task(last: int) -> str:
-    """The cursor after seq ``last`` of a task's events (``-1``: before its first event)."""
-    return _encode(f"{_TASK}.{last}")
+def encode_task(last: int, task_id: str | None = None) -> str:
+    """The cursor after seq ``last`` of the events of ``task_id`` (``-1``: before its first
+    event); without ``task_id``, the version 1 cursor that names no task (tests, old clients)."""
+    if task_id is None:
+        return _encode(f"{_TASK_V1}.{last}")
+    return _encode(f"{_TASK}.{topic_tag(task_id)}.{last}")
 
 
-def decode_task(cursor: str) -> int:
-    """The seq :func:`encode_task` was given."""
-    return _decode(cursor, _TASK, "task event")
+def decode_task(cursor: str, task_id: str | None = None) -> int:
+    """The seq :func:`encode_task` was given; BadCursor for a cursor minted for another task
+    than ``task_id`` (a version 1 cursor names none: it is taken for any)."""
+    what = "task event"
+    if _text(cursor, what).split(".", 1)[0] == _TASK_V1:
+        return _decode(cursor, _TASK_V1, what)
+    fields = _fields(cursor, _TASK, what)
+    if len(fields) != 2 or (task_id is not None and fields[0] != topic_tag(task_id)):
+        raise BadCursor(what)
+    return _number(fields[1], what, low=-1)
 
 
 def encode_page(index: int) -> str:
@@ -135,8 +149,8 @@ def decode_partition(cursor: str) -> tuple[int, int]:
 
 
 def topic_tag(topic: str) -> str:
-    """What an offsets cursor carries of its topic: 8 hex digits of the name's SHA-256."""
-    return hashlib.sha256(topic.encode("utf-8")).hexdigest()[:8]
+    """What a cursor carries of its topic (or task): 8 hex digits of the name's SHA-256."""
+    return hashlib.sha256(topic.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def encode_offsets(tag: str, offsets: Mapping[int, int]) -> str:

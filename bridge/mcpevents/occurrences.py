@@ -89,6 +89,9 @@ class PollBatch:
     truncated: bool
     has_more: bool
     next_poll_ms: int
+    #: With ``truncated``: the position the read went on from after its last skip, before any
+    #: event of the batch (where a new webhook subscription starts, the fresh cursor).
+    resumed: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

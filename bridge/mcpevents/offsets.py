@@ -16,7 +16,9 @@ the same way for both:
   budget of records (so one poll over a busy topic with few matches stays bounded);
 * push registers on the process's live tail of the topic first, then reads from Kafka up to the
   end, then takes live chunks: back to Kafka after an overflow or a hole. Heartbeats carry the
-  position checked up to, which moves with records that did not match as well.
+  position checked up to, which moves with records that did not match as well, and are sent
+  whenever nothing was sent for a heartbeat period, in the replay from Kafka as when live (a
+  client far behind on a busy topic hears the position move, and a reconnect goes on from it).
 
 No JSON-RPC here: bad arguments raise :class:`~bridge.mcpevents.sources.InvalidArguments`, a
 foreign cursor :class:`~bridge.mcpevents.cursor.BadCursor`.
@@ -32,8 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.kafka.clients import OffsetOutOfRangeError
-from bridge.mcpevents.kafkalog import Feed, LiveTopics, Record, TopicReader
+from bridge.mcpevents.kafkalog import Chunk, Feed, LiveTopics, Record, TopicReader
 from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
+from bridge.mcpevents.pacing import Waiting, paced
 
 __all__ = ["Found", "OffsetSource", "Selection"]
 
@@ -77,6 +80,16 @@ class _Skipped:
 _SKIPPED = _Skipped()
 
 
+class _Checked:
+    """A fetch was read through: the positions moved past every record it held."""
+
+
+_CHECKED = _Checked()
+
+#: What the replay hands out: records, the markers above, and the pacing's.
+_Replayed = Record | _Skipped | _Checked | Waiting
+
+
 class OffsetSource:
     """An event type over a topic read by offset (see the module docstring); subclasses
     define :meth:`descriptor`, :meth:`select`, :meth:`encode` and :meth:`decode`."""
@@ -94,6 +107,7 @@ class OffsetSource:
         stopping: asyncio.Event | None = None,
         now_ms: Callable[[], int] = _now_ms,
         scan_limit: int = SCAN_LIMIT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.topic = topic
@@ -105,6 +119,8 @@ class OffsetSource:
         self.stopping = stopping or asyncio.Event()
         self.now_ms = now_ms
         self.scan_limit = scan_limit
+        #: The heartbeat's clock (seconds, monotonic), apart so that tests can drive it.
+        self.clock = clock
 
     # --- what a subclass says ------------------------------------------------------------
 
@@ -114,6 +130,10 @@ class OffsetSource:
     async def select(self, principal: str, arguments: dict[str, Any]) -> Selection:
         """The subscription of ``principal`` with ``arguments``, or raise why there is none."""
         raise NotImplementedError
+
+    async def authorize(self, principal: str, arguments: dict[str, Any]) -> None:
+        """Raise what :meth:`select` raises once ``principal`` may no longer read this."""
+        await self.select(principal, arguments)
 
     def encode(self, positions: Mapping[int, int]) -> str:
         raise NotImplementedError
@@ -173,17 +193,35 @@ class OffsetSource:
             cursor=self.encode(positions),
         )
 
+    async def _fetch(self, partition: int, offset: int) -> AsyncGenerator[Chunk]:
+        """The one fetch at ``offset`` (for :func:`~bridge.mcpevents.pacing.paced`)."""
+        yield await self.reader.fetch(self.topic, partition, offset)
+
     async def _replay(
-        self, positions: dict[int, int], ends: Mapping[int, int]
-    ) -> AsyncGenerator[Record | _Skipped]:
+        self,
+        positions: dict[int, int],
+        ends: Mapping[int, int],
+        patience: Callable[[], float] | None = None,
+    ) -> AsyncGenerator[_Replayed]:
         """Every committed record from ``positions`` up to ``ends``, partitions round robin
         (one fetch each), updating ``positions`` before each record is handed out; a
-        :data:`_SKIPPED` when retention moved the log start past a position meanwhile."""
+        :data:`_SKIPPED` when retention moved the log start past a position meanwhile, a
+        :data:`_CHECKED` after each fetch (its records all handed out, the position past it),
+        and with ``patience`` a :data:`~bridge.mcpevents.pacing.WAITING` whenever a fetch keeps
+        it waiting that long (a wait for a pooled consumer included)."""
         pending = [p for p in positions if positions[p] < ends[p]]
         while pending:
             for p in list(pending):
                 try:
-                    chunk = await self.reader.fetch(self.topic, p, positions[p])
+                    chunk = None
+                    fetch = paced(self._fetch(p, positions[p]), patience)
+                    async with contextlib.aclosing(fetch) as got:
+                        async for answer in got:
+                            if isinstance(answer, Waiting):
+                                yield answer
+                            else:
+                                chunk = answer
+                    assert chunk is not None, "a fetch answers or raises"
                 except OffsetOutOfRangeError:
                     begins, _ = await self.reader.bounds(self.topic, [p])
                     if begins[p] <= positions[p]:
@@ -195,6 +233,7 @@ class OffsetSource:
                     positions[p] = record.offset + 1
                     yield record
                 positions[p] = max(positions[p], chunk.end)
+                yield _CHECKED
                 if positions[p] >= ends[p] or chunk.end == chunk.start:
                     pending.remove(p)  # done, or no progress: the next poll goes on
 
@@ -214,24 +253,29 @@ class OffsetSource:
         if cursor is None:
             return PollBatch([], self.encode(ends), False, False, self.next_poll_ms)
         positions, truncated = await self._resumed(selection, cursor, max_age_ms, begins, ends)
+        resumed = self.encode(positions) if truncated else None
         floor = self._floor(max_age_ms)
         events: list[Occurrence] = []
         scanned = 0
         async with contextlib.aclosing(self._replay(positions, ends)) as items:
             async for item in items:
+                if isinstance(item, _Checked | Waiting):
+                    continue
                 if isinstance(item, _Skipped):
-                    truncated = True
+                    truncated, resumed = True, self.encode(positions)
                     continue
                 found = selection.match(item)
                 if found is not None and item.timestamp < floor:
-                    truncated, found = True, None  # one of ours, but older than asked for
+                    found = None  # one of ours, but older than asked for
+                    truncated, resumed = True, self.encode(positions)
                 if found is not None:
                     events.append(self._occurrence(found, positions))
                 scanned += 1
                 if len(events) >= max_events or scanned >= self.scan_limit:
                     break
         has_more = any(positions[p] < ends[p] for p in selection.partitions)
-        return PollBatch(events, self.encode(positions), truncated, has_more, self.next_poll_ms)
+        cursor = self.encode(positions)
+        return PollBatch(events, cursor, truncated, has_more, self.next_poll_ms, resumed)
 
     # --- push ----------------------------------------------------------------------------
 
@@ -257,30 +301,45 @@ class _Push:
         self.source = source
         self.selection = selection
         self.positions: dict[int, int] = {}
-        self.sent_at = time.monotonic()
+        self.sent_at = source.clock()
         self.ended = False
         #: Records older than this are skipped while the stream replays from its cursor.
         self.floor = -(2**63)
         self.skipping = False
 
     def _sent(self, item: StreamItem) -> StreamItem:
-        self.sent_at = time.monotonic()
+        self.sent_at = self.source.clock()
         if isinstance(item, Occurrence) and self.selection.ends(item.data):
             self.ended = True
         return item
 
-    def _item(self, record: Record | _Skipped) -> StreamItem | None:
+    def _beat(self) -> StreamItem | None:
+        """A heartbeat at the positions checked, when nothing was sent for a period."""
+        if self.source.clock() - self.sent_at < self.source.heartbeat_s:
+            return None
+        return self._sent(Heartbeat(self.source.encode(self.positions)))
+
+    def _patience(self) -> float:
+        """How long a fetch may keep the stream quiet before a heartbeat is due."""
+        return max(self.source.heartbeat_s - (self.source.clock() - self.sent_at), 0.0)
+
+    def _item(self, record: _Replayed) -> StreamItem | None:
         """What to send for ``record`` (positions already moved past it)."""
         source = self.source
+        if isinstance(record, _Checked | Waiting):
+            return None
         if isinstance(record, _Skipped):
             return self._sent(Active(source.encode(self.positions), True))
         found = self.selection.match(record)
         if found is None:
             return None
         if record.timestamp < self.floor:  # one of ours, but older than asked for
+            # Skipped, and said once per run of skipped records (before the stream ends, when
+            # it is the one the stream ends with: nothing can follow it).
+            self.ended = self.selection.ends(found.data)
             if self.skipping:
                 return None
-            self.skipping = True  # said once per run of skipped records
+            self.skipping = True
             return self._sent(Active(source.encode(self.positions), True))
         self.skipping = False
         return self._sent(source._occurrence(found, self.positions))
@@ -304,9 +363,10 @@ class _Push:
             while not source.stopping.is_set():
                 feed.reset()  # from Kafka: at the start, after an overflow or a hole
                 _, ends = await source.reader.bounds(source.topic, selection.partitions)
-                async with contextlib.aclosing(source._replay(self.positions, ends)) as items:
+                replay = source._replay(self.positions, ends, self._patience)
+                async with contextlib.aclosing(replay) as items:
                     async for record in items:
-                        item = self._item(record)
+                        item = self._item(record) or self._beat()
                         if item is not None:
                             yield item
                         if self.ended:
@@ -322,8 +382,7 @@ class _Push:
         after an overflow or a hole, and at the end."""
         source = self.source
         while not source.stopping.is_set():
-            quiet = time.monotonic() - self.sent_at
-            got = await feed.wait(max(source.heartbeat_s - quiet, 0.0))
+            got = await feed.wait(self._patience())
             if feed.overflowed:
                 return
             for chunk in feed.take() if got else []:
@@ -342,5 +401,6 @@ class _Push:
                     if self.ended:
                         return
                 self.positions[chunk.partition] = chunk.end
-            if time.monotonic() - self.sent_at >= source.heartbeat_s:
-                yield self._sent(Heartbeat(source.encode(self.positions)))
+            beat = self._beat()
+            if beat is not None:
+                yield beat

@@ -5,7 +5,9 @@
 every replica and after restarts, because seq is derived from the log), ``data``
 ``{seq, type, payload}``. History comes from the reader (checkpoint seek), live events from the
 process's fan-out; a cursor older than retention resumes at the earliest retained seq with
-``truncated``. Poll and push share the one read rule (:meth:`TaskEvents._history`).
+``truncated``. Poll and push share the one read rule (:meth:`TaskEvents._history`). A cursor
+names its task and must not be past the task's head (:meth:`TaskEvents._resumed`). A push
+stream heartbeats whenever it sent nothing for a period, in its replay from Kafka as live.
 
 No JSON-RPC here: unknown or foreign tasks raise the task service's ``TaskNotFound`` and bad
 arguments :class:`InvalidArguments`; :mod:`bridge.server.events` maps them to wire errors. When
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -39,8 +41,10 @@ from bridge.mcpevents.occurrences import (
     StreamItem,
     task_event_id,
 )
+from bridge.mcpevents.pacing import Waiting, paced
 
 __all__ = [
+    "CursorAhead",
     "EventSource",
     "InvalidArguments",
     "Moved",
@@ -57,6 +61,17 @@ _GAP_ATTEMPTS = 5
 
 class InvalidArguments(ValueError):
     """Subscription arguments that do not match the event type's ``inputSchema``."""
+
+
+class CursorAhead(ValueError):
+    """A task event cursor past the task's last event: a seq the task never had."""
+
+    def __init__(self, task_id: str, next_seq: int) -> None:
+        super().__init__(
+            f"the cursor is past the last event of the task (its next seq is {next_seq})"
+        )
+        self.task_id = task_id
+        self.next_seq = next_seq
 
 
 class Moved(Exception):
@@ -124,6 +139,10 @@ class EventSource(Protocol):
     name: str
 
     def descriptor(self) -> dict[str, Any]: ...
+
+    async def authorize(self, principal: str, arguments: dict[str, Any]) -> None:
+        """Raise what a new subscription would raise when ``principal`` may no longer read
+        ``arguments`` (a push stream checks it again at each heartbeat)."""
 
     async def poll(
         self,
@@ -206,6 +225,10 @@ class TaskEvents:
         heartbeat_s: float,
         stopping: asyncio.Event | None = None,
         now_ms: Callable[[], int] = _now_ms,
+        clock: Callable[[], float] = time.monotonic,
+        catch_up: Callable[[], Awaitable[None]] | None = None,
+        catch_up_s: float = 5.0,
+        bind_cursors: bool = True,
     ) -> None:
         self.name = name
         self.tasks = tasks
@@ -216,7 +239,20 @@ class TaskEvents:
         self.heartbeat_s = heartbeat_s
         self.stopping = stopping or asyncio.Event()
         self.now_ms = now_ms
+        #: The heartbeat's clock (seconds, monotonic), apart so that tests can drive it.
+        self.clock = clock
+        #: Catches this replica's index up with the log (:meth:`Indexer.catch_up`): a cursor
+        #: at or past the head may come from a replica that is further along.
+        self.catch_up = catch_up
+        self.catch_up_s = catch_up_s
+        #: Mint cursors that name their task (``t2``); False: the ``t1`` form of 8fd441c, while a
+        #: rolling upgrade from it has replicas of both versions serving.
+        self.bind_cursors = bind_cursors
         self._validator = jsonschema.Draft202012Validator(TASK_INPUT_SCHEMA)
+
+    def cursor(self, task_id: str, last: int) -> str:
+        """The cursor after seq ``last`` of ``task_id`` (the one place this source mints one)."""
+        return encode_task(last, task_id if self.bind_cursors else None)
 
     def descriptor(self) -> dict[str, Any]:
         return {
@@ -234,27 +270,58 @@ class TaskEvents:
         task_id = str(arguments["taskId"])
         return task_id, await self.tasks.get(task_id, principal)
 
+    async def authorize(self, principal: str, arguments: dict[str, Any]) -> None:
+        """TaskNotFound once the caller may no longer see the task (tasks/get's answer)."""
+        await self._authorized(principal, arguments)
+
+    async def _resumed(self, task_id: str, cursor: str) -> int:
+        """The last seq ``cursor`` names: BadCursor for another task's cursor, CursorAhead for
+        one past the task's head, after this replica's index caught up (bounded: on timeout
+        the cursor is taken, and a read from it finds nothing until the task gets there)."""
+        last = decode_task(cursor, task_id)
+        head = await self.log.head(task_id)
+        if last < head or self.catch_up is None:
+            if last >= head:
+                raise CursorAhead(task_id, head)
+            return last
+        try:
+            async with asyncio.timeout(self.catch_up_s):
+                await self.catch_up()
+        except TimeoutError:
+            return last
+        head = await self.log.head(task_id)
+        if last >= head:
+            raise CursorAhead(task_id, head)
+        return last
+
     def occurrence(self, task_id: str, seq: int, event: TaskEvent) -> Occurrence:
         return Occurrence(
             event_id=task_event_id(task_id, seq),
             name=self.name,
             timestamp_ms=event.timestamp_ms,
             data={"seq": seq, "type": event.type, "payload": event.payload},
-            cursor=encode_task(seq),
+            cursor=self.cursor(task_id, seq),
         )
 
     def ends(self, event: TaskEvent) -> bool:
         return event.type == self.status_type and event.payload.get("status") in TERMINAL_WIRE
 
-    async def _history(self, task_id: str, last: int) -> AsyncIterator[Sequenced | _Gap]:
+    async def _history(
+        self, task_id: str, last: int, patience: Callable[[], float] | None = None
+    ) -> AsyncIterator[Sequenced | _Gap | Waiting]:
         """Retained events after seq ``last`` up to the indexed head, in seq order; a
-        :class:`_Gap` first when retention deleted some of them."""
+        :class:`_Gap` first when retention deleted some of them; with ``patience``, a
+        :data:`~bridge.mcpevents.pacing.WAITING` whenever a read keeps it waiting that long."""
         for _ in range(_GAP_ATTEMPTS):
             try:
-                async with _closing(
-                    self.log.read_batches(task_id, last if last >= 0 else None)
-                ) as batches:
+                async with (
+                    _closing(self.log.read_batches(task_id, last if last >= 0 else None)) as reads,
+                    _closing(paced(reads, patience)) as batches,
+                ):
                     async for batch in batches:
+                        if isinstance(batch, Waiting):
+                            yield batch
+                            continue
                         for item in batch:
                             if item.seq > last + 1:
                                 yield _Gap(item.seq - 1)
@@ -282,25 +349,29 @@ class TaskEvents:
         next_poll_ms = max(int(view.poll_interval_ms), 1000)
         if cursor is None:
             head = await self.log.head(task_id)
-            return PollBatch([], encode_task(head - 1), False, False, next_poll_ms)
-        last = decode_task(cursor)
+            return PollBatch([], self.cursor(task_id, head - 1), False, False, next_poll_ms)
+        last = await self._resumed(task_id, cursor)
         floor = None if max_age_ms is None else self.now_ms() - max_age_ms
         events: list[Occurrence] = []
-        truncated = False
+        truncated, resumed = False, None
         async with _closing(self._history(task_id, last)) as history:
             async for item in history:
                 if len(events) >= max_events:
                     break
+                if isinstance(item, Waiting):
+                    continue
                 if isinstance(item, _Gap):
-                    truncated, last = True, item.last
+                    last = item.last
+                elif floor is not None and item.event.timestamp_ms < floor:
+                    last = item.seq  # older than the client asked for: skipped
+                else:
+                    last = item.seq
+                    events.append(self.occurrence(task_id, item.seq, item.event))
                     continue
-                last = item.seq
-                if floor is not None and item.event.timestamp_ms < floor:
-                    truncated = True  # older than the client asked for: skipped
-                    continue
-                events.append(self.occurrence(task_id, item.seq, item.event))
+                truncated, resumed = True, self.cursor(task_id, last)
         has_more = last < await self.log.head(task_id) - 1
-        return PollBatch(events, encode_task(last), truncated, has_more, next_poll_ms)
+        cursor = self.cursor(task_id, last)
+        return PollBatch(events, cursor, truncated, has_more, next_poll_ms, resumed)
 
     # --- push ----------------------------------------------------------------------------
 
@@ -313,7 +384,7 @@ class TaskEvents:
     ) -> AsyncIterator[StreamItem]:
         """Check the subscription (raising before any byte is sent), then its stream items."""
         task_id, _ = await self._authorized(principal, arguments)
-        last = None if cursor is None else decode_task(cursor)
+        last = None if cursor is None else await self._resumed(task_id, cursor)
         floor = None if max_age_ms is None or last is None else self.now_ms() - max_age_ms
         return self._stream(task_id, principal, last, floor)
 
@@ -336,27 +407,30 @@ class TaskEvents:
         """:meth:`_stream`'s items while the subscription is open and the process runs."""
         if last is None:
             last = await self.log.head(task_id) - 1
-        yield Active(encode_task(last), False)
+        yield Active(self.cursor(task_id, last), False)
+        sent_at = self.clock()
         while not (self.stopping.is_set() or sub.closed):
             sub.reset()  # history from Kafka: at the start, and after the buffer overflowed
             finished = (await self.tasks.get(task_id, principal)).status in TERMINAL_WIRE
-            tail = _Tail(self, task_id, last, floor)
-            async with _closing(self._history(task_id, last)) as history:
+            tail = _Tail(self, task_id, last, floor, sent_at)
+            async with _closing(self._history(task_id, last, tail.patience)) as history:
                 async for item in history:
-                    for out in tail.step(item):
+                    for out in [] if isinstance(item, Waiting) else tail.step(item):
                         yield out
                     if tail.ended:
                         return
+                    if tail.due():  # a replay skipping old events still says where it is
+                        yield tail.heartbeat()
             for out in tail.caught_up():
                 yield out
-            last, floor = tail.last, None
+            last, floor, sent_at = tail.last, None, tail.sent_at
             if finished:
                 return  # the terminal status event was at or before the head just read
             async for out in self._live(task_id, sub, tail):
                 yield out
             if tail.ended:
                 return
-            last = tail.last
+            last, sent_at = tail.last, tail.sent_at
         if not self.stopping.is_set():
             # The fan-out closes a subscription only for a partition this replica lost.
             raise Moved(task_id)
@@ -365,8 +439,8 @@ class TaskEvents:
         """Live events from the fan-out while they follow on; returns to re-read from Kafka
         after an overflow or a gap, and at the end."""
         while not self.stopping.is_set():
-            if not await sub.wait(self.heartbeat_s):
-                yield Heartbeat(encode_task(tail.last))
+            if not await sub.wait(max(tail.patience(), 0.0)):
+                yield tail.heartbeat()
                 continue
             if sub.closed or sub.overflowed:
                 return
@@ -379,40 +453,68 @@ class TaskEvents:
                     yield out
                 if tail.ended:
                     return
+            if tail.due():  # only events already sent came: still say where the stream is
+                yield tail.heartbeat()
 
 
 class _Tail:
-    """Where a push stream stands: the last seq sent, the age floor, whether it has ended."""
+    """Where a push stream stands: the last seq sent, the age floor, whether it has ended, and
+    when it last sent anything (for the heartbeat, in every phase)."""
 
-    def __init__(self, source: TaskEvents, task_id: str, last: int, floor: int | None) -> None:
+    def __init__(
+        self, source: TaskEvents, task_id: str, last: int, floor: int | None, sent_at: float
+    ) -> None:
         self.source = source
         self.task_id = task_id
         self.last = last
         self.floor = floor
         self.ended = False
         self.skipped = False
+        self.sent_at = sent_at
+
+    def _cursor(self, last: int) -> str:
+        return self.source.cursor(self.task_id, last)
+
+    def _sent(self, out: list[StreamItem]) -> list[StreamItem]:
+        if out:
+            self.sent_at = self.source.clock()
+        return out
+
+    def due(self) -> bool:
+        """Nothing sent for a heartbeat period."""
+        return self.patience() <= 0
+
+    def patience(self) -> float:
+        """How long a read may keep the stream quiet before a heartbeat is due."""
+        return self.source.heartbeat_s - (self.source.clock() - self.sent_at)
+
+    def heartbeat(self) -> Heartbeat:
+        """A heartbeat at the last seq checked (a reconnect with it goes on from there)."""
+        self.sent_at = self.source.clock()
+        return Heartbeat(self._cursor(self.last))
 
     def step(self, item: Sequenced | _Gap) -> list[StreamItem]:
-        """What to send for ``item``: a fresh ``active`` for a gap or an age skip."""
+        """What to send for ``item``: a fresh ``active`` for a gap or an age skip (also when
+        the skipped event was the task's last: the skip is said before the stream ends)."""
         source = self.source
         if isinstance(item, _Gap):
             self.last = item.last
-            return [Active(encode_task(self.last), True)]
+            return self._sent([Active(self._cursor(self.last), True)])
         self.last = item.seq
         self.ended = source.ends(item.event)
         if self.floor is not None and item.event.timestamp_ms < self.floor:
             self.skipped = True
-            return []
+            return self.caught_up() if self.ended else []
         out: list[StreamItem] = []
         if self.skipped:
             self.skipped = False
-            out.append(Active(encode_task(item.seq - 1), True))
+            out.append(Active(self._cursor(item.seq - 1), True))
         out.append(source.occurrence(self.task_id, item.seq, item.event))
-        return out
+        return self._sent(out)
 
     def caught_up(self) -> list[StreamItem]:
         """At the end of history: a skip not yet announced is announced now."""
         if not self.skipped:
             return []
         self.skipped = False
-        return [Active(encode_task(self.last), True)]
+        return self._sent([Active(self._cursor(self.last), True)])

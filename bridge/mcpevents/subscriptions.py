@@ -34,9 +34,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import rfc8785
+
 __all__ = [
     "BadRecord",
     "DeliveryStatus",
+    "NotCanonical",
     "StoredRecord",
     "Subscription",
     "SubscriptionTable",
@@ -57,13 +60,26 @@ class BadRecord(ValueError):
     """A subscriptions-topic record this version cannot read (its content is never shown)."""
 
 
+class NotCanonical(ValueError):
+    """Arguments that have no canonical JSON form (RFC 8785): an integer beyond what a JSON
+    number holds exactly (2**53), a lone surrogate. The value is never shown."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "arguments hold a value without a canonical JSON form (RFC 8785): an integer "
+            "beyond 2**53 - 1 or a lone surrogate"
+        )
+
+
 def subscription_id(principal: str, url: str, name: str, arguments: dict[str, Any]) -> str:
-    """The draft's deterministic id over ``(principal, url, name, arguments)``: 128 bits of a
-    SHA-256 of their canonical JSON (arguments compared by canonical-JSON equality)."""
-    key = json.dumps(
-        [principal, url, name, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    return "sub_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+    """The SEP's deterministic id over ``(principal, url, name, arguments)``: 128 bits of a
+    SHA-256 of their canonical JSON, RFC 8785 (JCS), so that arguments equal as JSON values
+    are one key (``1`` and ``1.0``, ``1e2`` and ``100``, members in any order)."""
+    try:
+        key = rfc8785.dumps([principal, url, name, arguments])
+    except rfc8785.CanonicalizationError:
+        raise NotCanonical() from None
+    return "sub_" + hashlib.sha256(key).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)

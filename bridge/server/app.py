@@ -135,6 +135,7 @@ async def start_components(
                 routing=routing,
                 peers=peers,
                 on_throttled=metrics.webhook_verifications_throttled.inc,
+                catch_up=indexer.catch_up,
             )
             await events.start()  # webhook delivery, when offered
             stack.push_async_callback(events.stop)

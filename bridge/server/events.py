@@ -13,7 +13,9 @@ delivery loops read events through :func:`delivery_poll`, the very ``events/poll
 
 Push: one SSE response per ``events/stream``; ``notifications/events/active`` first, then
 ``event`` and ``heartbeat`` (carrying the cursor), each with the request id in
-``_meta["io.modelcontextprotocol/subscriptionId"]``. A read failure is reported with
+``_meta["io.modelcontextprotocol/subscriptionId"]``; the sources heartbeat in every phase
+(replay and live), and at each heartbeat the caller's access is checked again (a stream whose
+access is gone ends with ``terminated``). A read failure is reported with
 ``notifications/events/error`` and retried from the last cursor sent; repeated failures, or the
 task becoming invisible, end the stream with ``notifications/events/terminated``. The final
 ``StreamEventsResult`` is sent only when the server ends the stream (after a task's terminal
@@ -33,7 +35,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from math import ceil
 from typing import Any
@@ -56,9 +58,17 @@ from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
 from bridge.mcpevents.delivery import Poll, Revoked, VerificationThrottled, WebhookService
 from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
-from bridge.mcpevents.sources import LiveEvents, Moved, TaskEvents, TaskLog, TaskLookup
+from bridge.mcpevents.sources import (
+    CursorAhead,
+    LiveEvents,
+    Moved,
+    TaskEvents,
+    TaskLog,
+    TaskLookup,
+)
 from bridge.mcpevents.subscriptions import (
     DeliveryStatus,
+    NotCanonical,
     Subscription,
     TtlPolicy,
     subscription_id,
@@ -136,8 +146,25 @@ def _mapped() -> Iterator[None]:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
     except BadCursor as exc:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
+    except CursorAhead as exc:
+        data = {"reason": "cursor_ahead", "taskId": exc.task_id, "nextSeq": exc.next_seq}
+        raise RpcError(INVALID_PARAMS, str(exc), data) from None
     except NotPermitted as exc:
         raise RpcError(FORBIDDEN, "Forbidden", {"reason": str(exc)}) from None
+    except NotCanonical as exc:
+        raise RpcError(INVALID_PARAMS, str(exc)) from None
+
+
+async def _access_gone(
+    source: EventSource, principal: str, params: EventsSubscriptionParams
+) -> RpcError | None:
+    """The error a new subscription of ``principal`` would get now, or None (still allowed)."""
+    try:
+        with _mapped():
+            await source.authorize(principal, params.arguments or {})
+    except RpcError as exc:
+        return exc
+    return None
 
 
 def _stream_message(item: StreamItem, subscription_id: Any) -> dict[str, Any]:
@@ -161,11 +188,13 @@ def events_extension(
     routing: Routing | None = None,
     peers: Peers | None = None,
     on_throttled: Callable[[], None] = lambda: None,
+    catch_up: Callable[[], Awaitable[None]] | None = None,
 ) -> EventsMethods:
     """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires);
     ``streams`` admits each push stream (the stream hub); ``routing`` and ``peers`` when
     replicas divide the partitions; ``on_throttled`` counts webhook verifications refused by
-    the throttle."""
+    the throttle; ``catch_up`` catches the index up with the log before a task event cursor
+    past the head is refused."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
         tasks,
@@ -175,12 +204,21 @@ def events_extension(
         queue_size=settings.stream_queue_size,
         heartbeat_s=settings.stream_keepalive_s,
         stopping=stopping,
+        catch_up=catch_up,
+        catch_up_s=settings.cursor_catch_up_s,
+        bind_cursors=settings.event_cursors.task_version == 2,
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
     webhooks = webhook_methods(
         settings, sources, routing=routing, peers=peers, on_throttled=on_throttled
     )
-    return EventsMethods(sources, streams=streams, stopping=stopping, webhooks=webhooks)
+    return EventsMethods(
+        sources,
+        streams=streams,
+        stopping=stopping,
+        webhooks=webhooks,
+        recheck_s=settings.stream_keepalive_s,
+    )
 
 
 def offset_sources(
@@ -224,6 +262,8 @@ class EventsMethods:
         stopping: asyncio.Event | None = None,
         retry_s: float = 1.0,
         webhooks: WebhookMethods | None = None,
+        recheck_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``streams``: the admission every push stream takes a slot of (the stream hub's);
         None only where nothing is served over HTTP (tests of the methods themselves)."""
@@ -232,6 +272,10 @@ class EventsMethods:
         self.stopping = stopping or asyncio.Event()
         self.retry_s = retry_s
         self.webhooks = webhooks
+        #: A push stream checks its caller's access at each heartbeat, and at least this often
+        #: while events keep it busy (it then sends no heartbeat); ``clock`` measures it.
+        self.recheck_s = recheck_s
+        self.clock = clock
 
     async def start(self) -> None:
         """Start webhook delivery, when offered (the other methods need no start)."""
@@ -333,13 +377,22 @@ class EventsMethods:
         params: EventsSubscriptionParams,
         items: AsyncIterator[StreamItem],
     ) -> AsyncIterator[dict[str, Any]]:
-        """The stream's messages; a failed read is reported and retried from the last cursor."""
+        """The stream's messages; a failed read is reported and retried from the last cursor.
+        At each heartbeat, and every ``recheck_s`` while events keep the stream busy, the
+        caller's access is checked again: when it is gone the stream ends with ``terminated``
+        and the error a new subscription would get."""
         sid = call.rpc.id
-        cursor, failures = params.cursor, 0
+        cursor, failures, checked_at = params.cursor, 0, self.clock()
         while True:
             try:
                 async for item in items:
                     failures = 0
+                    if isinstance(item, Heartbeat) or self.clock() - checked_at >= self.recheck_s:
+                        checked_at = self.clock()
+                        gone = await _access_gone(source, call.principal, params)
+                        if gone is not None:
+                            yield events_notification("terminated", sid, error=gone.error())
+                            return
                     cursor = item.cursor or cursor
                     yield _stream_message(item, sid)
                 break
@@ -512,6 +565,25 @@ def webhook_sealer(settings: Settings) -> Sealer | None:
     return Sealer(KeyRing.load(keys.file))
 
 
+#: The longest delivery mode echoed in an Unsupported error (a client's string, not ours).
+_MODE_ECHO = 64
+
+
+def webhook_mode(params: Mapping[str, Any]) -> None:
+    """Unsupported for a ``delivery.mode`` other than ``"webhook"`` (the SEP's error for an
+    option this server does not offer), before the rest of ``delivery`` is read: a client
+    asking for another mode need not send a webhook's url and secret. A mode that is not a
+    string is left to the params model (InvalidParams)."""
+    delivery = params.get("delivery")
+    mode = delivery.get("mode", "webhook") if isinstance(delivery, Mapping) else "webhook"
+    if isinstance(mode, str) and mode != "webhook":
+        raise RpcError(
+            UNSUPPORTED,
+            "events/subscribe offers webhook delivery only",
+            {"feature": "deliveryMode", "value": mode[:_MODE_ECHO]},
+        )
+
+
 def _callback_url(url: str) -> str:
     """``url`` if it can be a callback (https, a host, no credentials), else InvalidParams."""
     try:
@@ -613,6 +685,7 @@ class WebhookMethods:
 
     async def subscribe(self, call: Call) -> Outcome:
         service = self._running()
+        webhook_mode(call.params)
         params = EventsSubscribeParams.model_validate(call.params)
         source = self._source(params.name)
         url = _callback_url(params.delivery.url)
@@ -622,7 +695,8 @@ class WebhookMethods:
             raise RpcError(INVALID_PARAMS, f"delivery.secret: {exc}") from None
         await self._restored(service)
         arguments = params.arguments or {}
-        sid = subscription_id(call.principal, url, params.name, arguments)
+        with _mapped():
+            sid = subscription_id(call.principal, url, params.name, arguments)
         now = self.now_ms()
         existing = service.registry.table.live(sid, now)
         # Authorization and arguments as events/poll checks them; for a new subscription the
@@ -667,6 +741,9 @@ class WebhookMethods:
         table = service.registry.table
         lapsed = table.get(sid)  # expired but not yet tombstoned: its delivery state is replaced
         replay = params.cursor is not None
+        # A cursor past retention or the maxAgeMs floor starts at the fresh position the read
+        # went on from (the one the result gives with truncated), not at the stale one.
+        start = probe.resumed if probe.truncated and probe.resumed is not None else params.cursor
         return Subscription(
             id=sid,
             name=params.name,
@@ -677,7 +754,7 @@ class WebhookMethods:
             previous_until_ms=0,
             expires_ms=expires,
             refreshed_ms=max(now, table.deleted_rev(sid) + 1),
-            cursor=params.cursor if replay else probe.cursor,
+            cursor=start if replay else probe.cursor,
             floor_ms=now - params.max_age_ms if replay and params.max_age_ms is not None else None,
             delivery_rev=0 if lapsed is None else lapsed.delivery_rev + 1,
         )
@@ -711,11 +788,13 @@ class WebhookMethods:
 
     async def unsubscribe(self, call: Call) -> Outcome:
         service = self._running()
+        webhook_mode(call.params)
         params = EventsUnsubscribeParams.model_validate(call.params)
         self._source(params.name)
         await self._restored(service)
         arguments = params.arguments or {}
-        sid = subscription_id(call.principal, params.delivery.url, params.name, arguments)
+        with _mapped():
+            sid = subscription_id(call.principal, params.delivery.url, params.name, arguments)
         if service.registry.table.live(sid, self.now_ms()) is None:
             raise RpcError(NOT_FOUND, "No such subscription", {"kind": "subscription"})
         await service.delete(sid)

@@ -654,6 +654,8 @@ class WebhookTarget(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    #: Anything but "webhook" is refused as Unsupported before this model is read
+    #: (:func:`bridge.server.events.webhook_mode`); absent means webhook.
     mode: Literal["webhook"] = "webhook"
     url: StrictStr = Field(max_length=2048)
 
@@ -681,7 +683,8 @@ class EventsSubscribeParams(EventsUnsubscribeParams):
     delivery: WebhookDelivery
     cursor: StrictStr | None = None
     max_age_ms: StrictInt | None = Field(default=None, alias="maxAgeMs", ge=0)
-    ttl_ms: StrictInt | None = Field(default=None, alias="ttlMs", ge=1)
+    #: Any integer: the grant clamps it (the SEP has no rejection path for TTL values).
+    ttl_ms: StrictInt | None = Field(default=None, alias="ttlMs")
 
     @property
     def ttl_given(self) -> bool:
