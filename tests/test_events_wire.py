@@ -411,7 +411,7 @@ async def test_a_task_updated_stream_whose_final_status_is_skipped_says_so_and_e
 
 
 def methods(source: Any, webhooks: WebhookMethods | None = None) -> EventsMethods:
-    return EventsMethods([source], webhooks=webhooks)
+    return EventsMethods([source], streams=None, webhooks=webhooks)
 
 
 def call(method: str, params: dict[str, Any], principal: str = "alice") -> Call:
@@ -552,7 +552,7 @@ async def test_a_push_stream_ends_with_terminated_when_access_is_gone(
 async def test_a_busy_push_stream_checks_access_every_period_too() -> None:
     clock = Clock()
     source = Busy(allowed=1, error=NotPermitted("no longer listed"), clock=clock)
-    events = EventsMethods([source], recheck_s=PERIOD, clock=clock)
+    events = EventsMethods([source], streams=None, recheck_s=PERIOD, clock=clock)
     got = await frames(await events.stream(call("events/stream", {"name": source.name})))
     kinds = [m.get("method", "result").rsplit("/", 1)[-1] for m in got]
     # checked at the 2nd tick (allowed) and the 4th (gone): three events, then terminated
