@@ -91,7 +91,7 @@ KUBE = KUBERNETES_VERSIONS[-1]
 EXAMPLE_SECRETS = {
     "mcp-kafka-bridge-peer": {"secret"},
     "mcp-kafka-bridge-identity": {"identity.keys"},
-    "mcp-kafka-bridge-webhook-keys": {"webhook-keys.json"},
+    "mcp-kafka-bridge-webhook-keys": {"keys.json"},
     "mcp-kafka-bridge-auth": {"jwks.json", "tokens.json"},
     "kafka-ca": {"ca.crt"},
     "mcp-bridge-server-cert": {"user.crt", "user.key"},
@@ -326,7 +326,6 @@ def test_the_generated_peer_secret_is_random_never_a_literal_default(helm: str) 
     for _ in range(2):
         rendered = _template.__wrapped__(helm, "defaults")  # not the cached render: a new one
         (secret,) = [s for s in _kind(_docs(rendered), "Secret") if s["metadata"]["name"] == PEER]
-        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         value = base64.b64decode(secret["data"]["secret"]).decode()
         assert len(value) >= 32 and value.isalnum()
         values.append(value)
@@ -667,7 +666,7 @@ def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
     server = _server(docs)
     keys_file = _env(docs, server)["BRIDGE_WEBHOOK_KEYS__FILE"]
     assert (
-        _secret_files(docs, server)[keys_file] == "mcp-kafka-bridge-webhook-keys/webhook-keys.json"
+        _secret_files(docs, server)[keys_file] == "mcp-kafka-bridge-webhook-keys/keys.json"
     )
     mounts = {m["mountPath"]: m for m in _container(server)["volumeMounts"]}
     assert mounts[keys_file.rsplit("/", 1)[0]]["readOnly"] is True
