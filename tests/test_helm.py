@@ -235,7 +235,13 @@ def test_the_defaults_render_the_objects_of_the_kustomize_base(helm: str) -> Non
         "StatefulSet",
     ]
     assert {s["metadata"]["name"] for s in _kind(docs, "Service")} == {RELEASE, PEERS}
-    assert len(_kind(docs, "NetworkPolicy")) == 4
+    # base's four policies, but the egress to webhook callbacks only once webhooks are on.
+    policies = {p["metadata"]["name"] for p in _kind(docs, "NetworkPolicy")}
+    assert len(policies) == 3 and f"{RELEASE}-webhooks" not in policies
+    on = _render(helm, "defaults", "webhooks.existingSecret=mcp-kafka-bridge-webhook-keys")
+    assert policies | {f"{RELEASE}-webhooks"} == {
+        p["metadata"]["name"] for p in _kind(on, "NetworkPolicy")
+    }
     assert _one(docs, "ServiceAccount", RELEASE)["automountServiceAccountToken"] is False
 
 
@@ -665,9 +671,7 @@ def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
     docs = _render(helm, "defaults", *sets)
     server = _server(docs)
     keys_file = _env(docs, server)["BRIDGE_WEBHOOK_KEYS__FILE"]
-    assert (
-        _secret_files(docs, server)[keys_file] == "mcp-kafka-bridge-webhook-keys/keys.json"
-    )
+    assert _secret_files(docs, server)[keys_file] == "mcp-kafka-bridge-webhook-keys/keys.json"
     mounts = {m["mountPath"]: m for m in _container(server)["volumeMounts"]}
     assert mounts[keys_file.rsplit("/", 1)[0]]["readOnly"] is True
     settings = settings_from(docs, server)
