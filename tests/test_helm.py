@@ -21,6 +21,7 @@ import base64
 import functools
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,11 @@ from test_k8s import (
 )
 
 from bridge.kafka.topics import topic_layout
+from bridge.keyring import parse_keyring
+from bridge.log.identity import load_keyring
+from bridge.sealing import KeyRing
 from bridge.server.auth import unauthenticated_exposure
+from bridge.server.events import webhook_sealer
 from bridge.workers.packs import PACKS, pack_tools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +79,9 @@ REQUIRED = (
 #: Examples that add to another's values (monitoring adds to an install's).
 EXTENDS = {"monitoring": "scram"}
 RELEASE = "mcp-kafka-bridge"
+#: The Secrets the chart generates when no existing one is named.
+PEER = f"{RELEASE}-peer"
+IDENTITY = f"{RELEASE}-identity"
 NAMESPACE = "mcp-bridge"
 PEERS = f"{RELEASE}-peers"
 #: The Kubernetes version helm renders for (a `go install`ed helm would assume 1.20, which the
@@ -82,6 +90,8 @@ KUBE = KUBERNETES_VERSIONS[-1]
 #: Secrets the examples name but do not create (they are the operator's), with their keys.
 EXAMPLE_SECRETS = {
     "mcp-kafka-bridge-peer": {"secret"},
+    "mcp-kafka-bridge-identity": {"identity.keys"},
+    "mcp-kafka-bridge-webhook-keys": {"keys.json"},
     "mcp-kafka-bridge-auth": {"jwks.json", "tokens.json"},
     "kafka-ca": {"ca.crt"},
     "mcp-bridge-server-cert": {"user.crt", "user.key"},
@@ -225,7 +235,13 @@ def test_the_defaults_render_the_objects_of_the_kustomize_base(helm: str) -> Non
         "StatefulSet",
     ]
     assert {s["metadata"]["name"] for s in _kind(docs, "Service")} == {RELEASE, PEERS}
-    assert len(_kind(docs, "NetworkPolicy")) == 4
+    # base's four policies, but the egress to webhook callbacks only once webhooks are on.
+    policies = {p["metadata"]["name"] for p in _kind(docs, "NetworkPolicy")}
+    assert len(policies) == 3 and f"{RELEASE}-webhooks" not in policies
+    on = _render(helm, "defaults", "webhooks.existingSecret=mcp-kafka-bridge-webhook-keys")
+    assert policies | {f"{RELEASE}-webhooks"} == {
+        p["metadata"]["name"] for p in _kind(on, "NetworkPolicy")
+    }
     assert _one(docs, "ServiceAccount", RELEASE)["automountServiceAccountToken"] is False
 
 
@@ -246,7 +262,8 @@ def test_more_than_one_replica_divides_the_partitions_by_pod_name(
         # One replica owns every partition: no group settings, no peer secret at all.
         assert env.get("BRIDGE_OWNERSHIP", "all") == "all"
         assert "BRIDGE_PEER_SECRET_FILE" not in env and "BRIDGE_INSTANCE_ID" not in env
-        assert not _kind(docs, "Secret")
+        # The only Secret: the task identity keyring (a lone replica needs one too).
+        assert [s["metadata"]["name"] for s in _kind(docs, "Secret")] == [IDENTITY]
         assert not [path for path in _secret_files(docs, server) if "/peer/" in path]
         return
     assert env["BRIDGE_OWNERSHIP"] == "group"
@@ -314,8 +331,7 @@ def test_the_generated_peer_secret_is_random_never_a_literal_default(helm: str) 
     values = []
     for _ in range(2):
         rendered = _template.__wrapped__(helm, "defaults")  # not the cached render: a new one
-        (secret,) = _kind(_docs(rendered), "Secret")
-        assert secret["metadata"]["name"] == f"{RELEASE}-peer"
+        (secret,) = [s for s in _kind(_docs(rendered), "Secret") if s["metadata"]["name"] == PEER]
         value = base64.b64decode(secret["data"]["secret"]).decode()
         assert len(value) >= 32 and value.isalnum()
         values.append(value)
@@ -326,9 +342,11 @@ def test_the_generated_peer_secret_is_random_never_a_literal_default(helm: str) 
 def test_no_secret_value_is_in_the_chart_or_its_examples(helm: str, values: str) -> None:
     docs = _render(helm, values)
     for secret in _kind(docs, "Secret"):
-        # Only the generated peer secret, and only when the chart is asked to make it.
-        assert secret["metadata"]["name"] == f"{RELEASE}-peer"
-        assert set(secret["data"]) == {"secret"}
+        # Only the generated peer secret and identity keyring, when the chart is asked to make
+        # them (their randomness is checked above and below).
+        assert {PEER: {"secret"}, IDENTITY: {"identity.keys"}}[secret["metadata"]["name"]] == set(
+            secret["data"]
+        )
     for config_map in _kind(docs, "ConfigMap"):
         for key, value in config_map["data"].items():
             if any(word in key for word in ("TOKEN", "SECRET", "PASSWORD")):
@@ -552,6 +570,121 @@ def test_the_dashboard_and_rules_have_one_source_each() -> None:
 # --- bad values --------------------------------------------------------------------------------
 
 
+# --- the keys kept outside Kafka --------------------------------------------------------------
+
+
+@functools.cache
+def _notes(helm: str, tmp: Path, values: str, *sets: str) -> str:
+    """NOTES.txt as `helm install` would print it: helm template skips it, so a copy of the chart
+    renders it as a ConfigMap (its text unchanged, inside a define)."""
+    chart = tmp / f"chart-{abs(hash((values, sets)))}"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes.tpl").write_text(
+        f'{{{{- define "notes" -}}}}{notes}{{{{- end -}}}}'
+    )
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "notes" . | quote }}}\n'
+    )
+    done = _run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(chart),
+        f"--kube-version={KUBE}",
+        "--show-only=templates/notes.yaml",
+        *_values_args(values),
+        *(arg for s in sets for arg in ("--set", s)),
+    )
+    assert done.returncode == 0, done.stderr
+    return str(_docs(done.stdout)[0]["data"]["notes"])
+
+
+@pytest.fixture(scope="module")
+def notes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("notes")
+
+
+@pytest.mark.parametrize(
+    ("values", "sets"),
+    [*((v, ()) for v in VALUES), ("defaults", ("server.replicas=1",))],
+)
+def test_every_server_signs_task_identities_with_a_keyring_from_a_secret(
+    helm: str, values: str, sets: tuple[str, ...], settings_from: Any, example_secrets: None
+) -> None:
+    # Never the key a lone process would make on its pod's disk (lost with the pod), nor one
+    # derived from the peer secret: a keyring mounted read-only from a Secret, on every replica.
+    docs = _render(helm, values, *sets)
+    server = _server(docs)
+    keys_file = _env(docs, server)["BRIDGE_IDENTITY__KEYS_FILE"]
+    # The generated Secret, or the operator's of the same name (examples/replicas.yaml).
+    assert _secret_files(docs, server)[keys_file] == f"{IDENTITY}/identity.keys"
+    assert load_keyring(settings_from(docs, server)).current == "staged"
+    # A worker (a pipeline) never holds it: holding it is the task-creator credential.
+    assert not any("IDENTITY" in name for name in _env(docs, _worker(docs)))
+
+
+def test_the_generated_identity_keyring_is_random_kept_and_usable(helm: str) -> None:
+    keyrings = []
+    for _ in range(2):
+        docs = _docs(_template.__wrapped__(helm, "defaults", "server.replicas=1"))
+        (secret,) = [s for s in _kind(docs, "Secret") if s["metadata"]["name"] == IDENTITY]
+        # Left in place by `helm uninstall`, like the topics whose tasks it signed.
+        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        text = base64.b64decode(secret["data"]["identity.keys"]).decode()
+        assert parse_keyring(text).current == "k1"
+        keyrings.append(text)
+    assert keyrings[0] != keyrings[1]  # made at random, never written in the chart
+    template = (CHART / "templates" / "identity-secret.yaml").read_text()
+    assert "lookup" in template  # an upgrade keeps the live Secret's keyring
+
+
+def test_an_existing_identity_secret_is_mounted_and_none_generated(helm: str) -> None:
+    docs = _render(helm, "defaults", "identity.existingSecret=my-keys", "identity.key=ring")
+    server = _server(docs)
+    keys_file = _env(docs, server)["BRIDGE_IDENTITY__KEYS_FILE"]
+    volumes = {v["name"]: v for v in server["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["identity-keys"]["secret"]["secretName"] == "my-keys"
+    assert volumes["identity-keys"]["secret"]["items"] == [{"key": "ring", "path": "identity.keys"}]
+    assert keys_file == "/etc/mcp-kafka-bridge/identity/identity.keys"
+    assert IDENTITY not in {s["metadata"]["name"] for s in _kind(docs, "Secret")}
+
+
+def test_webhooks_are_off_without_a_key_secret_and_the_notes_say_so(
+    helm: str, notes_dir: Path, settings_from: Any, example_secrets: None
+) -> None:
+    docs = _render(helm, "defaults")
+    server = _server(docs)
+    assert "BRIDGE_WEBHOOK_KEYS__FILE" not in _env(docs, server)
+    assert webhook_sealer(settings_from(docs, server)) is None
+    notes = _notes(helm, notes_dir, "defaults")
+    assert "WARNING: webhook delivery is OFF" in notes and "webhooks.existingSecret" in notes
+    assert f"Task identity keyring: Secret {IDENTITY} (generated" in notes
+
+
+def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
+    helm: str, notes_dir: Path, settings_from: Any, example_secrets: None
+) -> None:
+    sets = ("webhooks.existingSecret=mcp-kafka-bridge-webhook-keys",)
+    docs = _render(helm, "defaults", *sets)
+    server = _server(docs)
+    keys_file = _env(docs, server)["BRIDGE_WEBHOOK_KEYS__FILE"]
+    assert _secret_files(docs, server)[keys_file] == "mcp-kafka-bridge-webhook-keys/keys.json"
+    mounts = {m["mountPath"]: m for m in _container(server)["volumeMounts"]}
+    assert mounts[keys_file.rsplit("/", 1)[0]]["readOnly"] is True
+    settings = settings_from(docs, server)
+    assert settings.webhook_keys.file is not None and not settings.webhook_keys.create
+    assert KeyRing.load(settings.webhook_keys.file).current == "staged"
+    assert webhook_sealer(settings) is not None
+    notes = _notes(helm, notes_dir, "defaults", *sets)
+    assert "Webhook delivery is on" in notes and "OFF" not in notes
+    # In auth mode none webhooks stay off whatever the key: the notes say that too.
+    unauthenticated = _notes(helm, notes_dir, "minimal", *sets)
+    assert "webhook delivery is OFF despite webhooks.existingSecret" in unauthenticated
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -573,6 +706,11 @@ def test_the_dashboard_and_rules_have_one_source_each() -> None:
         (["image.tag=latest"], "not latest"),
         (["bridge.allowedHosts={*}"], "DNS-rebinding"),
         (["kafka.bootstrapServers=broker"], "has no :port"),
+        (["identity.key="], "identity.key: name the key of Secret mcp-kafka-bridge-identity"),
+        (
+            ["webhooks.existingSecret=wh", "webhooks.key="],
+            "webhooks.key: name the key of Secret wh",
+        ),
     ],
 )
 def test_bad_values_are_refused_with_a_clear_message(

@@ -57,6 +57,9 @@ from bridge.kafka.acls import (
     role_acls,
 )
 from bridge.kafka.topics import topic_layout
+from bridge.keyring import new_keyring_text, parse_keyring
+from bridge.log.identity import load_keyring
+from bridge.sealing import KeyRing
 from bridge.server.app import tool_catalog
 from bridge.server.auth import unauthenticated_exposure
 from bridge.workers.packs import PACKS, pack_tools
@@ -392,6 +395,10 @@ def _env(docs: list[dict[str, Any]], workload: dict[str, Any], ordinal: int = 0)
 
 #: The Secret holding the replicas' shared secret (docs/deployment.md, "The peer secret").
 PEER_SECRET = "mcp-kafka-bridge-peer"
+#: The Secrets of the two keys kept outside Kafka (docs/deployment.md, "Secrets"): the task
+#: identity keyring and the key file sealing webhook secrets at rest.
+IDENTITY_SECRET = "mcp-kafka-bridge-identity"
+WEBHOOK_KEYS_SECRET = "mcp-kafka-bridge-webhook-keys"
 #: The keys of the Secrets the pods mount, as their makers create them: Strimzi's cluster CA
 #: (Cluster Operator), the auth Secret of docs/deployment.md "Authentication", and the Secret the
 #: User Operator makes for a KafkaUser, by the user's authentication type.
@@ -399,6 +406,8 @@ SECRET_KEYS = {
     "my-cluster-cluster-ca-cert": {"ca.crt", "ca.p12", "ca.password"},
     "mcp-kafka-bridge-auth": {"jwks.json"},
     PEER_SECRET: {"secret"},
+    IDENTITY_SECRET: {"identity.keys"},
+    WEBHOOK_KEYS_SECRET: {"keys.json"},
 }
 KAFKA_USER_SECRET_KEYS = {
     "scram-sha-512": {"password", "sasl.jaas.config"},
@@ -443,6 +452,17 @@ def settings_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[A
     yield settings_loader(monkeypatch, tmp_path)
 
 
+def _staged_content(path: str, source: str) -> str:
+    """What a mounted Secret file holds in the test: a usable key where the bridge parses one at
+    load (the identity keyring, the webhook key file), else a line naming its source."""
+    if path.endswith("/identity.keys"):
+        return new_keyring_text("staged")
+    if path.endswith("/keys.json"):
+        key = base64.b64encode(os.urandom(32)).decode()
+        return json.dumps({"current": "staged", "keys": {"staged": key}})
+    return f"staged {source}\n"
+
+
 def settings_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """What :func:`settings_from` yields (tests/test_helm.py shares it)."""
     pods = iter(range(1_000_000))
@@ -452,7 +472,7 @@ def settings_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         for path, source in _secret_files(docs, workload).items():
             staged = root / path.lstrip("/")
             staged.parent.mkdir(parents=True, exist_ok=True)
-            staged.write_text(f"staged {source}\n")
+            staged.write_text(_staged_content(path, source))
         for key in list(os.environ):
             if key.startswith("BRIDGE_") or key == "KAFKA_BOOTSTRAP_SERVERS":
                 monkeypatch.delenv(key)
@@ -759,11 +779,45 @@ def test_the_peer_secret_is_a_mounted_file_and_only_dev_ships_a_placeholder(
     if overlay == "prod":
         assert secret_name == PEER_SECRET and not secrets  # the operator's Secret
     else:
-        (placeholder,) = secrets
+        (placeholder,) = [s for s in secrets if s["metadata"]["name"].startswith(PEER_SECRET)]
         assert secret_name == placeholder["metadata"]["name"]
         assert secret_name.startswith(f"{PEER_SECRET}-")  # kustomize's content hash
         value = base64.b64decode(placeholder["data"]["secret"]).decode()
         assert "placeholder" in value and "not-for-production" in value, value
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_server_mounts_both_keys_from_secrets_and_only_dev_ships_placeholders(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str, settings_from: Any
+) -> None:
+    docs = rendered[overlay]
+    server = _workload(docs, "server")
+    env, files = _env(docs, server), _secret_files(docs, server)
+    sources = {
+        IDENTITY_SECRET: files[env["BRIDGE_IDENTITY__KEYS_FILE"]],
+        WEBHOOK_KEYS_SECRET: files[env["BRIDGE_WEBHOOK_KEYS__FILE"]],
+    }
+    generated = {s["metadata"]["name"]: s for s in _kind(docs, "Secret")}
+    for name, source in sources.items():
+        secret_name, key = source.split("/")
+        if overlay == "prod":
+            assert secret_name == name and secret_name not in generated  # the operator's
+            continue
+        assert secret_name.startswith(f"{name}-")  # kustomize's content hash
+        text = base64.b64decode(generated[secret_name]["data"][key]).decode()
+        assert "placeholder-not-for-prod" in text, text
+        if name == IDENTITY_SECRET:
+            assert parse_keyring(text).current == "dev-placeholder-not-for-prod"
+        else:
+            assert json.loads(text)["current"] == "dev-placeholder-not-for-prod"
+    # Only the server holds them: a worker (a pipeline) must never sign task identities.
+    assert not any("KEYS" in name for name in _env(docs, _workload(docs, "worker")))
+    # The server signs with the mounted keyring (never one derived from the peer secret or made
+    # on a pod's disk) and seals webhook secrets with the mounted key file.
+    settings = settings_from(docs, server)
+    assert settings.identity.keys_file is not None and settings.webhook_keys.file is not None
+    assert load_keyring(settings).current == "staged"
+    assert KeyRing.load(settings.webhook_keys.file).current == "staged"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -851,10 +905,11 @@ def test_no_secret_is_in_the_repository(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     docs = rendered[overlay]
-    # Only dev's generated placeholder peer secret (checked above) is rendered.
-    rendered_secrets = [s["metadata"]["name"] for s in _kind(docs, "Secret")]
-    assert all(name.startswith(f"{PEER_SECRET}-") for name in rendered_secrets)
-    assert len(rendered_secrets) == (1 if overlay == "dev" else 0)
+    # Only dev's generated placeholders (checked above) are rendered.
+    rendered_secrets = sorted(s["metadata"]["name"] for s in _kind(docs, "Secret"))
+    placeholders = (IDENTITY_SECRET, PEER_SECRET, WEBHOOK_KEYS_SECRET) if overlay == "dev" else ()
+    assert len(rendered_secrets) == len(placeholders)
+    assert all(n.startswith(f"{p}-") for n, p in zip(rendered_secrets, placeholders, strict=True))
     for key, value in _config_map(docs).items():
         if re.search(r"TOKEN|SECRET|PASSWORD", key):
             # Only where a mounted Secret holds it (BRIDGE_KAFKA_SASL__PASSWORD_FILE).
@@ -1050,9 +1105,10 @@ def test_dev_connects_in_plaintext_and_creates_no_kafka_users(
         assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9092"
         assert settings.kafka_security_protocol == "PLAINTEXT"
         assert not settings.kafka_tls.configured and not settings.kafka_sasl.configured
-        # No Kafka credentials; the server mounts only the replicas' peer secret.
+        # No Kafka credentials; the server mounts only the peer secret and its two keys.
         mounted = {source.split("/")[0] for source in _secret_files(docs, workload).values()}
-        assert all(name.startswith(f"{PEER_SECRET}-") for name in mounted)
+        ours = tuple(f"{p}-" for p in (PEER_SECRET, IDENTITY_SECRET, WEBHOOK_KEYS_SECRET))
+        assert all(name.startswith(ours) for name in mounted)
 
 
 # --- labels and selectors ----------------------------------------------------------------------

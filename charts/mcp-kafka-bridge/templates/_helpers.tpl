@@ -98,6 +98,31 @@ every template that includes it refuses the same bad values.
 {{- default (printf "%s-peer" (include "bridge.fullname" .)) .Values.peerSecret.existingSecret -}}
 {{- end -}}
 
+{{/* The identity keyring's Secret: the user's, or the one the chart generates. */}}
+{{- define "bridge.identitySecretName" -}}
+{{- default (printf "%s-identity" (include "bridge.fullname" .)) .Values.identity.existingSecret -}}
+{{- end -}}
+
+{{/*
+The key files the server mounts from Secrets, each (dict "name" volume "env" setting "dir"
+mount "secret" name "key" key "file" name in the mount), as a JSON list: the task identity
+keyring always (the user's Secret or the generated one), the webhook sealing key only when a
+Secret is named (without one, webhook delivery stays off). statefulset.yaml mounts each
+read-only and sets its setting; NOTES.txt says which are on.
+*/}}
+{{- define "bridge.keyFiles" -}}
+{{- $files := list (dict "name" "identity-keys" "env" "BRIDGE_IDENTITY__KEYS_FILE" "dir" "/etc/mcp-kafka-bridge/identity" "secret" (include "bridge.identitySecretName" .) "key" .Values.identity.key "file" "identity.keys") -}}
+{{- if .Values.webhooks.existingSecret -}}
+{{- $files = append $files (dict "name" "webhook-keys" "env" "BRIDGE_WEBHOOK_KEYS__FILE" "dir" "/etc/mcp-kafka-bridge/webhook-keys" "secret" .Values.webhooks.existingSecret "key" .Values.webhooks.key "file" "keys.json") -}}
+{{- end -}}
+{{- range $files -}}
+{{- if not .key -}}
+{{- fail (printf "%s: name the key of Secret %s that holds the file" (ternary "identity.key" "webhooks.key" (eq .name "identity-keys")) .secret) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
 {{/*
 The tools of each built-in pack (bridge/workers/packs.py); tests/test_helm.py checks this map
 against the packs, so a tool added there fails the test until it is added here.
