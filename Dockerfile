@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The bridge image: one image for every command (`serve`, `workers --pack NAME`, `verify`, ...).
 #
-#   docker build -t mcp-kafka-bridge:0.1.0 .
+#   docker build -t mcp-kafka-bridge:0.2.0 .
 #
 # Stage 1 builds the package into a virtualenv; stage 2 copies only that virtualenv onto a
 # clean base and runs it as an unprivileged user. Kubernetes runs it with a read-only root

@@ -5,4 +5,4 @@ The package is laid out along the data flow: ``envelope`` (the record format) â†
 (the MCP endpoint and streams) â†’ ``cli``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

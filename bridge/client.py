@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from bridge import __version__
 from bridge.events import INTERNAL_ERROR
 
 __all__ = [
@@ -159,7 +160,7 @@ class TaskStreamClient:
         meta = {
             "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
             "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}},
-            "io.modelcontextprotocol/clientInfo": {"name": "bridge.client", "version": "0.1.0"},
+            "io.modelcontextprotocol/clientInfo": {"name": "bridge.client", "version": __version__},
         }
         body = {
             "jsonrpc": "2.0",
