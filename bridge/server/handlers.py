@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
+from bridge.log.fanout import SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket, label
 from bridge.server.classify import decode_header_value
@@ -429,7 +430,7 @@ class MethodHandlers:
             try:
                 async with asyncio.timeout(timeout):
                     while view.status not in _SETTLED:
-                        await sub.wait()
+                        await self.service.next_events(sub)
                         # Progress is best effort: what an overflow dropped is not re-sent.
                         changed = sub.overflowed
                         for indexed in sub.take():
@@ -446,6 +447,13 @@ class MethodHandlers:
                 raise RpcError(
                     INTERNAL_ERROR, f"the tool did not finish within {timeout:g} s"
                 ) from None
+            except (NotOwner, SubscriptionClosed):
+                # The task's partition moved (or the replica drains) while the call waited:
+                # nothing more arrives here. The job is cancelled, as on a timeout, so the
+                # client's retry of the retriable partition_moving answer runs the tool once.
+                with contextlib.suppress(Exception):
+                    await self.service.abandon(task_id)
+                raise partition_moving_error(task_id) from None
         yield result_response(call.rpc.id, self._direct_result(call, view, task_id))
 
     def _direct_result(self, call: Call, view: TaskView, task_id: str) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import Subscription, SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.mcpevents import Active, EventSource, Occurrence, StreamItem
 from bridge.server.admission import Caller, Ticket, label
@@ -404,9 +404,12 @@ class Listen:
             await asyncio.sleep(RETRY_S)  # the retry cadence, not synchronisation
 
     async def _watch(self, sub: Subscription, listening: _Listening) -> None:
-        while await sub.wait() and not sub.closed:
-            if self.tasks.status_changed(sub):
-                listening.mark(sub.task_id)
+        # Closed: the task's partition moved (the updates topic still says when it changes)
+        # or the process is draining.
+        with contextlib.suppress(SubscriptionClosed):
+            while await sub.wait():
+                if self.tasks.status_changed(sub):
+                    listening.mark(sub.task_id)
 
     async def _wake_on_drain(self, listening: _Listening) -> None:
         await self.streams.draining.wait()
