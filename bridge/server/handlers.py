@@ -28,6 +28,7 @@ from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket, label
 from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
+from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.peers import routed_task_id
 from bridge.server.routing import partition_moving_error
 from bridge.server.wire import (
@@ -56,7 +57,6 @@ from bridge.server.wire import (
     TasksUpdateParams,
     ToolsCallParams,
     has_capability,
-    kafka_unavailable_error,
     missing_capability,
     progress_notification,
     renderer,
@@ -64,11 +64,9 @@ from bridge.server.wire import (
     tasks_capability,
 )
 from bridge.tasks.service import (
-    KafkaUnavailable,
     TaskNotFound,
     TaskService,
     TaskView,
-    TooManyTasks,
 )
 
 __all__ = [
@@ -224,20 +222,10 @@ class MethodHandlers:
                 outcome = await handler(call)
         except ValidationError:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {call.rpc.method}") from None
-        except TaskNotFound as exc:
-            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
-        except NotOwner:
-            # Forwarded here a moment before the partition moved on: the client retries.
-            raise partition_moving_error(_named_task(call)) from None
-        except KafkaUnavailable as exc:
-            raise kafka_unavailable_error(str(exc), taskId=exc.task_id) from None
-        except TooManyTasks as exc:
-            raise RpcError(
-                INVALID_REQUEST,
-                str(exc),
-                {"reason": "too_many_tasks", "limit": exc.limit},
-                http_status=429,
-            ) from None
+        except DOMAIN_ERRORS as exc:
+            # One table for every endpoint (bridge.server.errors): a NotOwner here was
+            # forwarded a moment before the partition moved on, and the client retries.
+            raise wire_error(exc, _named_task(call)).error from None
         if isinstance(outcome, dict) and not call.legacy:
             outcome.setdefault("resultType", "complete")
         return outcome
