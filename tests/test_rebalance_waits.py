@@ -27,7 +27,7 @@ from bridge.log.fanout import Subscription
 from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.reader import Reader
 from bridge.server.admission import Caller
-from bridge.server.handlers import Call, MethodHandlers
+from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.wire import LATEST_VERSION, JsonRpcRequest, RpcError
 from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskService
@@ -96,15 +96,30 @@ def one_task_per_partition(service: TaskService) -> dict[int, str]:
     return ids
 
 
-def direct_call(request_id: int) -> Call:
-    """A ``tools/call`` of HOLD from a client without the tasks extension: a direct call."""
-    meta = {
+def direct_call(request_id: int, progress: bool) -> Call:
+    """A ``tools/call`` of HOLD from a client without the tasks extension: a direct call,
+    answered as JSON, or (``progress``) as a stream of its progress then its answer."""
+    meta: dict[str, Any] = {
         "io.modelcontextprotocol/protocolVersion": LATEST_VERSION,
         "io.modelcontextprotocol/clientCapabilities": {},
     }
+    headers = {}
+    if progress:
+        meta["progressToken"] = request_id
+        headers["accept"] = "application/json, text/event-stream"
     params = {"name": HOLD.name, "arguments": {}, "_meta": meta}
     rpc = JsonRpcRequest(jsonrpc="2.0", id=request_id, method="tools/call", params=params)
-    return Call(rpc, ALICE, legacy=False, params=params)
+    return Call(rpc, ALICE, legacy=False, params=params, headers=headers)
+
+
+class Slots:
+    """The stream hub's admission, as far as a direct call with progress uses it."""
+
+    def admit(self, caller: Caller, key: str, request_id: str | int | None) -> object:
+        return object()
+
+    def release(self, ticket: object) -> None:
+        pass
 
 
 async def across_a_rebalance(
@@ -144,7 +159,7 @@ async def outcome(waiting: Awaitable[Any]) -> BaseException | Any:
         return exc
 
 
-async def test_a_status_wait_ends_with_not_owner_when_its_partition_moves(
+async def test_a_created_task_s_status_wait_ends_with_not_owner_when_its_partition_moves(
     kafka_bootstrap: str, spins: Counter[int]
 ) -> None:
     async def wait(service: TaskService, task_id: str) -> Any:
@@ -161,8 +176,9 @@ async def test_a_status_wait_ends_with_not_owner_when_its_partition_moves(
     await across_a_rebalance(kafka_bootstrap, wait, check, spins)
 
 
+@pytest.mark.parametrize("progress", [False, True], ids=["json", "streamed"])
 async def test_a_direct_call_is_answered_partition_moving_and_its_job_cancelled(
-    kafka_bootstrap: str, spins: Counter[int]
+    kafka_bootstrap: str, spins: Counter[int], progress: bool
 ) -> None:
     abandoned: list[str] = []
 
@@ -182,10 +198,14 @@ async def test_a_direct_call_is_answered_partition_moving_and_its_job_cancelled(
 
     async def wait(service: TaskService, task_id: str) -> Any:
         spy(service)
-        handlers = MethodHandlers(service.settings, service, [HOLD], None)  # type: ignore[arg-type]
+        handlers = MethodHandlers(service.settings, service, [HOLD], Slots())  # type: ignore[arg-type]
         # The call's task id, drawn before its first await (so the calls cannot mix them up).
         service.new_task_id = lambda: task_id  # type: ignore[method-assign]
-        return await handlers.dispatch(direct_call(len(abandoned)))
+        answer = await handlers.dispatch(direct_call(len(spins), progress))
+        if isinstance(answer, Streamed):  # its messages end with the answer, or raise the error
+            async for _ in answer.messages:
+                pass
+        return answer
 
     async def check(service: TaskService, waits: dict, ids: dict, moved: set[int]) -> None:
         for partition in moved:
