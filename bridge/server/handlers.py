@@ -30,7 +30,6 @@ from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
 from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.peers import routed_task_id
-from bridge.server.routing import partition_moving_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -435,13 +434,13 @@ class MethodHandlers:
                 raise RpcError(
                     INTERNAL_ERROR, f"the tool did not finish within {timeout:g} s"
                 ) from None
-            except (NotOwner, SubscriptionClosed):
+            except (NotOwner, SubscriptionClosed) as exc:
                 # The task's partition moved (or the replica drains) while the call waited:
                 # nothing more arrives here. The job is cancelled, as on a timeout, so the
                 # client's retry of the retriable partition_moving answer runs the tool once.
                 with contextlib.suppress(Exception):
                     await self.service.abandon(task_id)
-                raise partition_moving_error(task_id) from None
+                raise wire_error(exc, task_id).error from None
         yield result_response(call.rpc.id, self._direct_result(call, view, task_id))
 
     def _direct_result(self, call: Call, view: TaskView, task_id: str) -> dict[str, Any]:
