@@ -1,13 +1,14 @@
-"""The fan-out's bounded subscription buffer as pure logic: waking, idling, overflow."""
+"""The fan-out's bounded subscription buffer as pure logic: waking, idling, overflow, closure."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from support.waits import BOUND, wait_until
 
 from bridge.envelope import TaskEvent
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import DRAINING, MOVED, Subscription, SubscriptionClosed
 from bridge.log.indexer import IndexedEvent
 
 
@@ -26,9 +27,26 @@ async def test_wait_wakes_on_an_offer_and_says_idle_when_nothing_came() -> None:
         assert [e.seq for e in sub.take()] == [0]
         waiting = asyncio.create_task(sub.wait(None))
         await wait_until(lambda: sub.waiter is not None, what="the task waits again")
-        sub.close()
-        assert await waiting is True and sub.closed
-        assert sub.waiter is None
+        sub.close(MOVED)
+        with pytest.raises(SubscriptionClosed) as closed:
+            await waiting
+        assert closed.value.moved and closed.value.task_id == "t" and sub.waiter is None
+
+
+async def test_a_closed_subscription_cannot_be_waited_on_in_a_loop() -> None:
+    """The loop of every waiter (wait, take, look): once the subscription is closed the next
+    wait raises instead of returning at once, so the loop ends after one round, never spins."""
+    sub = Subscription("t", limit=3)
+    sub.offer(live(0))
+    sub.close(DRAINING)
+    sub.close(MOVED)  # the first reason is kept
+    rounds = 0
+    with pytest.raises(SubscriptionClosed) as closed:
+        async with asyncio.timeout(BOUND):
+            for rounds in range(1000):  # noqa: B007  (counted: a spinning waiter reaches 999)
+                await sub.wait(None)
+                sub.take()
+    assert rounds == 0 and closed.value.reason == DRAINING and not closed.value.moved
 
 
 async def test_an_overflowing_buffer_drops_everything_and_says_so() -> None:

@@ -7,6 +7,11 @@ so (``overflowed``). Its owner then re-reads from Kafka (a stream) or re-reads t
 (a call waiting for a status): no reader is ever slowed by a slow consumer, and nothing is
 lost, because the log still has it.
 
+A closed subscription (its partition moved to another replica, the process is draining, its
+owner cancelled it) cannot be missed: :meth:`Subscription.wait` raises
+:class:`SubscriptionClosed`, before suspending and on waking, so no waiter can loop on it
+without an await that suspends.
+
 The fan-out looks only at an event's task id, never at the event: the tail hands over records
 of other types undecoded (:class:`~bridge.log.indexer.IndexedEvent` decodes on first access), so
 an event is decoded only when a subscriber reads it, and most tasks have no subscriber.
@@ -23,13 +28,38 @@ from collections.abc import Callable, Iterator
 
 from bridge.log.indexer import IndexedEvent, Indexer
 
-__all__ = ["Fanout", "Subscription"]
+__all__ = ["CANCELLED", "DRAINING", "MOVED", "Fanout", "Subscription", "SubscriptionClosed"]
+
+#: Why a subscription was closed (:attr:`SubscriptionClosed.reason`).
+MOVED = "moved"
+DRAINING = "draining"
+CANCELLED = "cancelled"
+
+
+class SubscriptionClosed(Exception):
+    """Nothing more will arrive on a subscription: :meth:`Subscription.wait` raises this
+    once it is closed. ``reason`` is :data:`MOVED` when the task's partition moved to another
+    replica (its owner serves the task now), :data:`DRAINING` when this process is draining,
+    :data:`CANCELLED` when its owner ended it."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(task_id, reason)
+        self.task_id = task_id
+        self.reason = reason
+
+    @property
+    def moved(self) -> bool:
+        """True when the task's partition moved to another replica."""
+        return self.reason == MOVED
+
+    def __str__(self) -> str:
+        return f"the live events of task {self.task_id} ended here ({self.reason})"
 
 
 class Subscription:
     """One subscriber's place in the fan-out: a bounded buffer the tail appends to."""
 
-    __slots__ = ("buffer", "closed", "limit", "overflowed", "task_id", "waiter")
+    __slots__ = ("buffer", "closed", "limit", "overflowed", "reason", "task_id", "waiter")
 
     def __init__(self, task_id: str, limit: int) -> None:
         self.task_id = task_id
@@ -39,6 +69,8 @@ class Subscription:
         self.buffer: deque[IndexedEvent] | None = None
         self.overflowed = False
         self.closed = False
+        #: Why it was closed (:data:`MOVED`, :data:`DRAINING`, :data:`CANCELLED`), once it is.
+        self.reason: str | None = None
         self.waiter: asyncio.Future[bool] | None = None
 
     def offer(self, indexed: IndexedEvent) -> bool:
@@ -67,9 +99,11 @@ class Subscription:
         if self.buffer is not None:
             self.buffer.clear()
 
-    def close(self) -> None:
-        """End the subscription from outside (drain, cancellation): its waiter wakes."""
-        self.closed = True
+    def close(self, reason: str = CANCELLED) -> None:
+        """End the subscription from outside (a move, a drain, a cancellation): its waiter
+        wakes and raises :class:`SubscriptionClosed`. The first reason given is kept."""
+        if not self.closed:
+            self.closed, self.reason = True, reason
         self._wake()
 
     def _wake(self) -> None:
@@ -78,8 +112,10 @@ class Subscription:
 
     async def wait(self, idle_s: float | None = None) -> bool:
         """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
-        idle that long."""
-        if self.buffer or self.overflowed or self.closed:
+        idle that long. :class:`SubscriptionClosed` once the subscription is closed (then at
+        once, without suspending: a loop around it ends instead of spinning)."""
+        self._check_open()
+        if self.buffer or self.overflowed:
             return True
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
@@ -89,11 +125,17 @@ class Subscription:
         # them on every event of their tasks.
         timer = None if idle_s is None else loop.call_later(idle_s, _idle, waiter)
         try:
-            return await waiter
+            woke = await waiter
         finally:
             self.waiter = None
             if timer is not None:
                 timer.cancel()
+        self._check_open()
+        return woke
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SubscriptionClosed(self.task_id, self.reason or CANCELLED)
 
 
 def _idle(waiter: asyncio.Future[bool]) -> None:
@@ -132,13 +174,13 @@ class Fanout:
         for task_id, subs in self._subs.items():
             if self._partition_of(task_id) in lost:
                 for sub in subs:
-                    sub.close()
+                    sub.close(MOVED)
 
     def close_all(self) -> None:
         """Close every subscription (the process is draining)."""
         for subs in self._subs.values():
             for sub in subs:
-                sub.close()
+                sub.close(DRAINING)
 
     def _on_event(self, indexed: IndexedEvent) -> None:
         for sub in self._subs.get(indexed.task_id, ()):

@@ -30,6 +30,7 @@ import jsonschema
 
 from bridge.envelope import TaskEvent
 from bridge.events import TERMINAL_WIRE
+from bridge.log.fanout import SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.log.reader import NotRetained
 from bridge.mcpevents.cursor import decode_task, encode_task
@@ -120,7 +121,9 @@ class LiveFeed(Protocol):
     overflowed: bool
     closed: bool
 
-    async def wait(self, idle_s: float | None = None) -> bool: ...
+    async def wait(self, idle_s: float | None = None) -> bool:
+        """False when idle ``idle_s``; :class:`SubscriptionClosed` once closed."""
+        ...
 
     def take(self) -> Iterable[Sequenced]: ...
 
@@ -439,10 +442,14 @@ class TaskEvents:
         """Live events from the fan-out while they follow on; returns to re-read from Kafka
         after an overflow or a gap, and at the end."""
         while not self.stopping.is_set():
-            if not await sub.wait(max(tail.patience(), 0.0)):
+            try:
+                woke = await sub.wait(max(tail.patience(), 0.0))
+            except SubscriptionClosed:
+                return  # its partition moved: the caller says so
+            if not woke:
                 yield tail.heartbeat()
                 continue
-            if sub.closed or sub.overflowed:
+            if sub.overflowed:
                 return
             for item in sub.take():
                 if item.seq <= tail.last:

@@ -41,9 +41,11 @@ from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskEventTypes
 from bridge.server.admission import Caller, Ticket, connection_of
+from bridge.server.errors import wire_error
 from bridge.server.handlers import Streamed, detailed_task
 from bridge.server.hops import PeerIdentity, from_peer_listener
 from bridge.server.http import McpHttp, SseResponse
+from bridge.server.routing import owner_unavailable_error, partition_moving_error
 from bridge.server.streams import StreamHub
 from bridge.server.wire import (
     CLIENT_CAPS_META,
@@ -269,7 +271,28 @@ def _problem(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status, headers=SECURITY_HEADERS)
 
 
-_NOT_FOUND = "task not found"
+def _refused(exc: BaseException, task_id: str | None = None) -> JSONResponse:
+    """The view's answer to an error, as every endpoint answers it (bridge.server.errors): its
+    transport status and ``Retry-After``, its message, ``reason`` and ``retryAfterMs``."""
+    answer = wire_error(exc, task_id)
+    data = answer.error.data if isinstance(answer.error.data, Mapping) else {}
+    extra = {k: data[k] for k in ("reason", "retryAfterMs") if k in data}
+    return JSONResponse(
+        {"error": answer.error.message, "code": answer.error.code, **extra},
+        status_code=answer.transport_status,
+        headers={**SECURITY_HEADERS, **answer.headers},
+    )
+
+
+def _fault_event(exc: BaseException, task_id: str) -> bytes:
+    """A started stream's last event for an error: ``gone`` for events_gone, else ``fault``."""
+    answer = wire_error(exc, task_id)
+    if answer.error.code == EVENTS_GONE:
+        return _utf8(sse_event(dumps(_gone_data(answer.error)), event="gone"))
+    fault = {"code": answer.error.code, "message": answer.error.message, **_reason(answer.error)}
+    return _utf8(sse_event(dumps(fault), event="fault"))
+
+
 #: The last event of a stream whose view token expired.
 _EXPIRED_EVENT = sse_event(
     dumps({"message": "the view token expired: mint a new one"}), event="expired"
@@ -326,10 +349,8 @@ class BrowserView:
             return _problem(400, 'the body must be JSON {"taskId": "<task id>"}')
         try:
             await self._authorize(served, caller, task_id)
-        except TaskNotFound:
-            return _problem(404, _NOT_FOUND)
-        except RpcError as exc:
-            return _problem(max(exc.http_status, 400), exc.message)
+        except Exception as exc:
+            return _refused(exc, task_id)
         token, expires = self.tokens.mint(caller.principal, task_id)
         fragment = f"task={quote(task_id, safe='')}&token={token}"
         return JSONResponse(
@@ -378,7 +399,7 @@ class BrowserView:
         except BadViewToken as exc:
             return _problem(401, str(exc))
         if grant.task_id != task_id:
-            return _problem(404, _NOT_FOUND)
+            return _refused(TaskNotFound(), task_id)  # as for a task the caller may not see
         client = grant.principal
         if not endpoint.auth.authenticates:  # anonymous callers are told apart by address
             client = f"{grant.principal}@{request.client.host if request.client else 'unknown'}"
@@ -397,11 +418,11 @@ class BrowserView:
         try:
             owner = await endpoint.routing.where(task_id)
         except RpcError as exc:
-            return _problem(exc.http_status, exc.message, retryAfterMs=1000)
+            return _refused(exc, task_id)
         if owner is None:
             return None
         if hop or endpoint.peers is None:  # a hop is never forwarded again
-            return _problem(503, "the task's partition is moving; retry shortly")
+            return _refused(partition_moving_error(task_id), task_id)
         identity = PeerIdentity(caller.principal, caller.client)
         started = time.perf_counter()
         try:
@@ -411,7 +432,7 @@ class BrowserView:
         except Exception as exc:
             endpoint.metrics.forward("view", "unavailable", None)
             log.warning("forwarding a view request to %s failed: %s", owner, type(exc).__name__)
-            return _problem(503, "the replica that owns this task did not answer; retry shortly")
+            return _refused(owner_unavailable_error(), task_id)
         # Counted with the MCP endpoint's hops (method label "other": not an MCP method).
         outcome = "ok" if answer.status < 500 else "error"
         endpoint.metrics.forward("view", outcome, time.perf_counter() - started)
@@ -447,8 +468,8 @@ class BrowserView:
             return caller  # refused, or the owner replica's answer
         try:
             view = await served.service.get(task_id, caller.principal)
-        except TaskNotFound:
-            return _problem(404, _NOT_FOUND)
+        except Exception as exc:
+            return _refused(exc, task_id)
         return Response(
             _utf8(dumps(detailed_task(view))),
             media_type="application/json",
@@ -494,23 +515,19 @@ class BrowserView:
         hub = served.hub
         try:
             await served.service.get(task_id, caller.principal)  # as tasks/get
-        except TaskNotFound:
-            return _problem(404, _NOT_FOUND)
-        try:
             ticket = hub.admit(caller, task_id, None)
-        except RpcError as exc:
-            return _problem(max(exc.http_status, 400), exc.message, **_reason(exc))
+        except Exception as exc:
+            return _refused(exc, task_id)
         try:
             log_start = await hub.check_cursor(task_id, after)
-        except RpcError as exc:
+        except BaseException as exc:
             hub.release(ticket)
-            if exc.code == EVENTS_GONE:
+            if isinstance(exc, RpcError) and exc.code == EVENTS_GONE:
                 hub.count_gone()
                 # An answer the EventSource can read (a 410 would only be a bare error to it).
                 return self._sse(self._gone_only(exc), None)
-            return _problem(max(exc.http_status, 400), exc.message, **_reason(exc))
-        except BaseException:
-            hub.release(ticket)
+            if isinstance(exc, Exception):
+                return _refused(exc, task_id)
             raise
         body = self._stream(served, ticket, after, log_start)
         return self._sse(body, lambda: hub.release(ticket), caller.expires)
@@ -559,12 +576,8 @@ class BrowserView:
                         for seq, event in batch
                     )
                 )
-        except RpcError as exc:
-            if exc.code == EVENTS_GONE:
-                yield _utf8(sse_event(dumps(_gone_data(exc)), event="gone"))
-            else:
-                fault = {"code": exc.code, "message": exc.message, **_reason(exc)}
-                yield _utf8(sse_event(dumps(fault), event="fault"))
+        except Exception as exc:
+            yield _fault_event(exc, task_id)
             return
         # Cancelled, drained or moved: end without the end event, so the browser reconnects
         # (with Last-Event-ID) here later or at the partition's new owner.
@@ -574,6 +587,9 @@ class BrowserView:
             view = await served.service.get(task_id, ticket.caller.principal)
         except TaskNotFound:
             end: dict[str, Any] = {"taskId": task_id, "status": "unknown"}
+        except Exception as exc:  # moved a moment ago, Kafka not answering: the table's fault
+            yield _fault_event(exc, task_id)
+            return
         else:
             end = detailed_task(view)
         yield _utf8(sse_event(dumps(end), event="end"))

@@ -23,12 +23,13 @@ from pydantic import ValidationError
 from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
+from bridge.log.fanout import SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket, label
 from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
+from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.peers import routed_task_id
-from bridge.server.routing import partition_moving_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -55,7 +56,6 @@ from bridge.server.wire import (
     TasksUpdateParams,
     ToolsCallParams,
     has_capability,
-    kafka_unavailable_error,
     missing_capability,
     progress_notification,
     renderer,
@@ -63,11 +63,9 @@ from bridge.server.wire import (
     tasks_capability,
 )
 from bridge.tasks.service import (
-    KafkaUnavailable,
     TaskNotFound,
     TaskService,
     TaskView,
-    TooManyTasks,
 )
 
 __all__ = [
@@ -223,20 +221,10 @@ class MethodHandlers:
                 outcome = await handler(call)
         except ValidationError:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {call.rpc.method}") from None
-        except TaskNotFound as exc:
-            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
-        except NotOwner:
-            # Forwarded here a moment before the partition moved on: the client retries.
-            raise partition_moving_error(_named_task(call)) from None
-        except KafkaUnavailable as exc:
-            raise kafka_unavailable_error(str(exc), taskId=exc.task_id) from None
-        except TooManyTasks as exc:
-            raise RpcError(
-                INVALID_REQUEST,
-                str(exc),
-                {"reason": "too_many_tasks", "limit": exc.limit},
-                http_status=429,
-            ) from None
+        except DOMAIN_ERRORS as exc:
+            # One table for every endpoint (bridge.server.errors): a NotOwner here was
+            # forwarded a moment before the partition moved on, and the client retries.
+            raise wire_error(exc, _named_task(call)).error from None
         if isinstance(outcome, dict) and not call.legacy:
             outcome.setdefault("resultType", "complete")
         return outcome
@@ -429,7 +417,7 @@ class MethodHandlers:
             try:
                 async with asyncio.timeout(timeout):
                     while view.status not in _SETTLED:
-                        await sub.wait()
+                        await self.service.next_events(sub)
                         # Progress is best effort: what an overflow dropped is not re-sent.
                         changed = sub.overflowed
                         for indexed in sub.take():
@@ -446,6 +434,13 @@ class MethodHandlers:
                 raise RpcError(
                     INTERNAL_ERROR, f"the tool did not finish within {timeout:g} s"
                 ) from None
+            except (NotOwner, SubscriptionClosed) as exc:
+                # The task's partition moved (or the replica drains) while the call waited:
+                # nothing more arrives here. The job is cancelled, as on a timeout, so the
+                # client's retry of the retriable partition_moving answer runs the tool once.
+                with contextlib.suppress(Exception):
+                    await self.service.abandon(task_id)
+                raise wire_error(exc, task_id).error from None
         yield result_response(call.rpc.id, self._direct_result(call, view, task_id))
 
     def _direct_result(self, call: Call, view: TaskView, task_id: str) -> dict[str, Any]:

@@ -27,18 +27,16 @@ from bridge.server.admission import Caller, connection_of
 from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.classify import Inbound, Methods, Rejected, classify
 from bridge.server.cursor import decode_cursor
+from bridge.server.errors import WireError, retry_after, wire_error
 from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.hops import HopRefused, PeerIdentity, from_peer_listener
 from bridge.server.peers import Peers, routed_task_id
 from bridge.server.routing import (
-    RETRY_AFTER_MS,
     Routing,
     owner_unavailable_error,
     partition_moving_error,
 )
 from bridge.server.wire import (
-    EVENTS_GONE,
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     EventBatch,
@@ -46,10 +44,8 @@ from bridge.server.wire import (
     RpcError,
     dumps,
     error_response,
-    kafka_unavailable_error,
     result_response,
 )
-from bridge.tasks.service import TaskNotFound
 
 __all__ = ["McpHttp", "RawEndpoint"]
 
@@ -189,14 +185,10 @@ class SseResponse(Response):
                     chunk = _sse_chunk(await anext(messages))
                 except StopAsyncIteration:
                     break
-                except RpcError as exc:  # it ends the messages: its error is the last event
-                    chunk, failed = _sse_error(self._request_id, exc), True
-                except KafkaError as exc:
-                    log.warning("a streamed MCP response ended: Kafka did not answer (%r)", exc)
-                    chunk, failed = _sse_error(self._request_id, _kafka_error(exc)), True
-                except Exception:
-                    log.exception("internal error in a streamed MCP response")
-                    error = RpcError(INTERNAL_ERROR, "Internal error")
+                except Exception as exc:  # it ends the messages: its error is the last event
+                    if isinstance(exc, KafkaError):
+                        log.warning("a streamed MCP response ended: Kafka did not answer (%r)", exc)
+                    error = wire_error(exc).error  # the table of every endpoint
                     chunk, failed = _sse_error(self._request_id, error), True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 del chunk  # written: an idle stream would hold its last write until the next
@@ -430,16 +422,10 @@ class McpHttp:
             outcome = await self.handlers.dispatch(call)
         except Rejected as exc:
             return self._refuse(exc.method or method, exc.request_id, exc.error, started)
-        except RpcError as exc:
-            return self._refuse(method, request_id, exc, started)
-        except KafkaError as exc:
-            log.warning("an MCP request failed: Kafka did not answer (%r)", exc)
-            return self._refuse(method, request_id, _kafka_error(exc), started)
-        except Exception:
-            log.exception("internal error serving an MCP request")
-            self.metrics.rpc(method, INTERNAL_ERROR, time.perf_counter() - started)
-            error = RpcError(INTERNAL_ERROR, "Internal error")
-            return self._json(error_response(request_id, error), 500)
+        except Exception as exc:  # the table of every endpoint (an internal error is logged)
+            if isinstance(exc, KafkaError):
+                log.warning("an MCP request failed: Kafka did not answer (%r)", exc)
+            return self._refuse(method, request_id, wire_error(exc).error, started)
         self.metrics.rpc(method, "ok", time.perf_counter() - started)
         if isinstance(outcome, Streamed):
             return SseResponse(outcome, request_id, expires=caller.expires)
@@ -505,6 +491,10 @@ class McpHttp:
         self.metrics.rpc(method, error.code, time.perf_counter() - started)
         return self._json(error_response(request_id, error), error.http_status)
 
+    def _refuse_transport(self, request_id: str | int | None, answer: WireError) -> Response:
+        """A GET's refusal: the JSON-RPC error, with the transport's status (never 2xx)."""
+        return self._json(error_response(request_id, answer.error), answer.transport_status)
+
     def _notification(self, caller: Caller, inbound: Inbound) -> None:
         """``notifications/cancelled`` ends the caller's stream of that request; others are
         accepted and ignored (this server has no use for them)."""
@@ -516,10 +506,11 @@ class McpHttp:
 
     @staticmethod
     def _json(message: dict[str, Any], status: int) -> Response:
-        # 503 is only ever a retriable answer here (a partition moving, an owner not answering).
-        headers = {"Retry-After": str(max(1, RETRY_AFTER_MS // 1000))} if status == 503 else None
         return Response(
-            dumps(message), status_code=status, media_type="application/json", headers=headers
+            dumps(message),
+            status_code=status,
+            media_type="application/json",
+            headers=retry_after(status),
         )
 
     async def not_allowed(self, request: Request) -> Response:
@@ -541,25 +532,10 @@ class McpHttp:
             return self._json(error_response(None, error), 400)
         try:
             owner = await self._owner(task_id, hop)
-        except RpcError as exc:
-            return self._json(error_response(request_id, exc), exc.http_status)
+            if owner is None:
+                outcome = await self.handlers.open_stream(caller, request_id, task_id, seq)
+        except Exception as exc:  # the table of every endpoint, with the transport's statuses
+            return self._refuse_transport(request_id, wire_error(exc, task_id))
         if owner is not None:
             return await self._forward(request, b"", caller, owner, "tasks/stream")
-        try:
-            outcome = await self.handlers.open_stream(caller, request_id, task_id, seq)
-        except TaskNotFound as exc:
-            error = RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
-            return self._json(error_response(request_id, error), 404)
-        except RpcError as exc:
-            # The transport's own statuses: 410 for events_gone, else the error's (400 at least).
-            status = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
-            return self._json(error_response(request_id, exc), status)
         return SseResponse(outcome, request_id, expires=caller.expires)
-
-
-def _kafka_error(exc: KafkaError) -> RpcError:
-    """What a client is told when Kafka failed a request (no broker answered in time, ...)."""
-    return kafka_unavailable_error(
-        f"Kafka did not answer ({type(exc).__name__}): nothing was lost; retry later",
-        error=type(exc).__name__,
-    )

@@ -53,14 +53,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
-from bridge.log.fanout import Subscription
-from bridge.log.indexer import NotOwner
+from bridge.log.fanout import Subscription, SubscriptionClosed
 from bridge.mcpevents import Active, EventSource, Occurrence, StreamItem
 from bridge.server.admission import Caller, Ticket, label
+from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
 from bridge.server.hops import PeerIdentity
 from bridge.server.peers import Peers
-from bridge.server.routing import Routing, partition_moving_error
+from bridge.server.routing import Routing
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     INVALID_PARAMS,
@@ -74,7 +74,7 @@ from bridge.server.wire import (
     result_response,
     tasks_capability,
 )
-from bridge.tasks.service import TaskNotFound, TaskView
+from bridge.tasks.service import TaskView
 
 __all__ = [
     "MAX_LISTENS_PER_CLIENT",
@@ -277,10 +277,8 @@ class Listen:
                 return await self.replicas.get(owner, task_id, caller)
         try:
             return detailed_task(await self.tasks.get(task_id, caller.principal))
-        except TaskNotFound as exc:
-            raise RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}") from None
-        except NotOwner:
-            raise partition_moving_error(task_id) from None
+        except DOMAIN_ERRORS as exc:  # as tasks/get answers them (bridge.server.errors)
+            raise wire_error(exc, task_id).error from None
 
     # --- slots ---------------------------------------------------------------------------
 
@@ -404,9 +402,12 @@ class Listen:
             await asyncio.sleep(RETRY_S)  # the retry cadence, not synchronisation
 
     async def _watch(self, sub: Subscription, listening: _Listening) -> None:
-        while await sub.wait() and not sub.closed:
-            if self.tasks.status_changed(sub):
-                listening.mark(sub.task_id)
+        # Closed: the task's partition moved (the updates topic still says when it changes)
+        # or the process is draining.
+        with contextlib.suppress(SubscriptionClosed):
+            while await sub.wait():
+                if self.tasks.status_changed(sub):
+                    listening.mark(sub.task_id)
 
     async def _wake_on_drain(self, listening: _Listening) -> None:
         await self.streams.draining.wait()

@@ -28,7 +28,7 @@ from typing import Literal, Protocol, cast, overload
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
-from bridge.log.fanout import Fanout, Subscription
+from bridge.log.fanout import DRAINING, MOVED, Fanout, Subscription, SubscriptionClosed
 from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted, WireBatch
 from bridge.metrics import StreamMetrics
@@ -177,7 +177,7 @@ class StreamHub:
         self.draining.set()
         # Only the streams: the fan-out also serves calls waiting for a status, which go on.
         for sub in list(self._streams):
-            sub.close()
+            sub.close(DRAINING)
 
     def _partitions_moved(self, gained: set[int], lost: set[int]) -> None:
         """End the streams of partitions this replica no longer owns, without their result:
@@ -187,7 +187,7 @@ class StreamHub:
         for sub, ticket in list(self._streams.items()):
             if self.indexer.partition_of(sub.task_id) in lost:
                 ticket.moved = True
-                sub.close()
+                sub.close(MOVED)
 
     @property
     def active_streams(self) -> int:
@@ -384,10 +384,14 @@ class StreamHub:
                 return  # a finished task: everything retained after the cursor was replayed
             # Live: take what the tail buffered, delivering exactly last + 1 each time.
             while True:
-                if not await sub.wait(keepalive):
+                try:
+                    woke = await sub.wait(keepalive)
+                except SubscriptionClosed:
+                    return  # moved (the ticket says so), drained or cancelled
+                if not woke:
                     yield None  # idle: keep-alive
                     continue
-                if sub.closed or self.draining.is_set():
+                if self.draining.is_set():
                     return
                 if sub.overflowed:
                     break  # fell behind: catch up from Kafka

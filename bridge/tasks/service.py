@@ -31,7 +31,7 @@ from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
 from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer, request_timeout_s
-from bridge.log.fanout import Fanout, Subscription
+from bridge.log.fanout import Fanout, Subscription, SubscriptionClosed
 from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader
@@ -452,14 +452,32 @@ class TaskService:
             view.input_requests = status.input_requests or {}
 
     async def wait_until(self, task_id: str, principal: str, statuses: frozenset[str]) -> TaskView:
-        """Wait until the task's status is one of ``statuses`` (the caller bounds the wait)."""
+        """Wait until the task's status is one of ``statuses`` (the caller bounds the wait);
+        :class:`NotOwner` when the task's partition moves to another replica meanwhile."""
         with self.watch(task_id) as sub:
             view = await self.get(task_id, principal)
             while view.status not in statuses:
-                await sub.wait()
+                await self.next_events(sub)
                 if self.status_changed(sub):
                     view = await self.get(task_id, principal)
             return view
+
+    async def next_events(self, sub: Subscription) -> None:
+        """Wait until a :meth:`watch` subscription has something to take. :class:`NotOwner`
+        once the task's partition moved away (nothing more arrives here: its owner serves it
+        now), :class:`SubscriptionClosed` if it was closed for another reason."""
+        try:
+            await sub.wait()
+        except SubscriptionClosed as exc:
+            if exc.moved:
+                raise NotOwner(self.indexer.partition_of(sub.task_id)) from None
+            raise
+
+    async def abandon(self, task_id: str) -> None:
+        """Ask the workers to cancel the job of a task this replica created and no longer
+        follows (its partition moved while a direct call waited on it): no view is read, as
+        this replica may not index the task any more. A no-op for a finished job."""
+        await self._control(ControlMessage(type="cancel", task_id=task_id))
 
     def status_changed(self, sub: Subscription) -> bool:
         """Take what ``sub`` buffered: True when a status event (or an overflow) was among it."""

@@ -8,6 +8,13 @@
 (function () {
   const STORE = "mcp-kafka-bridge.view"; // sessionStorage: this tab only, gone when it closes
   const $ = (id) => document.getElementById(id);
+  // Faults that pass (docs/tasks-stream.md §4.3): the stream ends and the browser resumes.
+  const RETRIABLE = new Set([
+    "partition_moving",
+    "owner_unavailable",
+    "kafka_unavailable",
+    "draining",
+  ]);
   let current = null; // {task, token}
   let source = null;
   let lastSeq = -1; // the highest seq shown: anything at or below it is a duplicate
@@ -133,6 +140,11 @@
     });
     source.addEventListener("fault", (message) => {
       const data = JSON.parse(message.data);
+      if (RETRIABLE.has(data.reason)) {
+        // The stream ends next and the browser resumes with Last-Event-ID (docs/browser.md).
+        setState("reconnecting", "reconnecting");
+        return;
+      }
       close("failed", "failed");
       banner("The stream failed: " + data.message);
     });

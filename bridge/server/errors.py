@@ -1,0 +1,150 @@
+"""Domain errors on the wire: the one table every endpoint answers them with.
+
+Where it sits: at the edge, between the layers that raise their own exceptions (the task
+service, the indexer, the fan-out, the Kafka client) and every endpoint that answers a client:
+``POST /mcp`` (:meth:`~bridge.server.handlers.MethodHandlers.dispatch`, the JSON answer and
+the last event of a streamed one), ``GET /mcp`` (a resume), and the browser view's JSON and
+SSE endpoints. :func:`wire_error` gives the JSON-RPC error (code, message, ``data.reason``),
+the HTTP statuses and the ``Retry-After`` header; each endpoint only frames them its own way (a
+JSON-RPC error response, the view's ``{"error", "reason"}`` body, an SSE event). So a
+rebalance racing a request (:class:`~bridge.log.indexer.NotOwner`) is the retriable
+``partition_moving`` (503, ``Retry-After``) wherever it lands, never a 500.
+
+Two statuses per error: :attr:`WireError.status` answers a JSON-RPC request (MCP answers an
+error of the request's own params, such as an unknown task, in a 200), and
+:attr:`WireError.transport_status` answers a request that has no JSON-RPC channel for it
+(``GET /mcp``, the view: never below 400; 404 for an unknown task, 410 for ``events_gone``).
+
+What it does not do: map protocol errors (classify, params validation) or the Events
+extension's own codes (:mod:`bridge.server.events`, which SEP-3415 fixes); frame anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.kafka.clients import KafkaError
+from bridge.log.fanout import SubscriptionClosed
+from bridge.log.indexer import NotOwner
+from bridge.server.routing import RETRY_AFTER_MS, partition_moving_error
+from bridge.server.wire import (
+    EVENTS_GONE,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    RpcError,
+    kafka_unavailable_error,
+)
+from bridge.tasks.service import KafkaUnavailable, TaskNotFound, TooManyTasks
+
+__all__ = ["DOMAIN_ERRORS", "WireError", "retry_after", "wire_error"]
+
+log = logging.getLogger(__name__)
+
+
+def retry_after(status: int) -> dict[str, str]:
+    """The ``Retry-After`` header of an answer with ``status``: a 503 is only ever retriable
+    here (a partition moving, an owner not answering, Kafka not answering, a full replica)."""
+    return {"Retry-After": str(max(1, RETRY_AFTER_MS // 1000))} if status == 503 else {}
+
+
+@dataclass(frozen=True)
+class WireError:
+    """How every endpoint answers one error."""
+
+    error: RpcError
+    #: The HTTP status of a request with no JSON-RPC channel for the error (GET, the view).
+    transport_status: int
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of a JSON-RPC answer (``POST /mcp``)."""
+        return self.error.http_status
+
+    @property
+    def retriable(self) -> bool:
+        """503: the same request may succeed shortly (here or on another replica)."""
+        return self.transport_status == 503
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` for a retriable answer, else nothing."""
+        return retry_after(self.transport_status)
+
+    @property
+    def reason(self) -> str | None:
+        """``data.reason``, the stable name clients branch on, if the error has one."""
+        data = self.error.data
+        reason = data.get("reason") if isinstance(data, dict) else None
+        return reason if isinstance(reason, str) else None
+
+
+def _not_found(exc: TaskNotFound, task_id: str) -> RpcError:
+    # Unknown, expired and another principal's task: one answer (docs/tasks-stream.md §10).
+    return RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
+
+
+def _moving(exc: NotOwner, task_id: str) -> RpcError:
+    return partition_moving_error(task_id)
+
+
+def _closed(exc: SubscriptionClosed, task_id: str) -> RpcError:
+    if exc.moved:
+        return partition_moving_error(task_id or exc.task_id)
+    return RpcError(
+        INTERNAL_ERROR,
+        "This replica stopped serving the task (it is draining); retry shortly",
+        {"reason": "draining", "retryAfterMs": RETRY_AFTER_MS},
+        http_status=503,
+    )
+
+
+def _kafka_unavailable(exc: KafkaUnavailable, task_id: str) -> RpcError:
+    return kafka_unavailable_error(str(exc), taskId=exc.task_id)
+
+
+def _kafka_error(exc: KafkaError, task_id: str) -> RpcError:
+    return kafka_unavailable_error(
+        f"Kafka did not answer ({type(exc).__name__}): nothing was lost; retry later",
+        error=type(exc).__name__,
+    )
+
+
+def _too_many_tasks(exc: TooManyTasks, task_id: str) -> RpcError:
+    return RpcError(
+        INVALID_REQUEST, str(exc), {"reason": "too_many_tasks", "limit": exc.limit}, http_status=429
+    )
+
+
+#: The table: domain error -> its JSON-RPC error (with the POST status) and the transport status.
+_TABLE: tuple[tuple[type[BaseException], Callable[[Any, str], RpcError], int], ...] = (
+    (TaskNotFound, _not_found, 404),
+    (NotOwner, _moving, 503),
+    (SubscriptionClosed, _closed, 503),
+    (KafkaUnavailable, _kafka_unavailable, 503),
+    (KafkaError, _kafka_error, 503),
+    (TooManyTasks, _too_many_tasks, 429),
+)
+
+#: Every exception type the table maps (``except DOMAIN_ERRORS``).
+DOMAIN_ERRORS: tuple[type[BaseException], ...] = tuple(kind for kind, _, _ in _TABLE)
+
+
+def wire_error(exc: BaseException, task_id: str | None = None) -> WireError:
+    """How every endpoint answers ``exc``, raised while serving a request about ``task_id``.
+
+    An :class:`RpcError` answers as it is (its transport status at least 400, 410 for
+    ``events_gone``); a domain error as the table says; anything else is an internal error
+    (-32603, 500), logged here with its traceback and never shown to the client.
+    """
+    if isinstance(exc, RpcError):
+        transport = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
+        return WireError(exc, transport)
+    for kind, build, transport in _TABLE:
+        if isinstance(exc, kind):
+            return WireError(build(exc, task_id or ""), transport)
+    log.error("internal error serving a request", exc_info=exc)
+    return WireError(RpcError(INTERNAL_ERROR, "Internal error", http_status=500), 500)
