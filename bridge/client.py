@@ -15,6 +15,7 @@ without either counts as a drop.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import os
@@ -280,7 +281,8 @@ class TaskStreamClient:
 def _last_message(reply: httpx.Response) -> dict[str, Any]:
     if "text/event-stream" in reply.headers.get("content-type", ""):
         parser = SseDataParser()
-        complete = _split_lines(reply.text)[:-1]  # the last piece has no line end: dropped
+        text = reply.content.decode("utf-8-sig", errors="replace")  # as _utf8_text decodes
+        complete = _split_lines(text)[:-1]  # the last piece has no line end: dropped
         messages = [json.loads(data) for data in parser.feed_lines(complete) if data]
         return messages[-1] if messages else {}
     try:
@@ -295,6 +297,18 @@ def _split_lines(text: str) -> list[str]:
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
+async def _utf8_text(reply: httpx.Response) -> AsyncIterator[str]:
+    """The body as the SSE standard decodes it: UTF-8 whatever charset the headers declare, a
+    leading byte order mark dropped, malformed bytes replaced (``utf-8-sig`` does all three,
+    across chunk boundaries)."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+    async for chunk in reply.aiter_bytes():
+        if text := decoder.decode(chunk):
+            yield text
+    if text := decoder.decode(b"", final=True):
+        yield text
+
+
 async def _sse_lines(reply: httpx.Response) -> AsyncIterator[str]:
     """The lines of an SSE body, ended by CRLF, LF or CR only, as the SSE grammar says.
 
@@ -304,7 +318,7 @@ async def _sse_lines(reply: httpx.Response) -> AsyncIterator[str]:
     """
     pieces: list[str] = []  # the line not ended yet
     after_cr = False  # the last chunk ended with CR: an LF first in the next is its CRLF
-    async for text in reply.aiter_text():
+    async for text in _utf8_text(reply):
         if after_cr and text.startswith("\n"):
             text = text[1:]
         after_cr = text.endswith("\r")

@@ -244,3 +244,11 @@ def test_sse_lines_end_at_crlf_lf_or_cr_wherever_the_chunks_are_cut(
     if expected[-1] == "":
         expected.pop()  # a body ending with a break has no line after it
     assert _lines_read(chunks) == expected
+
+
+async def test_the_body_is_utf8_whatever_the_charset_and_a_leading_bom_is_dropped() -> None:
+    body = '\ufeffdata: {"s": "é"}\n\n'.encode()
+    reply = httpx.Response(
+        200, content=body, headers={"content-type": "text/event-stream; charset=latin-1"}
+    )
+    assert [message async for message in _sse_messages(reply)] == [{"s": "é"}]
