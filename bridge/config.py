@@ -792,6 +792,11 @@ class Settings(BaseSettings):
     #: then ``webhook_verify_per_minute`` (ResourceExhausted beyond; a refresh sends none).
     webhook_verify_burst: int = Field(10, ge=1)
     webhook_verify_per_minute: float = Field(12.0, gt=0)
+    #: Verification challenges one principal may send to all hosts together, checked first:
+    #: this many at once, then ``webhook_verify_principal_per_minute``. Bounds too the
+    #: (principal, host) buckets one principal holds, so it cannot crowd others out of them.
+    webhook_verify_principal_burst: int = Field(30, ge=1)
+    webhook_verify_principal_per_minute: float = Field(60.0, gt=0)
     #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
     webhook_keys: WebhookKeySettings = WebhookKeySettings()
     event_cursors: EventCursorSettings = EventCursorSettings()
