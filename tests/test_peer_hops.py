@@ -249,6 +249,21 @@ async def test_a_hop_with_a_signed_header_twice_is_malformed() -> None:
     assert reply.status_code == 401 and reply.json()["reason"] == "malformed"
 
 
+async def test_a_hop_whose_signature_is_not_ascii_is_malformed_and_counted() -> None:
+    # Review F14: compare_digest raised TypeError on a non-ASCII str: a 500 and a traceback.
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    hop = [
+        (name.encode(), b"\xff" * 64 if name == "x-bridge-peer-signature" else value.encode())
+        for name, value in signed(replica.auth, headers, body).items()
+    ]
+    transport = httpx.ASGITransport(app=replica.peer, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        reply = await http.post("/mcp", content=body, headers=hop)
+    assert reply.status_code == 401 and reply.json()["reason"] == "malformed"
+    assert replica.refused("malformed") == 1
+
+
 # --- the signature on its own -----------------------------------------------------------------
 
 

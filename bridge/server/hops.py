@@ -253,6 +253,8 @@ class PeerAuth:
         stamp = values[_TIME]
         if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 15):
             raise HopRefused("malformed")
+        if not values[_SIGNATURE].isascii():  # compare_digest raises on non-ASCII str
+            raise HopRefused("malformed")
         try:
             nonce = _nonce(values[_NONCE])
             identity = PeerIdentity(
