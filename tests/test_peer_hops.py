@@ -368,6 +368,47 @@ async def test_a_hop_refused_for_want_of_nonce_room_is_answered_as_retriable() -
     assert reply.status_code == 503 and reply.json()["reason"] == "nonces_full"
 
 
+class OwnerAt:
+    """Routing that sends every task to the owner at HERE."""
+
+    async def where(self, task_id: str) -> str:
+        return HERE
+
+
+async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable() -> None:
+    # Review F19: the owner's bare {"error", "reason"} 503 was handed to the MCP client.
+    auth = PeerAuth(SECRET, HERE, max_nonces=1)
+    owner = Replica(group_settings(), auth)
+    settings = group_settings()
+    peers = Peers(PeerAuth(SECRET, HERE))
+    peers._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=owner.peer))
+    endpoint = McpHttp(
+        settings,
+        Authenticator(settings.auth),
+        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
+        Metrics(),
+        on_cancelled=lambda client, request_id: None,
+        routing=OwnerAt(),  # type: ignore[arg-type]
+        peers=peers,
+    )
+    public = Starlette(routes=[Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"])])
+    headers, body = tasks_get()
+    client = {**headers, "authorization": f"Bearer {next(iter(TOKENS))}"}
+    first = await post(public, client, body)
+    assert first.status_code == 200, first.text  # the owner's one nonce is now taken
+    reply = await post(public, client, body)
+    assert owner.refused("nonces_full") == 1
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    message = answer_of(reply)
+    assert message["jsonrpc"] == "2.0" and message["error"]["data"]["reason"] == (
+        "owner_unavailable"
+    )
+    with pytest.raises(RpcError) as called:
+        await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+    assert called.value.data["reason"] == "owner_unavailable"
+    await peers.close()
+
+
 def test_every_refusal_reason_is_a_known_metric_label() -> None:
     assert set(get_args(RefusalReason)) | {"other"} == set(HOP_REFUSAL_REASONS)
     metrics = Metrics()

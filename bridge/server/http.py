@@ -28,7 +28,7 @@ from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.classify import Inbound, Methods, Rejected, classify
 from bridge.server.cursor import decode_cursor
 from bridge.server.handlers import Call, MethodHandlers, Streamed
-from bridge.server.hops import HopRefused, PeerIdentity, from_peer_listener
+from bridge.server.hops import REFUSED_HEADER, HopRefused, PeerIdentity, from_peer_listener
 from bridge.server.peers import Peers, routed_task_id
 from bridge.server.routing import (
     RETRY_AFTER_MS,
@@ -402,7 +402,9 @@ class McpHttp:
             self.metrics.hop_refused(exc.reason)
             log.warning("refused a forwarded request (%s)", exc.reason)
             status = 503 if exc.retriable else 401
-            return JSONResponse({"error": str(exc), "reason": exc.reason}, status_code=status)
+            body = {"error": str(exc), "reason": exc.reason}
+            marked = {REFUSED_HEADER: exc.reason}  # the forwarding side maps it (peers.py)
+            return JSONResponse(body, status_code=status, headers=marked)
         return Caller(identity.principal, identity.client, connection_of(request.scope))
 
     async def post(self, request: Request) -> Response:
