@@ -441,6 +441,20 @@ def test_every_refusal_reason_is_a_known_metric_label() -> None:
         ("http://bridge-1.bridge-peers.ns.svc:99999", None),
         ("http://[::1:8081", None),
         ("http://" + "a." * 200 + "bridge-peers.ns.svc:8081", None),  # over 300 characters
+        # Review F10: only IP literals and LDH labels, before the suffix test.
+        ("http://evil.com\\.bridge-peers.ns.svc:8081", None),
+        ("http://evil.com%00.bridge-peers.ns.svc:8081", None),
+        ("http://evil%2fx.bridge-peers.ns.svc:8081", None),
+        ("http://a_b.bridge-peers.ns.svc:8081", None),
+        ("http://-a.bridge-peers.ns.svc:8081", None),
+        ("http://a-.bridge-peers.ns.svc:8081", None),
+        ("http://a..bridge-peers.ns.svc:8081", None),
+        ("http://" + "a" * 64 + ".bridge-peers.ns.svc:8081", None),
+        (
+            "http://" + "a" * 63 + ".bridge-peers.ns.svc:8081",
+            "http://" + "a" * 63 + ".bridge-peers.ns.svc:8081",
+        ),
+        ("http://b-1.x9.bridge-peers.ns.svc:8081", "http://b-1.x9.bridge-peers.ns.svc:8081"),
         ("", None),
     ],
 )
