@@ -402,9 +402,9 @@ class McpHttp:
             self.metrics.hop_refused(exc.reason)
             log.warning("refused a forwarded request (%s)", exc.reason)
             status = 503 if exc.retriable else 401
-            body = {"error": str(exc), "reason": exc.reason}
+            refusal = {"error": str(exc), "reason": exc.reason}
             marked = {REFUSED_HEADER: exc.reason}  # the forwarding side maps it (peers.py)
-            return JSONResponse(body, status_code=status, headers=marked)
+            return JSONResponse(refusal, status_code=status, headers=marked)
         return Caller(identity.principal, identity.client, connection_of(request.scope))
 
     async def post(self, request: Request) -> Response:

@@ -94,7 +94,7 @@ def _hop_refusal(response: httpx.Response) -> str | None:
     """The reason when ``response`` is the peer listener refusing the hop, not the owner's
     answer: marked by :data:`REFUSED_HEADER` (a 401 without it comes from a replica older
     than the marker, whose listener answered 401 for a refused hop only)."""
-    reason = response.headers.get(REFUSED_HEADER)
+    reason: str | None = response.headers.get(REFUSED_HEADER)
     if reason is None and response.status_code == 401:
         reason = "unauthorized"
     return reason

@@ -114,11 +114,11 @@ class _H11(_ReadDeadline, H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.conn = _BoundedConnection(self.max_head_bytes)
+        self.conn = self._bounded = _BoundedConnection(self.max_head_bytes)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers every parser error with 400: a head past the bound gets its 431.
-        if self.conn.head_too_large:
+        if self._bounded.head_too_large:
             self._disarm()
             _refuse_head(self.transport)
         else:
