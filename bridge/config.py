@@ -12,6 +12,7 @@ Nothing else in the package calls ``os.environ``; code that needs a setting take
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import re
 import tomllib
@@ -616,6 +617,8 @@ class PeerSettings(BaseModel):
             raise ValueError("more than scheme, host and port")
         if port != self.port:
             raise ValueError(f"port is not the peer port {self.port}")
+        if not _host_name_or_address(host):
+            raise ValueError(f"host {host!r} is neither an IP address nor a DNS name")
         if not any(_host_matches(host, entry) for entry in hosts):
             raise ValueError(f"host {host!r} is not an accepted peer host")
         shown = f"[{host}]" if ":" in host else host
@@ -633,6 +636,24 @@ class PeerSettings(BaseModel):
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+_LDH = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def _host_name_or_address(host: str) -> bool:
+    """An IP literal (no zone) or lower-case LDH labels, each 1-63 characters, not starting or
+    ending with '-': nothing a resolver could read otherwise (``\\.``, ``%00``). Linear."""
+    if "%" not in host:
+        try:
+            ipaddress.ip_address(host)
+            return True
+        except ValueError:
+            pass
+    return len(host) <= 253 and all(
+        0 < len(label) <= 63 and set(label) <= _LDH and label[0] != "-" and label[-1] != "-"
+        for label in host.split(".")
+    )
 
 
 def _host_matches(host: str, entry: str) -> bool:
@@ -792,6 +813,11 @@ class Settings(BaseSettings):
     #: then ``webhook_verify_per_minute`` (ResourceExhausted beyond; a refresh sends none).
     webhook_verify_burst: int = Field(10, ge=1)
     webhook_verify_per_minute: float = Field(12.0, gt=0)
+    #: Verification challenges one principal may send to all hosts together, checked first:
+    #: this many at once, then ``webhook_verify_principal_per_minute``. Bounds too the
+    #: (principal, host) buckets one principal holds, so it cannot crowd others out of them.
+    webhook_verify_principal_burst: int = Field(30, ge=1)
+    webhook_verify_principal_per_minute: float = Field(60.0, gt=0)
     #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
     webhook_keys: WebhookKeySettings = WebhookKeySettings()
     event_cursors: EventCursorSettings = EventCursorSettings()

@@ -77,9 +77,45 @@ async def test_a_url_past_the_bound_is_refused_with_431_and_the_connection_close
     assert answer.endswith(b"request head too large")
 
 
-async def test_a_header_trickled_without_end_is_cut_off_near_the_bound() -> None:
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.parametrize("where", ["url", "header"])
+async def test_a_head_past_the_bound_in_one_write_is_refused_before_the_app(
+    http: str, where: str
+) -> None:
+    # Review F18: a whole head arriving in one read was parsed at any size and served (200).
+    big = b"a" * (MAX_HEAD_BYTES + 4096)
+    url, header = (b"/" + big, b"") if where == "url" else (b"/", b"x-big: " + big + b"\r\n")
+    head = b"GET " + url + b" HTTP/1.1\r\nhost: x\r\n" + header + b"connection: close\r\n\r\n"
+    async with served(http) as port:
+        answer, _ = await exchange(port, [head])
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+    assert answer.endswith(b"request head too large")
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_many_headers_under_the_bound_each_but_past_it_together_are_refused(
+    http: str,
+) -> None:
+    headers = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 1000) for i in range(80))
+    head = b"GET / HTTP/1.1\r\nhost: x\r\n" + headers + b"connection: close\r\n\r\n"
+    async with served(http) as port:
+        answer, _ = await exchange(port, [head])
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_a_head_just_under_the_bound_in_one_write_is_served(http: str) -> None:
+    header = b"x-big: " + b"v" * (MAX_HEAD_BYTES - 1024) + b"\r\n"
+    head = b"GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n" + header + b"\r\n"
+    async with served(http) as port:
+        answer, _ = await exchange(port, [head])
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"3 0"), answer[-40:]
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_a_header_trickled_without_end_is_cut_off_near_the_bound(http: str) -> None:
     # Without the bound httptools gathered it for as long as it came (8 MiB here).
-    async with served() as port:
+    async with served(http) as port:
         pieces = [b"GET / HTTP/1.1\r\nhost: x\r\nx-big: "] + [b"v" * 1024] * 8192
         answer, sent = await exchange(port, pieces)
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431 ")
@@ -117,4 +153,4 @@ def test_uvicorn_is_given_the_bounded_parser_wherever_it_would_take_httptools(ht
     assert issubclass(chosen, HttpToolsProtocol)
     assert chosen.max_head_bytes == MAX_HEAD_BYTES  # type: ignore[attr-defined]
     h11 = protocol_class("h11", read_timeout_s=BOUND, max_head_bytes=MAX_HEAD_BYTES)
-    assert issubclass(h11, H11Protocol)  # h11 bounds a head itself (AppServer sets its limit)
+    assert issubclass(h11, H11Protocol)

@@ -249,6 +249,21 @@ async def test_a_hop_with_a_signed_header_twice_is_malformed() -> None:
     assert reply.status_code == 401 and reply.json()["reason"] == "malformed"
 
 
+async def test_a_hop_whose_signature_is_not_ascii_is_malformed_and_counted() -> None:
+    # Review F14: compare_digest raised TypeError on a non-ASCII str: a 500 and a traceback.
+    replica = Replica(group_settings())
+    headers, body = tasks_get()
+    hop = [
+        (name.encode(), b"\xff" * 64 if name == "x-bridge-peer-signature" else value.encode())
+        for name, value in signed(replica.auth, headers, body).items()
+    ]
+    transport = httpx.ASGITransport(app=replica.peer, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        reply = await http.post("/mcp", content=body, headers=hop)
+    assert reply.status_code == 401 and reply.json()["reason"] == "malformed"
+    assert replica.refused("malformed") == 1
+
+
 # --- the signature on its own -----------------------------------------------------------------
 
 
@@ -353,6 +368,47 @@ async def test_a_hop_refused_for_want_of_nonce_room_is_answered_as_retriable() -
     assert reply.status_code == 503 and reply.json()["reason"] == "nonces_full"
 
 
+class OwnerAt:
+    """Routing that sends every task to the owner at HERE."""
+
+    async def where(self, task_id: str) -> str:
+        return HERE
+
+
+async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable() -> None:
+    # Review F19: the owner's bare {"error", "reason"} 503 was handed to the MCP client.
+    auth = PeerAuth(SECRET, HERE, max_nonces=1)
+    owner = Replica(group_settings(), auth)
+    settings = group_settings()
+    peers = Peers(PeerAuth(SECRET, HERE))
+    peers._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=owner.peer))
+    endpoint = McpHttp(
+        settings,
+        Authenticator(settings.auth),
+        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
+        Metrics(),
+        on_cancelled=lambda client, request_id: None,
+        routing=OwnerAt(),  # type: ignore[arg-type]
+        peers=peers,
+    )
+    public = Starlette(routes=[Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"])])
+    headers, body = tasks_get()
+    client = {**headers, "authorization": f"Bearer {next(iter(TOKENS))}"}
+    first = await post(public, client, body)
+    assert first.status_code == 200, first.text  # the owner's one nonce is now taken
+    reply = await post(public, client, body)
+    assert owner.refused("nonces_full") == 1
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    message = answer_of(reply)
+    assert message["jsonrpc"] == "2.0" and message["error"]["data"]["reason"] == (
+        "owner_unavailable"
+    )
+    with pytest.raises(RpcError) as called:
+        await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+    assert called.value.data["reason"] == "owner_unavailable"
+    await peers.close()
+
+
 def test_every_refusal_reason_is_a_known_metric_label() -> None:
     assert set(get_args(RefusalReason)) | {"other"} == set(HOP_REFUSAL_REASONS)
     metrics = Metrics()
@@ -385,6 +441,20 @@ def test_every_refusal_reason_is_a_known_metric_label() -> None:
         ("http://bridge-1.bridge-peers.ns.svc:99999", None),
         ("http://[::1:8081", None),
         ("http://" + "a." * 200 + "bridge-peers.ns.svc:8081", None),  # over 300 characters
+        # Review F10: only IP literals and LDH labels, before the suffix test.
+        ("http://evil.com\\.bridge-peers.ns.svc:8081", None),
+        ("http://evil.com%00.bridge-peers.ns.svc:8081", None),
+        ("http://evil%2fx.bridge-peers.ns.svc:8081", None),
+        ("http://a_b.bridge-peers.ns.svc:8081", None),
+        ("http://-a.bridge-peers.ns.svc:8081", None),
+        ("http://a-.bridge-peers.ns.svc:8081", None),
+        ("http://a..bridge-peers.ns.svc:8081", None),
+        ("http://" + "a" * 64 + ".bridge-peers.ns.svc:8081", None),
+        (
+            "http://" + "a" * 63 + ".bridge-peers.ns.svc:8081",
+            "http://" + "a" * 63 + ".bridge-peers.ns.svc:8081",
+        ),
+        ("http://b-1.x9.bridge-peers.ns.svc:8081", "http://b-1.x9.bridge-peers.ns.svc:8081"),
         ("", None),
     ],
 )

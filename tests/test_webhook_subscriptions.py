@@ -741,3 +741,45 @@ def test_a_success_ends_the_failure_streak_but_keeps_the_last_error() -> None:
     assert ok.last_error == "http_5xx" and ok.last_delivery_ms == 2_000
     assert ok.failed_since_ms is None and ok.consecutive_failures == 0
     assert ok.failed("timeout", 3_000, suspend_after=10).failed_since_ms == 3_000
+
+
+class CountedName(str):
+    """A principal that counts the comparisons made with it."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountedName.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_verified_and_count_live_look_at_the_principal_s_own_subscriptions_only() -> None:
+    # Review F13: each subscribe scanned every subscription of the replica.
+    table = SubscriptionTable()
+    for i in range(1000):
+        table.apply(0, f"sub_o{i}", _sub(id=f"sub_o{i}", principal=CountedName(f"other{i}")))
+    table.apply(0, "sub_1", _sub())
+    CountedName.compared = 0
+    assert table.verified("ann", "https://example.com/hooks/1", now_ms=0)
+    assert table.count_live("ann", now_ms=0) == 1
+    assert CountedName.compared < 10
+
+
+def test_the_indexes_follow_every_add_refresh_expiry_and_tombstone() -> None:
+    table = SubscriptionTable()
+    url = "https://example.com/hooks/1"
+    assert not table.verified("ann", url, 0) and table.count_live("ann", 0) == 0
+    table.apply(0, "sub_1", _sub())
+    table.apply(1, "sub_2", _sub(id="sub_2", url="https://example.com/hooks/2"))
+    assert table.verified("ann", url, 0) and table.count_live("ann", 0) == 2
+    assert not table.verified("ben", url, 0)
+    assert not table.verified("ann", url, 10_000) and table.count_live("ann", 10_000) == 0
+    table.apply(0, "sub_1", _sub(expires_ms=20_000, refreshed_ms=200))  # a refresh
+    assert table.verified("ann", url, 10_000) and table.count_live("ann", 10_000) == 1
+    table.apply(0, "sub_1", None)
+    assert not table.verified("ann", url, 0) and table.count_live("ann", 0) == 1
+    table.apply(1, "sub_2", None)
+    assert table.count_live("ann", 0) == 0
+    assert not table._by_principal and not table._by_target  # no empty sets left behind

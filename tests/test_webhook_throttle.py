@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.mcpevents.throttle import TokenBuckets
+from bridge.mcpevents.throttle import TokenBuckets, VerificationThrottle
 
 
 class Clock:
@@ -73,3 +73,49 @@ def test_a_full_table_of_refilling_buckets_refuses_a_new_key_instead_of_resettin
 def test_a_bucket_needs_a_positive_rate_burst_and_bound(rate: float, burst: int, keys: int) -> None:
     with pytest.raises(ValueError):
         TokenBuckets(rate, burst, max_keys=keys)
+
+
+def throttle(clock: Clock, *, max_keys: int = 10_000) -> VerificationThrottle:
+    """The defaults: 10 then 12/min per (principal, host); 30 then 60/min per principal."""
+    return VerificationThrottle(
+        12 / 60, 10, principal_rate_per_s=1.0, principal_burst=30, max_keys=max_keys, clock=clock
+    )
+
+
+def test_one_principal_cycling_through_hosts_cannot_lock_another_out() -> None:
+    # Review F4: 10,000 (attacker, host) pairs filled the shared table; the victim's first
+    # verification was refused for seconds after.
+    clock = Clock()
+    buckets = throttle(clock)
+    granted = sum(buckets.take("attacker", f"h{i}.evil.example") is None for i in range(10_000))
+    assert granted == 30  # its own burst, whatever the hosts
+    clock.now += 4.0
+    assert buckets.take("victim", "hooks.victim.example") is None
+    assert len(buckets.hosts) <= 30 + 4 + 1
+
+
+def test_a_principal_s_hosts_share_its_budget_and_it_refills() -> None:
+    clock = Clock()
+    buckets = throttle(clock)
+    assert all(buckets.take("p", f"h{i}") is None for i in range(30))
+    assert buckets.take("p", "other") == pytest.approx(1.0)
+    clock.now += 1.0
+    assert buckets.take("p", "other") is None
+
+
+def test_a_host_refusal_spends_nothing_of_the_principal_s_budget() -> None:
+    clock = Clock()
+    buckets = throttle(clock)
+    assert all(buckets.take("p", "one") is None for _ in range(10))
+    for _ in range(100):
+        assert buckets.take("p", "one") is not None
+    assert all(buckets.take("p", f"h{i}") is None for i in range(20))
+
+
+def test_many_principals_attacking_stay_in_the_key_bound() -> None:
+    clock = Clock()
+    buckets = throttle(clock, max_keys=100)
+    for p in range(50):
+        for i in range(40):
+            buckets.take(f"p{p}", f"h{i}")
+    assert len(buckets.hosts) <= 100 and len(buckets.principals) <= 100

@@ -420,6 +420,21 @@ async def test_an_endpoint_that_answers_2xx_without_the_challenge_fails_verifica
     assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
 
 
+@pytest.mark.parametrize(
+    "answer", [b"[" * 4096, b"{" * 4096, b'{"challenge": ' + b"[" * 4000, b"\xff\xfe{", b"nul"]
+)
+async def test_an_unreadable_or_deeply_nested_answer_is_a_failed_challenge(
+    receiver: Receiver, client_tls: ssl.SSLContext, answer: bytes
+) -> None:
+    # Review F5: json.loads raised RecursionError on "[" * 4096, out through events/subscribe.
+    receiver.answer = answer
+    async with WebhookSender(allowlist=LOOPBACK, ssl_context=client_tls) as sender:
+        outcome = await sender.verify_endpoint(
+            receiver.url, subscription_id="s", secrets=[OLD_SECRET]
+        )
+    assert outcome == Outcome(Verdict.RETRY, "challenge_failed", 200)
+
+
 #: 64 MiB of zeros gzipped: 64 KiB on the wire, the review's bomb.
 BOMB = gzip.compress(bytes(64 * 1024 * 1024), compresslevel=9)
 #: What the bomb may cost the sender: the transport's chunks, never the decoded 64 MiB.

@@ -37,7 +37,7 @@ from bridge.config import Settings
 from bridge.mcpevents.occurrences import Occurrence, PollBatch
 from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry
 from bridge.mcpevents.subscriptions import DeliveryStatus, Subscription
-from bridge.mcpevents.throttle import TokenBuckets
+from bridge.mcpevents.throttle import VerificationThrottle
 from bridge.mcpevents.webhooks import (
     Outcome,
     RetryPolicy,
@@ -397,9 +397,12 @@ class WebhookService(Component):
             ssl_context=_callback_tls(settings),
             timeout_seconds=settings.webhook_timeout_s,
         )
-        #: Verification challenges per (principal, callback host): see :meth:`verify`.
-        self.verifications = TokenBuckets(
-            settings.webhook_verify_per_minute / 60, settings.webhook_verify_burst
+        #: Verification challenges per principal and per (principal, callback host).
+        self.verifications = VerificationThrottle(
+            settings.webhook_verify_per_minute / 60,
+            settings.webhook_verify_burst,
+            principal_rate_per_s=settings.webhook_verify_principal_per_minute / 60,
+            principal_burst=settings.webhook_verify_principal_burst,
         )
         self.on_throttled = on_throttled
         self.registry = SubscriptionRegistry(settings, sealer)
@@ -422,12 +425,12 @@ class WebhookService(Component):
         """The draft's challenge before delivery to an unverified (principal, url) starts.
 
         A live subscription of ``principal`` to ``url`` stands for a verification (a refresh
-        never sends one). Otherwise one token of the (principal, callback host) bucket is
-        spent first, or :class:`VerificationThrottled`: nothing is sent.
+        never sends one). Otherwise one token of the principal's bucket and of its (principal,
+        callback host) bucket is spent first, or :class:`VerificationThrottled`: nothing is sent.
         """
         if self.registry.table.verified(principal, url, self.now_ms()):
             return Outcome(Verdict.DELIVERED)
-        wait = self.verifications.take((principal, httpx.URL(url).host))
+        wait = self.verifications.take(principal, httpx.URL(url).host)
         if wait is not None:
             self.on_throttled()
             raise VerificationThrottled(wait)

@@ -32,7 +32,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import rfc8785
 
@@ -50,6 +50,8 @@ __all__ = [
     "secrets_of",
     "subscription_id",
 ]
+
+_K = TypeVar("_K")
 
 #: Version 1: secrets in clear (until 8fd441c); version 2: secrets sealed.
 _CLEAR_VERSION = 1
@@ -295,6 +297,10 @@ class SubscriptionTable:
         self._partition: dict[str, int] = {}
         #: The definition revision each deleted id had: older records after it are zombies.
         self._deleted: dict[str, int] = {}
+        #: The ids held per principal, and per (principal, url): each subscribe asks both, and
+        #: must not scan every subscription. Kept in step by :meth:`apply`, the one writer.
+        self._by_principal: dict[str, set[str]] = {}
+        self._by_target: dict[tuple[str, str], set[str]] = {}
 
     def apply(self, partition: int, key: str, sub: Subscription | None) -> bool:
         """Apply one record (None: a tombstone); True when the state of ``key`` changed.
@@ -302,6 +308,7 @@ class SubscriptionTable:
         if sub is None:
             gone = self._subs.pop(key, None)
             if gone is not None:
+                self._unindex(gone)
                 self._deleted[key] = max(gone.refreshed_ms, self._deleted.get(key, 0))
             return gone is not None
         if sub.id != key:
@@ -311,7 +318,18 @@ class SubscriptionTable:
         before = self._subs.get(key)
         self._subs[key] = merged = merge(before, sub)
         self._partition[key] = partition
+        if before is not None:
+            self._unindex(before)
+        self._index(merged)
         return merged != before
+
+    def _index(self, sub: Subscription) -> None:
+        self._by_principal.setdefault(sub.principal, set()).add(sub.id)
+        self._by_target.setdefault((sub.principal, sub.url), set()).add(sub.id)
+
+    def _unindex(self, sub: Subscription) -> None:
+        _drop(self._by_principal, sub.principal, sub.id)
+        _drop(self._by_target, (sub.principal, sub.url), sub.id)
 
     def get(self, sub_id: str) -> Subscription | None:
         return self._subs.get(sub_id)
@@ -326,18 +344,16 @@ class SubscriptionTable:
         return self._deleted.get(sub_id, 0)
 
     def count_live(self, principal: str, now_ms: int) -> int:
-        return sum(
-            1 for s in self._subs.values() if s.principal == principal and not s.expired(now_ms)
-        )
+        """The unexpired subscriptions of ``principal`` (a scan of its own only)."""
+        ids = self._by_principal.get(principal, ())
+        return sum(1 for i in ids if not self._subs[i].expired(now_ms))
 
     def verified(self, principal: str, url: str, now_ms: int) -> bool:
         """Whether ``principal`` proved ``url``'s consent already: every stored subscription
         passed the challenge, so a live one to the same URL stands for it (the draft caches
         verification per principal and URL)."""
-        return any(
-            s.principal == principal and s.url == url and not s.expired(now_ms)
-            for s in self._subs.values()
-        )
+        ids = self._by_target.get((principal, url), ())
+        return any(not self._subs[i].expired(now_ms) for i in ids)
 
     def partition_of(self, sub_id: str) -> int | None:
         return self._partition.get(sub_id)
@@ -345,3 +361,12 @@ class SubscriptionTable:
     def in_partitions(self, partitions: Iterable[int]) -> list[str]:
         wanted = set(partitions)
         return [sid for sid in self._subs if self._partition.get(sid) in wanted]
+
+
+def _drop(index: dict[_K, set[str]], key: _K, sub_id: str) -> None:
+    """Remove ``sub_id`` under ``key``, and the key once empty (the index holds no husks)."""
+    ids = index.get(key)
+    if ids is not None:
+        ids.discard(sub_id)
+        if not ids:
+            del index[key]

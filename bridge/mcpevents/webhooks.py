@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 import httpx
 from standardwebhooks import Webhook
 
+from bridge import strictjson
+
 __all__ = [
     "MAX_ANSWER_BYTES",
     "SUBSCRIPTION_ID_HEADER",
@@ -401,9 +403,11 @@ async def _raw_answer(response: httpx.Response, limit: int) -> bytes:
 
 
 def _echoes(answer: bytes, nonce: str) -> bool:
+    # The callback's text, so the strict parser: depth-checked (never a RecursionError), and
+    # an unreadable answer is a failed challenge, nothing more.
     try:
-        echoed = json.loads(answer)
-    except ValueError:
+        echoed = strictjson.loads(answer)
+    except strictjson.NotWireJson:
         return False
     challenge = echoed.get("challenge") if isinstance(echoed, dict) else None
     return isinstance(challenge, str) and hmac.compare_digest(challenge.encode(), nonce.encode())

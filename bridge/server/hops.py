@@ -33,6 +33,7 @@ from urllib.parse import quote, unquote
 
 __all__ = [
     "HOP_HEADERS",
+    "REFUSED_HEADER",
     "SIGNED_HEADERS",
     "HopRefused",
     "PeerAuth",
@@ -50,6 +51,9 @@ _TIME = "x-bridge-peer-time"
 _NONCE = "x-bridge-peer-nonce"
 _TO = "x-bridge-peer-to"
 _SIGNATURE = "x-bridge-peer-signature"
+#: Set on every refusal of the peer listener (its value the reason): what tells the forwarding
+#: replica that the owner refused the hop itself, not answered the client's request.
+REFUSED_HEADER = "x-bridge-peer-refused"
 #: The headers a hop adds to the request it forwards.
 HOP_HEADERS = (_PRINCIPAL, _CLIENT, _TIME, _NONCE, _TO, _SIGNATURE)
 #: The client's headers a hop carries to the owner, each covered by the signature whether it
@@ -252,6 +256,8 @@ class PeerAuth:
         signed = {name: _optional(headers, name) for name in SIGNED_HEADERS}
         stamp = values[_TIME]
         if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 15):
+            raise HopRefused("malformed")
+        if not values[_SIGNATURE].isascii():  # compare_digest raises on non-ASCII str
             raise HopRefused("malformed")
         try:
             nonce = _nonce(values[_NONCE])

@@ -29,7 +29,7 @@ from bridge.server.classify import Inbound, Methods, Rejected, classify
 from bridge.server.cursor import decode_cursor
 from bridge.server.errors import WireError, retry_after, wire_error
 from bridge.server.handlers import Call, MethodHandlers, Streamed
-from bridge.server.hops import HopRefused, PeerIdentity, from_peer_listener
+from bridge.server.hops import REFUSED_HEADER, HopRefused, PeerIdentity, from_peer_listener
 from bridge.server.peers import Peers, routed_task_id
 from bridge.server.routing import (
     Routing,
@@ -394,7 +394,9 @@ class McpHttp:
             self.metrics.hop_refused(exc.reason)
             log.warning("refused a forwarded request (%s)", exc.reason)
             status = 503 if exc.retriable else 401
-            return JSONResponse({"error": str(exc), "reason": exc.reason}, status_code=status)
+            refusal = {"error": str(exc), "reason": exc.reason}
+            marked = {REFUSED_HEADER: exc.reason}  # the forwarding side maps it (peers.py)
+            return JSONResponse(refusal, status_code=status, headers=marked)
         return Caller(identity.principal, identity.client, connection_of(request.scope))
 
     async def post(self, request: Request) -> Response:

@@ -33,7 +33,7 @@ import httpx
 
 from bridge.config import PeerSettings
 from bridge.server.classify import NAME_PARAM
-from bridge.server.hops import SIGNED_HEADERS, PeerAuth, PeerIdentity
+from bridge.server.hops import REFUSED_HEADER, SIGNED_HEADERS, PeerAuth, PeerIdentity
 from bridge.server.routing import owner_unavailable_error
 from bridge.server.wire import (
     CLIENT_CAPS_META,
@@ -81,11 +81,23 @@ def routed_task_id(method: str, params: Mapping[str, Any]) -> str | None:
 
 
 class OwnerRefusedHop(Exception):
-    """The owner's peer listener refused our signature (another secret, a clock too far off,
-    or an advertised URL that is not where the request went): a misconfiguration to fix."""
+    """The owner's peer listener refused the hop: our signature (another secret, a clock too
+    far off, or an advertised URL that is not where the request went: a misconfiguration to
+    fix), or for now (its nonce memory full). The client gets ``owner_unavailable``."""
 
-    def __init__(self, owner: str) -> None:
-        super().__init__(f"the replica at {owner} refused the signed hop (401)")
+    def __init__(self, owner: str, reason: str) -> None:
+        super().__init__(f"the replica at {owner} refused the signed hop ({reason})")
+        self.reason = reason
+
+
+def _hop_refusal(response: httpx.Response) -> str | None:
+    """The reason when ``response`` is the peer listener refusing the hop, not the owner's
+    answer: marked by :data:`REFUSED_HEADER` (a 401 without it comes from a replica older
+    than the marker, whose listener answered 401 for a refused hop only)."""
+    reason: str | None = response.headers.get(REFUSED_HEADER)
+    if reason is None and response.status_code == 401:
+        reason = "unauthorized"
+    return reason
 
 
 def client_tls(settings: PeerSettings) -> ssl.SSLContext | bool:
@@ -171,17 +183,18 @@ class Peers:
     ) -> Forwarded:
         """Send the request to the owner's peer listener at ``base_url`` (at ``path``:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
-        back. :class:`OwnerRefusedHop` when the owner refused the signature."""
+        back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop."""
         sent = {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         request = self._client.build_request(
             method, f"{base_url}{path}", headers=sent, content=body
         )
         response = await self._client.send(request, stream=True)
-        if response.status_code == 401:  # the peer listener answers 401 for a refused hop only
+        refused = _hop_refusal(response)
+        if refused is not None:  # never the client's answer: http.py maps it once
             await response.aclose()
-            log.warning("%s refused a signed hop: check the peer secret, clocks and URLs", base_url)
-            raise OwnerRefusedHop(base_url)
+            log.warning("%s refused a signed hop (%s)", base_url, refused)
+            raise OwnerRefusedHop(base_url, refused)
         passed = {
             k: v
             for k, v in response.headers.items()
@@ -222,8 +235,8 @@ class Peers:
             reply = await self._client.post(
                 f"{base_url}/mcp", content=body, headers=headers, timeout=self._call_timeout
             )
-            if reply.status_code == 401:  # a refused hop, not the caller's credential
-                raise _unavailable(method, base_url, "the owner refused the signed hop")
+            if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
+                raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
             message = reply.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise _unavailable(method, base_url, type(exc).__name__) from None

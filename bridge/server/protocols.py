@@ -9,8 +9,10 @@ protocols add, per connection:
   connection opening or of the request's first byte; past it the connection is closed, with a
   ``408`` when no response has begun. A request that has arrived whole (an open stream, a
   long-running call) is never timed out by this;
-* a head bound: a request head past ``max_head_bytes`` is refused with ``431`` (httptools) or
-  ``400`` (h11, whose own incomplete-event limit is set to the same number).
+* a head bound: a request head past ``max_head_bytes`` is refused with ``431`` and the
+  connection closed, however the head arrives: in pieces (the bytes are counted as they come,
+  before the parser has a whole header to report) or in one read (the request line and headers
+  are counted as the parser reports them, before the app sees them).
 
 :func:`protocol_class` picks the parser like uvicorn's ``http`` setting and returns the class
 to pass to ``uvicorn.Config(http=...)``; bridge/server/runner.py does. What this module does
@@ -66,8 +68,61 @@ class _ReadDeadline:
         self.transport.close()
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a head past the bound."""
+
+
+class _BoundedConnection(h11.Connection):
+    """h11's connection refusing a request whose head is past ``max_head_bytes``.
+
+    h11's ``max_incomplete_event_size`` bounds only a head still incomplete in its buffer: a
+    whole head that came in one read is parsed at any size. Both cases end here as a
+    ``RemoteProtocolError`` with h11's hint 431, which :class:`_H11` answers."""
+
+    def __init__(self, max_head_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+        self.max_head_bytes = max_head_bytes
+        self.head_too_large = False
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.head_too_large = exc.error_status_hint == 431
+            raise
+        if isinstance(event, h11.Request) and _h11_head_size(event) > self.max_head_bytes:
+            self.head_too_large = True
+            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        return event
+
+
+def _h11_head_size(request: h11.Request) -> int:
+    """The bytes of a parsed head: what h11 kept of its request line and headers."""
+    size = len(request.method) + len(request.target)
+    return size + sum(len(name) + len(value) for name, value in request.headers)
+
+
+def _refuse_head(transport: asyncio.Transport) -> None:
+    if not transport.is_closing():
+        transport.write(_TOO_LARGE)
+        transport.close()
+
+
 class _H11(_ReadDeadline, H11Protocol):
-    """h11: the head is bounded by h11 itself; the deadline follows h11's state of the peer."""
+    """h11: the head is bounded by :class:`_BoundedConnection`; the deadline follows h11's
+    state of the peer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = self._bounded = _BoundedConnection(self.max_head_bytes)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers every parser error with 400: a head past the bound gets its 431.
+        if self._bounded.head_too_large:
+            self._disarm()
+            _refuse_head(self.transport)
+        else:
+            super().send_400_response(msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -92,10 +147,14 @@ def _httptools_class() -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class _HttpTools(_ReadDeadline, HttpToolsProtocol):
-        """httptools: the deadline spans message begin to message complete; the head's bytes
-        are counted as they are fed, because httptools buffers a header of any length."""
+        """httptools: the deadline spans message begin to message complete. The head is
+        counted twice, each count a lower bound of its size: the bytes fed while it is still
+        incomplete (httptools buffers a header of any length before reporting it), and the URL
+        and headers as httptools reports them (a whole head in one read is reported at once)."""
 
         _head_bytes: int | None = None  # None: not inside a request head
+        _head_parsed = 0
+        _head_too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -113,13 +172,37 @@ def _httptools_class() -> type[asyncio.Protocol]:
             if self._head_bytes > self.max_head_bytes:
                 self._head_bytes = None
                 self._disarm()
-                self.transport.write(_TOO_LARGE)
-                self.transport.close()
+                _refuse_head(self.transport)
+
+        def send_400_response(self, msg: str) -> None:
+            # A callback stopped the parser (uvicorn answers that with 400): the head is too large.
+            if self._head_too_large:
+                self._disarm()
+                _refuse_head(self.transport)
+            else:
+                super().send_400_response(msg)
+
+        def _count_parsed(self, size: int) -> None:
+            self._head_parsed += size
+            if self._head_parsed > self.max_head_bytes:
+                self._head_too_large = True
+                self._head_bytes = None
+                raise _HeadTooLarge  # stops httptools before the app sees the head
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_bytes = 0
+            self._head_parsed = 0
             self._arm()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_parsed(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if self._head_bytes is not None:  # not a trailer of a chunked body
+                self._count_parsed(len(name) + len(value))
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None
