@@ -26,7 +26,7 @@ from bridge.events import StatusPayload, TaskStatus
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_key
-from bridge.tasks.messages import owner_digest
+from bridge.tasks.messages import new_task_id, owner_digest
 from bridge.tasks.service import TaskService, TaskView, TooManyTasks
 
 #: A tool no worker runs: its tasks stay working, so they stay active.
@@ -197,3 +197,17 @@ async def test_a_moved_partition_counts_at_its_new_owner_only(kafka_bootstrap: s
                 created(one, "alice", 2 * limit), created(two, "alice", 2 * limit)
             )
             assert [len(m) for m in made] == [limit - len(owned[0]), limit - len(owned[1])]
+
+            # A creation in a partition another replica owns holds its place here only while
+            # it runs: its owner counts it from then on.
+            elsewhere = next(
+                t for t in iter(new_task_id, None) if two.indexer.owns(two.indexer.partition_of(t))
+            )
+            await one.create(HOLD, {}, "carol", task_id=elsewhere)
+            await wait_until(
+                lambda: two.indexer.lookup(elsewhere) is not None, what="the owner indexes it"
+            )
+            made = await asyncio.gather(
+                created(one, "carol", 2 * limit), created(two, "carol", 2 * limit)
+            )
+            assert [len(m) for m in made] == [limit, limit - 1]
