@@ -33,7 +33,7 @@ from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStat
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer, request_timeout_s
 from bridge.log.fanout import Fanout, Subscription
 from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
-from bridge.log.publisher import TaskEventPublisher
+from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.log.reader import Reader
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, owner_key, owner_prefix
 from bridge.tasks.create import publish_created
@@ -130,7 +130,8 @@ class _ActiveTasks:
     A creation takes its place (:meth:`reserve`) before its first await, so concurrent creates
     can never all pass the check; indexing the task turns the reservation into the index's
     entry, and the end of the creation gives back whatever is still only reserved
-    (:meth:`release`): a task written into a partition another replica owns is counted there.
+    (:meth:`release`): a task written into a partition another replica owns is counted there
+    (but see :meth:`TaskService._create` for a replica that owns none).
 
     Entries of 8fd441c hold only the owner's first 64 bits: they are counted under that prefix
     (as ``-1 - prefix``, which no 128-bit key is), and :meth:`count` adds them to the
@@ -414,26 +415,34 @@ class TaskService:
         now: int,
         input_responses: dict[str, Any] | None,
     ) -> TaskView:
-        """The creation itself: ``task.created`` (indexed here), then the job. However it
-        ends, the reservation goes: the index that holds the task counts it from then on (this
-        one's, or the owner's), and a creation that wrote nothing frees its place."""
+        """The creation itself: ``task.created`` (indexed here), then the job. When it ends
+        the reservation goes: the index that holds the task counts it from then on (this
+        replica's, or the partition owner's), and a creation that wrote nothing frees its place.
+        A replica that owns no partition keeps the place until the task's expiry instead: no
+        index of its own would ever stop it, and the owners count but never refuse for it."""
         try:
-            return await self._create_and_queue(
-                tool, arguments, principal, task_id, now, input_responses
+            where = await publish_created(
+                self.publisher, self._types, tool, principal, task_id, now
             )
+        except BaseException:
+            self._active.release(task_id)  # nothing was written
+            raise
+        try:
+            return await self._queue(tool, arguments, task_id, now, input_responses, where)
         finally:
-            self._active.release(task_id)
+            if self.indexer.partitions:
+                self._active.release(task_id)
 
-    async def _create_and_queue(
+    async def _queue(
         self,
         tool: ToolSpec,
         arguments: dict[str, Any],
-        principal: str,
         task_id: str,
         now: int,
         input_responses: dict[str, Any] | None,
+        where: Published,
     ) -> TaskView:
-        where = await publish_created(self.publisher, self._types, tool, principal, task_id, now)
+        """Hand the job of the task just written (at ``where``) to the tool's workers."""
         await self._visible(where.partition, where.offset)
         job = JobRequest(
             task_id=task_id,
