@@ -24,6 +24,7 @@ from support.waits import wait_until
 from bridge.config import Settings, ToolSpec
 from bridge.events import StatusPayload, TaskStatus
 from bridge.log.indexer import Indexer
+from bridge.log.publisher import Published
 from bridge.log.reader import Reader
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_key
 from bridge.tasks.messages import new_task_id, owner_digest
@@ -106,6 +107,30 @@ async def test_an_expired_task_frees_its_place(monkeypatch: pytest.MonkeyPatch) 
     later = time.time_ns() + 2 * HOUR_MS * 1_000_000
     monkeypatch.setattr("bridge.tasks.service.time", SimpleNamespace(time_ns=lambda: later))
     assert not await refused(service)
+
+
+async def test_a_create_written_elsewhere_is_released_unless_this_replica_owns_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def written(_publisher: object, _types: object, *args: object) -> Published:
+        return Published(partition=1, offset=0)  # a partition this replica does not index
+
+    async def queued(
+        self: TaskService, tool: ToolSpec, args: object, task_id: str, *_: object
+    ) -> TaskView:
+        return TaskView(task_id, "working", 0, 0, None, 1000)
+
+    monkeypatch.setattr("bridge.tasks.service.publish_created", written)
+    monkeypatch.setattr(TaskService, "_queue", queued)
+    service = offline_service(1)
+    service.indexer.partition_count = 2
+    ids = (t for t in iter(new_task_id, None) if service.indexer.partition_of(t) == 1)
+    for _ in range(3):  # partition 1's owner counts them: each create frees its place here
+        await service.create(HOLD, {}, "alice", task_id=next(ids))
+    service.indexer.partitions = {}  # owning nothing, nothing here would ever stop the count
+    await service.create(HOLD, {}, "alice", task_id=next(ids))
+    with pytest.raises(TooManyTasks):
+        await service.create(HOLD, {}, "alice", task_id=next(ids))
 
 
 # --- real replicas ---------------------------------------------------------------------------
