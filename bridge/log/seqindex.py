@@ -455,6 +455,20 @@ class PartitionIndex:
         self.lost_before = lost_before
         self.unsigned_below = unsigned_below
 
+    def active_tasks(self, now_ms: int) -> Iterator[tuple[str, int, int, bool]]:
+        """Every task with an owner that is neither terminal nor expired at ``now_ms``, as
+        ``(task_id, owner key, expiry ms or -1 for none, owner is a 64-bit prefix)``: what the
+        active-task limit counts of this partition (read-only, no entry is built)."""
+        for task_id, row in self.rows.items():
+            owner = self._owner_of(row)
+            if owner == 0 or self._status[row] in _TERMINAL_CODES:
+                continue
+            ttl = self._ttl[row]
+            expires = self._created[row] + ttl if ttl >= 0 else -1
+            if 0 <= expires <= now_ms:
+                continue
+            yield task_id, owner, expires, bool(self._flags[row] & FLAG_OWNER_PREFIX)
+
 
 _TERMINAL_CODES = frozenset(int(s) for s in TERMINAL_STATUSES)
 #: Statuses that change nothing: none announced, or UNKNOWN (no record may un-know a task).

@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -33,9 +33,9 @@ from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStat
 from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer, request_timeout_s
 from bridge.log.fanout import Fanout, Subscription, SubscriptionClosed
 from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
-from bridge.log.publisher import TaskEventPublisher
+from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.log.reader import Reader
-from bridge.log.seqindex import owner_key
+from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, owner_key, owner_prefix
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import ControlMessage, JobRequest, iso_ms, new_task_id, owner_digest
 
@@ -46,12 +46,15 @@ log = logging.getLogger(__name__)
 #: How long a replica that does not know a task id catches up before saying "not found".
 _CATCH_UP_S = 5.0
 _WRITE_VISIBLE_S = 30.0
-#: Ids drawn at most to find one in an owned partition (1 - (1 - k/P)**64 of the time).
-_OWNED_ID_DRAWS = 64
+#: Ids drawn at most to find one in an owned partition (1 - (1 - k/P)**4096 of the time; a
+#: draw costs about a microsecond). A task in an owned partition is counted by this replica's
+#: limit check, one elsewhere only by its owner, which does not refuse for it: the cluster bound
+#: needs creations to land here.
+_OWNED_ID_DRAWS = 4096
 #: Events a waiting call buffers before it falls back to re-reading the task's state.
 _WATCH_BUFFER = 256
-#: When a reserved task without a TTL stops counting if this replica never sees it end (as the
-#: index's entries of such tasks: never).
+#: The expiry counted for a task without a TTL (it counts until it ends, or its partition
+#: moves away).
 _NO_EXPIRY_MS = 10**15
 
 
@@ -118,55 +121,106 @@ class TaskView:
         return out
 
 
-@dataclass
-class _Owners:
-    """Active (non-terminal, unexpired) tasks per owner key of the index, as this replica
-    counts them for the active-task limit: the tasks indexed here, and the creations it
-    reserved that its index has not shown yet.
+class _ActiveTasks:
+    """Active (non-terminal, unexpired) tasks per principal, as this replica counts them for
+    the active-task limit: the tasks of the partitions it owns, read from their index (seeded
+    when a partition is gained or restored, dropped when it is lost, kept current as the
+    indexer applies statuses), and the creations still in flight here.
 
     A creation takes its place (:meth:`reserve`) before its first await, so concurrent creates
-    can never all pass the check; indexing the task turns the reservation into the task's own
-    entry, and a creation that wrote nothing gives it back (:meth:`unreserve`). A reservation
-    whose task is never indexed here (its partition is another replica's, or moved away
-    meanwhile) counts until the task's expiry: this replica cannot see it end, and counting it
-    is what bounds a principal to ``limit`` active tasks per replica.
+    can never all pass the check; indexing the task turns the reservation into the index's
+    entry, and the end of the creation gives back whatever is still only reserved
+    (:meth:`release`): a task written into a partition another replica owns is counted there
+    (but see :meth:`TaskService._create` for a replica that owns none).
+
+    Entries of 8fd441c hold only the owner's first 64 bits: they are counted under that prefix
+    (as ``-1 - prefix``, which no 128-bit key is), and :meth:`count` adds them to the
+    principal's own count, so old and new tasks share one limit.
     """
 
-    active: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
-    owner_of: dict[str, int] = field(default_factory=dict)
+    def __init__(self) -> None:
+        #: count key -> task id -> expiry (ms).
+        self._tasks: dict[int, dict[str, int]] = {}
+        #: task id -> (count key, partition it is indexed in, or None while only reserved).
+        self._where: dict[str, tuple[int, int | None]] = {}
+        self._by_partition: dict[int, set[str]] = {}
+
+    @staticmethod
+    def _legacy_key(owner: int) -> int:
+        return -1 - owner_prefix(owner)
 
     def reserve(self, owner: int, task_id: str, expires_ms: int, limit: int, now_ms: int) -> None:
         """Count ``task_id`` for ``owner`` now, or raise :class:`TooManyTasks` at the limit.
         Synchronous on purpose: the check and the count are one step."""
         if self.count(owner, now_ms) >= limit:
             raise TooManyTasks(limit)
-        self.add(owner, task_id, expires_ms)
+        if task_id not in self._where:
+            self._put(owner, task_id, expires_ms, None)
 
-    def unreserve(self, task_id: str) -> None:
-        """A creation that wrote nothing: its place is free again."""
-        self.finish(task_id)
+    def release(self, task_id: str) -> None:
+        """The creation ended: a place only reserved (nothing written, or written into a
+        partition this replica does not index) is free again; an indexed task keeps its."""
+        where = self._where.get(task_id)
+        if where is not None and where[1] is None:
+            self._drop(task_id)
 
-    def add(self, owner: int, task_id: str, expires_ms: int) -> None:
-        if self.owner_of.get(task_id, owner) != owner:
-            self.finish(task_id)
-        self.active[owner][task_id] = expires_ms
-        self.owner_of[task_id] = owner
+    def index(
+        self, partition: int, task_id: str, owner: int, expires_ms: int, legacy: bool
+    ) -> None:
+        """The index of ``partition`` (owned here) holds ``task_id``, active, for ``owner``."""
+        self._drop(task_id)
+        self._put(self._legacy_key(owner) if legacy else owner, task_id, expires_ms, partition)
 
     def finish(self, task_id: str) -> None:
-        owner = self.owner_of.pop(task_id, None)
-        if owner is not None:
-            tasks = self.active[owner]
-            tasks.pop(task_id, None)
-            if not tasks:
-                del self.active[owner]  # memory follows the principals with active tasks
+        """The task ended (a terminal status): its place is free."""
+        self._drop(task_id)
+
+    def seed(self, partition: int, idx: PartitionIndex, now_ms: int) -> None:
+        """Count the active tasks of ``partition``'s index (just gained or restored)."""
+        self.drop_partition(partition)
+        for task_id, owner, expires, legacy in idx.active_tasks(now_ms):
+            expires = expires if expires >= 0 else _NO_EXPIRY_MS
+            self.index(partition, task_id, owner, expires, legacy)
+
+    def drop_partition(self, partition: int) -> None:
+        """``partition`` is no longer indexed here: its owner counts its tasks."""
+        for task_id in self._by_partition.pop(partition, ()):
+            self._drop(task_id)
 
     def count(self, owner: int, now_ms: int) -> int:
-        tasks = self.active.get(owner)
+        """``owner``'s active tasks, with those 8fd441c stored under its 64-bit prefix."""
+        return self._live(owner, now_ms) + self._live(self._legacy_key(owner), now_ms)
+
+    def _live(self, key: int, now_ms: int) -> int:
+        tasks = self._tasks.get(key)
         if tasks is None:
             return 0
         for task_id in [t for t, exp in tasks.items() if exp <= now_ms]:
-            self.finish(task_id)
+            self._drop(task_id)
         return len(tasks)
+
+    def _put(self, key: int, task_id: str, expires_ms: int, partition: int | None) -> None:
+        self._tasks.setdefault(key, {})[task_id] = expires_ms
+        self._where[task_id] = (key, partition)
+        if partition is not None:
+            self._by_partition.setdefault(partition, set()).add(task_id)
+
+    def _drop(self, task_id: str) -> None:
+        where = self._where.pop(task_id, None)
+        if where is None:
+            return
+        key, partition = where
+        tasks = self._tasks[key]
+        del tasks[task_id]
+        if not tasks:
+            del self._tasks[key]  # memory follows the principals with active tasks
+        if partition is None:
+            return
+        in_partition = self._by_partition.get(partition)
+        if in_partition is not None:  # None too while drop_partition empties the partition
+            in_partition.discard(task_id)
+            if not in_partition:
+                del self._by_partition[partition]
 
 
 K = TypeVar("K")
@@ -206,12 +260,17 @@ class TaskService:
         self._producer: AIOKafkaProducer | None = None
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
-        self._owners = _Owners()
+        self._active = _ActiveTasks()
+        #: The partition indexes whose tasks ``_active`` counts (compared by identity: a
+        #: partition lost and gained again has a new index, restored afresh).
+        self._counted: dict[int, PartitionIndex] = {}
         #: Creations still writing after their caller was answered KafkaUnavailable.
         self._late_writes: set[asyncio.Task[TaskView]] = set()
         indexer.add_listener(self._on_event)
+        indexer.add_ownership_listener(self._on_ownership)
 
     async def start(self) -> None:
+        self._count_owned()  # what the indexer restored before this service existed
         await self.publisher.start()
         self._producer = idempotent_producer(self.settings, role="tasks")
         await self._producer.start()
@@ -232,24 +291,47 @@ class TaskService:
 
     # --- the indexer's view, kept current -------------------------------------------------
 
+    def _on_ownership(self, gained: set[int], lost: set[int]) -> None:
+        self._count_owned()
+
+    def _count_owned(self) -> None:
+        """Make the counts follow the partitions owned now: drop those no longer owned (their
+        owner counts them), seed those gained or restored since from their index. Cheap when
+        nothing moved (one identity check per partition), so it runs before every check."""
+        owned = self.indexer.partitions
+        for partition in [p for p in self._counted if p not in owned]:
+            del self._counted[partition]
+            self._active.drop_partition(partition)
+        now = time.time_ns() // 1_000_000
+        for partition, idx in owned.items():
+            if self._counted.get(partition) is not idx:
+                self._active.seed(partition, idx, now)
+                self._counted[partition] = idx
+
     def _on_event(self, indexed: IndexedEvent) -> None:
+        if self._counted.get(indexed.partition) is not self.indexer.partitions.get(
+            indexed.partition
+        ):
+            self._count_owned()  # a partition not seeded yet: its seed includes this record
+            return
         # has_type, not event.type: records nobody watches are never decoded (the cheap tail).
         if indexed.seq == 0 and indexed.has_type(self._types.created):
-            self._track_owner(indexed.task_id)
+            self._track_owner(indexed.partition, indexed.task_id)
         elif indexed.has_type(self._types.status):
             found = self.indexer.lookup(indexed.task_id)
             if found is not None and found[1].terminal:
-                self._owners.finish(indexed.task_id)
+                self._active.finish(indexed.task_id)
 
-    def _track_owner(self, task_id: str) -> None:
+    def _track_owner(self, partition: int, task_id: str) -> None:
         # Read the identity the index took from this record, never the record itself: any
         # producer can write a task.created, and only the one at seq 0 defines a task.
         found = self.indexer.lookup(task_id)
-        if found is None or found[1].owner == 0:
+        if found is None or found[1].owner == 0 or found[1].terminal:
             return
         entry = found[1]
-        expires = entry.created_ms + (entry.ttl_ms if entry.ttl_ms >= 0 else 10**15)
-        self._owners.add(entry.owner, task_id, expires)
+        expires = entry.created_ms + (entry.ttl_ms if entry.ttl_ms >= 0 else _NO_EXPIRY_MS)
+        legacy = bool(entry.flags & FLAG_OWNER_PREFIX)
+        self._active.index(partition, task_id, entry.owner, expires, legacy)
 
     # --- create --------------------------------------------------------------------------
 
@@ -294,7 +376,8 @@ class TaskService:
         now = time.time_ns() // 1_000_000
         task_id = task_id or self.new_task_id()
         # Reserved before the first await: concurrent creates see each other's places.
-        self._owners.reserve(
+        self._count_owned()
+        self._active.reserve(
             owner_key(owner),
             task_id,
             now + (tool.ttl_ms if tool.ttl_ms is not None else _NO_EXPIRY_MS),
@@ -332,14 +415,34 @@ class TaskService:
         now: int,
         input_responses: dict[str, Any] | None,
     ) -> TaskView:
-        """The creation itself: ``task.created`` (indexed here), then the job."""
+        """The creation itself: ``task.created`` (indexed here), then the job. When it ends
+        the reservation goes: the index that holds the task counts it from then on (this
+        replica's, or the partition owner's), and a creation that wrote nothing frees its place.
+        A replica that owns no partition keeps the place until the task's expiry instead: no
+        index of its own would ever stop it, and the owners count but never refuse for it."""
         try:
             where = await publish_created(
                 self.publisher, self._types, tool, principal, task_id, now
             )
         except BaseException:
-            self._owners.unreserve(task_id)  # nothing was written: the place is free again
+            self._active.release(task_id)  # nothing was written
             raise
+        try:
+            return await self._queue(tool, arguments, task_id, now, input_responses, where)
+        finally:
+            if self.indexer.partitions:
+                self._active.release(task_id)
+
+    async def _queue(
+        self,
+        tool: ToolSpec,
+        arguments: dict[str, Any],
+        task_id: str,
+        now: int,
+        input_responses: dict[str, Any] | None,
+        where: Published,
+    ) -> TaskView:
+        """Hand the job of the task just written (at ``where``) to the tool's workers."""
         await self._visible(where.partition, where.offset)
         job = JobRequest(
             task_id=task_id,
