@@ -20,6 +20,7 @@ from bridge.kafka.clients import (
     ConsumerRecord,
     TopicPartition,
     committed_consumer,
+    partition_for_key,
 )
 from bridge.log.identity import is_signed, load_keyring
 from bridge.log.indexer import load_index, read_to_end, topic_partitions
@@ -56,7 +57,7 @@ async def verify_index(
         for p in parts:
             tp = TopicPartition(settings.topics.events, p)
             say(f"partition {p}: recounting up to offset {persisted[p].through}")
-            await _verify_partition(settings, consumer, tp, persisted[p], report)
+            await _verify_partition(settings, consumer, tp, persisted[p], report, len(parts))
     finally:
         await consumer.stop()
     return report
@@ -77,6 +78,7 @@ async def _verify_partition(
     tp: TopicPartition,
     persisted: PartitionIndex,
     report: VerifyReport,
+    partitions: int,
 ) -> None:
     begins = await consumer.beginning_offsets([tp])
     log_start = int(begins[tp])
@@ -88,6 +90,9 @@ async def _verify_partition(
         track_dirty=False,
         unsigned_below=persisted.unsigned_below,
     )
+    # A partition still in 8fd441c's format (its marker, or an upgrade from 0.1 under way)
+    # honours unsigned records as 8fd441c does (PartitionIndex.legacy).
+    recount.legacy = persisted.marker_version in (1, 2)
     # The tail's own decoder and keyring: the same facts, decoding only the bridge's own types.
     decoder = RecordDecoder(
         settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
@@ -103,6 +108,8 @@ async def _verify_partition(
             return
         offsets[task_id].append(record.offset)
         (created, status, identity), event = decoder.facts(record)
+        if created and partition_for_key(task_id.encode("utf-8"), partitions) != tp.partition:
+            identity = None  # a copy out of its task id's partition defines nothing (indexer)
         signed = created and is_signed(keyring, task_id, event, identity, record.headers)
         recount.apply(
             task_id,
