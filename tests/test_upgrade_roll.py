@@ -28,7 +28,7 @@ from test_upgrade_8fd441c import TOOL, serving, upgrade_settings
 from bridge import config
 from bridge.config import Settings
 from bridge.events import TaskStatus
-from bridge.kafka.clients import AIOKafkaProducer, partition_for_key
+from bridge.kafka.clients import AIOKafkaProducer, ConsumerRecord, partition_for_key
 from bridge.log.seqindex import (
     FLAG_OWNER_PREFIX,
     UNSIGNED_UNDECIDED,
@@ -259,6 +259,28 @@ async def test_a_signed_task_created_copied_into_another_partition_defines_nothi
         assert copy is not None and copy.owner == 0 and copy.status != TaskStatus.WORKING
         assert indexer.refused_identities == 1
         assert (await service.get(task.task_id, "alice")).status == "working"
+
+
+def test_after_a_loss_a_task_created_stamped_far_from_its_created_time_is_a_copy() -> None:
+    """The after-retention copy (F9): the bridge stamps a task.created with its createdMs; a
+    copy appended later carries another time unless its producer forged it (security.md)."""
+    from bridge.log.indexer import CREATED_SKEW_MS, out_of_place  # new in this change
+
+    task_id = new_task_id()
+    home = partition_for_key(task_id.encode(), 3)
+    who = TaskIdentity(owner_key(owner_digest("alice")), 1_000_000, -1, 1000)
+
+    def record(partition: int, timestamp: int) -> Any:
+        return ConsumerRecord(
+            "t", partition, 0, timestamp, 0, task_id.encode(), b"", None, 0, 0, []
+        )
+
+    whole, lost = PartitionIndex(home, 4), PartitionIndex(home, 4, lost_before=10)
+    far = 1_000_000 + CREATED_SKEW_MS + 1
+    assert not out_of_place(task_id, record(home, far), 3, whole, who)
+    assert out_of_place(task_id, record(home, far), 3, lost, who)
+    assert not out_of_place(task_id, record(home, 1_000_000), 3, lost, who)
+    assert out_of_place(task_id, record((home + 1) % 3, 1_000_000), 3, whole, who)
 
 
 # --- subscriptions (F7) ----------------------------------------------------------------------

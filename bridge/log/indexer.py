@@ -73,6 +73,7 @@ from bridge.log.seqindex import (
     MarkerRecord,
     PartitionIndex,
     TaskEntry,
+    TaskIdentity,
     TaskRecord,
     decode_index_record,
     marker_key,
@@ -81,12 +82,14 @@ from bridge.log.seqindex import (
 from bridge.log.updates import TaskUpdate
 
 __all__ = [
+    "CREATED_SKEW_MS",
     "IndexedEvent",
     "Indexer",
     "IndexerError",
     "NotOwner",
     "index_layout_error",
     "load_index",
+    "out_of_place",
     "read_to_end",
     "topic_partitions",
 ]
@@ -99,6 +102,32 @@ def _partition_of(task_id: str, partitions: int) -> int:
     """:func:`partition_for_key` of a task id, remembered: murmur2 in pure Python costs tens of
     microseconds, and opening one stream asks for its task's partition half a dozen times."""
     return partition_for_key(task_id.encode("utf-8"), partitions)
+
+
+#: How far a ``task.created`` record's timestamp may be from its ``createdMs`` once its partition
+#: lost records: the bridge writes them equal (CreateTime), or a produce's latency apart
+#: (LogAppendTime).
+CREATED_SKEW_MS = 300_000
+
+
+def out_of_place(
+    task_id: str,
+    record: ConsumerRecord[bytes, bytes],
+    partitions: int,
+    idx: PartitionIndex,
+    identity: TaskIdentity | None,
+) -> bool:
+    """Whether a ``task.created`` record can only be a copy (its signature binds neither
+    partition nor offset): in a partition its task id never maps to; or, in a partition that
+    lost records to retention (where a task's first record left may be anything), stamped far
+    from its ``createdMs`` (docs/security.md says what a broker setting adds to this)."""
+    if record.partition != _partition_of(task_id, partitions):
+        return True
+    return (
+        idx.lost_before >= 0
+        and identity is not None
+        and abs(record.timestamp - identity.created_ms) > CREATED_SKEW_MS
+    )
 
 
 class IndexerError(Exception):
@@ -625,8 +654,8 @@ class Indexer(Component):
         # Only the bridge's own created and status records are decoded here (the facts); the
         # rest is decoded when a listener reads the event, if one ever does.
         (created, status, identity), event = self._decoder.facts(record)
-        if created and record.partition != self.partition_of(task_id):
-            identity = None  # a copy in a partition its id never maps to: refused, counted
+        if created and out_of_place(task_id, record, self.partition_count, idx, identity):
+            identity = None  # a copy of a task.created: refused, counted
         signed = created and is_signed(self.keyring, task_id, event, identity, record.headers)
         before = idx.folded_status(task_id) if self.persist else None
         seq = idx.apply(

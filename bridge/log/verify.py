@@ -20,10 +20,9 @@ from bridge.kafka.clients import (
     ConsumerRecord,
     TopicPartition,
     committed_consumer,
-    partition_for_key,
 )
 from bridge.log.identity import is_signed, load_keyring
-from bridge.log.indexer import load_index, read_to_end, topic_partitions
+from bridge.log.indexer import load_index, out_of_place, read_to_end, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_prefix
 
@@ -108,8 +107,8 @@ async def _verify_partition(
             return
         offsets[task_id].append(record.offset)
         (created, status, identity), event = decoder.facts(record)
-        if created and partition_for_key(task_id.encode("utf-8"), partitions) != tp.partition:
-            identity = None  # a copy out of its task id's partition defines nothing (indexer)
+        if created and out_of_place(task_id, record, partitions, recount, identity):
+            identity = None  # a copy defines nothing (as in the indexer)
         signed = created and is_signed(keyring, task_id, event, identity, record.headers)
         recount.apply(
             task_id,
