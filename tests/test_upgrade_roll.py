@@ -224,6 +224,18 @@ def test_in_a_partition_without_a_marker_the_first_signed_task_created_ends_the_
     assert idx.refused == 1
 
 
+def test_an_owner_of_8fd441c_is_found_under_its_legacy_key() -> None:
+    """F11: what the active-task count adds for entries that hold 64 bits of their owner."""
+    from bridge.log.seqindex import legacy_owner_key  # new in this change
+
+    full = owner_key(owner_digest("alice"))
+    key = f"t:{FIXTURE['tasks'][0]['taskId']}".encode()
+    value = next(_b(r["value"]) for r in FIXTURE["records"]["index"] if _b(r["key"]) == key)
+    restored = decode_index_record(key, value)
+    assert isinstance(restored, TaskRecord)
+    assert restored.entry.owner == legacy_owner_key(full) != full
+
+
 # --- a copy of a signed task.created in another partition (F9) ----------------------------------
 
 

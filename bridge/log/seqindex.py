@@ -49,6 +49,7 @@ __all__ = [
     "TaskIdentity",
     "TaskRecord",
     "decode_index_record",
+    "legacy_owner_key",
     "marker_key",
     "owner_key",
     "owner_prefix",
@@ -102,6 +103,14 @@ def owner_prefix(owner: int) -> int:
     """The first 64 bits of an owner key: all an entry of 8fd441c holds, and the task-updates
     topic's record key."""
     return owner >> 64
+
+
+def legacy_owner_key(owner: int) -> int:
+    """The owner an entry persisted in version 1 or 2 holds for the 128-bit ``owner``: its first
+    64 bits, then zeros (:data:`FLAG_OWNER_PREFIX`). Whatever counts a principal's tasks by
+    :attr:`TaskEntry.owner` counts both keys (once when they are equal), or 8fd441c's tasks,
+    and those written during an upgrade from it, escape the count."""
+    return owner_prefix(owner) << 64
 
 
 class IndexRecordError(ValueError):
