@@ -348,6 +348,13 @@ class Indexer(Component):
     async def start(self) -> None:
         """Take ownership (every partition, or the group's share), restore, and start tailing."""
         s = self.settings
+        if s.upgrade.legacy:
+            log.warning(
+                "rolling upgrade from %s (BRIDGE_UPGRADE__FROM): writing the index as 0.1.0 does "
+                "and honouring unsigned task.created records; remove the setting once no 0.1.0 "
+                "process runs (CHANGELOG.md, Upgrade)",
+                s.upgrade.from_,
+            )
         try:
             parts = await topic_partitions(s, s.topics.events)
             self.partition_count = len(parts)
