@@ -669,6 +669,12 @@ class UpgradeSettings(BaseModel):
 
     from_: Literal["0.1"] | None = Field(None, alias="from")
 
+    @field_validator("from_", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # An env var set to "" (a template's empty value) means no upgrade under way.
+        return None if value == "" else value
+
     @property
     def legacy(self) -> bool:
         """Write and honour what 0.1.0 writes and honours (step 1 of the upgrade)."""

@@ -112,6 +112,7 @@ def test_task_event_cursors_are_of_version_1_during_the_upgrade_unless_set() -> 
     explicit = Settings(event_cursors={"task_version": 2}, upgrade={"from": "0.1"})
     assert config.task_cursor_version(explicit) == 2
     assert config.task_cursor_version(Settings(event_cursors={"task_version": 1})) == 1
+    assert not Settings(upgrade={"from": ""}).upgrade.legacy  # a template's empty value
 
 
 # --- the tasks of 8fd441c's replicas still running (F1) ----------------------------------------
