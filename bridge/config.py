@@ -671,8 +671,44 @@ class EventCursorSettings(BaseModel):
 
     #: ``task.event`` cursors: 2 names the task (a cursor of another task is refused); 1 is the
     #: form versions up to 8fd441c read, for the span of a rolling upgrade from them (both are
-    #: read either way). Set 1 while replicas of both versions serve, then remove it.
-    task_version: Literal[1, 2] = 2
+    #: read either way). Unset: 1 while ``upgrade.from`` is set, else 2 (see
+    #: :func:`task_cursor_version`).
+    task_version: Literal[1, 2] | None = None
+
+
+class UpgradeSettings(BaseModel):
+    """A rolling upgrade in progress (CHANGELOG.md "Upgrade", docs/operations.md). Set as
+    ``BRIDGE_UPGRADE__FROM``.
+
+    ``from_="0.1"``: replicas of 0.1.0 may still run. This version then writes what they read
+    (index records and markers of version 2, clear subscription records, ``task.event``
+    cursors of version 1), honours unsigned ``task.created`` records as they do, and fixes no
+    upgrade offset. Step 1 rolls every replica with it set; step 2 rolls again without it.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_: Literal["0.1"] | None = Field(None, alias="from")
+
+    @field_validator("from_", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # An env var set to "" (a template's empty value) means no upgrade under way.
+        return None if value == "" else value
+
+    @property
+    def legacy(self) -> bool:
+        """Write and honour what 0.1.0 writes and honours (step 1 of the upgrade)."""
+        return self.from_ is not None
+
+
+def task_cursor_version(settings: Settings) -> int:
+    """The ``task.event`` cursor version to mint: the explicit setting, else 1 during an
+    upgrade from 0.1 (its replicas refuse version 2), else 2."""
+    explicit = settings.event_cursors.task_version
+    if explicit is not None:
+        return explicit
+    return 1 if settings.upgrade.legacy else 2
 
 
 class Settings(BaseSettings):
@@ -821,6 +857,7 @@ class Settings(BaseSettings):
     #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
     webhook_keys: WebhookKeySettings = WebhookKeySettings()
     event_cursors: EventCursorSettings = EventCursorSettings()
+    upgrade: UpgradeSettings = UpgradeSettings()
 
     _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
     #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bridge.config import Settings
+from bridge.config import Settings, task_cursor_version
 from bridge.envelope import TaskEvent
 from bridge.kafka.clients import OffsetOutOfRangeError
 from bridge.log.reader import NotRetained
@@ -476,8 +476,8 @@ async def test_during_a_rolling_upgrade_cursors_can_be_minted_in_the_old_form() 
     for source in (bound, legacy):  # either reads both forms
         assert (await poll_task(source, "t", old_form))["events"] == []
         assert (await poll_task(source, "t", new_form))["events"] == []
-    assert Settings().event_cursors.task_version == 2
-    assert Settings(event_cursors={"task_version": 1}).event_cursors.task_version == 1
+    assert task_cursor_version(Settings()) == 2
+    assert task_cursor_version(Settings(event_cursors={"task_version": 1})) == 1
 
 
 # --- item 6 (g): access is checked again at each heartbeat ---------------------------------------

@@ -28,6 +28,12 @@ upgrade rule is per partition: when a partition's restored marker is of a versio
 signing (8fd441c), the indexer records the partition's current end as ``unsigned_below``,
 once, and persists it with the marker; unsigned records below it keep their meaning, none
 written after it does. Refused records are ordinary events (:attr:`Indexer.refused_identities`).
+So is a ``task.created`` in another partition than its task id's: the signature binds no
+partition, and a copy there must define nothing.
+
+While a rolling upgrade from 0.1 is under way (``upgrade.from``), nothing is decided: a
+partition not yet written in version 3 is written in 8fd441c's version 2 and honours unsigned
+records, because 8fd441c's replicas may still write them there, or own the partition next.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from bridge.log.seqindex import (
     MarkerRecord,
     PartitionIndex,
     TaskEntry,
+    TaskIdentity,
     TaskRecord,
     decode_index_record,
     marker_key,
@@ -75,12 +82,14 @@ from bridge.log.seqindex import (
 from bridge.log.updates import TaskUpdate
 
 __all__ = [
+    "CREATED_SKEW_MS",
     "IndexedEvent",
     "Indexer",
     "IndexerError",
     "NotOwner",
     "index_layout_error",
     "load_index",
+    "out_of_place",
     "read_to_end",
     "topic_partitions",
 ]
@@ -93,6 +102,32 @@ def _partition_of(task_id: str, partitions: int) -> int:
     """:func:`partition_for_key` of a task id, remembered: murmur2 in pure Python costs tens of
     microseconds, and opening one stream asks for its task's partition half a dozen times."""
     return partition_for_key(task_id.encode("utf-8"), partitions)
+
+
+#: How far a ``task.created`` record's timestamp may be from its ``createdMs`` once its partition
+#: lost records: the bridge writes them equal (CreateTime), or a produce's latency apart
+#: (LogAppendTime).
+CREATED_SKEW_MS = 300_000
+
+
+def out_of_place(
+    task_id: str,
+    record: ConsumerRecord[bytes, bytes],
+    partitions: int,
+    idx: PartitionIndex,
+    identity: TaskIdentity | None,
+) -> bool:
+    """Whether a ``task.created`` record can only be a copy (its signature binds neither
+    partition nor offset): in a partition its task id never maps to; or, in a partition that
+    lost records to retention (where a task's first record left may be anything), stamped far
+    from its ``createdMs`` (docs/security.md says what a broker setting adds to this)."""
+    if record.partition != _partition_of(task_id, partitions):
+        return True
+    return (
+        idx.lost_before >= 0
+        and identity is not None
+        and abs(record.timestamp - identity.created_ms) > CREATED_SKEW_MS
+    )
 
 
 class IndexerError(Exception):
@@ -224,7 +259,9 @@ async def load_index(
         if isinstance(record, TaskRecord):
             target.restore_task(record.task_id, record.entry)
         elif record.version < 3:  # indexed before identities were signed: the upgrade rule
-            target.restore_marker(record.through, record.lost_before, UNSIGNED_UNDECIDED)
+            target.restore_marker(
+                record.through, record.lost_before, UNSIGNED_UNDECIDED, record.version
+            )
         else:
             target.restore_marker(record.through, record.lost_before, record.unsigned_below)
     return index
@@ -311,6 +348,13 @@ class Indexer(Component):
     async def start(self) -> None:
         """Take ownership (every partition, or the group's share), restore, and start tailing."""
         s = self.settings
+        if s.upgrade.legacy:
+            log.warning(
+                "rolling upgrade from %s (BRIDGE_UPGRADE__FROM): writing the index as 0.1.0 does "
+                "and honouring unsigned task.created records; remove the setting once no 0.1.0 "
+                "process runs (CHANGELOG.md, Upgrade)",
+                s.upgrade.from_,
+            )
         try:
             parts = await topic_partitions(s, s.topics.events)
             self.partition_count = len(parts)
@@ -404,9 +448,7 @@ class Indexer(Component):
             if idx.through < begins[tp]:
                 self._lost(idx, begins[tp])
             self.partitions[tp.partition] = idx
-            self._persisted_markers[tp.partition] = idx.marker()
-            if idx.unsigned_below == UNSIGNED_UNDECIDED:
-                self._upgrade(idx, ends[tp])
+            self._decide(idx, begins[tp], ends[tp])
             self._updates[tp.partition] = []
             consumer.seek(tp, idx.through)
         log.info(
@@ -415,6 +457,31 @@ class Indexer(Component):
             sum(len(restored[p]) for p in parts),
             self.restore_seconds,
         )
+
+    def _decide(self, idx: PartitionIndex, begin: int, end: int) -> None:
+        """Which unsigned ``task.created`` records of a partition just taken define a task.
+
+        * A version 3 marker decided it already.
+        * No marker, yet records: 8fd441c (or this version) wrote them and stopped before its
+          first flush of the partition; they may predate signing, so it is undecided, and
+          provisional: the first signed ``task.created`` lowers the offset to its own.
+        * During an upgrade from 0.1 (``upgrade.from``) a partition not yet written in version
+          3 stays in 8fd441c's format and honours unsigned records (:attr:`PartitionIndex.legacy`).
+        * Otherwise an undecided partition gets its upgrade offset now (:meth:`_upgrade`), and
+          a partition without a marker gets one at the next flush, so that records written
+          after it are never taken for 8fd441c's.
+        """
+        if self.persist and idx.marker_version == 0 and end > begin:
+            # (A process that never persists never finds a marker: nothing is undecided there.)
+            idx.unsigned_below = UNSIGNED_UNDECIDED
+            idx.provisional = not self.settings.upgrade.legacy
+        idx.legacy = self.settings.upgrade.legacy and idx.marker_version < 3
+        if idx.marker_version:
+            self._persisted_markers[idx.partition] = idx.marker()
+        else:
+            self._persisted_markers.pop(idx.partition, None)
+        if idx.unsigned_below == UNSIGNED_UNDECIDED and not idx.legacy:
+            self._upgrade(idx, end)
 
     def _upgrade(self, idx: PartitionIndex, end: int) -> None:
         """The upgrade rule: every record the partition held when this version first took it
@@ -594,6 +661,8 @@ class Indexer(Component):
         # Only the bridge's own created and status records are decoded here (the facts); the
         # rest is decoded when a listener reads the event, if one ever does.
         (created, status, identity), event = self._decoder.facts(record)
+        if created and out_of_place(task_id, record, self.partition_count, idx, identity):
+            identity = None  # a copy of a task.created: refused, counted
         signed = created and is_signed(self.keyring, task_id, event, identity, record.headers)
         before = idx.folded_status(task_id) if self.persist else None
         seq = idx.apply(
@@ -697,7 +766,9 @@ class Indexer(Component):
         batch = [(task_key(t), idx.encode_task(t)) for t in idx.dirty]
         idx.dirty.clear()
         marker = idx.marker()
-        if marker != self._persisted_markers.get(partition):
+        if idx.provisional and idx.through >= idx.unsigned_below:
+            idx.provisional = False  # decided: every record below the offset was seen
+        if not idx.provisional and marker != self._persisted_markers.get(partition):
             batch.append((marker_key(partition), marker))
         updates, self._updates[partition] = self._updates[partition], []
         return batch, updates

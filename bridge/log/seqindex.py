@@ -22,6 +22,10 @@ Versions 1 and 2 (8fd441c and before) are still read: their owner is the digest'
 bits (the entry is marked :data:`FLAG_OWNER_PREFIX` and compared on those bits only), and a
 version 2 marker means the partition was indexed before identities were signed
 (:attr:`PartitionIndex.unsigned_below` is then chosen by the indexer, once).
+
+During a rolling upgrade from 8fd441c (:attr:`PartitionIndex.legacy`) a partition is written
+in version 2, byte for byte as 8fd441c writes it, so that its replicas can still take it: the
+owner is then the digest's first 64 bits and the marker says nothing of ``unsigned_below``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ __all__ = [
     "TaskIdentity",
     "TaskRecord",
     "decode_index_record",
+    "legacy_owner_key",
     "marker_key",
     "owner_key",
     "owner_prefix",
@@ -98,6 +103,14 @@ def owner_prefix(owner: int) -> int:
     """The first 64 bits of an owner key: all an entry of 8fd441c holds, and the task-updates
     topic's record key."""
     return owner >> 64
+
+
+def legacy_owner_key(owner: int) -> int:
+    """The owner an entry persisted in version 1 or 2 holds for the 128-bit ``owner``: its first
+    64 bits, then zeros (:data:`FLAG_OWNER_PREFIX`). Whatever counts a principal's tasks by
+    :attr:`TaskEntry.owner` counts both keys (once when they are equal), or 8fd441c's tasks,
+    and those written during an upgrade from it, escape the count."""
+    return owner_prefix(owner) << 64
 
 
 class IndexRecordError(ValueError):
@@ -176,7 +189,10 @@ class TaskEntry:
             return None
         return self.checkpoints[2 * i], offsets[i]
 
-    def encode(self, partition: int) -> bytes:
+    def encode(self, partition: int, *, legacy: bool = False) -> bytes:
+        """The index record value: version 3, or (``legacy``) version 2 as 8fd441c wrote it."""
+        if legacy:
+            return self._encode_v2(partition)
         head = _TASK.pack(
             _VERSION,
             partition,
@@ -187,6 +203,23 @@ class TaskEntry:
             self.status_offset,
             self.owner >> 64,
             self.owner & _LOW64,
+            self.created_ms,
+            self.ttl_ms,
+            self.poll_ms,
+        )
+        return head + self.checkpoints.tobytes()
+
+    def _encode_v2(self, partition: int) -> bytes:
+        prefix = owner_prefix(self.owner)
+        head = _TASK_V2.pack(
+            2,
+            partition,
+            self.next_seq,
+            self.last_offset,
+            int(self.status),
+            self.flags & ~FLAG_OWNER_PREFIX,  # 8fd441c knows no other flag than FLAG_UNTRUSTED
+            self.status_offset,
+            prefix - (1 << 64) if prefix >> 63 else prefix,  # 8fd441c's owner was signed
             self.created_ms,
             self.ttl_ms,
             self.poll_ms,
@@ -234,6 +267,16 @@ class PartitionIndex:
         self.unsigned_below = unsigned_below
         #: ``task.created`` records refused since this index was made (unsigned, forged).
         self.refused = 0
+        #: A rolling upgrade from 8fd441c is under way and this partition was never written in
+        #: version 3: write version 2 (8fd441c's replicas may own it next) and honour unsigned
+        #: ``task.created`` records as they do. ``unsigned_below`` stays undecided.
+        self.legacy = False
+        #: The version of the marker restored from the index topic; 0 when there was none.
+        self.marker_version = 0
+        #: ``unsigned_below`` is the end of a partition that had records but no marker: the
+        #: first signed ``task.created`` below it lowers it (records from there on were
+        #: written by a version that signs), and the marker waits until ``through`` reaches it.
+        self.provisional = False
         #: Only a persisting indexer needs to know which rows changed since its last flush.
         self.track_dirty = track_dirty
         self.dirty: set[str] = set()
@@ -331,7 +374,7 @@ class PartitionIndex:
         return {status: self._status.count(int(status)) for status in TaskStatus}
 
     def encode_task(self, task_id: str) -> bytes:
-        return self._entry(self.rows[task_id]).encode(self.partition)
+        return self._entry(self.rows[task_id]).encode(self.partition, legacy=self.legacy)
 
     # --- the rule ------------------------------------------------------------------------
 
@@ -359,6 +402,8 @@ class PartitionIndex:
         task may be any later one). Any other ``task.created`` is an ordinary event, counted
         in :attr:`refused`. A status changes the task only until it is terminal.
         """
+        if signed and self.provisional and offset < self.unsigned_below:
+            self.unsigned_below = offset
         if created and not self._authentic(offset, identity, signed):
             created = False
             if offset >= self.through:  # counted once, not again on a re-read
@@ -395,8 +440,13 @@ class PartitionIndex:
     def _authentic(self, offset: int, identity: TaskIdentity | None, signed: bool) -> bool:
         if identity is None:
             return False
-        # UNSIGNED_UNDECIDED (-1) honours nothing until the indexer decides.
-        return signed or (offset < self.unsigned_below and self.lost_before < 0)
+        if signed:
+            return True
+        if self.lost_before >= 0:  # the first record left of a task may be any later one
+            return False
+        # UNSIGNED_UNDECIDED (-1) honours nothing until the indexer decides; during an upgrade
+        # (legacy) 8fd441c's replicas still write unsigned records, and every owner honours them.
+        return self.legacy or offset < self.unsigned_below
 
     def _define(self, row: int, offset: int, identity: TaskIdentity | None) -> None:
         self._status[row] = TaskStatus.WORKING
@@ -427,6 +477,9 @@ class PartitionIndex:
         self.through = log_start
 
     def marker(self) -> bytes:
+        """The marker record value (version 2 while :attr:`legacy`, as 8fd441c writes it)."""
+        if self.legacy:
+            return _MARKER_V2.pack(2, self.through, self.lost_before)
         return _MARKER.pack(_VERSION, self.through, self.lost_before, self.unsigned_below)
 
     def restore_task(self, task_id: str, entry: TaskEntry) -> None:
@@ -450,10 +503,13 @@ class PartitionIndex:
         else:
             self._more_checkpoints.pop(row, None)
 
-    def restore_marker(self, through: int, lost_before: int, unsigned_below: int = 0) -> None:
+    def restore_marker(
+        self, through: int, lost_before: int, unsigned_below: int = 0, version: int = _VERSION
+    ) -> None:
         self.through = through
         self.lost_before = lost_before
         self.unsigned_below = unsigned_below
+        self.marker_version = version
 
     def active_tasks(self, now_ms: int) -> Iterator[tuple[str, int, int, bool]]:
         """Every task with an owner that is neither terminal nor expired at ``now_ms``, as

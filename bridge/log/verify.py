@@ -22,7 +22,7 @@ from bridge.kafka.clients import (
     committed_consumer,
 )
 from bridge.log.identity import is_signed, load_keyring
-from bridge.log.indexer import load_index, read_to_end, topic_partitions
+from bridge.log.indexer import load_index, out_of_place, read_to_end, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_prefix
 
@@ -56,7 +56,7 @@ async def verify_index(
         for p in parts:
             tp = TopicPartition(settings.topics.events, p)
             say(f"partition {p}: recounting up to offset {persisted[p].through}")
-            await _verify_partition(settings, consumer, tp, persisted[p], report)
+            await _verify_partition(settings, consumer, tp, persisted[p], report, len(parts))
     finally:
         await consumer.stop()
     return report
@@ -77,6 +77,7 @@ async def _verify_partition(
     tp: TopicPartition,
     persisted: PartitionIndex,
     report: VerifyReport,
+    partitions: int,
 ) -> None:
     begins = await consumer.beginning_offsets([tp])
     log_start = int(begins[tp])
@@ -88,6 +89,9 @@ async def _verify_partition(
         track_dirty=False,
         unsigned_below=persisted.unsigned_below,
     )
+    # A partition still in 8fd441c's format (its marker, or an upgrade from 0.1 under way)
+    # honours unsigned records as 8fd441c does (PartitionIndex.legacy).
+    recount.legacy = persisted.marker_version in (1, 2)
     # The tail's own decoder and keyring: the same facts, decoding only the bridge's own types.
     decoder = RecordDecoder(
         settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
@@ -103,6 +107,8 @@ async def _verify_partition(
             return
         offsets[task_id].append(record.offset)
         (created, status, identity), event = decoder.facts(record)
+        if created and out_of_place(task_id, record, partitions, recount, identity):
+            identity = None  # a copy defines nothing (as in the indexer)
         signed = created and is_signed(keyring, task_id, event, identity, record.headers)
         recount.apply(
             task_id,

@@ -21,6 +21,10 @@ owner of its partition rewrites it (:meth:`SubscriptionRegistry.reseal`) when it
 partition. A record that does not open (a key the key file no longer holds, another record's
 ciphertext) is skipped like any unreadable record.
 
+During a rolling upgrade from 0.1 (``upgrade.from``) replicas of 8fd441c read this topic too,
+and skip what they cannot parse (keeping their older copy). So records are then written as
+8fd441c writes them, in clear, and nothing is resealed, until the upgrade's second step.
+
 No HTTP and no JSON-RPC here; the record contents (secrets) are never logged.
 """
 
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -103,7 +109,12 @@ class SubscriptionRegistry(Component):
                     await client.stop()
 
     async def put(self, sub: Subscription) -> None:
-        """Write ``sub``, its secrets sealed, and return once this replica's view applied it."""
+        """Write ``sub``, its secrets sealed, and return once this replica's view applied it.
+
+        During an upgrade from 0.1 the record is written as 8fd441c writes it (in clear)."""
+        if self.settings.upgrade.legacy:
+            await self._write(sub.id, clear_record(sub))
+            return
         context = secrets_context(sub.id)
         sealed = await self.sealer.seal(sub.secrets_plaintext(), context)
         await self._write(sub.id, sub.to_record(sealed))
@@ -113,8 +124,11 @@ class SubscriptionRegistry(Component):
 
         The state written is the state held, so a racing refresh or write-back merges with it
         as with any write (same revisions: ties go to the later record, which is equal).
+        None during an upgrade from 0.1: 8fd441c's replicas could not read the sealed record.
         """
         rewritten = 0
+        if self.settings.upgrade.legacy:
+            return rewritten
         for sub_id in self.table.in_partitions(partitions):
             sub = self.table.get(sub_id)
             if sub is not None and sub_id in self.unsealed:
@@ -196,6 +210,18 @@ class SubscriptionRegistry(Component):
         plaintext = await self.sealer.open(stored.sealed, secrets_context(sub_id))
         self.unsealed.discard(sub_id)
         return stored.subscription(secrets_of(plaintext))
+
+
+def clear_record(sub: Subscription) -> bytes:
+    """``sub`` as 8fd441c writes a record (version 1, secrets in clear), for the span of a
+    rolling upgrade from it only."""
+    body = {
+        "v": 1,
+        **{f.name: getattr(sub, f.name) for f in dataclasses.fields(sub)},
+        "secrets": list(sub.secrets),
+        "status": dataclasses.asdict(sub.status),
+    }
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:

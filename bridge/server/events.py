@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from bridge.config import Settings, env_name
+from bridge.config import Settings, env_name, task_cursor_version
 from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
 from bridge.log.indexer import NotOwner
 from bridge.mcpevents import (
@@ -206,7 +206,7 @@ def events_extension(
         stopping=stopping,
         catch_up=catch_up,
         catch_up_s=settings.cursor_catch_up_s,
-        bind_cursors=settings.event_cursors.task_version == 2,
+        bind_cursors=task_cursor_version(settings) == 2,
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
     webhooks = webhook_methods(
