@@ -11,14 +11,13 @@ log).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
 from support.layout import create_topics, fresh_prefix, make_settings
+from support.services import HOLD, create_many, task_service
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
@@ -30,8 +29,6 @@ from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, ow
 from bridge.tasks.messages import new_task_id, owner_digest
 from bridge.tasks.service import TaskService, TaskView, TooManyTasks
 
-#: A tool no worker runs: its tasks stay working, so they stay active.
-HOLD = ToolSpec(name="hold", description="Never picked up", task="required")
 HOUR_MS = 3_600_000
 
 
@@ -136,39 +133,16 @@ async def test_a_create_written_elsewhere_is_released_unless_this_replica_owns_n
 # --- real replicas ---------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def task_service(settings: Settings) -> AsyncIterator[TaskService]:
-    async with Indexer(settings, persist=True) as indexer:
-        reader = Reader(settings, indexer)
-        service = TaskService(settings, indexer, reader, {HOLD.name: HOLD})
-        await service.start()
-        try:
-            yield service
-        finally:
-            await service.stop()
-            await reader.close()
-
-
-async def created(service: TaskService, principal: str, n: int) -> list[TaskView]:
-    """``n`` creates at once; the tasks created (every other outcome must be TooManyTasks)."""
-    outcomes = await asyncio.gather(
-        *(service.create(HOLD, {}, principal) for _ in range(n)), return_exceptions=True
-    )
-    others = [o for o in outcomes if isinstance(o, BaseException)]
-    assert all(isinstance(o, TooManyTasks) for o in others), others
-    return [o for o in outcomes if isinstance(o, TaskView)]
-
-
 @pytest.mark.kafka
 async def test_after_a_restart_the_limit_counts_the_persisted_tasks(kafka_bootstrap: str) -> None:
     settings = make_settings(kafka_bootstrap, fresh_prefix("cnt"), max_active_tasks_per_principal=2)
     await create_topics(settings, [HOLD.name])
-    async with task_service(settings) as service:
-        views = await created(service, "alice", 2)
+    async with task_service(settings, persist=True) as service:
+        views = await create_many(service, "alice", 2)
         assert len(views) == 2
     # A new process restores the index (the stop flushed it): alice is at her limit already.
-    async with task_service(settings) as service:
-        assert await created(service, "alice", 3) == []
+    async with task_service(settings, persist=True) as service:
+        assert await create_many(service, "alice", 3) == []
         # A restored task that ends frees its place.
         published = await service.publisher.publish(
             views[0].task_id,
@@ -177,7 +151,7 @@ async def test_after_a_restart_the_limit_counts_the_persisted_tasks(kafka_bootst
         )
         async with asyncio.timeout(30):
             await service.indexer.wait_indexed(published.partition, published.offset)
-        assert len(await created(service, "alice", 3)) == 1
+        assert len(await create_many(service, "alice", 3)) == 1
 
 
 @pytest.mark.kafka
@@ -200,7 +174,7 @@ async def test_a_moved_partition_counts_at_its_new_owner_only(kafka_bootstrap: s
         )
 
     await create_topics(replica(0), [HOLD.name])
-    async with task_service(replica(0)) as one:
+    async with task_service(replica(0), persist=True) as one:
         assert set(one.indexer.partitions) == {0, 1, 2, 3}
         # One task of alice's in each partition, so whichever partitions move take some along.
         for partition in range(4):
@@ -208,8 +182,8 @@ async def test_a_moved_partition_counts_at_its_new_owner_only(kafka_bootstrap: s
                 t for t in iter(one.new_task_id, None) if one.indexer.partition_of(t) == partition
             )
             await one.create(HOLD, {}, "alice", task_id=task_id)
-        assert await created(one, "alice", 1) == []
-        async with task_service(replica(1)) as two:
+        assert await create_many(one, "alice", 1) == []
+        async with task_service(replica(1), persist=True) as two:
 
             def divided() -> list[set[int]] | None:
                 owned = [set(s.indexer.partitions) for s in (one, two)]
@@ -219,7 +193,7 @@ async def test_a_moved_partition_counts_at_its_new_owner_only(kafka_bootstrap: s
             owned = await wait_until(divided, what="the two replicas divide the partitions")
             # Each counts alice's tasks in the partitions it owns now, and nothing else.
             made = await asyncio.gather(
-                created(one, "alice", 2 * limit), created(two, "alice", 2 * limit)
+                create_many(one, "alice", 2 * limit), create_many(two, "alice", 2 * limit)
             )
             assert [len(m) for m in made] == [limit - len(owned[0]), limit - len(owned[1])]
 
@@ -233,6 +207,6 @@ async def test_a_moved_partition_counts_at_its_new_owner_only(kafka_bootstrap: s
                 lambda: two.indexer.lookup(elsewhere) is not None, what="the owner indexes it"
             )
             made = await asyncio.gather(
-                created(one, "carol", 2 * limit), created(two, "carol", 2 * limit)
+                create_many(one, "carol", 2 * limit), create_many(two, "carol", 2 * limit)
             )
             assert [len(m) for m in made] == [limit, limit - 1]

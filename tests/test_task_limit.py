@@ -10,48 +10,20 @@ in-process replicas of a task service each (no HTTP, no workers).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-from collections.abc import AsyncIterator
 
 import pytest
 from support.layout import create_topics, fresh_prefix, make_settings
+from support.services import HOLD, create_many, task_service
 from support.waits import wait_until
 
-from bridge.config import Settings, ToolSpec
-from bridge.log.indexer import Indexer
-from bridge.log.reader import Reader
-from bridge.tasks.service import TaskService, TaskView, TooManyTasks
+from bridge.config import Settings
+from bridge.tasks.service import TooManyTasks
 
 pytestmark = pytest.mark.kafka
 
 LIMIT = 3
 CREATES = 50
-#: A tool no worker runs: its tasks stay working, so they stay active.
-HOLD = ToolSpec(name="hold", description="Never picked up", task="required")
-
-
-@contextlib.asynccontextmanager
-async def task_service(settings: Settings) -> AsyncIterator[TaskService]:
-    async with Indexer(settings) as indexer:
-        reader = Reader(settings, indexer)
-        service = TaskService(settings, indexer, reader, {HOLD.name: HOLD})
-        await service.start()
-        try:
-            yield service
-        finally:
-            await service.stop()
-            await reader.close()
-
-
-async def create_many(service: TaskService, principal: str, n: int) -> list[TaskView]:
-    """``n`` creates at once; the tasks created (every other outcome must be TooManyTasks)."""
-    outcomes = await asyncio.gather(
-        *(service.create(HOLD, {}, principal) for _ in range(n)), return_exceptions=True
-    )
-    refused = [o for o in outcomes if isinstance(o, BaseException)]
-    assert all(isinstance(o, TooManyTasks) for o in refused), refused
-    return [o for o in outcomes if isinstance(o, TaskView)]
 
 
 async def test_concurrent_creates_pass_the_limit_exactly(kafka_bootstrap: str) -> None:
