@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.conn import collect_hosts, create_conn
-from aiokafka.errors import KafkaError, OffsetOutOfRangeError, ProducerFenced
+from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, ProducerFenced
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
@@ -42,6 +42,7 @@ __all__ = [
     "partition_for_key",
     "plain_producer",
     "request_timeout_s",
+    "retriable",
     "transactional_producer",
 ]
 
@@ -54,6 +55,13 @@ def bootstrap(settings: Settings) -> str:
             "KAFKA_BOOTSTRAP_SERVERS), or start the local broker with `bridge kafka start`"
         )
     return settings.kafka_bootstrap_servers
+
+
+def retriable(exc: KafkaError) -> bool:
+    """True when the same request may succeed later: aiokafka's own ``retriable`` flag (a
+    broker or leader not reachable yet, a rebalance), and a client-side timeout, which aiokafka
+    does not flag but which only says that Kafka did not answer in time."""
+    return exc.retriable or isinstance(exc, KafkaTimeoutError)
 
 
 #: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.
