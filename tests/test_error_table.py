@@ -24,6 +24,7 @@ import httpx
 import pytest
 from aiokafka.errors import (
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
     TopicAuthorizationFailedError,
 )
@@ -86,6 +87,11 @@ TABLE: dict[str, tuple[Any, Expected]] = {
     ),
     "kafka_timeout": (
         lambda: KafkaTimeoutError(),
+        Expected(-32603, "kafka_unavailable", 503, 503),
+    ),
+    # aiokafka's own "no broker answered the metadata request": a bare KafkaError.
+    "kafka_no_metadata": (
+        lambda: KafkaError("Unable to get cluster metadata over all known brokers"),
         Expected(-32603, "kafka_unavailable", 503, 503),
     ),
     # Retrying cannot help: an internal error (the operator must act), never "retry later".

@@ -16,7 +16,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.conn import collect_hosts, create_conn
-from aiokafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, ProducerFenced
+from aiokafka.errors import (
+    BrokerResponseError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    ProducerFenced,
+)
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
@@ -58,10 +63,12 @@ def bootstrap(settings: Settings) -> str:
 
 
 def retriable(exc: KafkaError) -> bool:
-    """True when the same request may succeed later: aiokafka's own ``retriable`` flag (a
-    broker or leader not reachable yet, a rebalance), and a client-side timeout, which aiokafka
-    does not flag but which only says that Kafka did not answer in time."""
-    return exc.retriable or isinstance(exc, KafkaTimeoutError)
+    """False only for a broker's answer that retrying cannot change (aiokafka's ``retriable``
+    is false on a broker error: an authorization refused, a message too large, an unsupported
+    version). Every other Kafka error says that Kafka did not answer, or not yet: a connection,
+    a leader or a coordinator missing, a client-side timeout, cluster metadata unreachable
+    (which aiokafka raises as a bare ``KafkaError``)."""
+    return exc.retriable or not isinstance(exc, BrokerResponseError)
 
 
 #: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.
