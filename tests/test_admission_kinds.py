@@ -18,7 +18,7 @@ from bridge.mcpevents import StreamItem
 from bridge.server.admission import Admission, Caller, Limits, label
 from bridge.server.events import EventsMethods
 from bridge.server.handlers import Call, MethodHandlers, Streamed
-from bridge.server.wire import INVALID_REQUEST, JsonRpcRequest, RpcError
+from bridge.server.wire import INVALID_PARAMS, INVALID_REQUEST, JsonRpcRequest, RpcError
 from bridge.tasks.service import TaskNotFound
 
 ALICE = Caller("alice", "alice", ("server", "alice:1"))
@@ -66,42 +66,73 @@ async def test_a_refused_tools_call_with_progress_creates_no_task() -> None:
 
 
 class CountingSource:
-    """An event source whose stream opens are counted; opens fail for an unknown task."""
+    """An event source whose stream checks and reads are counted; checks fail for an unknown
+    task (NotFound), bad arguments or a bad cursor (InvalidParams), as the SEP says."""
 
     name = NAME
 
     def __init__(self) -> None:
-        self.opens = 0
+        self.checks = 0
+        self.reads = 0
 
     async def open_stream(
         self, principal: str, arguments: dict[str, Any], cursor: str | None, max_age: int | None
     ) -> AsyncIterator[StreamItem]:
-        self.opens += 1
-        if arguments.get("taskId") != "t":
+        self.checks += 1
+        if not isinstance(arguments.get("taskId"), str) or cursor == "bad":
+            raise RpcError(INVALID_PARAMS, "bad arguments or cursor")
+        if arguments["taskId"] != "t":
             raise TaskNotFound()
         return self._items()
 
     async def _items(self) -> AsyncIterator[StreamItem]:
+        self.reads += 1  # the first step of the items is the first read of the log
         return
         yield
 
 
-async def test_a_refused_events_stream_opens_no_read_and_a_failed_open_gives_its_slot_back() -> (
-    None
-):
+async def test_a_refused_events_stream_reads_nothing_and_a_failed_check_takes_no_slot() -> None:
     source, streams = CountingSource(), full_streams()
     methods = EventsMethods([source], streams=streams)  # type: ignore[list-item]
     good = {"name": NAME, "arguments": {"taskId": "t"}}
     admitted = await methods.stream(call("events/stream", good, 1))
-    assert isinstance(admitted, Streamed) and source.opens == 1
+    assert isinstance(admitted, Streamed) and source.reads == 0
     with pytest.raises(RpcError) as refused:
         await methods.stream(call("events/stream", good, 2))
-    assert refused.value.data["reason"] == "too_many_streams" and source.opens == 1
+    assert refused.value.data["reason"] == "too_many_streams"
+    assert source.checks == 2 and source.reads == 0  # checked, refused, never read
     assert admitted.on_close is not None
     admitted.on_close()
-    with pytest.raises(RpcError) as unknown:  # admitted, then the source refuses: slot back
+    with pytest.raises(RpcError) as unknown:  # the source refuses before any slot is taken
         await methods.stream(call("events/stream", {"name": NAME, "arguments": {"taskId": "u"}}, 3))
     assert unknown.value.code == -32023 and streams.admission.active == 0
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ({"arguments": {"taskId": "u"}}, -32023),  # NotFound: unknown, or another's, task
+        ({"arguments": {"taskId": 7}}, INVALID_PARAMS),
+        ({"arguments": {"taskId": "t"}, "cursor": "bad"}, INVALID_PARAMS),
+    ],
+    ids=["not_found", "bad_arguments", "bad_cursor"],
+)
+async def test_a_client_at_its_stream_limit_is_answered_what_is_wrong_with_its_request(
+    params: dict[str, Any], code: int
+) -> None:
+    """The SEP answers a bad subscription at once with NotFound/Forbidden/InvalidParams; the
+    stream limit must not turn that into "too many streams"."""
+    source, streams = CountingSource(), full_streams()
+    methods = EventsMethods([source], streams=streams)  # type: ignore[list-item]
+    holding = await methods.stream(call("events/stream", {"name": NAME, **good_args()}, 1))
+    assert isinstance(holding, Streamed) and streams.admission.active == 1
+    with pytest.raises(RpcError) as refused:
+        await methods.stream(call("events/stream", {"name": NAME, **params}, 2))
+    assert refused.value.code == code and streams.admission.active == 1
+
+
+def good_args() -> dict[str, Any]:
+    return {"arguments": {"taskId": "t"}}
 
 
 def test_responses_without_a_task_never_meet_the_connection_rule() -> None:

@@ -22,18 +22,24 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAuthorizationFailedError,
+)
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from bridge.config import Settings, load_settings
-from bridge.kafka.clients import KafkaError
-from bridge.log.fanout import MOVED, SubscriptionClosed
+from bridge.log.fanout import CANCELLED, DRAINING, MOVED, SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.auth import Authenticator
 from bridge.server.browser import BrowserView
 from bridge.server.cursor import encode_cursor
+from bridge.server.errors import wire_error
 from bridge.server.events import EventsMethods
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
@@ -76,8 +82,30 @@ TABLE: dict[str, tuple[Any, Expected]] = {
         Expected(-32603, "kafka_unavailable", 503, 503),
     ),
     "kafka_error": (
-        lambda: KafkaError("no broker"),
+        lambda: KafkaConnectionError("no broker"),
         Expected(-32603, "kafka_unavailable", 503, 503),
+    ),
+    "kafka_timeout": (
+        lambda: KafkaTimeoutError(),
+        Expected(-32603, "kafka_unavailable", 503, 503),
+    ),
+    # aiokafka's own "no broker answered the metadata request": a bare KafkaError.
+    "kafka_no_metadata": (
+        lambda: KafkaError("Unable to get cluster metadata over all known brokers"),
+        Expected(-32603, "kafka_unavailable", 503, 503),
+    ),
+    # Retrying cannot help: an internal error (the operator must act), never "retry later".
+    "kafka_refused": (
+        lambda: TopicAuthorizationFailedError(),
+        Expected(-32603, None, 500, 500),
+    ),
+    "subscription_drained": (
+        lambda: SubscriptionClosed("t1", DRAINING),
+        Expected(-32603, "draining", 503, 503),
+    ),
+    "subscription_cancelled": (
+        lambda: SubscriptionClosed("t1", CANCELLED),
+        Expected(-32603, "wait_ended", 503, 503),
     ),
     "too_many_tasks": (lambda: TooManyTasks(3), Expected(-32600, "too_many_tasks", 429, 429)),
 }
@@ -244,3 +272,25 @@ async def test_every_stream_ends_with_a_domain_error_raised_inside_it_the_same_w
         assert fault == {"code": want.code, "message": error["message"]} | (
             {"reason": want.reason} if want.reason else {}
         )
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        NotOwner(3),
+        SubscriptionClosed("t1", MOVED),
+        SubscriptionClosed("t1", DRAINING),
+        SubscriptionClosed("t1", CANCELLED),
+        KafkaUnavailable("t1", 5.0),
+        KafkaConnectionError("no broker"),
+    ],
+    ids=repr,
+)
+def test_every_retriable_answer_has_one_shape(exc: Exception) -> None:
+    """``reason`` and ``retryAfterMs`` on every 503; ``taskId`` the task's when one is known,
+    left out (never ``""``) when the request named none."""
+    named = wire_error(exc, "t1")
+    assert named.transport_status == 503 and named.headers == {"Retry-After": "1"}
+    assert named.error.data["retryAfterMs"] == 1000 and named.error.data["taskId"] == "t1"
+    anonymous = wire_error(exc).error.data
+    assert anonymous.get("taskId", "t1") == "t1"  # the closure's or the creation's own, or none

@@ -34,19 +34,56 @@ async def test_wait_wakes_on_an_offer_and_says_idle_when_nothing_came() -> None:
 
 
 async def test_a_closed_subscription_cannot_be_waited_on_in_a_loop() -> None:
-    """The loop of every waiter (wait, take, look): once the subscription is closed the next
-    wait raises instead of returning at once, so the loop ends after one round, never spins."""
+    """The loop of every waiter (wait, take, look): once the subscription is closed and what
+    it held was taken, the next wait raises instead of returning at once, so the loop ends
+    after one round per buffered batch, never spins."""
     sub = Subscription("t", limit=3)
     sub.offer(live(0))
     sub.close(DRAINING)
     sub.close(MOVED)  # the first reason is kept
-    rounds = 0
+    rounds, taken = 0, []
     with pytest.raises(SubscriptionClosed) as closed:
         async with asyncio.timeout(BOUND):
             for rounds in range(1000):  # noqa: B007  (counted: a spinning waiter reaches 999)
                 await sub.wait(None)
-                sub.take()
-    assert rounds == 0 and closed.value.reason == DRAINING and not closed.value.moved
+                taken += sub.take()
+    assert rounds == 1 and [e.seq for e in taken] == [0]
+    assert closed.value.reason == DRAINING and not closed.value.moved
+
+
+async def test_a_closed_subscription_hands_out_what_arrived_before_the_close() -> None:
+    """A task's final status and the move of its partition can land in one loop turn (the tail
+    applies a fetch, then the rebalance callback runs): the status is delivered, then the
+    closure raised, whether the waiter was already suspended or not yet waiting."""
+    async with asyncio.timeout(BOUND):
+        sub = Subscription("t", limit=3)
+        sub.offer(live(0))
+        sub.close(MOVED)  # before the waiter runs
+        assert await sub.wait(None) is True and [e.seq for e in sub.take()] == [0]
+        with pytest.raises(SubscriptionClosed):
+            await sub.wait(None)
+
+        sub = Subscription("t", limit=3)
+        waiting = asyncio.create_task(sub.wait(None))
+        await wait_until(lambda: sub.waiter is not None, what="the task waits on its waiter")
+        sub.offer(live(1))
+        sub.close(MOVED)  # while the waiter is woken but has not run yet
+        assert await waiting is True and [e.seq for e in sub.take()] == [1]
+        with pytest.raises(SubscriptionClosed) as closed:
+            await sub.wait(None)
+        assert closed.value.moved
+
+
+async def test_a_closed_subscription_that_overflowed_has_nothing_to_hand_out() -> None:
+    """What an overflow dropped is re-read from the task's owner, not from here: a closed and
+    overflowed subscription raises at once (a waiter that does not reset cannot spin)."""
+    sub = Subscription("t", limit=1)
+    sub.offer(live(0))
+    sub.offer(live(1))
+    sub.close(MOVED)
+    async with asyncio.timeout(BOUND):
+        with pytest.raises(SubscriptionClosed):
+            await sub.wait(None)
 
 
 async def test_an_overflowing_buffer_drops_everything_and_says_so() -> None:

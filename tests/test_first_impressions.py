@@ -92,9 +92,24 @@ def test_other_errors_and_a_coordinator_missing_after_the_start_stay_errors(
     logger.setLevel(logging.INFO)
     log_lookup_failure(logger, KafkaError())
     logger.error("Heartbeat session expired - marking coordinator dead")
+    log_lookup_failure(logger, GroupCoordinatorNotAvailableError())  # opens the window
     clock.now += 60.0
     log_lookup_failure(logger, GroupCoordinatorNotAvailableError())
-    assert [r.levelname for r in kept.records] == ["ERROR", "ERROR", "ERROR"]
+    assert [r.levelname for r in kept.records] == ["ERROR", "ERROR", "INFO", "ERROR"]
+
+
+def test_the_window_opens_at_the_first_lookup_not_at_the_process_start(
+    coordinator_log: Logged,
+) -> None:
+    """A broker slow to come up (the demo starts its own; a pod may start before its Kafka)
+    must not use up the window before the group even asks for its coordinator."""
+    logger, kept, clock = coordinator_log
+    logger.setLevel(logging.INFO)
+    clock.now += 300.0  # the broker took five minutes to answer at all
+    log_lookup_failure(logger, GroupCoordinatorNotAvailableError())
+    clock.now += 59.0
+    log_lookup_failure(logger, GroupLoadInProgressError())
+    assert [r.levelname for r in kept.records] == ["INFO", "INFO"]
 
 
 def test_the_command_line_installs_the_filter_once() -> None:

@@ -16,7 +16,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.conn import collect_hosts, create_conn
-from aiokafka.errors import KafkaError, OffsetOutOfRangeError, ProducerFenced
+from aiokafka.errors import (
+    BrokerResponseError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    ProducerFenced,
+)
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, RecordMetadata, TopicPartition
 
@@ -42,6 +47,7 @@ __all__ = [
     "partition_for_key",
     "plain_producer",
     "request_timeout_s",
+    "retriable",
     "transactional_producer",
 ]
 
@@ -54,6 +60,15 @@ def bootstrap(settings: Settings) -> str:
             "KAFKA_BOOTSTRAP_SERVERS), or start the local broker with `bridge kafka start`"
         )
     return settings.kafka_bootstrap_servers
+
+
+def retriable(exc: KafkaError) -> bool:
+    """False only for a broker's answer that retrying cannot change (aiokafka's ``retriable``
+    is false on a broker error: an authorization refused, a message too large, an unsupported
+    version). Every other Kafka error says that Kafka did not answer, or not yet: a connection,
+    a leader or a coordinator missing, a client-side timeout, cluster metadata unreachable
+    (which aiokafka raises as a bare ``KafkaError``)."""
+    return exc.retriable or not isinstance(exc, BrokerResponseError)
 
 
 #: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.

@@ -4,9 +4,11 @@ aiokafka logs at ERROR every failed lookup of a consumer group's coordinator, th
 At the first start of a cluster (or of a group) the broker answers "coordinator not available"
 or "load in progress" until it has created the offsets topic and loaded the group: an expected
 transient that ``make demo`` printed as ``ERROR ... GroupCoordinatorNotAvailableError`` before
-the bridge was ready. :class:`StartupTransients` demotes exactly those records to INFO for the
-first minute of the process; later ones stay ERROR (a coordinator missing on a running cluster is
-worth an operator's look). The command line installs it once, where it configures logging
+the bridge was ready. :class:`StartupTransients` demotes exactly those records to INFO for a
+minute from the first of them, i.e. from the group's first coordinator lookup, not from the
+process start: a broker that is slow to come up (the demo starts its own; a pod may start before
+its Kafka) does not use up the window before the group even asks. Later ones stay ERROR (a
+coordinator missing that long is worth an operator's look). The command line installs it once, where it configures logging
 (:func:`demote_startup_transients`); the library never touches logging.
 """
 
@@ -22,18 +24,21 @@ __all__ = ["COORDINATOR_LOGGER", "STARTUP_S", "StartupTransients", "demote_start
 
 #: The aiokafka logger of the group coordinator, where the lookup failures are logged.
 COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
-#: How long after the filter is installed a missing coordinator counts as the start's transient:
-#: a first start of the local broker takes a few seconds to create ``__consumer_offsets``.
+#: How long after the first coordinator lookup failure a missing coordinator counts as the
+#: start's transient: a first start of the local broker takes a few seconds to create
+#: ``__consumer_offsets`` once it answers.
 STARTUP_S = 60.0
 #: The broker's answers while a coordinator is being set up (error codes 14 and 15).
 _TRANSIENT = (GroupCoordinatorNotAvailableError, GroupLoadInProgressError)
 
 
 class StartupTransients(logging.Filter):
-    """Demote the coordinator-not-ready ERROR records to INFO during the first ``window_s``.
+    """Demote the coordinator-not-ready ERROR records to INFO for ``window_s`` from the first.
 
-    A demoted record is kept only if its logger would have logged it at INFO, so a process that
-    shows only warnings (the demo's narration) does not show it at all.
+    The window opens at the first such record (the first failed lookup: the group's join has
+    begun, whenever the broker came up), once per process. A demoted record is kept only if its
+    logger would have logged it at INFO, so a process that shows only warnings (the demo's
+    narration) does not show it at all.
     """
 
     def __init__(
@@ -41,10 +46,15 @@ class StartupTransients(logging.Filter):
     ) -> None:
         super().__init__()
         self._clock = clock
-        self._until = clock() + window_s
+        self._window_s = window_s
+        self._until: float | None = None  # set by the first transient record
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._transient(record) or self._clock() >= self._until:
+        if not self._transient(record):
+            return True
+        if self._until is None:
+            self._until = self._clock() + self._window_s
+        if self._clock() >= self._until:
             return True
         record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         record.msg = f"{record.msg} (expected while the group coordinator starts; retrying)"

@@ -8,9 +8,10 @@ so (``overflowed``). Its owner then re-reads from Kafka (a stream) or re-reads t
 lost, because the log still has it.
 
 A closed subscription (its partition moved to another replica, the process is draining, its
-owner cancelled it) cannot be missed: :meth:`Subscription.wait` raises
-:class:`SubscriptionClosed`, before suspending and on waking, so no waiter can loop on it
-without an await that suspends.
+owner cancelled it) cannot be missed: :meth:`Subscription.wait` first hands out what was
+buffered before the close (a task's final status may arrive in the same loop turn as the move),
+then raises :class:`SubscriptionClosed`, before suspending and on waking, so no waiter can loop
+on it without an await that suspends.
 
 The fan-out looks only at an event's task id, never at the event: the tail hands over records
 of other types undecoded (:class:`~bridge.log.indexer.IndexedEvent` decodes on first access), so
@@ -112,10 +113,11 @@ class Subscription:
 
     async def wait(self, idle_s: float | None = None) -> bool:
         """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
-        idle that long. :class:`SubscriptionClosed` once the subscription is closed (then at
-        once, without suspending: a loop around it ends instead of spinning)."""
-        self._check_open()
-        if self.buffer or self.overflowed:
+        idle that long. Once the subscription is closed: True while it still holds events to
+        :meth:`take` (what arrived before the close is delivered, not lost), then
+        :class:`SubscriptionClosed`, at once, without suspending: a loop around it that takes
+        what it is given ends instead of spinning."""
+        if self._ready():
             return True
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
@@ -130,12 +132,17 @@ class Subscription:
             self.waiter = None
             if timer is not None:
                 timer.cancel()
-        self._check_open()
-        return woke
+        return self._ready() or woke
 
-    def _check_open(self) -> None:
+    def _ready(self) -> bool:
+        """True when there is something to take; :class:`SubscriptionClosed` when closed and
+        there is not. A closed subscription that overflowed has nothing to take: what it
+        dropped is re-read from the task's new owner, not from here."""
         if self.closed:
+            if self.buffer and not self.overflowed:
+                return True
             raise SubscriptionClosed(self.task_id, self.reason or CANCELLED)
+        return bool(self.buffer) or self.overflowed
 
 
 def _idle(waiter: asyncio.Future[bool]) -> None:

@@ -162,7 +162,11 @@ class EventSource(Protocol):
         arguments: dict[str, Any],
         cursor: str | None,
         max_age_ms: int | None,
-    ) -> AsyncIterator[StreamItem]: ...
+    ) -> AsyncIterator[StreamItem]:
+        """Authorize the caller and validate the arguments and the cursor (raising what the
+        SEP answers at once), then the stream's items. Nothing is read from the log until they
+        are iterated: the caller admits the stream in between."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

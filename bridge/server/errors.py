@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.kafka.clients import KafkaError
-from bridge.log.fanout import SubscriptionClosed
+from bridge.kafka.clients import KafkaError, retriable
+from bridge.log.fanout import CANCELLED, DRAINING, SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.server.routing import RETRY_AFTER_MS, partition_moving_error
 from bridge.server.wire import (
@@ -36,7 +36,6 @@ from bridge.server.wire import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     RpcError,
-    kafka_unavailable_error,
 )
 from bridge.tasks.service import KafkaUnavailable, TaskNotFound, TooManyTasks
 
@@ -82,6 +81,11 @@ class WireError:
         return reason if isinstance(reason, str) else None
 
 
+def _internal() -> RpcError:
+    """An error the client cannot fix by retrying: no detail on the wire (it is logged here)."""
+    return RpcError(INTERNAL_ERROR, "Internal error", http_status=500)
+
+
 def _not_found(exc: TaskNotFound, task_id: str) -> RpcError:
     # Unknown, expired and another principal's task: one answer (docs/tasks-stream.md §10).
     return RpcError(INVALID_PARAMS, f"Failed to retrieve task: {exc}")
@@ -91,24 +95,44 @@ def _moving(exc: NotOwner, task_id: str) -> RpcError:
     return partition_moving_error(task_id)
 
 
+#: A closed subscription's reason (other than a move) -> the wire's reason and message. A
+#: cancelled one is not a cancelled task: its waiter was ended here, so it says so.
+_CLOSED_BECAUSE = {
+    DRAINING: ("draining", "This replica stopped serving the task (it is draining); retry shortly"),
+    CANCELLED: ("wait_ended", "This replica stopped following the task; retry shortly"),
+}
+
+
 def _closed(exc: SubscriptionClosed, task_id: str) -> RpcError:
+    task_id = task_id or exc.task_id
     if exc.moved:
-        return partition_moving_error(task_id or exc.task_id)
-    return RpcError(
-        INTERNAL_ERROR,
-        "This replica stopped serving the task (it is draining); retry shortly",
-        {"reason": "draining", "retryAfterMs": RETRY_AFTER_MS},
-        http_status=503,
-    )
+        return partition_moving_error(task_id)
+    reason, message = _CLOSED_BECAUSE.get(exc.reason, _CLOSED_BECAUSE[CANCELLED])
+    return _retriable(message, reason, task_id)
+
+
+def _retriable(message: str, reason: str, task_id: str, **data: Any) -> RpcError:
+    """A 503 the client may retry: every retriable reason has one shape (``reason``,
+    ``retryAfterMs``, ``taskId`` when a task was named)."""
+    fields: dict[str, Any] = {"reason": reason, "retryAfterMs": RETRY_AFTER_MS, **data}
+    if task_id:
+        fields["taskId"] = task_id
+    return RpcError(INTERNAL_ERROR, message, fields, http_status=503)
 
 
 def _kafka_unavailable(exc: KafkaUnavailable, task_id: str) -> RpcError:
-    return kafka_unavailable_error(str(exc), taskId=exc.task_id)
+    return _retriable(str(exc), "kafka_unavailable", exc.task_id)
 
 
 def _kafka_error(exc: KafkaError, task_id: str) -> RpcError:
-    return kafka_unavailable_error(
+    if not retriable(exc):
+        # Retrying cannot help (an authorization, a message too large, ...): the operator must.
+        log.error("Kafka refused a request: %s", type(exc).__name__, exc_info=exc)
+        return _internal()
+    return _retriable(
         f"Kafka did not answer ({type(exc).__name__}): nothing was lost; retry later",
+        "kafka_unavailable",
+        task_id,
         error=type(exc).__name__,
     )
 
@@ -119,13 +143,14 @@ def _too_many_tasks(exc: TooManyTasks, task_id: str) -> RpcError:
     )
 
 
-#: The table: domain error -> its JSON-RPC error (with the POST status) and the transport status.
-_TABLE: tuple[tuple[type[BaseException], Callable[[Any, str], RpcError], int], ...] = (
+#: The table: domain error -> its JSON-RPC error (with the POST status) and the transport
+#: status (None: the error's own status, as for Kafka errors, retriable or not).
+_TABLE: tuple[tuple[type[BaseException], Callable[[Any, str], RpcError], int | None], ...] = (
     (TaskNotFound, _not_found, 404),
     (NotOwner, _moving, 503),
     (SubscriptionClosed, _closed, 503),
     (KafkaUnavailable, _kafka_unavailable, 503),
-    (KafkaError, _kafka_error, 503),
+    (KafkaError, _kafka_error, None),
     (TooManyTasks, _too_many_tasks, 429),
 )
 
@@ -143,8 +168,9 @@ def wire_error(exc: BaseException, task_id: str | None = None) -> WireError:
     if isinstance(exc, RpcError):
         transport = 410 if exc.code == EVENTS_GONE else max(exc.http_status, 400)
         return WireError(exc, transport)
-    for kind, build, transport in _TABLE:
+    for kind, build, status in _TABLE:
         if isinstance(exc, kind):
-            return WireError(build(exc, task_id or ""), transport)
+            error = build(exc, task_id or "")
+            return WireError(error, status or error.http_status)
     log.error("internal error serving a request", exc_info=exc)
-    return WireError(RpcError(INTERNAL_ERROR, "Internal error", http_status=500), 500)
+    return WireError(_internal(), 500)

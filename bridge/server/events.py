@@ -155,6 +155,13 @@ def _mapped() -> Iterator[None]:
         raise RpcError(INVALID_PARAMS, str(exc)) from None
 
 
+async def _discard(items: AsyncIterator[StreamItem]) -> None:
+    """Close a stream's items that were never iterated (it was refused a slot)."""
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()
+
+
 async def _access_gone(
     source: EventSource, principal: str, params: EventsSubscriptionParams
 ) -> RpcError | None:
@@ -350,24 +357,28 @@ class EventsMethods:
         }
 
     async def stream(self, call: Call) -> Outcome:
-        """A push stream: its slot is taken before the source opens anything (a refused
-        stream costs no read) and given back when the response ends, however it ends."""
+        """A push stream, checked, then admitted, then read. The source authorizes the caller
+        and validates the arguments and the cursor first, so a client at its stream limit is
+        still answered NotFound, Forbidden or InvalidParams as the SEP says; ``open_stream``
+        reads nothing until its items are iterated, so a stream refused a slot costs no read.
+        The slot is given back when the response ends, however it ends."""
         params = EventsSubscriptionParams.model_validate(call.params)
         source = self._source(params.name)
         request_id = call.rpc.id
+        with _mapped():
+            items = await source.open_stream(
+                call.principal, params.arguments or {}, params.cursor, params.max_age_ms
+            )
         release: Callable[[], None] | None = None
         if self.streams is not None:
-            ticket = self.streams.admit(call.caller, label("events/stream", request_id), request_id)
-            release = functools.partial(self.streams.release, ticket)
-        try:
-            with _mapped():
-                items = await source.open_stream(
-                    call.principal, params.arguments or {}, params.cursor, params.max_age_ms
+            try:
+                ticket = self.streams.admit(
+                    call.caller, label("events/stream", request_id), request_id
                 )
-        except BaseException:
-            if release is not None:
-                release()
-            raise
+            except BaseException:
+                await _discard(items)
+                raise
+            release = functools.partial(self.streams.release, ticket)
         return Streamed(self._frames(call, source, params, items), request_id, on_close=release)
 
     async def _frames(

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.events import TERMINAL_WIRE
-from bridge.log.fanout import SubscriptionClosed
+from bridge.log.fanout import Subscription
 from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller, Ticket, label
 from bridge.server.classify import decode_header_value
@@ -408,40 +408,53 @@ class MethodHandlers:
     async def _direct_stream(
         self, call: Call, task_id: str, start: Callable[[], Awaitable[Any]], token: Any
     ) -> AsyncIterator[dict[str, Any]]:
-        progress_type = self.settings.own_types.progress
-        status_type = self.settings.own_types.status
         timeout = self.settings.direct_result_timeout_s
         with self.service.watch(task_id) as sub:
             await start()
-            view = await self.service.get(task_id, call.principal)
+            # The job is queued from here on: every way out but its result cancels it first,
+            # so a client retrying a retriable answer does not leave a second copy running.
             try:
                 async with asyncio.timeout(timeout):
+                    view = await self.service.get(task_id, call.principal)
                     while view.status not in _SETTLED:
                         await self.service.next_events(sub)
-                        # Progress is best effort: what an overflow dropped is not re-sent.
-                        changed = sub.overflowed
-                        for indexed in sub.take():
-                            event = indexed.event
-                            if event.type == progress_type and token is not None:
-                                yield progress_notification(token, event.payload)
-                            changed = changed or event.type == status_type
-                        sub.reset()
-                        if changed:
-                            view = await self.service.get(task_id, call.principal)
+                        took = _Took(self.settings, task_id, sub, token)
+                        for message in took.progress:
+                            yield message
+                        if took.changed:
+                            view = await self._reread(call, task_id, took.status)
             except TimeoutError:
-                with contextlib.suppress(Exception):
-                    await self.service.cancel(task_id, call.principal)
+                await self._stop_job(call, task_id, cancel=True)
                 raise RpcError(
                     INTERNAL_ERROR, f"the tool did not finish within {timeout:g} s"
                 ) from None
-            except (NotOwner, SubscriptionClosed) as exc:
-                # The task's partition moved (or the replica drains) while the call waited:
-                # nothing more arrives here. The job is cancelled, as on a timeout, so the
-                # client's retry of the retriable partition_moving answer runs the tool once.
-                with contextlib.suppress(Exception):
-                    await self.service.abandon(task_id)
+            except Exception as exc:
+                # The partition moved (or the replica drains, or Kafka failed) while the call
+                # waited, maybe while the task was being created: nothing more arrives here.
+                await self._stop_job(call, task_id, cancel=False)
                 raise wire_error(exc, task_id).error from None
         yield result_response(call.rpc.id, self._direct_result(call, view, task_id))
+
+    async def _reread(self, call: Call, task_id: str, buffered: TaskView | None) -> TaskView:
+        """The task's view after its status changed; the ``buffered`` status when the task's
+        partition moved just after it arrived (this replica no longer indexes the task)."""
+        try:
+            return await self.service.get(task_id, call.principal)
+        except NotOwner:
+            if buffered is None or buffered.status not in _SETTLED:
+                raise
+            return buffered
+
+    async def _stop_job(self, call: Call, task_id: str, *, cancel: bool) -> None:
+        """Ask the workers to cancel the job of a call that will not answer its result:
+        through the task (``cancel``, which reads its view) when this replica still serves it,
+        else with a bare cancel message (:meth:`TaskService.abandon`)."""
+        if cancel:
+            with contextlib.suppress(Exception):
+                await self.service.cancel(task_id, call.principal)
+                return
+        with contextlib.suppress(Exception):
+            await self.service.abandon(task_id)
 
     def _direct_result(self, call: Call, view: TaskView, task_id: str) -> dict[str, Any]:
         if view.status == "completed":
@@ -549,6 +562,28 @@ class MethodHandlers:
         params = TaskIdParams.model_validate(call.params)
         await self.service.cancel(params.task_id, call.principal)
         return {}
+
+
+class _Took:
+    """What one wake of a direct call's subscription brought: its progress notifications
+    (sent only with a progress token), whether the task's status changed, and the status the
+    index holds after these events, as the events show it (None if none was valid)."""
+
+    def __init__(self, settings: Settings, task_id: str, sub: Subscription, token: Any) -> None:
+        types = settings.own_types
+        self.progress: list[dict[str, Any]] = []
+        # Progress is best effort: what an overflow dropped is not re-sent.
+        self.changed = sub.overflowed
+        self.status: TaskView | None = None
+        for indexed in sub.take():
+            event = indexed.event
+            if event.type == types.progress and token is not None:
+                self.progress.append(progress_notification(token, event.payload))
+            elif event.type == types.status:
+                self.changed = True
+                if self.status is None or not self.status.terminal:  # the first end stays
+                    self.status = TaskService.status_view(task_id, event) or self.status
+        sub.reset()
 
 
 def detailed_task(view: TaskView) -> dict[str, Any]:

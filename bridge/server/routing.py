@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from bridge.config import Settings
 from bridge.log.indexer import Indexer
@@ -38,11 +39,15 @@ RETRY_AFTER_MS = 1000
 
 
 def partition_moving_error(task_id: str) -> RpcError:
-    """The retriable answer for a task whose partition has no owner right now (HTTP 503)."""
+    """The retriable answer for a task whose partition has no owner right now (HTTP 503);
+    ``data.taskId`` names the task, and is left out when the request named none."""
+    data: dict[str, Any] = {"reason": "partition_moving", "retryAfterMs": RETRY_AFTER_MS}
+    if task_id:
+        data["taskId"] = task_id
     return RpcError(
         INTERNAL_ERROR,
         "The task's partition is moving between replicas; retry shortly",
-        {"reason": "partition_moving", "taskId": task_id, "retryAfterMs": RETRY_AFTER_MS},
+        data,
         http_status=503,
     )
 

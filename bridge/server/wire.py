@@ -92,7 +92,6 @@ __all__ = [
     "events_gone_error",
     "events_notification",
     "has_capability",
-    "kafka_unavailable_error",
     "missing_capability",
     "notification",
     "notification_message",
@@ -142,13 +141,6 @@ class RpcError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
-
-
-def kafka_unavailable_error(message: str, **data: Any) -> RpcError:
-    """Kafka did not answer in time: a 503 the client may retry, ``data.reason`` saying why."""
-    return RpcError(
-        INTERNAL_ERROR, message, {"reason": "kafka_unavailable", **data}, http_status=503
-    )
 
 
 class JsonRpcRequest(BaseModel):

@@ -554,6 +554,15 @@ class TaskService:
         elif status.status == "input_required":
             view.input_requests = status.input_requests or {}
 
+    @staticmethod
+    def status_view(task_id: str, event: TaskEvent) -> TaskView | None:
+        """The task as its status ``event`` alone shows it, without the index (None when the
+        event holds no valid status): what a call that waited here answers when the event
+        arrived just before the task's partition moved to another replica."""
+        view = TaskView(task_id, "", event.timestamp_ms, event.timestamp_ms, None, 0)
+        TaskService._apply_status(view, event)
+        return view if view.status else None  # "" is no status: the event did not validate
+
     async def wait_until(self, task_id: str, principal: str, statuses: frozenset[str]) -> TaskView:
         """Wait until the task's status is one of ``statuses`` (the caller bounds the wait);
         :class:`NotOwner` when the task's partition moves to another replica meanwhile."""

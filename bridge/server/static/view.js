@@ -14,6 +14,7 @@
     "owner_unavailable",
     "kafka_unavailable",
     "draining",
+    "wait_ended",
   ]);
   let current = null; // {task, token}
   let source = null;
