@@ -12,20 +12,19 @@ again and again without anything to take is spinning (the count, never the clock
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 from support.layout import create_topics, fresh_prefix, make_settings
+from support.services import task_service
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings, ToolSpec
 from bridge.log.fanout import Subscription
-from bridge.log.indexer import Indexer, NotOwner
-from bridge.log.reader import Reader
+from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller
 from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.wire import LATEST_VERSION, JsonRpcRequest, RpcError
@@ -75,19 +74,6 @@ def replica(bootstrap: str, prefix: str, secret: str, i: int) -> Settings:
     )
 
 
-@contextlib.asynccontextmanager
-async def task_service(settings: Settings) -> AsyncIterator[TaskService]:
-    async with Indexer(settings) as indexer:
-        reader = Reader(settings, indexer)
-        service = TaskService(settings, indexer, reader, {HOLD.name: HOLD})
-        await service.start()
-        try:
-            yield service
-        finally:
-            await service.stop()
-            await reader.close()
-
-
 def one_task_per_partition(service: TaskService) -> dict[int, str]:
     ids: dict[int, str] = {}
     while len(ids) < PARTITIONS:
@@ -129,14 +115,14 @@ async def across_a_rebalance(
     replica, let a second one join, then ``check(service, waits, moved)``."""
     prefix, secret = fresh_prefix("mv"), secrets.token_urlsafe(32)
     await create_topics(replica(kafka_bootstrap, prefix, secret, 0), [HOLD.name])
-    async with task_service(replica(kafka_bootstrap, prefix, secret, 0)) as one:
+    async with task_service(replica(kafka_bootstrap, prefix, secret, 0), tool=HOLD) as one:
         await wait_until(lambda: len(one.indexer.partitions) == PARTITIONS, what="one owns all")
         ids = one_task_per_partition(one)
         waits = {p: asyncio.create_task(wait(one, task_id)) for p, task_id in ids.items()}
         try:
             # Every call waits on its subscription before the partitions move.
             await wait_until(lambda: len(spins) == PARTITIONS, what="every call waits")
-            async with task_service(replica(kafka_bootstrap, prefix, secret, 1)) as two:
+            async with task_service(replica(kafka_bootstrap, prefix, secret, 1), tool=HOLD) as two:
 
                 def divided() -> bool:
                     owned = [set(s.indexer.partitions) for s in (one, two)]
