@@ -187,7 +187,12 @@ ROLE_NEEDS: dict[Role, tuple[Need, ...]] = {
         ),
         Need(_T, "control", _WRITE, "cancel requests and input answers for the workers"),
         Need(_T, "jobs", _WRITE, "a job request per tools/call, one topic per tool"),
-        Need(_T, "subscriptions", _READ, "webhook subscriptions (they hold callback secrets)"),
+        Need(
+            _T,
+            "subscriptions",
+            _READ,
+            "webhook subscriptions (they hold callback secrets, sealed under a key outside Kafka)",
+        ),
         Need(_T, "subscriptions", _WRITE, "subscribe, unsubscribe, delivered positions"),
         Need(_G, "webhooks", _READ, "the webhook group: which replica delivers which partition"),
         Need(_G, "bridge", _READ, "the replicas' group: joining it (no offsets are committed)"),
