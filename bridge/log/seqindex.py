@@ -107,9 +107,8 @@ def owner_prefix(owner: int) -> int:
 
 def legacy_owner_key(owner: int) -> int:
     """The owner an entry persisted in version 1 or 2 holds for the 128-bit ``owner``: its first
-    64 bits, then zeros (:data:`FLAG_OWNER_PREFIX`). Whatever counts a principal's tasks by
-    :attr:`TaskEntry.owner` counts both keys (once when they are equal), or 8fd441c's tasks,
-    and those written during an upgrade from it, escape the count."""
+    64 bits, then zeros (:data:`FLAG_OWNER_PREFIX`). The active-task count files such entries
+    under a key of their own (:mod:`bridge.tasks.service`), so they count for their principal."""
     return owner_prefix(owner) << 64
 
 
@@ -584,7 +583,7 @@ def _task_record(task_id: str, value: bytes) -> TaskRecord:
         entry.owner = (fields[7] << 64) | fields[8]
     elif fields[7]:
         # 8fd441c kept the digest's first 64 bits (signed): that much, and say so.
-        entry.owner = (fields[7] & _LOW64) << 64
+        entry.owner = legacy_owner_key((fields[7] & _LOW64) << 64)
         entry.flags |= FLAG_OWNER_PREFIX
     entry.created_ms, entry.ttl_ms, entry.poll_ms = fields[-3:]
     entry.checkpoints.frombytes(value[layout.size :])

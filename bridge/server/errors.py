@@ -129,6 +129,8 @@ def _kafka_error(exc: KafkaError, task_id: str) -> RpcError:
         # Retrying cannot help (an authorization, a message too large, ...): the operator must.
         log.error("Kafka refused a request: %s", type(exc).__name__, exc_info=exc)
         return _internal()
+    # Logged here, once, for every endpoint that maps it (the answer says only "retry").
+    log.warning("a request failed: Kafka did not answer (%r)", exc)
     return _retriable(
         f"Kafka did not answer ({type(exc).__name__}): nothing was lost; retry later",
         "kafka_unavailable",

@@ -147,6 +147,7 @@ class _ActiveTasks:
 
     @staticmethod
     def _legacy_key(owner: int) -> int:
+        # Negative: a legacy (64-bit prefix) key can never equal a full 128-bit owner key.
         return -1 - owner_prefix(owner)
 
     def reserve(self, owner: int, task_id: str, expires_ms: int, limit: int, now_ms: int) -> None:
