@@ -40,6 +40,7 @@ __all__ = [
     "GroupTail",
     "Log",
     "LogError",
+    "LogRecord",
     "OffsetOutOfRange",
     "Polled",
     "Producer",
@@ -77,6 +78,32 @@ class Record:
     value: bytes | None
     timestamp: int
     headers: tuple[Header, ...] = ()
+
+
+class LogRecord(Protocol):
+    """What a record's readers use of it: a :class:`Record` has it, and so has the record
+    an aiokafka consumer hands out (the decoders take either)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def timestamp(self) -> int: ...
+
+    @property
+    def headers(self) -> Sequence[Header]: ...
 
 
 @dataclass(frozen=True, slots=True)
