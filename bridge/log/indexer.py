@@ -43,13 +43,14 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from bridge.component import Component, NotStarted, cancel_and_wait
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskStatus
 from bridge.kafka.acls import bridge_group, index_writer_id
+from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
@@ -64,9 +65,11 @@ from bridge.kafka.clients import (
     transactional_producer,
 )
 from bridge.kafka.ownership import OwnershipAssignor
+from bridge.kafka.port import Log, LogError, LogRecord
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 from bridge.log.identity import Keyring, is_signed, load_keyring
 from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
+from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
     UNSIGNED_UNDECIDED,
     IndexRecordError,
@@ -90,7 +93,6 @@ __all__ = [
     "index_layout_error",
     "load_index",
     "out_of_place",
-    "read_to_end",
     "topic_partitions",
 ]
 
@@ -112,7 +114,7 @@ CREATED_SKEW_MS = 300_000
 
 def out_of_place(
     task_id: str,
-    record: ConsumerRecord[bytes, bytes],
+    record: LogRecord,
     partitions: int,
     idx: PartitionIndex,
     identity: TaskIdentity | None,
@@ -188,28 +190,6 @@ async def topic_partitions(settings: Settings, topic: str) -> list[int]:
         raise IndexerError(str(exc)) from None
 
 
-async def read_to_end(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    on_record: Callable[[ConsumerRecord[bytes, bytes]], None],
-) -> None:
-    """Read ``tps`` from their log start up to their current end (LSO under read_committed)."""
-    consumer.assign(tps)
-    begins = await consumer.beginning_offsets(tps)
-    ends = await consumer.end_offsets(tps)
-    for tp in tps:
-        consumer.seek(tp, begins[tp])
-    remaining = {tp for tp in tps if ends[tp] > begins[tp]}
-    while remaining:
-        batches = await consumer.getmany(*remaining, timeout_ms=500)
-        for records in batches.values():
-            for record in records:
-                on_record(record)
-        for tp in list(remaining):
-            if await consumer.position(tp) >= ends[tp]:
-                remaining.discard(tp)
-
-
 def index_layout_error(settings: Settings, what: str) -> IndexerError:
     """The refusal for an index this version must not restore from, with the way out."""
     return IndexerError(
@@ -221,32 +201,26 @@ def index_layout_error(settings: Settings, what: str) -> IndexerError:
 
 
 async def load_index(
-    settings: Settings, partitions: Iterable[int], *, strict_layout: bool = True
+    settings: Settings,
+    partitions: Iterable[int],
+    *,
+    strict_layout: bool = True,
+    log: Log | None = None,
 ) -> dict[int, PartitionIndex]:
     """Restore the persisted seq index (a consistent committed cut) of ``partitions``.
 
-    Reads only the index partitions of those numbers. With ``strict_layout`` a record written
-    by a version before the co-partitioned layout, or found in another partition's slice, is
-    refused (:func:`index_layout_error`): restoring around it could miss counts it holds.
+    Reads only the index partitions of those numbers, from ``log`` (the cluster of
+    ``settings`` when None). With ``strict_layout`` a record written by a version before the
+    co-partitioned layout, or found in another partition's slice, is refused
+    (:func:`index_layout_error`): restoring around it could miss counts it holds.
     """
     index = {p: PartitionIndex(p, settings.checkpoint_interval) for p in partitions}
     if not index:
         return index
     # By partition and key: a migrated index holds a key's record in its partition and a
     # tombstone in the one it was moved out of; compaction keeps the latest per partition.
-    latest: dict[tuple[int, bytes], bytes | None] = {}
-
-    def keep(record: ConsumerRecord[bytes, bytes]) -> None:
-        if record.key is not None:
-            latest[record.partition, record.key] = record.value
-
-    consumer = committed_consumer(settings, role="index-restore")
-    await consumer.start()
-    try:
-        topic = settings.topics.index
-        await read_to_end(consumer, [TopicPartition(topic, p) for p in sorted(index)], keep)
-    finally:
-        await consumer.stop()
+    async with _log_of(settings, log) as source:
+        latest = await latest_by_key(source, settings.topics.index, index, role="index-restore")
     for (slice_, key), value in latest.items():
         if value is None:  # a tombstone: the entry was deleted on purpose
             continue
@@ -265,6 +239,19 @@ async def load_index(
         else:
             target.restore_marker(record.through, record.lost_before, record.unsigned_below)
     return index
+
+
+@contextlib.asynccontextmanager
+async def _log_of(settings: Settings, log: Log | None) -> AsyncIterator[Log]:
+    """``log``, or the cluster of ``settings`` for this one use (closed after it)."""
+    if log is not None:
+        yield log
+        return
+    kafka = KafkaLog(settings, pool_size=1)
+    try:
+        yield kafka
+    finally:
+        await kafka.close()
 
 
 def _decoded(settings: Settings, key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
@@ -331,6 +318,8 @@ class Indexer(Component):
         self._listeners: list[Listener] = []
         self._ownership_listeners: list[OwnershipListener] = []
         self._consumer: AIOKafkaConsumer | None = None
+        #: The log the partitions' index slices are restored from (its reader stays open).
+        self._log = KafkaLog(settings, pool_size=1)
         self._writers: dict[int, AIOKafkaProducer] = {}
         self._updates: dict[int, list[TaskUpdate]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -415,6 +404,7 @@ class Indexer(Component):
         if self._consumer is not None:
             await self._consumer.stop()  # a dynamic member leaves the group here
             self._consumer = None
+        await self._log.close()
 
     # --- ownership -------------------------------------------------------------------------
 
@@ -430,8 +420,8 @@ class Indexer(Component):
             await asyncio.gather(*(self._open_writer(p) for p in parts))
         started = time.perf_counter()
         try:
-            restored = await load_index(self.settings, parts)
-        except KafkaError as exc:
+            restored = await load_index(self.settings, parts, log=self._log)
+        except (KafkaError, LogError) as exc:
             # Without its index a partition's seq cannot be known: nothing is served from it.
             raise IndexerError(
                 f"could not read the seq index of events partitions {sorted(parts)} from the "
