@@ -299,7 +299,7 @@ class KafkaTail(_Client):
         for part, offset in positions.items():
             self._consumer.seek(_tp(part), offset)
 
-    def seek(self, part: TopicPart, offset: int) -> None:
+    def reposition(self, part: TopicPart, offset: int) -> None:
         try:
             self._consumer.seek(_tp(part), offset)
         except IllegalStateError as exc:

@@ -182,7 +182,7 @@ class Tail(Protocol):
     def assign(self, positions: Mapping[TopicPart, int]) -> None:
         """Read exactly these partitions, each from the offset given."""
 
-    def seek(self, part: TopicPart, offset: int) -> None:
+    def reposition(self, part: TopicPart, offset: int) -> None:
         """Read ``part`` from ``offset`` next (it must be assigned)."""
 
     def assignment(self) -> frozenset[TopicPart]:

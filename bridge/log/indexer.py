@@ -449,7 +449,7 @@ class Indexer(Component):
             self.partitions[tp.partition] = idx
             self._decide(idx, begins[tp], ends[tp])
             self._updates[tp.partition] = []
-            tail.seek(tp, idx.through)
+            tail.reposition(tp, idx.through)
         log.info(
             "owning events partitions %s: restored %d tasks in %.2fs",
             sorted(parts),
@@ -537,7 +537,7 @@ class Indexer(Component):
             await self._gain(gained)
             tail = self._started_tail()
             for p in kept:
-                tail.seek(TopicPart(self.settings.topics.events, p), self.partitions[p].through)
+                tail.reposition(TopicPart(self.settings.topics.events, p), self.partitions[p].through)
             self.rebalances += 1
             self.moved["gained"] += len(gained)
             self.moved["lost"] += len(lost)
@@ -749,7 +749,7 @@ class Indexer(Component):
             idx = self.partitions.get(tp.partition)
             if idx is not None and idx.through < begins[tp]:
                 self._lost(idx, begins[tp])
-                tail.seek(tp, idx.through)
+                tail.reposition(tp, idx.through)
 
     # --- persisting ----------------------------------------------------------------------
 
