@@ -537,7 +537,9 @@ class Indexer(Component):
             await self._gain(gained)
             tail = self._started_tail()
             for p in kept:
-                tail.reposition(TopicPart(self.settings.topics.events, p), self.partitions[p].through)
+                tail.reposition(
+                    TopicPart(self.settings.topics.events, p), self.partitions[p].through
+                )
             self.rebalances += 1
             self.moved["gained"] += len(gained)
             self.moved["lost"] += len(lost)
