@@ -206,7 +206,7 @@ async def test_a_tail_reads_records_as_they_arrive_and_reports_its_positions(env
             parts[0]: [0],
             parts[1]: [0, 1],
         }
-        tail.seek(parts[1], 1)
+        tail.reposition(parts[1], 1)
         again, positions = await poll_until(tail, lambda got: parts[1] in got)
         assert [r.offset for r in again[parts[1]]] == [1]
         assert positions == {parts[0]: 1, parts[1]: 2}
@@ -241,7 +241,7 @@ async def test_a_tail_behind_a_moved_log_start_is_told_and_goes_on_after_a_seek(
                 while True:
                     await tail.poll(0.2)
         assert gone.value.parts == {part}
-        tail.seek(part, 3)
+        tail.reposition(part, 3)
         got, _ = await poll_until(tail, lambda got: len(got.get(part, [])) == 2)
         assert [r.offset for r in got[part]] == [3, 4]
 

@@ -93,6 +93,12 @@ def _out_of_range(exc: OffsetOutOfRangeError, fallback: Iterable[TopicPart]) -> 
     return OffsetOutOfRange(parts)
 
 
+def _log_error(exc: KafkaError) -> LogError:
+    return LogError(
+        f"{type(exc).__name__}: {exc}", retriable=retriable(exc), kind=type(exc).__name__
+    )
+
+
 async def _mapped(call: Awaitable[T]) -> T:
     """``call``, aiokafka's errors translated to the port's."""
     try:
@@ -102,7 +108,7 @@ async def _mapped(call: Awaitable[T]) -> T:
     except OffsetOutOfRangeError as exc:
         raise _out_of_range(exc, ()) from exc
     except KafkaError as exc:
-        raise LogError(f"{type(exc).__name__}: {exc}", retriable=retriable(exc)) from exc
+        raise _log_error(exc) from exc
 
 
 class KafkaLog:
@@ -163,7 +169,7 @@ class KafkaLog:
         except TopicLayoutError as exc:
             raise UnknownTopic(str(exc)) from None
         except KafkaError as exc:
-            raise LogError(f"{type(exc).__name__}: {exc}", retriable=retriable(exc)) from exc
+            raise _log_error(exc) from exc
 
     async def fetch(self, part: TopicPart, offset: int, max_records: int = 500) -> Fetched:
         async with self._consumer() as consumer:
@@ -293,7 +299,7 @@ class KafkaTail(_Client):
         for part, offset in positions.items():
             self._consumer.seek(_tp(part), offset)
 
-    def seek(self, part: TopicPart, offset: int) -> None:
+    def reposition(self, part: TopicPart, offset: int) -> None:
         try:
             self._consumer.seek(_tp(part), offset)
         except IllegalStateError as exc:
@@ -319,7 +325,7 @@ class KafkaTail(_Client):
         except OffsetOutOfRangeError as exc:
             raise _out_of_range(exc, self.assignment()) from exc
         except KafkaError as exc:
-            raise LogError(f"{type(exc).__name__}: {exc}", retriable=retriable(exc)) from exc
+            raise _log_error(exc) from exc
         records = {_part(tp): [to_record(r) for r in rs] for tp, rs in batches.items() if rs}
         return Polled(records, await self._positions())
 
@@ -328,7 +334,7 @@ class KafkaTail(_Client):
         positions: dict[TopicPart, int] = {}
         for tp in self._consumer.assignment() - paused:
             # A partition revoked meanwhile, or without a position yet, has none to report.
-            with contextlib.suppress(IllegalStateError, KafkaError):
+            with contextlib.suppress(IllegalStateError, KafkaError, TimeoutError):
                 async with asyncio.timeout(1):
                     positions[_part(tp)] = int(await self._consumer.position(tp))
         return positions

@@ -492,7 +492,7 @@ class MemoryTail(_Closable):
         self._paused &= set(self._positions)
         self._log.changed()
 
-    def seek(self, part: TopicPart, offset: int) -> None:
+    def reposition(self, part: TopicPart, offset: int) -> None:
         if part not in self._positions:
             raise LogError(f"{part} is not assigned")
         self._positions[part] = offset

@@ -143,12 +143,14 @@ class LogError(Exception):
     """A failure of the log (a broker error, a client closed, a member fenced).
 
     ``retriable``: whether asking again may succeed (the broker did not answer, or not yet),
-    as opposed to an answer that retrying cannot change.
+    as opposed to an answer that retrying cannot change. ``kind``: the name of what failed
+    (the client's error class), for logs and the wire's ``error`` field.
     """
 
-    def __init__(self, message: str, *, retriable: bool = False) -> None:
+    def __init__(self, message: str, *, retriable: bool = False, kind: str | None = None) -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.kind = kind or type(self).__name__
 
 
 class OffsetOutOfRange(LogError):
@@ -180,7 +182,7 @@ class Tail(Protocol):
     def assign(self, positions: Mapping[TopicPart, int]) -> None:
         """Read exactly these partitions, each from the offset given."""
 
-    def seek(self, part: TopicPart, offset: int) -> None:
+    def reposition(self, part: TopicPart, offset: int) -> None:
         """Read ``part`` from ``offset`` next (it must be assigned)."""
 
     def assignment(self) -> frozenset[TopicPart]:
