@@ -24,13 +24,13 @@ import hashlib
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.events import StatusPayload
 from bridge.kafka.memory import MemoryGroupTail, MemoryLog
-from bridge.kafka.port import TopicPart
+from bridge.kafka.port import Log, TopicPart
 from bridge.keyring import Keyring
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.fanout import Fanout
@@ -131,7 +131,14 @@ class Replica:
         self.world = world
         self.name = name
         self.settings = settings_of(name)
-        self.indexer = Indexer(self.settings, persist=True, flush_interval_s=0.5, keyring=KEYRING)
+        self.log = facade.ReplicaLog(world.log, name, world.commits)
+        self.indexer = Indexer(
+            self.settings,
+            persist=True,
+            flush_interval_s=0.5,
+            keyring=KEYRING,
+            log=cast(Log, self.log),
+        )
         self.reader = Reader(self.settings, self.indexer, pool_size=2)
         self.fanout = Fanout(self.indexer)
         self.hub = StreamHub(self.settings, self.indexer, self.reader, self.fanout, StreamMetrics())
@@ -139,7 +146,6 @@ class Replica:
         self.attempts: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
-        self.world.building = self.name
         await self.indexer.start()
         self.up = True
 
@@ -147,8 +153,7 @@ class Replica:
         return self.up and self.indexer.owns(partition)
 
     def _group_tail(self) -> MemoryGroupTail | None:
-        consumer = self.indexer._consumer
-        tail = getattr(consumer, "tail", None)
+        tail = self.indexer._reader
         return tail if isinstance(tail, MemoryGroupTail) else None
 
     async def crash(self, *, zombie: bool = False) -> None:
@@ -199,7 +204,6 @@ class World:
     log: MemoryLog
     recording: Recording = field(default_factory=Recording)
     replicas: dict[str, Replica] = field(default_factory=dict)
-    building: str = ""
     commits: facade.Commits = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -497,7 +501,7 @@ async def _main(plan: Plan) -> Outcome:
     for task in rng.sample(world.tasks, 3):
         task.hostile = rng.choice(("forged", "garbage", "keyless"))
     faults = [rng.choice(FAULT_KINDS) for _ in range(plan.faults)]
-    with facade.patched(log, lambda: world.building, world.commits, SESSION_MS):
+    with facade.patched(log):
         for i in range(plan.replicas):
             await restart(world, f"r{i}")
         outcome = await _run(world, faults)
