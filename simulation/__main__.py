@@ -32,17 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--seed", type=int, help="replay this seed (prints its report)")
     group.add_argument("--seeds", type=_seeds, help="run a range of seeds, e.g. 0-499")
     parser.add_argument("--quiet", action="store_true", help="print failing seeds only")
+    parser.add_argument(
+        "--wall-limit",
+        type=float,
+        default=10.0,
+        help="real seconds one callback may run before the run is judged spinning",
+    )
     args = parser.parse_args(argv)
-    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
-        env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
-        os.execve(sys.executable, [sys.executable, "-m", "simulation", *sys.argv[1:]], env)
     from simulation.world import run_seed
 
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else args.seeds
     failed: list[int] = []
     started = time.perf_counter()
     for seed in seeds:
-        outcome = run_seed(seed)
+        outcome = run_seed(seed, wall_limit_s=args.wall_limit)
         if not outcome.ok:
             failed.append(seed)
         if not outcome.ok or not args.quiet or args.seed is not None:
@@ -57,5 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def _pin_hash_seed() -> None:
+    """Re-execute this command with ``PYTHONHASHSEED`` pinned, unless it already is."""
+    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+        os.execve(sys.executable, [sys.executable, "-m", "simulation", *sys.argv[1:]], env)
+
+
 if __name__ == "__main__":
+    _pin_hash_seed()
     sys.exit(main())

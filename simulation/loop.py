@@ -7,11 +7,14 @@ run in virtual time, an hour of it in milliseconds, and a run is as deterministi
 callbacks it schedules (FIFO, as asyncio runs them). No socket is ever opened by the
 simulation, so the self-pipe is the only registered file and nothing arrives on it.
 
-Two failures of liveness are turned into errors instead of hangs:
+Failures of liveness are turned into errors instead of hangs:
 
 * :class:`Stuck`: nothing is ready and no timer is set, so nothing can ever happen again;
-* :class:`Spinning`: the loop ran ``spin_limit`` iterations without time moving: some task
-  is looping on a condition that never suspends (a closed subscription that does not raise).
+* :class:`Spinning`: the loop ran ``spin_limit`` iterations without time moving (some task
+  loops on awaits that complete at once), or one callback ran for ``wall_limit_s`` seconds
+  of real time without returning (a loop whose awaits never suspend, such as a wait on a
+  closed subscription that returns at once): a watchdog (``SIGALRM``, main thread only)
+  raises it inside the looping code.
 
 Why our own loop and not ``looptime``: looptime patches a running loop's ``time()`` and
 selector for one test function and runs idle no-op cycles before each jump; here the whole
@@ -22,8 +25,11 @@ program (several replicas, clients, faults) is the unit, started by :func:`run` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
-from collections.abc import Awaitable, Callable
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["Spinning", "Stuck", "VirtualLoop", "run"]
@@ -87,7 +93,39 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         super()._run_once()  # type: ignore[misc]
 
 
-def run(main: Callable[[], Awaitable[T]], spin_limit: int = 200_000) -> T:
+@contextlib.contextmanager
+def _watchdog(loop: VirtualLoop, wall_limit_s: float) -> Iterator[None]:
+    """Raise :class:`Spinning` in the main thread when the loop makes no step for
+    ``wall_limit_s`` real seconds (checked twice per period)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    last = [-1]
+
+    def check(signum: int, frame: object) -> None:
+        if loop.steps == last[0]:
+            raise Spinning(
+                f"one callback ran for {wall_limit_s:.0f} s of real time at "
+                f"t={loop.time() - START:.3f}s: a loop whose awaits never suspend"
+            )
+        last[0] = loop.steps
+
+    previous = signal.signal(signal.SIGALRM, check)
+    signal.setitimer(signal.ITIMER_REAL, wall_limit_s / 2, wall_limit_s / 2)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run(
+    main: Callable[[], Awaitable[T]], spin_limit: int = 200_000, wall_limit_s: float = 10.0
+) -> T:
     """Run ``main()`` to completion on a fresh :class:`VirtualLoop`."""
-    with asyncio.Runner(loop_factory=lambda: VirtualLoop(spin_limit)) as runner:
-        return runner.run(main())  # type: ignore[arg-type]
+    loop = VirtualLoop(spin_limit)
+    with _watchdog(loop, wall_limit_s), asyncio.Runner(loop_factory=lambda: loop) as runner:
+        try:
+            return runner.run(main())  # type: ignore[arg-type]
+        finally:
+            loop.spin_limit = 2**62  # let the runner cancel what is left

@@ -22,15 +22,15 @@ import contextlib
 import functools
 import hashlib
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.events import StatusPayload
-from bridge.kafka.memory import MemoryGroupTail, MemoryLog
-from bridge.kafka.port import Log, TopicPart
+from bridge.kafka.memory import MemoryGroupTail, MemoryLog, MemoryWriter
+from bridge.kafka.port import Log, TopicPart, WriterFenced
 from bridge.keyring import Keyring
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.fanout import Fanout
@@ -45,6 +45,7 @@ from bridge.server.wire import RpcError
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import owner_digest
 from simulation import facade
+from simulation.loop import Spinning, Stuck, run
 
 __all__ = ["Outcome", "Plan", "run_seed"]
 
@@ -143,7 +144,9 @@ class Replica:
         self.fanout = Fanout(self.indexer)
         self.hub = StreamHub(self.settings, self.indexer, self.reader, self.fanout, StreamMetrics())
         self.up = False
-        self.attempts: set[asyncio.Task[Any]] = set()
+        #: The streams open here (a dict as an ordered set: a crash cuts them in a replayable
+        #: order).
+        self.attempts: dict[asyncio.Task[Any], None] = {}
 
     async def start(self) -> None:
         await self.indexer.start()
@@ -283,22 +286,35 @@ async def hostile(world: World, task: TaskPlan, publisher: TaskEventPublisher) -
 
 
 async def transaction(world: World, task: TaskPlan, *, abort: bool) -> None:
-    """Events of ``task`` written in one transaction (aborted: no reader may see them)."""
+    """Events of ``task`` written in one transaction (aborted: no reader may see them). Two of
+    them on one task share a transactional id: the later one fences the earlier (a zombie
+    pipeline), whose open transaction is aborted and whose next write is refused."""
     await task.created.wait()  # an honest pipeline writes to tasks that exist
     writer = world.log.transactional_writer(f"sim.pipeline.{task.task_id[-4:]}")
     await writer.start()
     topic = settings_of("r0").topics.events
+    fenced = False
     with contextlib.suppress(_Abort):
-        async with writer.transaction():
-            for i in range(world.rng.randint(1, 4)):
-                value, headers = encode_event(
-                    TaskEvent("com.example.txn", {"i": i, "aborted": abort}), fmt="json"
-                )
-                await writer.send(topic, value, key=task.task_id.encode(), headers=headers)
-                await world.sleep(0.0, 0.3)
-            if abort:
-                raise _Abort
-    world.note(f"transaction {'aborted' if abort else 'committed'} {task.task_id}")
+        try:
+            await _write_transaction(world, writer, topic, task, abort)
+        except WriterFenced:
+            fenced = True
+    state = "fenced" if fenced else "aborted" if abort else "committed"
+    world.note(f"transaction {state} {task.task_id}")
+
+
+async def _write_transaction(
+    world: World, writer: MemoryWriter, topic: str, task: TaskPlan, abort: bool
+) -> None:
+    async with writer.transaction():
+        for i in range(world.rng.randint(1, 4)):
+            value, headers = encode_event(
+                TaskEvent("com.example.txn", {"i": i, "aborted": abort}), fmt="json"
+            )
+            await writer.send(topic, value, key=task.task_id.encode(), headers=headers)
+            await world.sleep(0.0, 0.3)
+        if abort:
+            raise _Abort
 
 
 class _Abort(Exception):
@@ -326,7 +342,7 @@ async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) ->
         attempt = asyncio.get_running_loop().create_task(
             stream_once(world, replica, client_id, task, caller, after, slow)
         )
-        replica.attempts.add(attempt)
+        replica.attempts[attempt] = None
         try:
             finished, after = await asyncio.shield(attempt)
         except asyncio.CancelledError:
@@ -334,7 +350,7 @@ async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) ->
                 raise
             finished, after = False, world.last_seq(client_id, task.task_id)
         finally:
-            replica.attempts.discard(attempt)
+            replica.attempts.pop(attempt, None)
         if finished:
             world.recording.finished(client_id, task.task_id)
             world.note(f"finished {client_id}")
@@ -607,12 +623,12 @@ def _check_writers(world: World) -> None:
             world.problems.append(f"{txid} epoch {epoch} written by {sorted(owners)}")
 
 
-def run_seed(seed: int, **overrides: Any) -> Outcome:
-    """Run one seed on a fresh virtual-time loop and judge it."""
-    from simulation.loop import run
-
+def run_seed(seed: int, *, wall_limit_s: float = 10.0, **overrides: Any) -> Outcome:
+    """Run one seed on a fresh virtual-time loop and judge it (a run that spins or can never
+    move again is a failed one). ``wall_limit_s``: real seconds one callback may run."""
     plan = Plan(seed, **overrides)
-    return run(lambda: _main(plan))
-
-
-Hook = Callable[[World], None]
+    try:
+        return run(lambda: _main(plan), wall_limit_s=wall_limit_s)
+    except (Spinning, Stuck) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+        return Outcome(seed, CheckReport(), [problem], "-", [], 0.0, 0)
