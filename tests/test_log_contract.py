@@ -25,8 +25,8 @@ from bridge.kafka.port import (
     GroupTail,
     Log,
     LogError,
+    LogRecord,
     OffsetOutOfRange,
-    Record,
     Share,
     Tail,
     TopicPart,
@@ -81,10 +81,10 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         await kafka.close()
 
 
-async def read_all(log: Log, part: TopicPart, start: int = 0) -> list[Record]:
+async def read_all(log: Log, part: TopicPart, start: int = 0) -> list[LogRecord]:
     """Every committed record of ``part`` from ``start`` to its current end."""
     end = (await log.log_ends([part]))[part]
-    records: list[Record] = []
+    records: list[LogRecord] = []
     async with asyncio.timeout(BOUND_S):
         while start < end:
             fetched = await log.fetch(part, start)
@@ -94,11 +94,11 @@ async def read_all(log: Log, part: TopicPart, start: int = 0) -> list[Record]:
 
 
 async def poll_until(
-    tail: Tail, done: Callable[[dict[TopicPart, list[Record]]], bool]
-) -> tuple[dict[TopicPart, list[Record]], dict[TopicPart, int]]:
+    tail: Tail, done: Callable[[dict[TopicPart, list[LogRecord]]], bool]
+) -> tuple[dict[TopicPart, list[LogRecord]], dict[TopicPart, int]]:
     """Poll ``tail``, gathering records, until ``done`` says they are enough (bounded); the
     records and the positions the last poll reported."""
-    got: dict[TopicPart, list[Record]] = {}
+    got: dict[TopicPart, list[LogRecord]] = {}
     positions: dict[TopicPart, int] = {}
     async with asyncio.timeout(BOUND_S):
         while not done(got):
@@ -124,7 +124,7 @@ async def test_a_fetch_returns_what_was_written_with_its_offsets_keys_values_and
     assert (first.partition, first.offset) == (1, 0)
     records = await read_all(env.log, part)
     assert [(r.offset, r.key, r.value) for r in records] == [(0, b"k", b"v0"), (1, b"k", None)]
-    assert records[0].headers == (("h", b"1"),)
+    assert tuple(records[0].headers) == (("h", b"1"),)
     assert await env.log.log_starts([part]) == {part: 0}
     assert await env.log.log_ends([part]) == {part: 2}
 

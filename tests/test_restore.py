@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from bridge.kafka.memory import ManualClock, MemoryLog
-from bridge.kafka.port import Record, TopicPart
+from bridge.kafka.port import LogRecord, TopicPart
 from bridge.log.restore import latest_by_key, read_to_end
 
 
@@ -30,7 +30,7 @@ async def _log() -> MemoryLog:
 
 async def test_a_restore_reads_every_committed_record_in_order_and_no_aborted_one() -> None:
     log = await _log()
-    seen: list[Record] = []
+    seen: list[LogRecord] = []
     parts = [TopicPart("state", p) for p in range(3)]
     await read_to_end(log, parts, seen.append)
     by_part = {p: [(r.offset, r.value) for r in seen if r.partition == p] for p in range(3)}

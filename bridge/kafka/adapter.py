@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -32,17 +32,16 @@ from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
     ConsumerRebalanceListener,
-    ConsumerRecord,
     KafkaError,
     OffsetOutOfRangeError,
     ProducerFenced,
     TopicPartition,
     committed_consumer,
     idempotent_producer,
-    request_timeout_s,
     retriable,
     transactional_producer,
 )
+from bridge.kafka.pool import ConsumerPool
 from bridge.kafka.port import (
     Assignor,
     Fetched,
@@ -51,7 +50,6 @@ from bridge.kafka.port import (
     LogError,
     OffsetOutOfRange,
     Polled,
-    Record,
     Reset,
     Sent,
     Share,
@@ -61,7 +59,7 @@ from bridge.kafka.port import (
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 
-__all__ = ["KafkaLog", "PortAssignor", "to_record"]
+__all__ = ["KafkaLog", "PortAssignor"]
 
 T = TypeVar("T")
 
@@ -72,19 +70,6 @@ def _tp(part: TopicPart) -> TopicPartition:
 
 def _part(tp: TopicPartition) -> TopicPart:
     return TopicPart(tp.topic, tp.partition)
-
-
-def to_record(record: ConsumerRecord[bytes, bytes]) -> Record:
-    """The port's record of an aiokafka record."""
-    return Record(
-        record.topic,
-        record.partition,
-        record.offset,
-        record.key,
-        record.value,
-        record.timestamp,
-        tuple(record.headers),
-    )
 
 
 def _out_of_range(exc: OffsetOutOfRangeError, fallback: Iterable[TopicPart]) -> OffsetOutOfRange:
@@ -112,54 +97,29 @@ async def _mapped(call: Awaitable[T]) -> T:
 
 
 class KafkaLog:
-    """The log port on the cluster of ``settings`` (close it to release its readers)."""
+    """The log port on the cluster of ``settings`` (close it to release its readers).
 
-    def __init__(self, settings: Settings, *, pool_size: int = 4) -> None:
+    Fetches share one :class:`~bridge.kafka.pool.ConsumerPool` of ``pool_size`` consumers
+    (named ``role``); offset lookups have consumers of their own, so they never queue behind
+    fetches. ``consumer_options`` tune the pool's consumers (e.g. tiny fetch sizes for probes).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pool_size: int = 4,
+        role: str = "log",
+        **consumer_options: Any,
+    ) -> None:
         self.settings = settings
-        self._pool_size = pool_size
-        self._idle: list[AIOKafkaConsumer] = []
-        self._all: list[AIOKafkaConsumer] = []
-        self._free = asyncio.Condition()
+        self._fetches = ConsumerPool(settings, size=pool_size, role=role, **consumer_options)
+        self._offsets = ConsumerPool(settings, size=2, role=f"{role}-offsets")
 
     async def close(self) -> None:
         """Stop the pooled readers (the tails and writers handed out close themselves)."""
-        consumers, self._all, self._idle = self._all, [], []
-        for consumer in consumers:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
-
-    @contextlib.asynccontextmanager
-    async def _consumer(self) -> AsyncIterator[AIOKafkaConsumer]:
-        """A pooled group-less reader (at most ``pool_size``; a caller waits for one). One that
-        failed is stopped and dropped, not handed out again."""
-        async with self._free:
-            while not self._idle and len(self._all) >= self._pool_size:
-                await self._free.wait()
-            consumer = self._idle.pop() if self._idle else None
-            if consumer is None:
-                consumer = committed_consumer(self.settings, role="log", fetch_max_wait_ms=5)
-                self._all.append(consumer)  # reserved before the connection is awaited
-                fresh = True
-            else:
-                fresh = False
-        try:
-            if fresh:
-                await _mapped(consumer.start())
-            yield consumer
-        except BaseException:
-            await self._drop(consumer)
-            raise
-        async with self._free:
-            self._idle.append(consumer)
-            self._free.notify()
-
-    async def _drop(self, consumer: AIOKafkaConsumer) -> None:
-        async with self._free:
-            if consumer in self._all:
-                self._all.remove(consumer)
-            self._free.notify()
-        with contextlib.suppress(Exception):
-            await consumer.stop()
+        await self._fetches.close()
+        await self._offsets.close()
 
     # --- reads --------------------------------------------------------------------------
 
@@ -172,29 +132,17 @@ class KafkaLog:
             raise _log_error(exc) from exc
 
     async def fetch(self, part: TopicPart, offset: int, max_records: int = 500) -> Fetched:
-        async with self._consumer() as consumer:
-            tp = _tp(part)
-            consumer.assign([tp])
-            consumer.seek(tp, offset)
-            async with asyncio.timeout(request_timeout_s(self.settings)):
-                while True:
-                    try:
-                        batches = await _mapped(
-                            consumer.getmany(tp, timeout_ms=100, max_records=max_records)
-                        )
-                    except OffsetOutOfRange:
-                        raise OffsetOutOfRange([part]) from None
-                    position = int(await consumer.position(tp))
-                    records = [to_record(r) for r in batches.get(tp, [])]
-                    stable = consumer.last_stable_offset(tp)
-                    if records or (stable is not None and position >= stable):
-                        return Fetched(records, position)
+        try:
+            records, position = await _mapped(self._fetches.fetch(_tp(part), offset, max_records))
+        except OffsetOutOfRange:
+            raise OffsetOutOfRange([part]) from None
+        return Fetched(records, position)
 
     async def log_starts(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
         tps = [_tp(p) for p in parts]
         if not tps:
             return {}
-        async with self._consumer() as consumer:
+        async with self._offsets.consumer() as consumer:
             begins = await _mapped(consumer.beginning_offsets(tps))
         return {_part(tp): int(o) for tp, o in begins.items()}
 
@@ -202,7 +150,7 @@ class KafkaLog:
         tps = [_tp(p) for p in parts]
         if not tps:
             return {}
-        async with self._consumer() as consumer:
+        async with self._offsets.consumer() as consumer:
             ends = await _mapped(consumer.end_offsets(tps))
         return {_part(tp): int(o) for tp, o in ends.items()}
 
@@ -211,7 +159,7 @@ class KafkaLog:
     ) -> dict[TopicPart, int | None]:
         if not times:
             return {}
-        async with self._consumer() as consumer:
+        async with self._offsets.consumer() as consumer:
             found = await _mapped(consumer.offsets_for_times({_tp(p): t for p, t in times.items()}))
         return {_part(tp): None if at is None else int(at.offset) for tp, at in found.items()}
 
@@ -326,7 +274,8 @@ class KafkaTail(_Client):
             raise _out_of_range(exc, self.assignment()) from exc
         except KafkaError as exc:
             raise _log_error(exc) from exc
-        records = {_part(tp): [to_record(r) for r in rs] for tp, rs in batches.items() if rs}
+        # aiokafka's records are handed on as they are (a LogRecord each): no copy per record.
+        records = {_part(tp): rs for tp, rs in batches.items() if rs}
         return Polled(records, await self._positions())
 
     async def _positions(self) -> dict[TopicPart, int]:

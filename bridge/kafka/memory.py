@@ -37,6 +37,7 @@ from bridge.kafka.port import (
     GroupListener,
     Header,
     LogError,
+    LogRecord,
     OffsetOutOfRange,
     Polled,
     Record,
@@ -522,7 +523,7 @@ class MemoryTail(_Closable):
         out_of_range = [p for p in live if self._out_of_range(p)]
         if out_of_range:
             raise OffsetOutOfRange(out_of_range)
-        records: dict[TopicPart, list[Record]] = {}
+        records: dict[TopicPart, Sequence[LogRecord]] = {}
         moved = False
         for part in live:
             room = None if max_records is None else max_records - sum(map(len, records.values()))

@@ -82,7 +82,9 @@ class Record:
 
 class LogRecord(Protocol):
     """What a record's readers use of it: a :class:`Record` has it, and so has the record
-    an aiokafka consumer hands out (the decoders take either)."""
+    an aiokafka consumer hands out. Reads return records typed as this protocol (the adapter
+    hands aiokafka's on as they are, saving a copy per record on the hot path): nothing may
+    rely on more than it."""
 
     @property
     def topic(self) -> str: ...
@@ -110,7 +112,7 @@ class LogRecord(Protocol):
 class Fetched:
     """What :meth:`Log.fetch` read, and where the next read of the partition starts."""
 
-    records: list[Record]
+    records: Sequence[LogRecord]
     next_offset: int
 
 
@@ -119,7 +121,7 @@ class Polled:
     """One :meth:`Tail.poll`: the records by partition, and every assigned, unpaused
     partition's position after them (markers and aborted records move it without records)."""
 
-    records: dict[TopicPart, list[Record]] = field(default_factory=dict)
+    records: Mapping[TopicPart, Sequence[LogRecord]] = field(default_factory=dict)
     positions: dict[TopicPart, int] = field(default_factory=dict)
 
 
@@ -311,8 +313,10 @@ class Log(Protocol):
         """The partition ids of ``topic``; :class:`UnknownTopic` if it does not exist."""
 
     async def fetch(self, part: TopicPart, offset: int, max_records: int = 500) -> Fetched:
-        """Committed records of ``part`` from ``offset`` (up to ``max_records``); an empty
-        answer only at the last stable offset. :class:`OffsetOutOfRange` as above."""
+        """Committed records of ``part`` from ``offset`` (up to ``max_records``) and the next
+        offset to read. It may be empty short of the end (nothing arrived in time, or only
+        markers and aborted records were passed): read on from ``next_offset``.
+        :class:`OffsetOutOfRange` as above."""
 
     async def log_starts(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
         """Each partition's log start offset."""

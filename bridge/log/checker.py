@@ -57,7 +57,7 @@ from typing import Any
 
 from bridge.config import Settings
 from bridge.kafka.adapter import KafkaLog
-from bridge.kafka.port import Log, Record, TopicPart
+from bridge.kafka.port import Log, LogRecord, TopicPart
 from bridge.log.indexer import load_index, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.restore import read_to_end
@@ -221,7 +221,7 @@ async def ground_truth(
     )
     truth = Truth()
 
-    def take(record: Record) -> None:
+    def take(record: LogRecord) -> None:
         truth.records += 1
         truth.first_offsets.setdefault(record.partition, record.offset)  # read in order
         task_id = task_id_of(record)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from bridge.kafka.port import Log, Record, TopicPart
+from bridge.kafka.port import Log, LogRecord, TopicPart
 
 __all__ = ["latest_by_key", "read_to_end"]
 
@@ -23,7 +23,7 @@ POLL_S = 0.5
 async def read_to_end(
     log: Log,
     parts: Sequence[TopicPart],
-    on_record: Callable[[Record], None],
+    on_record: Callable[[LogRecord], None],
     *,
     role: str = "restore",
 ) -> None:
@@ -54,7 +54,7 @@ async def latest_by_key(
     compaction keeps. Keyless records are skipped."""
     latest: dict[tuple[int, bytes], bytes | None] = {}
 
-    def keep(record: Record) -> None:
+    def keep(record: LogRecord) -> None:
         if record.key is not None:
             latest[record.partition, record.key] = record.value
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from bridge.config import Settings
 from bridge.kafka.adapter import KafkaLog
-from bridge.kafka.port import Log, Record, TopicPart
+from bridge.kafka.port import Log, LogRecord, TopicPart
 from bridge.log.identity import is_signed, load_keyring
 from bridge.log.indexer import load_index, out_of_place, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
@@ -93,7 +93,7 @@ async def _verify_partition(
     )
     keyring = load_keyring(settings)
 
-    def count(record: Record) -> None:
+    def count(record: LogRecord) -> None:
         if record.offset >= through:
             return
         report.records_read += 1
