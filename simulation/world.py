@@ -44,7 +44,7 @@ from bridge.server.streams import StreamHub
 from bridge.server.wire import RpcError
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import owner_digest
-from simulation import facade
+from simulation import logs
 from simulation.loop import Spinning, Stuck, run
 
 __all__ = ["Outcome", "Plan", "run_seed"]
@@ -132,7 +132,7 @@ class Replica:
         self.world = world
         self.name = name
         self.settings = settings_of(name)
-        self.log = facade.ReplicaLog(world.log, name, world.commits)
+        self.log = logs.ReplicaLog(world.log, name, world.commits)
         self.indexer = Indexer(
             self.settings,
             persist=True,
@@ -140,7 +140,7 @@ class Replica:
             keyring=KEYRING,
             log=cast(Log, self.log),
         )
-        self.reader = Reader(self.settings, self.indexer, pool_size=2)
+        self.reader = Reader(self.settings, self.indexer, log=cast(Log, self.log))
         self.fanout = Fanout(self.indexer)
         self.hub = StreamHub(self.settings, self.indexer, self.reader, self.fanout, StreamMetrics())
         self.up = False
@@ -207,7 +207,7 @@ class World:
     log: MemoryLog
     recording: Recording = field(default_factory=Recording)
     replicas: dict[str, Replica] = field(default_factory=dict)
-    commits: facade.Commits = field(default_factory=dict)
+    commits: logs.Commits = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tasks: list[TaskPlan] = field(default_factory=list)
@@ -517,7 +517,7 @@ async def _main(plan: Plan) -> Outcome:
     for task in rng.sample(world.tasks, 3):
         task.hostile = rng.choice(("forged", "garbage", "keyless"))
     faults = [rng.choice(FAULT_KINDS) for _ in range(plan.faults)]
-    with facade.patched(log):
+    with logs.patched(log):
         for i in range(plan.replicas):
             await restart(world, f"r{i}")
         outcome = await _run(world, faults)
