@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from bridge.clock import LoopClock
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.events import StatusPayload
@@ -142,7 +143,9 @@ class Replica:
         )
         self.reader = Reader(self.settings, self.indexer, log=cast(Log, self.log))
         self.fanout = Fanout(self.indexer)
-        self.hub = StreamHub(self.settings, self.indexer, self.reader, self.fanout, StreamMetrics())
+        self.hub = StreamHub(
+            self.settings, self.indexer, self.reader, self.fanout, StreamMetrics(), LoopClock()
+        )
         self.up = False
         #: The streams open here (a dict as an ordered set: a crash cuts them in a replayable
         #: order).
