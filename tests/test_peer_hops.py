@@ -164,9 +164,12 @@ async def test_the_peer_listener_serves_the_hop_endpoints_only_and_a_view_get_ne
     replica = Replica(group_settings())
     transport = httpx.ASGITransport(app=replica.peer)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        # Besides the hops, an empty health answer: no state, nothing for a stranger.
+        health = await http.get("/healthz")
+        assert (health.status_code, health.content) == (204, b"")
+        assert (await http.post("/healthz")).status_code == 405
         for method, path in [
             ("GET", "/metrics"),
-            ("GET", "/healthz"),
             ("POST", "/view/token"),
             ("GET", "/view/"),
             ("POST", "/admin/indexer/pause"),
@@ -576,3 +579,50 @@ async def test_a_hop_over_tls_reaches_the_peer_listener_with_certificates_made_f
                     await anonymous.post(f"{url}/mcp", content=b"{}")
             else:
                 assert (await anonymous.post(f"{url}/mcp", content=b"{}")).status_code == 401
+
+
+# --- a spare connection for the next hop ------------------------------------------------------
+
+
+async def test_a_stream_left_before_its_end_leaves_a_spare_connection_for_the_next_hop() -> None:
+    """A client that leaves a forwarded stream drops its connection to the owner (an HTTP/1.1
+    response cannot be abandoned otherwise); the next hop must not pay a new connect: the
+    forwarder opens a spare one off the critical path. Real peer listener; the owner's app
+    records the client port (one per connection) of each request."""
+    import contextlib
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    seen: list[tuple[str, int]] = []
+
+    async def owner(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["path"], scope["client"][1]))
+        if scope["path"] != "/mcp":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        sse = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": sse})
+        await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass  # an endless stream: it ends when the forwarder leaves
+
+    auth = PeerAuth(SECRET, url)
+    peers = Peers(auth)
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(owner, stack)
+        stack.push_async_callback(peers.close)
+        headers, body = request("tasks/stream", {"taskId": "t1"})
+        for _ in range(2):
+            answer = await peers.forward(url, "POST", headers, json.dumps(body).encode(), ALICE)
+            assert await anext(answer.body) == b"data: 0\n\n"
+            await answer.close()  # the client left: the stream had not ended
+            await peers.spares_opened()
+    paths = [path for path, _ in seen]
+    assert paths == ["/mcp", "/healthz", "/mcp", "/healthz"]
+    first, spare, second = (client for _, client in seen[:3])
+    assert first != spare, "the spare is a new connection"
+    assert second == spare, "the next hop went over the spare connection"

@@ -46,7 +46,7 @@ from bridge.server.handlers import MethodHandlers
 from bridge.server.hops import PeerAuth, mark_peer_listener
 from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.listen import Listen, PeerTasks
-from bridge.server.peers import Peers, client_tls
+from bridge.server.peers import PEER_HEALTH_PATH, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
@@ -280,9 +280,15 @@ def peer_app(settings: Settings, components: Callable[[], Components | None]) ->
     async def get(request: Request) -> Response:
         return await running(request).endpoint.get(request)
 
+    async def healthz(request: Request) -> Response:
+        # No state, no credential: a probe, and how a forwarding replica keeps a spare
+        # connection to this listener (bridge.server.peers).
+        return Response(status_code=204)
+
     routes = [
         Route("/mcp", RawEndpoint(post), methods=["POST"]),
         Route("/mcp", RawEndpoint(get), methods=["GET"]),
+        Route(PEER_HEALTH_PATH, healthz, methods=["GET"]),
     ]
     if settings.view_enabled:
         view = BrowserView(settings, running)

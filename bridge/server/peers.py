@@ -22,7 +22,9 @@ does), or know what a method means beyond the task id it names (:func:`routed_ta
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -45,6 +47,7 @@ from bridge.server.wire import (
 
 __all__ = [
     "FORWARDED_HEADERS",
+    "PEER_HEALTH_PATH",
     "OwnerRefusedHop",
     "Peers",
     "client_tls",
@@ -53,6 +56,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The peer listener's unauthenticated health check: it also opens spare hop connections.
+PEER_HEALTH_PATH = "/healthz"
 
 #: Headers of the client's request that the owner needs: exactly the signed ones.
 FORWARDED_HEADERS = SIGNED_HEADERS
@@ -168,9 +174,39 @@ class Peers:
         # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
         # replica did not sign (it signs a header's absence too).
         del self._client.headers["accept"]
+        #: Owners a spare connection is being opened to (at most one at a time each).
+        self._warming: dict[str, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
+        for task in list(self._warming.values()):
+            task.cancel()
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
         await self._client.aclose()
+
+    def _spare(self, base_url: str) -> None:
+        """Open a kept-alive connection to ``base_url`` off the critical path, after a
+        forwarded stream's connection was dropped.
+
+        A client usually leaves a stream before it ends (it has what it wanted, or it resumes
+        later), and an HTTP/1.1 response cannot be abandoned without closing its connection:
+        so every forwarded stream would pay a new TCP connect (and a TLS handshake) to the
+        owner, on the time to its first event. A cheap request to the peer listener's
+        ``/healthz`` leaves a connection in the pool for the next hop instead. At most one is
+        in flight per owner; failures are ignored (the next hop connects as before).
+        """
+        if base_url in self._warming:
+            return
+        task = asyncio.create_task(self._open_spare(base_url), name=f"peer-spare {base_url}")
+        self._warming[base_url] = task
+        task.add_done_callback(lambda _: self._warming.pop(base_url, None))
+
+    async def spares_opened(self) -> None:
+        """Wait until the spare connections being opened now are open (or failed)."""
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
+
+    async def _open_spare(self, base_url: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
 
     async def forward(
         self,
@@ -208,7 +244,14 @@ class Peers:
             finally:
                 await response.aclose()
             return Forwarded(response.status_code, passed, _nothing(), _closed, content)
-        return Forwarded(response.status_code, passed, response.aiter_raw(), response.aclose)
+
+        async def close() -> None:
+            ended = response.is_closed  # read to its end (httpx closes it then)
+            await response.aclose()
+            if not ended:  # its connection was dropped with it: prepare the next hop's
+                self._spare(base_url)
+
+        return Forwarded(response.status_code, passed, response.aiter_raw(), close)
 
     async def call(
         self,
