@@ -502,3 +502,31 @@ async def test_a_failed_verification_is_minus_32015_with_its_reason(
     ) as http:
         listed = await call(http, gbridge.url, "events/list", {})
     assert "result" in listed  # nothing else changed for this client
+
+
+async def _legacy(http: httpx.AsyncClient, url: str, method: str, params: dict[str, Any]) -> Any:
+    """A request on the legacy (``initialize``) path: no ``MCP-Protocol-Version`` header."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    headers = {"accept": "application/json, text/event-stream"}
+    reply = await http.post(url, json=body, headers=headers)
+    return reply.json()
+
+
+@kafka
+async def test_chatgpt_on_the_initialize_path_sees_the_capability_and_the_events_methods(
+    gbridge: Bridge,
+) -> None:
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c"}}
+    async with httpx.AsyncClient(
+        timeout=BOUND, headers={"Authorization": "Bearer tok-bob"}
+    ) as http:
+        initialized = await _legacy(http, gbridge.url, "initialize", hello)
+        listed = await _legacy(http, gbridge.url, "events/list", {})
+        target = {"url": "https://example.com/never"}
+        gone = {"name": updated(gbridge.settings), "arguments": {}, "delivery": target}
+        unsubscribed = await _legacy(http, gbridge.url, "events/unsubscribe", gone)
+        polled = await _legacy(http, gbridge.url, "events/poll", {"name": "x"})
+    assert initialized["result"]["capabilities"]["events"] == {}
+    assert updated(gbridge.settings) in {e["name"] for e in listed["result"]["events"]}
+    assert unsubscribed["result"] == {}
+    assert polled["error"]["code"] == -32601  # ChatGPT neither polls nor streams: not offered here
