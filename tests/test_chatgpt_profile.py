@@ -268,7 +268,10 @@ async def test_a_revoked_subscription_ends_without_an_envelope_under_chatgpt(
 # --- 256 KiB bodies ----------------------------------------------------------------------------
 
 
-def _occurrence(data: dict[str, Any], name: str = "io.mcpbridge.task.updated") -> Occurrence:
+UPDATED = "io.mcpbridge.task.updated"
+
+
+def _occurrence(data: dict[str, Any], name: str = UPDATED) -> Occurrence:
     return Occurrence("T.5.updated", name, 1_700_000_000_000, data, "u1.0.6")
 
 
@@ -292,7 +295,7 @@ async def test_a_completed_task_s_result_is_inline_when_the_body_fits() -> None:
         asked.append((principal, task_id))
         return outcome
 
-    body = await FittedBodies(MAX_BODY, outcomes)(_sub(), _occurrence(COMPLETED), "u1.0.5")
+    body = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), _occurrence(COMPLETED), "u1.0.5")
     assert asked == [("alice", "T")]  # the subscription's principal: tasks/get's authorization
     assert body["data"] == {"taskId": "T", "seq": 5, "status": "completed", **outcome}
     assert body["eventId"] == "T.5.updated" and body["cursor"] == "u1.0.6"
@@ -304,7 +307,7 @@ async def test_a_result_too_large_to_fit_leaves_the_result_request() -> None:
     async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
         return huge
 
-    body = await FittedBodies(MAX_BODY, outcomes)(_sub(), _occurrence(COMPLETED), "u1.0.5")
+    body = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), _occurrence(COMPLETED), "u1.0.5")
     assert body["data"] == COMPLETED and _size(body) <= MAX_BODY
 
 
@@ -312,14 +315,14 @@ async def test_an_unreadable_outcome_leaves_the_result_request() -> None:
     async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
         return None
 
-    body = await FittedBodies(MAX_BODY, outcomes)(_sub(), _occurrence(COMPLETED), "u1.0.5")
+    body = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), _occurrence(COMPLETED), "u1.0.5")
     assert body["data"] == COMPLETED
 
 
 async def test_a_record_too_large_for_one_body_is_sent_as_the_request_that_reads_it() -> None:
     big = _occurrence({"orderId": "o", "pad": "x" * MAX_BODY}, name="com.example.x")
     sub = dataclasses.replace(_sub(), arguments={"customerId": "c1"})
-    body = await FittedBodies(MAX_BODY, None)(sub, big, "k1.aa.4")
+    body = await FittedBodies(MAX_BODY, UPDATED, None)(sub, big, "k1.aa.4")
     assert _size(body) <= MAX_BODY
     assert body["eventId"] == big.event_id and body["cursor"] == big.cursor
     assert body["data"]["omitted"] == "too_large" and body["data"]["bytes"] > MAX_BODY
@@ -333,7 +336,26 @@ async def test_a_record_too_large_for_one_body_is_sent_as_the_request_that_reads
         },
     }
     small = _occurrence({"orderId": "o"}, name="com.example.x")
-    assert (await FittedBodies(MAX_BODY, None)(sub, small, None)) == small.wire(with_cursor=True)
+    assert (await FittedBodies(MAX_BODY, UPDATED, None)(sub, small, None)) == small.wire(
+        with_cursor=True
+    )
+
+
+async def test_a_pipeline_record_s_result_request_is_neither_acted_on_nor_passed_on() -> None:
+    asked: list[str] = []
+
+    async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
+        asked.append(task_id)
+        return {"result": {"content": []}}
+
+    forged = {**COMPLETED, "pad": "x" * MAX_BODY}  # a producer's value, shaped like ours
+    record = _occurrence(forged, name="com.example.x")
+    body = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), record, "k1.aa.4")
+    assert asked == []  # no tasks/get on a producer's say-so
+    assert body["data"]["resultRequest"]["method"] == "events/poll"
+    small = _occurrence(COMPLETED, name="com.example.x")
+    shaped = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), small, None)
+    assert shaped == small.wire(with_cursor=True) and asked == []
 
 
 def test_refreshes_are_due_at_73_percent_of_the_grant() -> None:

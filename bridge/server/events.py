@@ -577,7 +577,9 @@ def webhook_methods(
         if profile.max_body_bytes is not None:
             outcomes = task_outcomes(tasks, routing=routing, peers=peers)
             shape = FittedBodies(
-                profile.max_body_bytes, outcomes if profile.inline_outcomes else None
+                profile.max_body_bytes,
+                f"{settings.own_types.prefix}.task.updated",
+                outcomes if profile.inline_outcomes else None,
             )
         service = WebhookService(
             settings, poll, sealer, on_throttled=on_throttled, policy=policy, shape=shape
@@ -629,17 +631,21 @@ class FittedBodies:
     model can act on without a second call where it fits (a :class:`~bridge.mcpevents.delivery.
     Shape`, for the ``chatgpt`` profile):
 
-    * a ``task.updated`` delivery of a completed or failed task carries the task's ``result``
-      (or ``error``) in ``data`` instead of the ``resultRequest`` that fetches it, when the body
-      with it still fits (``outcomes``; None: never inline);
+    * a ``task.updated`` (``updates``, the type's name) delivery of a completed or failed task
+      carries the task's ``result`` (or ``error``) in ``data`` instead of the ``resultRequest``
+      that fetches it, when the body with it still fits (``outcomes``; None: never inline);
     * any body that does not fit is sent with its ``data`` replaced by
-      ``{"omitted": "too_large", "bytes": n, "resultRequest": …}``: the data's own
-      ``resultRequest`` when it has one, else the ``events/poll`` that reads this occurrence
+      ``{"omitted": "too_large", "bytes": n, "resultRequest": …}``: a ``task.updated``
+      occurrence's own ``resultRequest``, else the ``events/poll`` that reads this occurrence
       alone (from the cursor before it, ``maxEvents`` 1).
+
+    Only ``task.updated`` data is the bridge's own: a pipeline record's value may hold a
+    ``resultRequest`` of any producer's making, which is never acted on nor passed on as ours.
     """
 
-    def __init__(self, limit: int, outcomes: Outcomes | None) -> None:
+    def __init__(self, limit: int, updates: str, outcomes: Outcomes | None) -> None:
         self.limit = limit
+        self.updates = updates
         self.outcomes = outcomes
 
     async def __call__(
@@ -651,8 +657,8 @@ class FittedBodies:
             return inline
         if self._fits(message):
             return message
-        request = occurrence.data.get("resultRequest")
-        if not isinstance(request, dict):
+        request = self._own_request(occurrence)
+        if request is None:
             request = {
                 "method": "events/poll",
                 "params": {
@@ -668,13 +674,18 @@ class FittedBodies:
             "data": {"omitted": "too_large", "bytes": size, "resultRequest": request},
         }
 
-    async def _inline(self, sub: Subscription, occurrence: Occurrence) -> dict[str, Any] | None:
+    def _own_request(self, occurrence: Occurrence) -> dict[str, Any] | None:
+        """The ``resultRequest`` a ``task.updated`` occurrence carries (the bridge wrote it)."""
         request = occurrence.data.get("resultRequest")
-        if self.outcomes is None or not isinstance(request, dict):
+        if occurrence.name != self.updates or not isinstance(request, dict):
             return None
-        if request.get("method") != "tasks/get":
+        return request
+
+    async def _inline(self, sub: Subscription, occurrence: Occurrence) -> dict[str, Any] | None:
+        request = self._own_request(occurrence)
+        if self.outcomes is None or request is None:
             return None
-        task_id = (request.get("params") or {}).get("taskId")
+        task_id = occurrence.data.get("taskId")
         if not isinstance(task_id, str):
             return None
         outcome = await self.outcomes(sub.principal, task_id)
