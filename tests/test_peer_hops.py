@@ -406,6 +406,8 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
     assert message["jsonrpc"] == "2.0" and message["error"]["data"]["reason"] == (
         "owner_unavailable"
     )
+    assert message["id"] == json.loads(body)["id"], "the answer is to the client's request"
+    assert message["id"] is not None
     with pytest.raises(RpcError) as called:
         await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
     assert called.value.data["reason"] == "owner_unavailable"
