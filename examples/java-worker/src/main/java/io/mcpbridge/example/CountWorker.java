@@ -10,6 +10,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
+import org.apache.kafka.clients.consumer.CommitFailedException;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -108,6 +109,10 @@ public final class CountWorker implements AutoCloseable {
       }
     } catch (Abandoned abandoned) {
       System.err.println("task " + taskId + ": " + abandoned.getMessage());
+    } catch (CommitFailedException moved) {
+      // A rebalance gave the job's partition to another member while this copy ended it: the
+      // transaction was aborted, nothing of it is visible, and the new owner runs the job.
+      System.err.println("task " + taskId + ": the job moved to another worker; it runs it");
     } finally {
       busy = false;
       jobs.resume(jobs.assignment());
