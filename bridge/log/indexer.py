@@ -674,7 +674,8 @@ class Indexer(Component):
         )
         if seq is None:
             return
-        self.misrouted.check(task_id, idx.partition, seq)
+        if seq == 0 or self.misrouted.remembered:  # no call for a placed task's later events
+            self.misrouted.check(task_id, idx.partition, seq)
         if self.persist:
             self._note_update(idx, task_id, seq, record, before, event)
         if not self._listeners:

@@ -8,8 +8,9 @@ elsewhere, where they belong to no task: no stream, ``tasks/get`` or index ever 
 :class:`MisroutedEvents` notices them as the indexer applies records (docs/workers.md,
 "Partitioning"; docs/operations.md, "Misrouted task events" is the runbook).
 
-The check costs one hash per task id and partition (at the id's first record there, seq 0; the
-hash is cached), and one set lookup per record while misrouted ids are remembered. It knows
+The check costs one hash per task id and partition (at the id's first record there, seq 0; a
+task's own ``task.created`` has it cached already), and one dict lookup per record while
+misrouted ids are remembered; the indexer skips the call for every other record. It knows
 nothing of Kafka clients; the indexer calls it, and the owner of the metric passes the count.
 """
 
@@ -53,7 +54,9 @@ class MisroutedEvents:
         self._on_misrouted = on_misrouted or _count_nothing
         self._log_every_s = log_every_s
         self._clock = clock
-        self._ids: OrderedDict[tuple[str, int], None] = OrderedDict()
+        #: The misrouted (task id, partition) pairs whose later events count too: while empty,
+        #: only a task id's first record in a partition (seq 0) needs :meth:`check`.
+        self.remembered: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._next_log = float("-inf")
         self._unlogged = 0
         #: Misrouted events seen by this process.
@@ -61,22 +64,23 @@ class MisroutedEvents:
 
     def check(self, task_id: str, partition: int, seq: int) -> None:
         """The record of ``task_id`` with derived ``seq`` was applied in ``partition``."""
-        key = (task_id, partition)
-        if seq != 0 and key not in self._ids:
-            return  # the common case: a later event of a task already found in place
-        if seq == 0:
-            expected = self._partition_of(task_id)
-            if expected == partition:
-                return
-            self._remember(key)
+        if seq != 0:
+            if (task_id, partition) not in self.remembered:
+                return  # the common case: a later event of a task already found in place
+        elif self._partition_of(task_id) == partition:
+            return
+        else:
+            self._remember((task_id, partition))
         self.count += 1
         self._on_misrouted()
         self._report(task_id, partition)
 
     def _remember(self, key: tuple[str, int]) -> None:
-        self._ids[key] = None
-        if len(self._ids) > _REMEMBERED:
-            self._ids.popitem(last=False)  # the oldest: its later events are no longer counted
+        self.remembered[key] = None
+        if len(self.remembered) > _REMEMBERED:
+            self.remembered.popitem(
+                last=False
+            )  # the oldest: its later events are no longer counted
 
     def _report(self, task_id: str, partition: int) -> None:
         self._unlogged += 1
