@@ -58,9 +58,19 @@ def test_the_warning_is_logged_at_most_once_a_window_with_the_count_since(
         misrouted.check("task-b", 2, 0)
     first, second = (r.getMessage() for r in caplog.records)
     assert (
-        first.startswith("1 task event(s)") and "task task-a in partition 1 instead of 0" in first
+        first.startswith("1 task event(s)") and "task 'task-a' in partition 1 instead of 0" in first
     )
     assert second.startswith("5 task event(s)") and "Misrouted task events" in second
+
+
+def test_the_warning_quotes_a_bounded_task_id_so_a_key_cannot_forge_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    misrouted = MisroutedEvents(lambda task_id: 0)
+    with caplog.at_level(logging.WARNING, logger="bridge.log.misrouted"):
+        misrouted.check("x\nFORGED: all good" + "y" * 10_000, 1, 0)
+    (line,) = (r.getMessage() for r in caplog.records)
+    assert "\n" not in line and "'x\\nFORGED" in line and len(line) < 400
 
 
 def kcat(settings: Settings, records: dict[str, dict[str, object]], *options: str) -> None:

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: How many misrouted task ids are remembered, so that their later events count too.
 _REMEMBERED = 4096
+#: The characters of a task id a warning quotes.
+_LOGGED_ID_CHARS = 64
 #: At most one warning per this many seconds; the ones in between are summed into the next.
 _LOG_EVERY_S = 60.0
 
@@ -90,10 +92,12 @@ class MisroutedEvents:
         self._next_log = now + self._log_every_s
         log.warning(
             "%d task event(s) landed in a partition their task id does not map to, e.g. task "
-            "%s in partition %d instead of %d: they belong to no task; a producer is not using "
+            "%r in partition %d instead of %d: they belong to no task; a producer is not using "
             "the murmur2 partitioner (docs/operations.md, 'Misrouted task events')",
             self._unlogged,
-            task_id,
+            # Any producer picks the key: quoted and cut, so it can neither forge log lines
+            # nor make one huge.
+            task_id[:_LOGGED_ID_CHARS],
             partition,
             self._partition_of(task_id),
         )
