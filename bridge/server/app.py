@@ -105,7 +105,7 @@ async def start_components(
     access = Access.serving(settings, job_topics(settings), workers=bool(companions))
     try:
         with refusals_explained(access, settings):
-            indexer = Indexer(settings, persist=True)
+            indexer = Indexer(settings, persist=True, on_misrouted=metrics.events_misrouted.inc)
             await indexer.start()
             stack.push_async_callback(indexer.stop)
             # Metrics are wired here, once: no component rewires a shared one's reports.
