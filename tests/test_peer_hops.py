@@ -628,3 +628,41 @@ async def test_a_stream_left_before_its_end_leaves_a_spare_connection_for_the_ne
     first, spare, second = (client for _, client in seen[:3])
     assert first != spare, "the spare is a new connection"
     assert second == spare, "the next hop went over the spare connection"
+
+
+async def test_a_hop_imports_nothing_per_request() -> None:
+    """httpcore checks for ``sniffio`` on every request: when the package is missing, each
+    request pays a failed import (a scan of every ``sys.path`` entry, ~0.3 ms, four times a
+    hop). A finder first on ``sys.meta_path`` sees every import the hop's requests attempt."""
+    import contextlib
+    import sys
+
+    tried: list[str] = []
+
+    class Recorder:
+        @staticmethod
+        def find_spec(name: str, *args: Any) -> None:
+            tried.append(name)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+
+    async def owner(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    peers = Peers(PeerAuth(SECRET, url))
+    headers, body = tasks_get()
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(owner, stack)
+        stack.push_async_callback(peers.close)
+        await peers.forward(url, "POST", headers, body, ALICE)  # first use: lazy imports allowed
+        sys.meta_path.insert(0, Recorder)  # type: ignore[arg-type]
+        try:
+            for _ in range(3):
+                await peers.forward(url, "POST", headers, body, ALICE)
+        finally:
+            sys.meta_path.remove(Recorder)  # type: ignore[arg-type]
+    assert tried == []
