@@ -88,6 +88,10 @@ final class CountJob {
         return taskId;
     }
 
+    ConsumerRecord<byte[], byte[]> record() {
+        return record;
+    }
+
     TopicPartition partition() {
         return new TopicPartition(record.topic(), record.partition());
     }

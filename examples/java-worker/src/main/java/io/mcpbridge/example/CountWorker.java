@@ -1,6 +1,5 @@
 package io.mcpbridge.example;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.nio.charset.StandardCharsets;
@@ -8,6 +7,8 @@ import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.Collection;
 import java.util.Deque;
+import java.util.HashMap;
+import java.util.Map;
 import java.util.List;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
@@ -32,7 +33,6 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  */
 public final class CountWorker {
 
-    private static final String INPUT_KEY = "confirm";
     private static final Duration IDLE_POLL = Duration.ofMillis(50);
 
     private final WorkerConfig config;
@@ -100,18 +100,46 @@ public final class CountWorker {
                 for (ConsumerRecord<byte[], byte[]> record : jobs.poll(pollTimeout())) {
                     pending.add(record);
                 }
-                if (current == null && !pending.isEmpty()) {
-                    current = CountJob.start(pending.poll(), this);
-                }
-                if (current != null && current.advance()) {
-                    current = null;
-                }
+                step();
                 pauseWhileBusy();
             }
         } catch (WakeupException e) {
             // shutting down
         }
         Log.info("stopped");
+    }
+
+    /** Starts the next job or advances the current one; an event that cannot be written puts it back. */
+    private void step() {
+        ConsumerRecord<byte[], byte[]> next = current == null ? pending.poll() : null;
+        try {
+            if (next != null) {
+                current = CountJob.start(next, this);
+            }
+            if (current != null && current.advance()) {
+                current = null;
+            }
+        } catch (IllegalStateException e) {
+            ConsumerRecord<byte[], byte[]> job = current != null ? current.record() : next;
+            Log.info("a job stops on an error (" + e + "); it will be read again");
+            current = null;
+            pending.addFirst(job);
+            rewind();
+        }
+    }
+
+    /** Puts every held job back: each partition is read again from its first held job. */
+    private void rewind() {
+        Map<TopicPartition, Long> first = new HashMap<>();
+        for (ConsumerRecord<byte[], byte[]> r : pending) {
+            first.merge(new TopicPartition(r.topic(), r.partition()), r.offset(), Math::min);
+        }
+        pending.clear();
+        first.forEach((tp, offset) -> {
+            if (jobs.assignment().contains(tp)) {
+                jobs.seek(tp, offset);
+            }
+        });
     }
 
     private Duration pollTimeout() {
@@ -178,9 +206,8 @@ public final class CountWorker {
             Log.info("task " + Log.id(taskId) + ": " + (status == null ? "skipped" : status.path("status").asText()));
         } catch (KafkaException e) {
             Log.info("task " + Log.id(taskId) + ": the outcome was not committed (" + e + "); the job will be read again");
-            if (jobs.assignment().contains(tp)) {
-                jobs.seek(tp, job.offset());
-            }
+            pending.addFirst(job);
+            rewind();
             if (isFatal(e)) {
                 throw e;
             }
@@ -200,9 +227,5 @@ public final class CountWorker {
 
     static String keyOf(ConsumerRecord<byte[], byte[]> record) {
         return record.key() == null ? null : new String(record.key(), StandardCharsets.UTF_8);
-    }
-
-    static JsonNode orNull(JsonNode node) {
-        return node == null || node.isMissingNode() || node.isNull() ? null : node;
     }
 }
