@@ -71,6 +71,7 @@ public final class CountWorker {
     /** Runs until SIGTERM or SIGINT. */
     public static void main(String[] args) throws InterruptedException {
         WorkerConfig config = WorkerConfig.fromEnvironment(System.getenv());
+        Log.info("starting: tool " + config.tool() + ", topic prefix " + config.topicPrefix());
         CountWorker worker = new CountWorker(config);
         CountDownLatch stopped = new CountDownLatch(1);
         Thread main = Thread.currentThread();
@@ -92,7 +93,9 @@ public final class CountWorker {
 
     void run() {
         try (control; writer; jobs) {
+            long began = System.currentTimeMillis();
             control.catchUp(Duration.ofSeconds(60));
+            Log.info("control topic read to its end in " + (System.currentTimeMillis() - began) + " ms");
             jobs.subscribe(List.of(config.jobTopic()), new Rebalance());
             Log.info("serving tool " + config.tool() + " from " + config.jobTopic() + " in group " + config.groupId());
             while (running) {
