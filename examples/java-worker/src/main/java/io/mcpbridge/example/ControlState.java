@@ -6,6 +6,7 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
@@ -13,99 +14,163 @@ import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndTimestamp;
-import org.apache.kafka.common.PartitionInfo;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 
 /**
- * What the control topic said about each task: cancel requests, input answers and "finished"
- * marks (docs/workers.md, "The control topic"). A group-less consumer assigned every partition,
- * reading committed records only, from {@code controlLookbackMs} ago: a cancel or an answer
- * given before this worker started is known to the jobs it runs.
+ * What the control topic says about each task: cancelled, finished, and the answers given.
+ *
+ * <p>Read from every partition without a consumer group (a cancel or an answer may concern a job
+ * this worker has not taken yet), read_committed, starting {@code controlLookbackMs} ago.
  */
 final class ControlState implements AutoCloseable {
 
-  /** One task's state, as the control topic tells it. */
-  static final class Task {
-    boolean cancelled;
-    boolean finished;
-    final Map<String, JsonNode> answers = new HashMap<>();
-  }
-
-  private final KafkaConsumer<byte[], byte[]> consumer;
-  private final ObjectMapper json;
-  /** Grows with the tasks seen in the lookback window; a long-lived worker would drop the
-   * entries of tasks older than the window (kept simple here). */
-  private final Map<String, Task> tasks = new HashMap<>();
-
-  ControlState(WorkerConfig config, ObjectMapper json) {
-    this.json = json;
-    Properties props = new Properties();
-    props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, config.bootstrap());
-    props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
-    props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
-    props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "latest");
-    props.put(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG, "100");
-    consumer =
-        new KafkaConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
-    List<TopicPartition> partitions = new ArrayList<>();
-    for (PartitionInfo info : consumer.partitionsFor(config.controlTopic())) {
-      partitions.add(new TopicPartition(info.topic(), info.partition()));
+    /** Everything known of one task from the control topic. */
+    static final class Task {
+        boolean cancelled;
+        String cancelReason;
+        boolean finished;
+        final Map<String, JsonNode> answers = new HashMap<>();
+        long lastSeenMs;
     }
-    consumer.assign(partitions);
-    long since = Math.max(0, System.currentTimeMillis() - config.controlLookbackMs());
-    Map<TopicPartition, Long> times = new HashMap<>();
-    partitions.forEach(tp -> times.put(tp, since));
-    Map<TopicPartition, OffsetAndTimestamp> starts = consumer.offsetsForTimes(times);
-    Map<TopicPartition, Long> ends = consumer.endOffsets(partitions);
-    for (TopicPartition tp : partitions) {
-      OffsetAndTimestamp start = starts.get(tp);
-      consumer.seek(tp, start != null ? start.offset() : ends.get(tp));
-    }
-    // Read what the window holds before any job runs.
-    while (partitions.stream().anyMatch(tp -> consumer.position(tp) < ends.get(tp))) {
-      poll(Duration.ofMillis(200));
-    }
-  }
 
-  /** Take what arrived on the control topic, waiting at most {@code wait} for it. */
-  void poll(Duration wait) {
-    for (ConsumerRecord<byte[], byte[]> record : consumer.poll(wait)) {
-      apply(record);
-    }
-  }
+    private final KafkaConsumer<byte[], byte[]> consumer;
+    private final ObjectMapper json;
+    private final long lookbackMs;
+    private final String controlTopic;
+    private long prunedAtMs;
+    private final Map<String, Task> tasks = new HashMap<>();
 
-  Task of(String taskId) {
-    return tasks.computeIfAbsent(taskId, id -> new Task());
-  }
-
-  private void apply(ConsumerRecord<byte[], byte[]> record) {
-    JsonNode message;
-    try {
-      message = json.readTree(record.value());
-    } catch (Exception unreadable) {
-      System.err.println("ignoring an unreadable control message at offset " + record.offset());
-      return;
+    ControlState(WorkerConfig config, ObjectMapper json) {
+        this.json = json;
+        this.lookbackMs = config.controlLookbackMs();
+        this.controlTopic = config.controlTopic();
+        Properties props = new Properties();
+        props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, config.bootstrapServers());
+        props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+        props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+        props.put(ConsumerConfig.CLIENT_ID_CONFIG, "java-worker-control");
+        this.consumer = new KafkaConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer());
     }
-    if (message == null || !message.path("taskId").isTextual()) {
-      return;
-    }
-    Task task = of(message.get("taskId").asText());
-    switch (message.path("type").asText()) {
-      case "cancel" -> task.cancelled = true;
-      case "finished" -> task.finished = true;
-      case "input" -> message.path("inputResponses").fields()
-          .forEachRemaining(e -> task.answers.put(e.getKey(), e.getValue()));
-      default -> { } // a type this worker does not know: ignored, as the contract says
-    }
-  }
 
-  static String key(byte[] key) {
-    return key == null ? "" : new String(key, StandardCharsets.UTF_8);
-  }
+    /** Assigns every partition, seeks to the lookback window, and reads up to the end. */
+    void catchUp(Duration bound) {
+        List<TopicPartition> partitions = new ArrayList<>();
+        for (var info : consumer.partitionsFor(controlTopic)) {
+            partitions.add(new TopicPartition(info.topic(), info.partition()));
+        }
+        if (partitions.isEmpty()) {
+            throw new IllegalStateException("the control topic " + controlTopic + " has no partitions");
+        }
+        consumer.assign(partitions);
+        long since = System.currentTimeMillis() - lookbackMs;
+        Map<TopicPartition, Long> query = new HashMap<>();
+        partitions.forEach(tp -> query.put(tp, since));
+        Map<TopicPartition, OffsetAndTimestamp> found = consumer.offsetsForTimes(query);
+        Map<TopicPartition, Long> ends = consumer.endOffsets(partitions);
+        for (TopicPartition tp : partitions) {
+            OffsetAndTimestamp at = found.get(tp);
+            consumer.seek(tp, at == null ? ends.get(tp) : at.offset());
+        }
+        long deadline = System.currentTimeMillis() + bound.toMillis();
+        // read_committed: the end to reach is the last stable offset, which endOffsets gives.
+        ends = consumer.endOffsets(partitions);
+        while (!reached(ends)) {
+            if (System.currentTimeMillis() > deadline) {
+                throw new IllegalStateException("the control topic could not be read to its end in " + bound);
+            }
+            poll(Duration.ofMillis(100));
+        }
+    }
 
-  @Override
-  public void close() {
-    consumer.close();
-  }
+    private boolean reached(Map<TopicPartition, Long> ends) {
+        for (var end : ends.entrySet()) {
+            if (consumer.position(end.getKey()) < end.getValue()) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /** Reads what arrived, for at most {@code timeout}. */
+    void poll(Duration timeout) {
+        for (ConsumerRecord<byte[], byte[]> record : consumer.poll(timeout)) {
+            apply(record);
+        }
+        prune();
+    }
+
+    /** What is known of {@code taskId}; an empty state when nothing is. */
+    Task of(String taskId) {
+        Task task = tasks.get(taskId);
+        return task == null ? new Task() : task;
+    }
+
+    private void apply(ConsumerRecord<byte[], byte[]> record) {
+        JsonNode message;
+        try {
+            message = record.value() == null ? null : json.readTree(record.value());
+        } catch (java.io.IOException e) {
+            message = null;
+        }
+        if (message == null || !message.isObject()) {
+            Log.info("control: ignored an unreadable message at " + record.partition() + "/" + record.offset());
+            return;
+        }
+        String taskId = message.path("taskId").asText("");
+        if (taskId.isEmpty() && record.key() != null) {
+            taskId = new String(record.key(), StandardCharsets.UTF_8);
+        }
+        if (taskId.isEmpty()) {
+            return;
+        }
+        String type = message.path("type").asText("");
+        Task task;
+        switch (type) {
+            case "cancel" -> {
+                task = tasks.computeIfAbsent(taskId, k -> new Task());
+                task.cancelled = true;
+                JsonNode reason = message.get("statusMessage");
+                if (reason != null && reason.isTextual()) {
+                    task.cancelReason = reason.asText();
+                }
+            }
+            case "finished" -> {
+                task = tasks.computeIfAbsent(taskId, k -> new Task());
+                task.finished = true;
+            }
+            case "input" -> {
+                JsonNode responses = message.get("inputResponses");
+                if (responses == null || !responses.isObject()) {
+                    return;
+                }
+                task = tasks.computeIfAbsent(taskId, k -> new Task());
+                for (Iterator<Map.Entry<String, JsonNode>> it = responses.fields(); it.hasNext(); ) {
+                    Map.Entry<String, JsonNode> answer = it.next();
+                    task.answers.put(answer.getKey(), answer.getValue());
+                }
+            }
+            default -> {
+                return; // an unknown type: readers ignore what they do not know
+            }
+        }
+        task.lastSeenMs = System.currentTimeMillis();
+        Log.info("control: " + type + " for task " + Log.id(taskId));
+    }
+
+    /** Forgets tasks nothing was heard of for longer than the lookback window: memory stays bounded. */
+    private void prune() {
+        long now = System.currentTimeMillis();
+        if (now - prunedAtMs < 60_000) {
+            return;
+        }
+        prunedAtMs = now;
+        long before = now - lookbackMs;
+        tasks.values().removeIf(task -> task.lastSeenMs < before);
+    }
+
+    @Override
+    public void close() {
+        consumer.close(Duration.ofSeconds(5));
+    }
 }

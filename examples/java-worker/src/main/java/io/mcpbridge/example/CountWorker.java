@@ -1,281 +1,234 @@
 package io.mcpbridge.example;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.ArrayDeque;
 import java.util.Collection;
-import java.util.HashSet;
-import java.util.List;
+import java.util.Deque;
+import java.util.HashMap;
 import java.util.Map;
+import java.util.List;
 import java.util.Properties;
-import java.util.Set;
-import org.apache.kafka.clients.consumer.CommitFailedException;
+import java.util.concurrent.CountDownLatch;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
-import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.CooperativeStickyAssignor;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
-import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 
 /**
- * The reference worker of docs/workers.md, for one tool, {@code java_count}: it counts to
- * {@code arguments.count}, one progress event and one {@code com.example.count.tick} event a
- * step, asks the client to confirm halfway when {@code arguments.confirm} is true, and
- * completes with the count as its result.
+ * The worker of the tool {@code java_count}, kept to docs/workers.md: it counts to
+ * {@code arguments.count}, one progress and one {@code com.example.count.tick} event a step,
+ * asks to confirm halfway when {@code arguments.confirm} is true, and honours cancel.
  *
- * <p>Jobs are consumed in the workers' consumer group with auto-commit off; a job's offset is
- * committed in the transaction that writes its outcome, so a worker killed mid-job leaves the
- * job to the next member (or to itself, restarted: static membership hands it the same
- * partitions at once). One job at a time; between steps the worker reads the control topic
- * (cancel, input answers, "finished") and keeps its group membership alive.
+ * <p>One thread, one job at a time: the loop polls the control topic, polls the job topic (its
+ * partitions paused while a job is held, so the member stays in the group however long a job
+ * waits for input), and advances the job by at most one step.
  */
-public final class CountWorker implements AutoCloseable {
+public final class CountWorker {
 
-  private static final String CONFIRM_KEY = "confirm";
+    private static final Duration IDLE_POLL = Duration.ofMillis(50);
 
-  private final WorkerConfig config;
-  private final ObjectMapper json = new ObjectMapper();
-  private final ControlState control;
-  private final TaskWriter writer;
-  private final KafkaConsumer<byte[], byte[]> jobs;
-  /** Partitions taken away by a rebalance while a job ran (its new owner runs the job). */
-  private final Set<TopicPartition> revoked = new HashSet<>();
-  private boolean busy;
+    private final WorkerConfig config;
+    private final ObjectMapper json = new ObjectMapper();
+    private final ControlState control;
+    private final TaskWriter writer;
+    private final KafkaConsumer<byte[], byte[]> jobs;
+    private final Deque<ConsumerRecord<byte[], byte[]>> pending = new ArrayDeque<>();
+    private CountJob current;
+    private volatile boolean running = true;
 
-  /** Why a job stops without an outcome: another worker runs it, or already ended the task. */
-  private static final class Abandoned extends Exception {
-    Abandoned(String why) {
-      super(why, null, false, false);
-    }
-  }
-
-  CountWorker(WorkerConfig config) {
-    this.config = config;
-    control = new ControlState(config, json);
-    writer = new TaskWriter(config, json);
-    jobs = new KafkaConsumer<>(jobProps(), new ByteArrayDeserializer(),
-        new ByteArrayDeserializer());
-    jobs.subscribe(List.of(config.jobTopic()), new Rebalance());
-  }
-
-  private Properties jobProps() {
-    Properties props = new Properties();
-    props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, config.bootstrap());
-    props.put(ConsumerConfig.GROUP_ID_CONFIG, config.groupId());
-    if (config.instanceId() != null) {
-      props.put(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG, config.instanceId());
-    }
-    props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
-    props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
-    props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
-    props.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "1");
-    props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, String.valueOf(config.sessionTimeoutMs()));
-    props.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG,
-        String.valueOf(Math.max(100, config.sessionTimeoutMs() / 4)));
-    // Only the partitions that move are revoked, so a member joining does not stop our job.
-    props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG,
-        CooperativeStickyAssignor.class.getName());
-    return props;
-  }
-
-  /** Take jobs until the process is stopped. */
-  void run() throws InterruptedException {
-    System.err.println("java worker ready: tool " + config.tool() + " on " + config.jobTopic());
-    while (true) {
-      control.poll(Duration.ZERO);
-      for (ConsumerRecord<byte[], byte[]> record : jobs.poll(Duration.ofMillis(200))) {
-        runJob(record);
-      }
-    }
-  }
-
-  private void runJob(ConsumerRecord<byte[], byte[]> record) throws InterruptedException {
-    TopicPartition tp = new TopicPartition(record.topic(), record.partition());
-    String taskId = ControlState.key(record.key());
-    busy = true;
-    revoked.clear();
-    jobs.pause(jobs.assignment());
-    try {
-      ObjectNode outcome = outcome(taskId, record);
-      if (outcome != null) {
-        writer.finish(taskId, outcome, tp, record.offset() + 1, jobs.groupMetadata());
-        System.err.println("task " + taskId + " ended " + outcome.path("status").asText());
-      } else {
-        jobs.commitSync(Map.of(tp, new OffsetAndMetadata(record.offset() + 1)));
-      }
-    } catch (Abandoned abandoned) {
-      System.err.println("task " + taskId + ": " + abandoned.getMessage());
-    } catch (CommitFailedException moved) {
-      // A rebalance gave the job's partition to another member while this copy ended it: the
-      // transaction was aborted, nothing of it is visible, and the new owner runs the job.
-      System.err.println("task " + taskId + ": the job moved to another worker; it runs it");
-    } finally {
-      busy = false;
-      jobs.resume(jobs.assignment());
-    }
-  }
-
-  /** The job's terminal status, or null when the task already ended (nothing to write). */
-  private ObjectNode outcome(String taskId, ConsumerRecord<byte[], byte[]> record)
-      throws InterruptedException, Abandoned {
-    JsonNode job;
-    try {
-      job = json.readTree(record.value());
-    } catch (Exception unreadable) {
-      job = null;
-    }
-    if (job == null || !job.path("taskId").isTextual() || taskId.isEmpty()) {
-      // Never leave the task working for ever: it fails with a clear error.
-      return failed(-32603, "the job request could not be read");
-    }
-    ControlState.Task task = control.of(taskId);
-    if (task.finished) {
-      return null; // a copy of this job already wrote the outcome
-    }
-    if (task.cancelled) {
-      return status("cancelled").put("statusMessage", "cancelled before it started");
-    }
-    try {
-      return count(taskId, job.path("arguments"), task);
-    } catch (Cancelled cancelled) {
-      return status("cancelled").put("statusMessage", "cancelled at the client's request");
-    }
-  }
-
-  private static final class Cancelled extends Exception {
-    Cancelled() {
-      super(null, null, false, false);
-    }
-  }
-
-  private ObjectNode count(String taskId, JsonNode arguments, ControlState.Task task)
-      throws InterruptedException, Abandoned, Cancelled {
-    long total = arguments.path("count").asLong(5);
-    if (total < 1 || total > 10_000) {
-      return failed(-32602, "count must be between 1 and 10000");
-    }
-    boolean confirm = arguments.path("confirm").asBoolean(false);
-    String answer = "not asked";
-    for (long step = 1; step <= total; step++) {
-      if (confirm && step == (total + 1) / 2) {
-        answer = ask(taskId, task, total);
-      }
-      work(task);
-      writer.progress(taskId, step, total, "step " + step + " of " + total);
-      writer.event(taskId, "com.example.count.tick", json.createObjectNode().put("n", step));
-    }
-    ObjectNode result = json.createObjectNode();
-    result.putArray("content").addObject().put("type", "text")
-        .put("text", "Counted to " + total + " (confirmation: " + answer + ")");
-    result.putObject("structuredContent").put("count", total).put("confirmation", answer);
-    ObjectNode done = status("completed");
-    done.set("result", result);
-    return done;
-  }
-
-  /** One step of work; the control topic is read meanwhile, so a cancel stops it at once. */
-  private void work(ControlState.Task task) throws Abandoned, Cancelled {
-    long deadline = System.currentTimeMillis() + config.stepMs();
-    do {
-      control.poll(Duration.ofMillis(Math.max(1, Math.min(50, deadline - now()))));
-      checkStill(task);
-    } while (now() < deadline);
-  }
-
-  /** Ask for confirmation (once: an answer given to an earlier attempt is reused). */
-  private String ask(String taskId, ControlState.Task task, long total)
-      throws InterruptedException, Abandoned, Cancelled {
-    if (!task.answers.containsKey(CONFIRM_KEY)) {
-      ObjectNode parked = status("input_required")
-          .put("statusMessage", "waiting for confirmation");
-      ObjectNode params = parked.putObject("inputRequests").putObject(CONFIRM_KEY)
-          .put("method", "elicitation/create").putObject("params")
-          .put("message", "Count on to " + total + "?");
-      ObjectNode schema = params.putObject("requestedSchema").put("type", "object");
-      schema.putObject("properties").putObject("confirm").put("type", "boolean");
-      schema.putArray("required").add("confirm");
-      writer.status(taskId, parked);
-    }
-    while (!task.answers.containsKey(CONFIRM_KEY)) {
-      control.poll(Duration.ofMillis(100));
-      checkStill(task);
-    }
-    JsonNode answer = task.answers.get(CONFIRM_KEY);
-    boolean accepted = "accept".equals(answer.path("action").asText())
-        && answer.path("content").path("confirm").asBoolean(false);
-    return accepted ? "confirmed" : "declined";
-  }
-
-  /** Stop when the client cancelled, the task ended elsewhere, or the job moved away. */
-  private void checkStill(ControlState.Task task) throws Abandoned, Cancelled {
-    keepMembership();
-    if (task.finished) {
-      throw new Abandoned("another worker ended the task; this copy writes nothing more");
-    }
-    if (!revoked.isEmpty()) {
-      throw new Abandoned("the job's partition moved to another worker, which runs it now");
-    }
-    if (task.cancelled) {
-      throw new Cancelled();
-    }
-  }
-
-  /** Poll the paused job consumer: the group keeps this member, and rebalances complete. */
-  private void keepMembership() {
-    ConsumerRecords<byte[], byte[]> records = jobs.poll(Duration.ZERO);
-    for (TopicPartition tp : records.partitions()) {
-      // A partition assigned mid-job and fetched before it was paused: read it again later.
-      jobs.seek(tp, records.records(tp).get(0).offset());
-    }
-  }
-
-  private ObjectNode status(String status) {
-    return json.createObjectNode().put("status", status);
-  }
-
-  private ObjectNode failed(int code, String message) {
-    ObjectNode failed = status("failed").put("statusMessage", message);
-    failed.putObject("error").put("code", code).put("message", message);
-    return failed;
-  }
-
-  private static long now() {
-    return System.currentTimeMillis();
-  }
-
-  private final class Rebalance implements ConsumerRebalanceListener {
-    @Override
-    public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
-      if (busy) {
-        revoked.addAll(partitions);
-      }
+    CountWorker(WorkerConfig config) {
+        this.config = config;
+        this.control = new ControlState(config, json);
+        this.writer = new TaskWriter(config, json);
+        this.jobs = new KafkaConsumer<>(jobConsumerProps(config), new ByteArrayDeserializer(), new ByteArrayDeserializer());
     }
 
-    @Override
-    public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
-      if (busy) {
-        jobs.pause(partitions); // one job at a time: the new partitions wait for this one
-      }
+    private static Properties jobConsumerProps(WorkerConfig config) {
+        Properties props = new Properties();
+        props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, config.bootstrapServers());
+        props.put(ConsumerConfig.GROUP_ID_CONFIG, config.groupId());
+        if (config.instanceId() != null) {
+            props.put(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG, config.instanceId());
+        }
+        props.put(ConsumerConfig.CLIENT_ID_CONFIG, "java-worker-jobs");
+        props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+        props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+        props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+        props.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "1");
+        props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, Integer.toString(config.sessionTimeoutMs()));
+        props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, CooperativeStickyAssignor.class.getName());
+        return props;
     }
-  }
 
-  @Override
-  public void close() {
-    jobs.close();
-    writer.close();
-    control.close();
-  }
-
-  /** Run the worker until the process is killed; a restart with the same WORKER_INSTANCE_ID
-   * takes its partitions back at once (static group membership). */
-  public static void main(String[] args) throws Exception {
-    WorkerConfig config = WorkerConfig.fromEnv(System.getenv());
-    try (CountWorker worker = new CountWorker(config)) {
-      worker.run();
+    /** Runs until SIGTERM or SIGINT. */
+    public static void main(String[] args) throws InterruptedException {
+        WorkerConfig config = WorkerConfig.fromEnvironment(System.getenv());
+        Log.info("starting: tool " + config.tool() + ", topic prefix " + config.topicPrefix());
+        CountWorker worker = new CountWorker(config);
+        CountDownLatch stopped = new CountDownLatch(1);
+        Thread main = Thread.currentThread();
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            worker.running = false;
+            worker.jobs.wakeup();
+            try {
+                stopped.await();
+            } catch (InterruptedException e) {
+                main.interrupt();
+            }
+        }));
+        try {
+            worker.run();
+        } finally {
+            stopped.countDown();
+        }
     }
-  }
+
+    void run() {
+        try (control; writer; jobs) {
+            long began = System.currentTimeMillis();
+            control.catchUp(Duration.ofSeconds(60));
+            Log.info("control topic read to its end in " + (System.currentTimeMillis() - began) + " ms");
+            jobs.subscribe(List.of(config.jobTopic()), new Rebalance());
+            Log.info("serving tool " + config.tool() + " from " + config.jobTopic() + " in group " + config.groupId());
+            while (running) {
+                control.poll(Duration.ZERO);
+                for (ConsumerRecord<byte[], byte[]> record : jobs.poll(pollTimeout())) {
+                    pending.add(record);
+                }
+                step();
+                pauseWhileBusy();
+            }
+        } catch (WakeupException e) {
+            // shutting down
+        }
+        Log.info("stopped");
+    }
+
+    /** Starts the next job or advances the current one; an event that cannot be written puts it back. */
+    private void step() {
+        ConsumerRecord<byte[], byte[]> next = current == null ? pending.poll() : null;
+        try {
+            if (next != null) {
+                current = CountJob.start(next, this);
+            }
+            if (current != null && current.advance()) {
+                current = null;
+            }
+        } catch (IllegalStateException e) {
+            ConsumerRecord<byte[], byte[]> job = current != null ? current.record() : next;
+            Log.info("a job stops on an error (" + e + "); it will be read again");
+            current = null;
+            pending.addFirst(job);
+            rewind();
+        }
+    }
+
+    /** Puts every held job back: each partition is read again from its first held job. */
+    private void rewind() {
+        Map<TopicPartition, Long> first = new HashMap<>();
+        for (ConsumerRecord<byte[], byte[]> r : pending) {
+            first.merge(new TopicPartition(r.topic(), r.partition()), r.offset(), Math::min);
+        }
+        pending.clear();
+        first.forEach((tp, offset) -> {
+            if (jobs.assignment().contains(tp)) {
+                jobs.seek(tp, offset);
+            }
+        });
+    }
+
+    private Duration pollTimeout() {
+        if (current == null) {
+            return pending.isEmpty() ? IDLE_POLL : Duration.ZERO;
+        }
+        long wait = current.millisToNextStep();
+        return Duration.ofMillis(Math.max(0, Math.min(wait, IDLE_POLL.toMillis())));
+    }
+
+    /** Held jobs keep their partitions paused: the member goes on polling, nothing more comes. */
+    private void pauseWhileBusy() {
+        var assigned = jobs.assignment();
+        if (current != null || !pending.isEmpty()) {
+            jobs.pause(assigned);
+        } else if (!jobs.paused().isEmpty()) {
+            jobs.resume(jobs.paused());
+        }
+    }
+
+    /** Jobs read from partitions that moved away are dropped: their new owner runs them. */
+    private final class Rebalance implements ConsumerRebalanceListener {
+        @Override
+        public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
+            pending.removeIf(r -> partitions.contains(new TopicPartition(r.topic(), r.partition())));
+            if (current != null && partitions.contains(current.partition())) {
+                Log.info("task " + Log.id(current.taskId()) + ": its partition moved away, the job stops here");
+                current = null;
+            }
+        }
+
+        @Override
+        public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
+            if (!partitions.isEmpty()) {
+                Log.info("assigned " + partitions);
+            }
+        }
+
+        @Override
+        public void onPartitionsLost(Collection<TopicPartition> partitions) {
+            onPartitionsRevoked(partitions);
+        }
+    }
+
+    // What CountJob needs of its worker.
+
+    WorkerConfig config() {
+        return config;
+    }
+
+    ObjectMapper json() {
+        return json;
+    }
+
+    ControlState control() {
+        return control;
+    }
+
+    /** Writes the job's outcome; a failed commit puts the job back to be read again. */
+    void finish(String taskId, ObjectNode status, ConsumerRecord<byte[], byte[]> job) {
+        TopicPartition tp = new TopicPartition(job.topic(), job.partition());
+        try {
+            writer.outcome(taskId, status, tp, job.offset() + 1, jobs.groupMetadata());
+            Log.info("task " + Log.id(taskId) + ": " + (status == null ? "skipped" : status.path("status").asText()));
+        } catch (KafkaException e) {
+            Log.info("task " + Log.id(taskId) + ": the outcome was not committed (" + e + "); the job will be read again");
+            pending.addFirst(job);
+            rewind();
+            if (isFatal(e)) {
+                throw e;
+            }
+        }
+    }
+
+    private static boolean isFatal(KafkaException e) {
+        return e instanceof org.apache.kafka.common.errors.ProducerFencedException
+                || e instanceof org.apache.kafka.common.errors.AuthorizationException
+                || e instanceof org.apache.kafka.common.errors.UnsupportedVersionException;
+    }
+
+    /** Writes one event of the task (acknowledged before the method returns). */
+    void emit(String taskId, String type, ObjectNode payload) {
+        writer.event(taskId, type, payload);
+    }
+
+    static String keyOf(ConsumerRecord<byte[], byte[]> record) {
+        return record.key() == null ? null : new String(record.key(), StandardCharsets.UTF_8);
+    }
 }

@@ -2,52 +2,66 @@ package io.mcpbridge.example;
 
 import java.util.Map;
 
-/**
- * What the worker needs to know, from environment variables (docs/workers.md, "Topics and
- * keys"). Every name derives from the bridge's topic prefix and event type prefix, which must
- * be the bridge's own.
- */
+/** The worker's settings, from the environment, and the names the contract derives from them. */
 record WorkerConfig(
-    String bootstrap,
-    String topicPrefix,
-    String eventTypePrefix,
-    String tool,
-    String jobTopic,
-    String groupId,
-    String instanceId,
-    long controlLookbackMs,
-    long stepMs,
-    int sessionTimeoutMs) {
+        String bootstrapServers,
+        String topicPrefix,
+        String eventTypePrefix,
+        String tool,
+        String jobTopic,
+        String groupId,
+        String instanceId,
+        long controlLookbackMs,
+        long stepMs,
+        int sessionTimeoutMs) {
 
-  static WorkerConfig fromEnv(Map<String, String> env) {
-    String prefix = env.getOrDefault("WORKER_TOPIC_PREFIX", "mcpbridge");
-    String tool = env.getOrDefault("WORKER_TOOL", "java_count");
-    return new WorkerConfig(
-        env.getOrDefault("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-        prefix,
-        env.getOrDefault("WORKER_EVENT_TYPE_PREFIX", "io.mcpbridge"),
-        tool,
-        env.getOrDefault("WORKER_JOB_TOPIC", prefix + ".jobs." + tool),
-        env.getOrDefault("WORKER_GROUP_ID", prefix + ".workers"),
-        env.get("WORKER_INSTANCE_ID"),
-        Long.parseLong(env.getOrDefault("WORKER_CONTROL_LOOKBACK_MS", "3600000")),
-        Long.parseLong(env.getOrDefault("WORKER_STEP_MS", "200")),
-        Integer.parseInt(env.getOrDefault("WORKER_SESSION_TIMEOUT_MS", "10000")));
-  }
+    /** Reads every WORKER_* variable (docs/workers.md, "The Java reference worker"). */
+    static WorkerConfig fromEnvironment(Map<String, String> env) {
+        String prefix = env.getOrDefault("WORKER_TOPIC_PREFIX", "mcpbridge");
+        String tool = env.getOrDefault("WORKER_TOOL", "java_count");
+        String instance = env.get("WORKER_INSTANCE_ID");
+        return new WorkerConfig(
+                env.getOrDefault("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                prefix,
+                env.getOrDefault("WORKER_EVENT_TYPE_PREFIX", "io.mcpbridge"),
+                tool,
+                env.getOrDefault("WORKER_JOB_TOPIC", prefix + ".jobs." + tool),
+                env.getOrDefault("WORKER_GROUP_ID", prefix + ".workers"),
+                instance == null || instance.isBlank() ? null : instance,
+                positive(env, "WORKER_CONTROL_LOOKBACK_MS", 3_600_000L),
+                positive(env, "WORKER_STEP_MS", 200L),
+                (int) positive(env, "WORKER_SESSION_TIMEOUT_MS", 10_000L));
+    }
 
-  String eventsTopic() {
-    return topicPrefix + ".task-events";
-  }
+    private static long positive(Map<String, String> env, String name, long fallback) {
+        String raw = env.get(name);
+        if (raw == null || raw.isBlank()) {
+            return fallback;
+        }
+        long value;
+        try {
+            value = Long.parseLong(raw.trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(name + " must be a whole number, not '" + raw + "'");
+        }
+        if (value <= 0) {
+            throw new IllegalArgumentException(name + " must be positive, not " + value);
+        }
+        return value;
+    }
 
-  String controlTopic() {
-    return topicPrefix + ".task-control";
-  }
+    /** Where every task's events go (key = task id). */
+    String eventsTopic() {
+        return topicPrefix + ".task-events";
+    }
 
-  String statusType() {
-    return eventTypePrefix + ".task.status";
-  }
+    /** Where cancel, input and finished travel (key = task id). */
+    String controlTopic() {
+        return topicPrefix + ".task-control";
+    }
 
-  String progressType() {
-    return eventTypePrefix + ".progress";
-  }
+    /** A full event type under the bridge's event type prefix, e.g. io.mcpbridge.progress. */
+    String eventType(String suffix) {
+        return eventTypePrefix + "." + suffix;
+    }
 }
