@@ -384,7 +384,8 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
     owner = Replica(group_settings(), auth)
     settings = group_settings()
     peers = Peers(PeerAuth(SECRET, HERE))
-    peers._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=owner.peer))
+    transport = httpx.ASGITransport(app=owner.peer)
+    peers._client = peers._calls = httpx.AsyncClient(transport=transport)
     endpoint = McpHttp(
         settings,
         Authenticator(settings.auth),
@@ -666,3 +667,49 @@ async def test_a_hop_imports_nothing_per_request() -> None:
         finally:
             sys.meta_path.remove(Recorder)  # type: ignore[arg-type]
     assert tried == []
+
+
+async def test_many_forwarded_streams_neither_wait_for_a_connection_nor_starve_the_calls() -> None:
+    """Each forwarded stream holds a connection to its owner while it runs: the forwarding pool
+    is bounded by the replica's stream limit (not httpx's 100), and this replica's own calls
+    have a pool of their own. Review F4: the 101st stream, and every call, waited 30 s."""
+    import contextlib
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    release = asyncio.Event()
+
+    async def owner(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/mcp" and scope["method"] == "GET":  # a stream: held open
+            sse = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": sse})
+            await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
+            await release.wait()
+            await send({"type": "http.response.body", "body": b""})
+            return
+        answer = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}}).encode()
+        json_type = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": json_type})
+        await send({"type": "http.response.body", "body": answer})
+
+    peers = Peers(PeerAuth(SECRET, url), max_streams=200)
+    streams = []
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(owner, stack)
+        stack.push_async_callback(peers.close)
+        async with asyncio.timeout(60):
+            for _ in range(120):
+                answer = await peers.forward(url, "GET", {}, b"", ALICE)
+                assert await anext(answer.body) == b": open\n\n"
+                streams.append(answer)
+        async with asyncio.timeout(10):  # a pool wait would be the 30 s timeout
+            headers, body = tasks_get()
+            forwarded = await peers.forward(url, "POST", headers, body, ALICE)
+            assert forwarded.content is not None and b"t1" in forwarded.content
+            assert (await peers.call(url, "tasks/get", {"taskId": "t1"}, ALICE))["taskId"] == "t1"
+        release.set()
+        for answer in streams:
+            await answer.close()

@@ -266,7 +266,8 @@ def create_app(
 def peer_app(settings: Settings, components: Callable[[], Components | None]) -> ASGIApp:
     """The peer listener's app: the hop endpoints of the same ``components`` (``/mcp``, and
     the browser view's GETs when the view is on), every request marked as arrived there, so
-    that only its signed hop says who the caller is. Nothing else is served."""
+    that only its signed hop says who the caller is. Nothing else is served but an empty
+    ``GET /healthz`` (a probe, and how a forwarding replica opens a spare connection)."""
 
     def running(request: Request) -> Components:
         served = components()
@@ -344,7 +345,12 @@ def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStac
         return None
     p = settings.peers
     auth = PeerAuth(secret, routing.own_url, max_age_s=p.max_age_s, max_nonces=p.max_nonces)
-    peers = Peers(auth, tls=client_tls(p))
+    peers = Peers(
+        auth,
+        tls=client_tls(p),
+        max_streams=settings.max_streams,
+        keep_alive_s=settings.server_keep_alive_s,
+    )
     stack.push_async_callback(peers.close)
     return peers
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -155,33 +154,61 @@ def server_tls(settings: PeerSettings) -> dict[str, Any]:
 
 
 class Peers:
-    """The HTTP client of the hops (one connection pool per process)."""
+    """The HTTP clients of the hops (per process): one pool for forwarded requests, whose
+    streams hold a connection each for as long as they run, and one for this replica's own
+    calls (:meth:`call`), so that long streams can never starve the short calls.
+
+    ``max_streams`` bounds the forwarding pool (a replica serves at most that many streams, so
+    it forwards at most that many); ``keep_alive_s`` is the peer listeners' keep-alive: an idle
+    connection is dropped here before the owner would close it, never reused as it closes.
+    """
 
     def __init__(
-        self, auth: PeerAuth, timeout_s: float = 30.0, tls: ssl.SSLContext | bool = True
+        self,
+        auth: PeerAuth,
+        timeout_s: float = 30.0,
+        tls: ssl.SSLContext | bool = True,
+        *,
+        max_streams: int = 10_000,
+        keep_alive_s: float = 5.0,
     ) -> None:
         self.auth = auth
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
         self._call_timeout = httpx.Timeout(timeout_s)
+        idle_s = max(0.5, keep_alive_s - 1.0)
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, read=None),
-            follow_redirects=False,
-            trust_env=False,
-            verify=tls,
+        self._client = self._pool(
+            httpx.Timeout(timeout_s, read=None),
+            httpx.Limits(
+                max_connections=max_streams, max_keepalive_connections=64, keepalive_expiry=idle_s
+            ),
+            tls,
+        )
+        self._calls = self._pool(
+            self._call_timeout, httpx.Limits(max_connections=100, keepalive_expiry=idle_s), tls
+        )
+        #: Owners a spare connection is being opened to (at most one at a time each).
+        self._warming: dict[str, asyncio.Task[None]] = {}
+
+    @staticmethod
+    def _pool(
+        timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
+    ) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, follow_redirects=False, trust_env=False, verify=tls
         )
         # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
         # replica did not sign (it signs a header's absence too).
-        del self._client.headers["accept"]
-        #: Owners a spare connection is being opened to (at most one at a time each).
-        self._warming: dict[str, asyncio.Task[None]] = {}
+        del client.headers["accept"]
+        return client
 
     async def close(self) -> None:
         for task in list(self._warming.values()):
             task.cancel()
         await asyncio.gather(*self._warming.values(), return_exceptions=True)
         await self._client.aclose()
+        await self._calls.aclose()
 
     def _spare(self, base_url: str) -> None:
         """Open a kept-alive connection to ``base_url`` off the critical path, after a
@@ -194,7 +221,7 @@ class Peers:
         ``/healthz`` leaves a connection in the pool for the next hop instead. At most one is
         in flight per owner; failures are ignored (the next hop connects as before).
         """
-        if base_url in self._warming:
+        if base_url in self._warming or self._client.is_closed:
             return
         task = asyncio.create_task(self._open_spare(base_url), name=f"peer-spare {base_url}")
         self._warming[base_url] = task
@@ -205,8 +232,10 @@ class Peers:
         await asyncio.gather(*self._warming.values(), return_exceptions=True)
 
     async def _open_spare(self, base_url: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):
+        try:
             await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+        except Exception as exc:  # a spare is an optimisation: the next hop connects itself
+            log.debug("no spare connection to %s: %s", base_url, type(exc).__name__)
 
     async def forward(
         self,
@@ -275,9 +304,7 @@ class Peers:
         headers = _request_headers(method, sent)
         headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
         try:
-            reply = await self._client.post(
-                f"{base_url}/mcp", content=body, headers=headers, timeout=self._call_timeout
-            )
+            reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
             if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
             message = reply.json()
