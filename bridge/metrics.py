@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -440,6 +440,3 @@ class Metrics:
                 counter.remove(str(partition))
 
 
-def metric_names(registry: CollectorRegistry) -> Iterable[str]:
-    for family in registry.collect():
-        yield family.name

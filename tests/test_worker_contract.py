@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import io
 import json
-import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,14 @@ from typing import Any
 import fastavro
 import jsonschema
 import pytest
-from fastavro.schema import to_parsing_canonical_form
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 from referencing import Registry, Resource
 from support.layout import create_topics, make_settings
 from support.services import task_service
 from support.topics import TopicRecord, topic_records
 
 from bridge.config import Settings
-from bridge.envelope import AVRO_CONTENT_TYPE, TaskEvent, crc64_avro, decode_event, encode_event
+from bridge.envelope import AVRO_CONTENT_TYPE, TaskEvent, decode_event, encode_event
 from bridge.events import CreatedPayload, StatusPayload
 from bridge.keyring import IDENTITY_HEADER
 from bridge.tasks.messages import ControlMessage, JobRequest, new_task_id, owner_digest
@@ -216,9 +215,9 @@ def _check_event(settings: Settings, record: TopicRecord, seen: dict[str, int]) 
 def _check_avro_body(value: bytes) -> None:
     """The single-object encoding of the published schema: magic, its fingerprint, a body."""
     schema = json.loads((SCHEMAS / "task_event.avsc").read_text(encoding="utf-8"))
-    canonical = to_parsing_canonical_form(fastavro.parse_schema(schema)).encode()
+    canonical = to_parsing_canonical_form(fastavro.parse_schema(schema))
     assert value[:2] == b"\xc3\x01"
-    assert value[2:10] == struct.pack("<Q", crc64_avro(canonical))
+    assert value[2:10].hex() == fingerprint(canonical, "CRC-64-AVRO")
     body = fastavro.schemaless_reader(io.BytesIO(value[10:]), fastavro.parse_schema(schema), None)
     assert isinstance(body, dict) and set(body) == {"type", "payload", "_meta", "timestamp"}
     assert isinstance(json.loads(body["payload"]), dict)
