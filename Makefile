@@ -8,7 +8,7 @@ export MCP_CONFORMANCE_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/conformance-$(CONF
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint venv venv-test system-deps conformance-deps k8s-tools clean
+.PHONY: demo test lint venv venv-test system-deps conformance-deps k8s-tools java-worker-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ export K8S_TOOLS_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/k8s-tools
 k8s-tools: venv-test
 	@PYTHON=$(BIN)/python sh k8s/install-tools.sh
 
+# The Java reference worker's Maven dependencies (kafka-clients, Jackson, the build plugins),
+# resolved once into ~/.m2 so that tests/test_java_worker.py builds it offline (mvn -o).
+java-worker-deps: system-deps
+	@cd examples/java-worker && mvn -B -q -Dstyle.color=never compile dependency:copy-dependencies
+
 demo: venv
 	$(BIN)/bridge demo
 
@@ -60,7 +65,7 @@ lint: venv-test
 	$(BIN)/mypy
 	$(BIN)/mypy --strict grafana/check_dashboard.py
 
-test: venv-test system-deps conformance-deps k8s-tools lint
+test: venv-test system-deps conformance-deps k8s-tools java-worker-deps lint
 	$(BIN)/pytest
 
 clean:

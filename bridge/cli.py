@@ -259,6 +259,35 @@ def catalog_job_topics(settings: Settings) -> list[str]:
     return job_topics(settings)
 
 
+def require_tool_topics(settings: Settings, access: Access | None = None) -> None:
+    """Every tool's job topic exists and this principal may describe it; else
+    :class:`KafkaUnavailable` naming the first tools and their topics (or, under ACLs, the ACL
+    that hides a topic). Without it a tools/call would wait for the topic's metadata for a
+    minute and then fail its task."""
+    from bridge.tasks.tools import tool_catalog
+
+    present = asyncio.run(_topic_names(settings))
+    declared = {tool.name for tool in settings.tools}
+    missing = [
+        (tool.name, topic)
+        for tool in tool_catalog(settings)
+        if (topic := tool.job_topic or settings.topics.jobs(tool.name)) not in present
+    ]
+    if not missing:
+        return
+    if access is not None:  # under ACLs, a topic the principal may not describe is not listed
+        asyncio.run(_require_access(settings, access, absent_ok=True))
+    name, topic = missing[0]
+    where = "declared in the settings" if name in declared else "of a tool pack"
+    more = f" (and {len(missing) - 1} more tools)" if len(missing) > 1 else ""
+    raise KafkaUnavailable(
+        f"tool {name!r} ({where}): its job topic {topic!r} does not exist on Kafka at "
+        f"{settings.kafka_bootstrap_servers}, or this principal may not describe it{more}; "
+        "create it (`bridge topics create`, or the pipeline's own tooling), correct the tool's "
+        "job_topic, or set BRIDGE_AUTO_CREATE_TOPICS=true"
+    )
+
+
 def layout_topics(settings: Settings) -> list[str]:
     """Every topic `bridge topics create` makes: what `bridge serve` needs."""
     from bridge.kafka.topics import topic_layout
@@ -390,7 +419,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         asyncio.run(create_topics(settings))
     else:
         hint = ", or set BRIDGE_AUTO_CREATE_TOPICS=true"
-        settings = require_kafka(settings, layout_topics(settings), hint, access)
+        jobs = set(catalog_job_topics(settings))
+        core = [topic for topic in layout_topics(settings) if topic not in jobs]
+        settings = require_kafka(settings, core, hint, access)
+        require_tool_topics(settings, access)
     # Before uvicorn starts: a refusal is then this one line and the exit, never a ready replica.
     require_access(settings, access)
     require_keyring(settings)

@@ -10,6 +10,14 @@ whether to resume from there (``after=earliest_seq - 1``) or treat the gap as fa
 The server may answer with an SSE stream or with one plain JSON-RPC response: either way the
 request's result ends the stream normally and its error is raised; only a reply that ends
 without either counts as a drop.
+
+Reconnecting: after a drop, and after a retriable error (:attr:`StreamError.retriable`: the
+server's errors that say when to retry, as the task's replica draining or unreachable, its
+partition moving, a rate limit; or an earlier stream of the task still being reaped), the
+client waits and tries again, at most
+``max_reconnects`` times in a row. The waits are :class:`Backoff`'s: jittered, growing, bounded,
+and never shorter than the server asked, so the clients of a replica that went away do not come
+back at the same instant.
 """
 
 from __future__ import annotations
@@ -19,9 +27,10 @@ import codecs
 import contextlib
 import json
 import os
+import random
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +40,7 @@ from bridge import __version__
 from bridge.events import INTERNAL_ERROR
 
 __all__ = [
+    "Backoff",
     "CursorStore",
     "EventsGone",
     "FileCursorStore",
@@ -52,6 +62,48 @@ class StreamError(Exception):
         self.code = code
         self.message = message
         self.data = data
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """How long the server asked to wait (``retryAfterMs``, or a rate limit's
+        ``retryAfterSeconds``), in seconds; None when it said nothing."""
+        data = self.data if isinstance(self.data, dict) else {}
+        for key, scale in (("retryAfterMs", 1000), ("retryAfterSeconds", 1)):
+            value = data.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+                return min(float(value) / scale, 3600.0)
+        return None
+
+    @property
+    def retriable(self) -> bool:
+        """Trying again later may succeed: the server said when (every retriable answer of
+        the bridge carries ``retryAfterMs``), or an earlier stream of this task on this
+        connection is still being reaped (``stream_active``)."""
+        reason = self.data.get("reason") if isinstance(self.data, dict) else None
+        return self.retry_after_s is not None or reason == "stream_active"
+
+
+@dataclass
+class Backoff:
+    """The waits between reconnects: "full jitter" exponential back-off.
+
+    The ``n``-th wait in a row is drawn uniformly from ``[0, min(cap_s, base_s * 2**(n-1))]``,
+    so many clients dropped at once (a replica stopped) spread their returns over the window
+    instead of arriving together; when the server asked for ``retry_after_s``, the wait is
+    that plus up to half of it again (jittered, never shorter than asked, and at most
+    ``cap_s`` more). ``rng`` makes it reproducible in tests.
+    """
+
+    base_s: float = 0.2
+    cap_s: float = 5.0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay(self, attempt: int, retry_after_s: float | None = None) -> float:
+        """The wait before reconnect number ``attempt`` (1 for the first in a row)."""
+        if retry_after_s is not None:
+            return retry_after_s + self.rng.uniform(0, min(retry_after_s / 2, self.cap_s))
+        ceiling = min(self.cap_s, self.base_s * 2 ** min(max(attempt, 1) - 1, 32))
+        return self.rng.uniform(0, ceiling)
 
 
 class EventsGone(StreamError):
@@ -134,13 +186,18 @@ class TaskStreamClient:
         http: httpx.AsyncClient | None = None,
         max_reconnects: int = 100,
         backoff_s: float = 0.2,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``backoff_s`` is the first wait's ceiling (when no ``backoff`` is given);
+        ``sleep`` waits between reconnects (tests pass one that records)."""
         self.url = url
         self.token = token
         self.store = store or MemoryCursorStore()
         self._http = http
         self.max_reconnects = max_reconnects
-        self.backoff_s = backoff_s
+        self.backoff = backoff or Backoff(base_s=backoff_s)
+        self._sleep = sleep
         self.reconnects = 0
         self._ids = 0
 
@@ -215,30 +272,22 @@ class TaskStreamClient:
                 if pending is not None:
                     self.store.save(task_id, pending)
                 return
-            except (_Dropped, httpx.TransportError) as exc:
+            except (_Dropped, httpx.TransportError, StreamError) as exc:
                 if pending is not None:
                     self.store.save(task_id, pending)
                     last, pending = pending, None
+                if isinstance(exc, StreamError) and not exc.retriable:
+                    raise  # final: events_gone, not found, refused, ...
+                retry_after = exc.retry_after_s if isinstance(exc, StreamError) else None
                 attempts += 1
                 self.reconnects += 1
                 if attempts > self.max_reconnects:
+                    if isinstance(exc, StreamError):
+                        raise
                     raise StreamError(
                         INTERNAL_ERROR, f"gave up after {attempts - 1} reconnects: {exc}"
                     ) from exc
-                await asyncio.sleep(min(self.backoff_s * attempts, 5.0))  # reconnect backoff
-            except StreamError as exc:
-                if pending is not None:
-                    self.store.save(task_id, pending)
-                    last, pending = pending, None
-                if isinstance(exc.data, dict) and exc.data.get("reason") == "stream_active":
-                    attempts += 1
-                    if attempts > self.max_reconnects:
-                        raise
-                    await asyncio.sleep(
-                        min(self.backoff_s * attempts, 5.0)
-                    )  # the old stream is being reaped
-                    continue
-                raise
+                await self._sleep(self.backoff.delay(attempts, retry_after))
 
     async def _once(self, task_id: str, after: int | None) -> AsyncGenerator[StreamEvent, None]:
         params: dict[str, Any] = {"taskId": task_id}

@@ -676,6 +676,19 @@ class EventCursorSettings(BaseModel):
     task_version: Literal[1, 2] | None = None
 
 
+class EventsSettings(BaseModel):
+    """Which Events client the ``events/*`` methods speak to, for the whole deployment
+    (docs/events.md, "Client profiles"). Set as ``BRIDGE_EVENTS__PROFILE``.
+
+    ``sep-3415`` (the default) follows the SEP; ``chatgpt`` adds what ChatGPT's MCP Events
+    integration expects (:mod:`bridge.server.profile`). Poll and push stay available either way.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: Literal["sep-3415", "chatgpt"] = "sep-3415"
+
+
 class UpgradeSettings(BaseModel):
     """A rolling upgrade in progress (CHANGELOG.md "Upgrade", docs/operations.md). Set as
     ``BRIDGE_UPGRADE__FROM``.
@@ -857,6 +870,7 @@ class Settings(BaseSettings):
     #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
     webhook_keys: WebhookKeySettings = WebhookKeySettings()
     event_cursors: EventCursorSettings = EventCursorSettings()
+    events: EventsSettings = EventsSettings()
     upgrade: UpgradeSettings = UpgradeSettings()
 
     _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
@@ -1044,6 +1058,17 @@ class Settings(BaseSettings):
             raise ValueError(
                 "webhook TTLs must be ordered: webhook_ttl_min_ms <= webhook_ttl_default_ms "
                 "<= webhook_ttl_max_ms"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _chatgpt_answers_in_time(self) -> Self:
+        # ChatGPT waits about 10 s for events/subscribe, which runs the verification challenge
+        # inside it: a challenge allowed as long would leave no time for the answer.
+        if self.events.profile == "chatgpt" and self.webhook_timeout_s >= 8.0:
+            raise ValueError(
+                "events.profile chatgpt needs webhook_timeout_s below 8 s: ChatGPT waits about "
+                "10 s for events/subscribe, which runs the verification challenge inside it"
             )
         return self
 

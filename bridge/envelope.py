@@ -27,7 +27,6 @@ import io
 import json
 import math
 import operator
-import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, cast
 
 import fastavro
-from fastavro.schema import to_parsing_canonical_form
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from bridge import strictjson
 
@@ -52,7 +51,6 @@ __all__ = [
     "TaskEvent",
     "UnknownSchema",
     "UnsupportedContentType",
-    "crc64_avro",
     "decode_event",
     "decode_usual",
     "encode_event",
@@ -166,32 +164,6 @@ def _new_event(
     return event
 
 
-# --- CRC-64-AVRO (Rabin) fingerprint, as defined by the Avro specification ------------------
-
-_CRC64_EMPTY = 0xC15D213AA4D7A795
-
-
-def _crc64_table() -> list[int]:
-    table = []
-    for i in range(256):
-        fp = i
-        for _ in range(8):
-            fp = (fp >> 1) ^ (_CRC64_EMPTY & -(fp & 1))
-        table.append(fp)
-    return table
-
-
-_CRC64_TABLE = _crc64_table()
-
-
-def crc64_avro(data: bytes) -> int:
-    """The 64-bit Rabin fingerprint Avro uses for single-object encoding."""
-    fp = _CRC64_EMPTY
-    for byte in data:
-        fp = (fp >> 8) ^ _CRC64_TABLE[(fp ^ byte) & 0xFF]
-    return fp
-
-
 # --- schema ------------------------------------------------------------------------------------
 
 
@@ -213,8 +185,10 @@ def _writer_schema() -> _Schema:
         if path.is_file():
             raw = json.loads(path.read_text(encoding="utf-8"))
             parsed = fastavro.parse_schema(raw)
-            canonical = to_parsing_canonical_form(raw).encode("utf-8")
-            return _Schema(parsed, struct.pack("<Q", crc64_avro(canonical)))
+            canonical = to_parsing_canonical_form(raw)
+            # fastavro's CRC-64-AVRO hex is the fingerprint's little-endian bytes, as the
+            # single-object header carries them.
+            return _Schema(parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")))
     raise RuntimeError(f"{_SCHEMA_FILE} not found in {[str(p) for p in _schema_dirs()]}")
 
 

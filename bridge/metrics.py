@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -293,6 +293,13 @@ class Metrics:
         )
         for reason in HOP_REFUSAL_REASONS:
             self.hops_refused.labels(reason)
+        # Task events in a partition their task id does not map to (bridge/log/misrouted.py):
+        # a producer whose partitioner is not murmur2; they belong to no task.
+        self.events_misrouted = Counter(
+            "bridge_events_misrouted_total",
+            "Task events indexed in a partition other than their task id's (not the task's)",
+            registry=r,
+        )
         # The end-to-end canary (bridge/canary.py): probes through the stream path.
         self.canary_probes = Counter(
             "bridge_canary_probes_total",
@@ -433,6 +440,3 @@ class Metrics:
                 counter.remove(str(partition))
 
 
-def metric_names(registry: CollectorRegistry) -> Iterable[str]:
-    for family in registry.collect():
-        yield family.name

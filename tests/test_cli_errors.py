@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import Settings
+
 SESSION = Path(__file__).resolve().parent.parent / "data" / "agent-session.jsonl"
 BOUND_S = 20.0  # a misconfiguration must be reported within this many seconds
 
@@ -175,3 +177,26 @@ def test_a_security_protocol_the_clients_cannot_use_is_one_line_naming_the_setti
         BRIDGE_KAFKA_SECURITY_PROTOCOL=protocol,
     )
     assert_one_clear_line(run, "serve", f"BRIDGE_KAFKA_SECURITY_PROTOCOL={protocol}")
+
+
+@pytest.mark.kafka
+def test_a_declared_tool_whose_job_topic_is_missing_is_one_line_naming_tool_and_topic(
+    topics: Settings,
+) -> None:
+    """examples/pipeline-tool.toml declares java_count; its job topic was never created."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "pipeline-tool.toml"
+    prefix = topics.topics.prefix
+    run = run_bridge(
+        "serve",
+        topics.kafka_bootstrap_servers or "",
+        BRIDGE_CONFIG_FILE=str(example),
+        BRIDGE_TOPICS__PREFIX=prefix,
+        BRIDGE_AUTO_CREATE_TOPICS="false",
+    )
+    assert_one_clear_line(
+        run,
+        "serve",
+        "tool 'java_count' (declared in the settings)",
+        f"job topic '{prefix}.jobs.java_count' does not exist",
+        "BRIDGE_AUTO_CREATE_TOPICS=true",
+    )

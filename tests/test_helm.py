@@ -685,6 +685,16 @@ def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
     assert "webhook delivery is OFF despite webhooks.existingSecret" in unauthenticated
 
 
+def test_the_events_profile_is_set_only_when_it_is_not_the_default(
+    helm: str, settings_from: Any, example_secrets: None
+) -> None:
+    for sets, expected in (((), "sep-3415"), (("webhooks.profile=chatgpt",), "chatgpt")):
+        docs = _render(helm, "defaults", *sets)
+        server = _server(docs)
+        assert ("BRIDGE_EVENTS__PROFILE" in _env(docs, server)) is bool(sets)
+        assert settings_from(docs, server).events.profile == expected
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -707,6 +717,7 @@ def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
         (["bridge.allowedHosts={*}"], "DNS-rebinding"),
         (["kafka.bootstrapServers=broker"], "has no :port"),
         (["identity.key="], "identity.key: name the key of Secret mcp-kafka-bridge-identity"),
+        (["webhooks.profile=openai"], 'webhooks.profile must be sep-3415 or chatgpt, not "openai"'),
         (
             ["webhooks.existingSecret=wh", "webhooks.key="],
             "webhooks.key: name the key of Secret wh",

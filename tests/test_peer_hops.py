@@ -164,9 +164,12 @@ async def test_the_peer_listener_serves_the_hop_endpoints_only_and_a_view_get_ne
     replica = Replica(group_settings())
     transport = httpx.ASGITransport(app=replica.peer)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        # Besides the hops, an empty health answer: no state, nothing for a stranger.
+        health = await http.get("/healthz")
+        assert (health.status_code, health.content) == (204, b"")
+        assert (await http.post("/healthz")).status_code == 405
         for method, path in [
             ("GET", "/metrics"),
-            ("GET", "/healthz"),
             ("POST", "/view/token"),
             ("GET", "/view/"),
             ("POST", "/admin/indexer/pause"),
@@ -381,7 +384,8 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
     owner = Replica(group_settings(), auth)
     settings = group_settings()
     peers = Peers(PeerAuth(SECRET, HERE))
-    peers._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=owner.peer))
+    transport = httpx.ASGITransport(app=owner.peer)
+    peers._client = peers._calls = httpx.AsyncClient(transport=transport)
     endpoint = McpHttp(
         settings,
         Authenticator(settings.auth),
@@ -403,6 +407,8 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
     assert message["jsonrpc"] == "2.0" and message["error"]["data"]["reason"] == (
         "owner_unavailable"
     )
+    assert message["id"] == json.loads(body)["id"], "the answer is to the client's request"
+    assert message["id"] is not None
     with pytest.raises(RpcError) as called:
         await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
     assert called.value.data["reason"] == "owner_unavailable"
@@ -576,3 +582,134 @@ async def test_a_hop_over_tls_reaches_the_peer_listener_with_certificates_made_f
                     await anonymous.post(f"{url}/mcp", content=b"{}")
             else:
                 assert (await anonymous.post(f"{url}/mcp", content=b"{}")).status_code == 401
+
+
+# --- a spare connection for the next hop ------------------------------------------------------
+
+
+async def test_a_stream_left_before_its_end_leaves_a_spare_connection_for_the_next_hop() -> None:
+    """A client that leaves a forwarded stream drops its connection to the owner (an HTTP/1.1
+    response cannot be abandoned otherwise); the next hop must not pay a new connect: the
+    forwarder opens a spare one off the critical path. Real peer listener; the owner's app
+    records the client port (one per connection) of each request."""
+    import contextlib
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    seen: list[tuple[str, int]] = []
+
+    async def owner(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["path"], scope["client"][1]))
+        if scope["path"] != "/mcp":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        sse = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": sse})
+        await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass  # an endless stream: it ends when the forwarder leaves
+
+    auth = PeerAuth(SECRET, url)
+    peers = Peers(auth)
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(owner, stack)
+        stack.push_async_callback(peers.close)
+        headers, body = request("tasks/stream", {"taskId": "t1"})
+        for _ in range(2):
+            answer = await peers.forward(url, "POST", headers, json.dumps(body).encode(), ALICE)
+            assert await anext(answer.body) == b"data: 0\n\n"
+            await answer.close()  # the client left: the stream had not ended
+            await peers.spares_opened()
+    paths = [path for path, _ in seen]
+    assert paths == ["/mcp", "/healthz", "/mcp", "/healthz"]
+    first, spare, second = (client for _, client in seen[:3])
+    assert first != spare, "the spare is a new connection"
+    assert second == spare, "the next hop went over the spare connection"
+
+
+async def test_a_hop_imports_nothing_per_request() -> None:
+    """httpcore checks for ``sniffio`` on every request: when the package is missing, each
+    request pays a failed import (a scan of every ``sys.path`` entry, ~0.3 ms, four times a
+    hop). A finder first on ``sys.meta_path`` sees every import the hop's requests attempt."""
+    import contextlib
+    import sys
+
+    tried: list[str] = []
+
+    class Recorder:
+        @staticmethod
+        def find_spec(name: str, *args: Any) -> None:
+            tried.append(name)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+
+    async def owner(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    peers = Peers(PeerAuth(SECRET, url))
+    headers, body = tasks_get()
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(owner, stack)
+        stack.push_async_callback(peers.close)
+        await peers.forward(url, "POST", headers, body, ALICE)  # first use: lazy imports allowed
+        sys.meta_path.insert(0, Recorder)  # type: ignore[arg-type]
+        try:
+            for _ in range(3):
+                await peers.forward(url, "POST", headers, body, ALICE)
+        finally:
+            sys.meta_path.remove(Recorder)  # type: ignore[arg-type]
+    assert tried == []
+
+
+async def test_many_forwarded_streams_neither_wait_for_a_connection_nor_starve_the_calls() -> None:
+    """Each forwarded stream holds a connection to its owner while it runs: the forwarding pool
+    is bounded by the replica's stream limit (not httpx's 100), and this replica's own calls
+    have a pool of their own. Review F4: the 101st stream, and every call, waited 30 s."""
+    import contextlib
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    release = asyncio.Event()
+
+    async def owner(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/mcp" and scope["method"] == "GET":  # a stream: held open
+            sse = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": sse})
+            await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
+            await release.wait()
+            await send({"type": "http.response.body", "body": b""})
+            return
+        answer = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}}).encode()
+        json_type = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": json_type})
+        await send({"type": "http.response.body", "body": answer})
+
+    peers = Peers(PeerAuth(SECRET, url), max_streams=200)
+    streams = []
+    async with contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True)(owner, stack)
+        stack.push_async_callback(peers.close)
+        async with asyncio.timeout(60):
+            for _ in range(120):
+                answer = await peers.forward(url, "GET", {}, b"", ALICE)
+                assert await anext(answer.body) == b": open\n\n"
+                streams.append(answer)
+        async with asyncio.timeout(10):  # a pool wait would be the 30 s timeout
+            headers, body = tasks_get()
+            forwarded = await peers.forward(url, "POST", headers, body, ALICE)
+            assert forwarded.content is not None and b"t1" in forwarded.content
+            assert (await peers.call(url, "tasks/get", {"taskId": "t1"}, ALICE))["taskId"] == "t1"
+        release.set()
+        for answer in streams:
+            await answer.close()

@@ -146,7 +146,7 @@ async def refused_as_too_many_streams(kind: str, reply: httpx.Response) -> bool:
 
 async def slots_back(served: Served) -> None:
     hub = served.components.hub
-    await wait_until(lambda: hub.active_streams == 0, what="every slot given back")
+    await wait_until(lambda: hub.admission.active == 0, what="every slot given back")
 
 
 async def open_all(
@@ -177,7 +177,7 @@ async def test_each_long_lived_response_is_limited_and_its_slots_come_back(
     async with httpx.AsyncClient(timeout=BOUND) as http:
         async with contextlib.AsyncExitStack() as stack:
             await open_all(stack, http, open_one, arg)
-            assert served.components.hub.active_streams == LIMIT
+            assert served.components.hub.admission.active == LIMIT
             async with open_one(http, arg) as extra:
                 assert await refused_as_too_many_streams(kind, extra)
         await slots_back(served)  # closed by the client: every slot is back
@@ -206,7 +206,7 @@ async def test_a_refused_events_stream_gives_its_slot_back(served: Served) -> No
         post_stream(http, url, "events/stream", params) as reply,
     ):
         assert "error" in loads(await reply.aread())
-    assert served.components.hub.active_streams == 0
+    assert served.components.hub.admission.active == 0
 
 
 async def test_slots_come_back_when_streams_end_by_themselves(served: Served) -> None:
@@ -239,7 +239,7 @@ async def test_slots_come_back_when_requests_are_cancelled(served: Served, task_
                     post_stream(http, mcp, method, params, request_id=request_id)
                 )
             )
-        assert served.components.hub.active_streams == len(streams)
+        assert served.components.hub.admission.active == len(streams)
         async with httpx.AsyncClient(timeout=BOUND) as other:  # the stream holds its connection
             for request_id in streams:
                 await _cancel(other, mcp, request_id)

@@ -180,6 +180,8 @@ class KafkaLog:
         assignor: Assignor | None = None,
         instance_id: str | None = None,
         session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int | None = None,
+        max_poll_interval_ms: int | None = None,
         reset: Reset = "earliest",
         role: str = "group",
     ) -> KafkaGroupTail:
@@ -189,9 +191,11 @@ class KafkaLog:
             "group_instance_id": instance_id,
             "session_timeout_ms": session_timeout_ms,
             # Survivors learn of a dead member's eviction at their next heartbeat: keep it short.
-            "heartbeat_interval_ms": max(300, session_timeout_ms // 10),
+            "heartbeat_interval_ms": heartbeat_interval_ms or max(300, session_timeout_ms // 10),
             "auto_offset_reset": reset,
         }
+        if max_poll_interval_ms is not None:
+            options["max_poll_interval_ms"] = max_poll_interval_ms
         if wrapped is not None:
             options["partition_assignment_strategy"] = (wrapped,)
         consumer = committed_consumer(self.settings, role=role, **options)

@@ -320,6 +320,8 @@ class MemoryLog:
         assignor: Assignor | None = None,
         instance_id: str | None = None,
         session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int | None = None,
+        max_poll_interval_ms: int | None = None,
         reset: Reset = "earliest",
         role: str = "group",
     ) -> MemoryGroupTail:

@@ -344,10 +344,17 @@ class Log(Protocol):
         assignor: Assignor | None = None,
         instance_id: str | None = None,
         session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int | None = None,
+        max_poll_interval_ms: int | None = None,
         reset: Reset = "earliest",
         role: str = "group",
     ) -> GroupTail:
-        """A member of consumer group ``group`` over ``topics``; call ``start`` to join."""
+        """A member of consumer group ``group`` over ``topics``; call ``start`` to join.
+
+        ``heartbeat_interval_ms`` (default: a tenth of the session, at least 300 ms) and
+        ``max_poll_interval_ms`` (the client's default when None) tune the client's liveness;
+        the in-memory log counts a member alive until it is closed or crashes.
+        """
 
     def producer(self, role: str = "producer") -> Producer:
         """An idempotent producer; call ``start`` before sending."""

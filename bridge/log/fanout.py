@@ -186,12 +186,6 @@ class Fanout:
                 for sub in subs:
                     sub.close(MOVED)
 
-    def close_all(self) -> None:
-        """Close every subscription (the process is draining)."""
-        for subs in self._subs.values():
-            for sub in subs:
-                sub.close(DRAINING)
-
     def _on_event(self, indexed: IndexedEvent) -> None:
         for sub in self._subs.get(indexed.task_id, ()):
             if not sub.overflowed and not sub.offer(indexed) and self._on_overflow is not None:

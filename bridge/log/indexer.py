@@ -67,6 +67,7 @@ from bridge.kafka.port import (
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 from bridge.log.identity import Keyring, is_signed, load_keyring
+from bridge.log.misrouted import MisroutedEvents
 from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
 from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
@@ -292,6 +293,7 @@ class Indexer(Component):
         persist: bool = False,
         flush_interval_s: float = 0.5,
         keyring: Keyring | None = None,
+        on_misrouted: Callable[[], None] | None = None,
         log: Log | None = None,
     ) -> None:
         """``log``: the log to index (the cluster of ``settings`` when None)."""
@@ -307,6 +309,8 @@ class Indexer(Component):
         self._decoder = RecordDecoder(
             settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
         )
+        #: Events in a partition their task id does not map to (``on_misrouted`` counts each).
+        self.misrouted = MisroutedEvents(self.partition_of, on_misrouted)
         #: Verifies the signature of every ``task.created`` record.
         self.keyring = keyring if keyring is not None else load_keyring(settings)
         #: ``task.created`` records refused by partitions no longer owned (see
@@ -667,6 +671,8 @@ class Indexer(Component):
         )
         if seq is None:
             return
+        if seq == 0 or self.misrouted.remembered:  # no call for a placed task's later events
+            self.misrouted.check(task_id, idx.partition, seq)
         if self.persist:
             self._note_update(idx, task_id, seq, record, before, event)
         if not self._listeners:

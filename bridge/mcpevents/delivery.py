@@ -14,6 +14,11 @@ Events are delivered one at a time, so the cursor in each body (the event's own 
 safe watermark: everything before it was acknowledged or given up. A quiet subscription polls
 every ``poll_interval_s``, and at once after a refresh or when a read returned ``hasMore``.
 
+The client's profile (:mod:`bridge.server.profile`) reaches a loop as plain values: whether
+``gap`` and ``terminated`` envelopes are sent (:attr:`DeliveryPolicy.control_envelopes`), the
+largest body sent (:attr:`DeliveryPolicy.max_body_bytes`), and the :class:`Shape` that makes each
+event's body (the occurrence as is, unless the profile fits it to the client).
+
 What it does not do: know JSON-RPC (a subscription that may no longer be served is reported by
 the poll function as :class:`Revoked`, with the error object for the ``terminated`` envelope).
 """
@@ -52,10 +57,12 @@ __all__ = [
     "DeliveryPolicy",
     "Poll",
     "Revoked",
+    "Shape",
     "SubscriptionDelivery",
     "VerificationThrottled",
     "WebhookDeliveries",
     "WebhookService",
+    "as_is",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,20 @@ class Revoked(Exception):
         self.error = error
 
 
+class Shape(Protocol):
+    """The message a delivery of ``occurrence`` POSTs for ``sub``; ``before`` is the
+    subscription's cursor before the occurrence (where a read of it alone starts)."""
+
+    async def __call__(
+        self, sub: Subscription, occurrence: Occurrence, before: str | None
+    ) -> dict[str, Any]: ...
+
+
+async def as_is(sub: Subscription, occurrence: Occurrence, before: str | None) -> dict[str, Any]:
+    """The SEP's body: the ``EventOccurrence`` with its own cursor."""
+    return occurrence.wire(with_cursor=True)
+
+
 class Sender(Protocol):
     """What a loop needs of :class:`~bridge.mcpevents.webhooks.WebhookSender`."""
 
@@ -113,16 +134,33 @@ class DeliveryPolicy:
     poll_interval_s: float
     suspend_after: int
     max_events: int = 100
+    #: Send ``gap`` and ``terminated`` envelopes (a client that has none gets neither: a
+    #: revoked subscription just ends, a gap is passed over).
+    control_envelopes: bool = True
+    #: The largest body POSTed; a larger one is never sent (abandoned as a 413 would be).
+    max_body_bytes: int | None = None
 
     @classmethod
-    def of(cls, settings: Settings) -> DeliveryPolicy:
+    def of(
+        cls,
+        settings: Settings,
+        *,
+        control_envelopes: bool = True,
+        max_body_bytes: int | None = None,
+    ) -> DeliveryPolicy:
         retry = RetryPolicy(
             max_attempts=settings.webhook_max_attempts,
             max_elapsed_seconds=settings.webhook_max_retry_s,
             base_delay_seconds=settings.webhook_backoff_base_s,
             max_delay_seconds=settings.webhook_backoff_max_s,
         )
-        return cls(retry, settings.webhook_poll_interval_s, settings.webhook_suspend_after_failures)
+        return cls(
+            retry,
+            settings.webhook_poll_interval_s,
+            settings.webhook_suspend_after_failures,
+            control_envelopes=control_envelopes,
+            max_body_bytes=max_body_bytes,
+        )
 
 
 def _now_ms() -> int:
@@ -144,6 +182,7 @@ class SubscriptionDelivery:
         sender: Sender,
         policy: DeliveryPolicy,
         *,
+        shape: Shape = as_is,
         now_ms: Callable[[], int] = _now_ms,
     ) -> None:
         self.sub_id = sub_id
@@ -151,6 +190,7 @@ class SubscriptionDelivery:
         self.poll = poll
         self.sender = sender
         self.policy = policy
+        self.shape = shape
         self.now_ms = now_ms
         #: Set when the subscription changed (a refresh): look again without waiting.
         self.nudge = asyncio.Event()
@@ -195,23 +235,31 @@ class SubscriptionDelivery:
         batch = await self.poll(
             sub.principal, sub.name, sub.arguments, sub.cursor, max_age, self.policy.max_events
         )
+        before = sub.cursor
         for occurrence in batch.events:
-            if not await self._deliver_one(occurrence):
+            if not await self._deliver_one(sub, occurrence, before):
                 return False
+            before = occurrence.cursor
         latest = self.store.current(self.sub_id)
         if latest is None or not latest.active:
             return False
-        if batch.truncated:
+        if batch.truncated and self.policy.control_envelopes:
             await self._control(latest, {"type": "gap", "cursor": batch.cursor})
         if batch.cursor != latest.cursor or latest.floor_ms is not None:
             await self._write(latest.delivered(batch.cursor, latest.status))
         return batch.has_more
 
-    async def _deliver_one(self, occurrence: Occurrence) -> bool:
+    async def _deliver_one(
+        self, read: Subscription, occurrence: Occurrence, before: str | None
+    ) -> bool:
         """POST one event (retried); write the outcome back. False: stop this batch."""
-        body = _body(occurrence.wire(with_cursor=True))
+        body = _body(await self.shape(read, occurrence, before))
+        limit = self.policy.max_body_bytes
 
         async def attempt() -> Outcome:
+            if limit is not None and len(body) > limit:
+                # Never sent: the receiver would refuse it (413), so it is abandoned alike.
+                return Outcome(Verdict.ABANDON, "http_4xx")
             sub = self.store.current(self.sub_id)
             if sub is None:  # unsubscribed meanwhile: nothing to send, nothing to retry
                 return Outcome(Verdict.ABANDON)
@@ -272,7 +320,8 @@ class SubscriptionDelivery:
     async def _terminate(self, sub: Subscription, error: dict[str, Any]) -> None:
         """The draft's webhook termination: a ``terminated`` envelope, then the tombstone."""
         log.info("webhook %s: terminated (%s)", sub.id, error.get("code"))
-        await self._control(sub, {"type": "terminated", "error": error})
+        if self.policy.control_envelopes:
+            await self._control(sub, {"type": "terminated", "error": error})
         await self.store.delete(sub.id)
 
 
@@ -387,11 +436,15 @@ class WebhookService(Component):
         *,
         now_ms: Callable[[], int] = _now_ms,
         on_throttled: Callable[[], None] = lambda: None,
+        policy: DeliveryPolicy | None = None,
+        shape: Shape = as_is,
     ):
+        """``policy``: the loops' (from the settings when None); ``shape``: each event's body."""
         self.settings = settings
         self.poll = poll
         self.now_ms = now_ms
-        self.policy = DeliveryPolicy.of(settings)
+        self.policy = policy or DeliveryPolicy.of(settings)
+        self.shape = shape
         self.sender = WebhookSender(
             allowlist=settings.webhook_allowlist,
             ssl_context=_callback_tls(settings),
@@ -438,7 +491,7 @@ class WebhookService(Component):
 
     def _delivery(self, sub_id: str) -> SubscriptionDelivery:
         return SubscriptionDelivery(
-            sub_id, self, self.poll, self.sender, self.policy, now_ms=self.now_ms
+            sub_id, self, self.poll, self.sender, self.policy, shape=self.shape, now_ms=self.now_ms
         )
 
     async def start(self) -> None:

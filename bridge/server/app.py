@@ -46,7 +46,7 @@ from bridge.server.handlers import MethodHandlers
 from bridge.server.hops import PeerAuth, mark_peer_listener
 from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.listen import Listen, PeerTasks
-from bridge.server.peers import Peers, client_tls
+from bridge.server.peers import PEER_HEALTH_PATH, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
@@ -105,7 +105,7 @@ async def start_components(
     access = Access.serving(settings, job_topics(settings), workers=bool(companions))
     try:
         with refusals_explained(access, settings):
-            indexer = Indexer(settings, persist=True)
+            indexer = Indexer(settings, persist=True, on_misrouted=metrics.events_misrouted.inc)
             await indexer.start()
             stack.push_async_callback(indexer.stop)
             # Metrics are wired here, once: no component rewires a shared one's reports.
@@ -266,7 +266,8 @@ def create_app(
 def peer_app(settings: Settings, components: Callable[[], Components | None]) -> ASGIApp:
     """The peer listener's app: the hop endpoints of the same ``components`` (``/mcp``, and
     the browser view's GETs when the view is on), every request marked as arrived there, so
-    that only its signed hop says who the caller is. Nothing else is served."""
+    that only its signed hop says who the caller is. Nothing else is served but an empty
+    ``GET /healthz`` (a probe, and how a forwarding replica opens a spare connection)."""
 
     def running(request: Request) -> Components:
         served = components()
@@ -280,9 +281,15 @@ def peer_app(settings: Settings, components: Callable[[], Components | None]) ->
     async def get(request: Request) -> Response:
         return await running(request).endpoint.get(request)
 
+    async def healthz(request: Request) -> Response:
+        # No state, no credential: a probe, and how a forwarding replica keeps a spare
+        # connection to this listener (bridge.server.peers).
+        return Response(status_code=204)
+
     routes = [
         Route("/mcp", RawEndpoint(post), methods=["POST"]),
         Route("/mcp", RawEndpoint(get), methods=["GET"]),
+        Route(PEER_HEALTH_PATH, healthz, methods=["GET"]),
     ]
     if settings.view_enabled:
         view = BrowserView(settings, running)
@@ -338,7 +345,12 @@ def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStac
         return None
     p = settings.peers
     auth = PeerAuth(secret, routing.own_url, max_age_s=p.max_age_s, max_nonces=p.max_nonces)
-    peers = Peers(auth, tls=client_tls(p))
+    peers = Peers(
+        auth,
+        tls=client_tls(p),
+        max_streams=settings.max_streams,
+        keep_alive_s=settings.server_keep_alive_s,
+    )
     stack.push_async_callback(peers.close)
     return peers
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -56,7 +57,15 @@ from bridge.mcpevents import (
 )
 from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
 from bridge.mcpevents.cursor import decode_page, encode_page
-from bridge.mcpevents.delivery import Poll, Revoked, VerificationThrottled, WebhookService
+from bridge.mcpevents.delivery import (
+    DeliveryPolicy,
+    Poll,
+    Revoked,
+    Shape,
+    VerificationThrottled,
+    WebhookService,
+    as_is,
+)
 from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
 from bridge.mcpevents.sources import (
     CursorAhead,
@@ -77,12 +86,13 @@ from bridge.mcpevents.taskupdates import TaskUpdates
 from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
 from bridge.sealing import KeyRing, Sealer
 from bridge.server.admission import label
-from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams
+from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
 from bridge.server.hops import PeerIdentity
 from bridge.server.peers import Peers, routed_task_id
+from bridge.server.profile import EVENTS_EXTENSION, EventsProfile
 from bridge.server.routing import Routing
 from bridge.server.wire import (
-    CALLBACK_ENDPOINT_ERROR,
+    CLIENT_CAPS_META,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     RESOURCE_EXHAUSTED,
@@ -95,6 +105,7 @@ from bridge.server.wire import (
     RpcError,
     events_notification,
     result_response,
+    tasks_capability,
 )
 from bridge.tasks.messages import iso_ms
 from bridge.tasks.service import TaskNotFound
@@ -111,7 +122,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EVENTS_EXTENSION = "io.modelcontextprotocol/events"
 #: ``_meta`` flag of an events/poll asking for each occurrence's own cursor, as push and webhook
 #: occurrences carry it (the draft puts only the batch cursor in a poll result). A webhook
 #: delivery reading at a task's owner sets it: it writes its cursor back after every event.
@@ -217,7 +227,7 @@ def events_extension(
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
     webhooks = webhook_methods(
-        settings, sources, routing=routing, peers=peers, on_throttled=on_throttled
+        settings, sources, routing=routing, peers=peers, on_throttled=on_throttled, tasks=tasks
     )
     return EventsMethods(
         sources,
@@ -546,16 +556,151 @@ def webhook_methods(
     routing: Routing | None = None,
     peers: Peers | None = None,
     on_throttled: Callable[[], None] = lambda: None,
+    tasks: TaskLookup | None = None,
 ) -> WebhookMethods:
     """Webhook subscriptions over ``sources``; delivery only when callers authenticate and a
-    key seals the secrets at rest (:func:`webhook_sealer`)."""
+    key seals the secrets at rest (:func:`webhook_sealer`). The deployment's client profile
+    (:class:`~bridge.server.profile.EventsProfile`) sets the loops' envelopes and bodies;
+    ``tasks`` reads the outcomes it puts inline (here, or at the task's owner)."""
     by_name = {source.name: source for source in sources}
+    profile = EventsProfile.of(settings)
     sealer = webhook_sealer(settings) if settings.auth.mode != "none" else None
     service = None
     if sealer is not None:
         poll = delivery_poll(by_name, routing=routing, peers=peers)
-        service = WebhookService(settings, poll, sealer, on_throttled=on_throttled)
-    return WebhookMethods(settings, by_name, service)
+        policy = DeliveryPolicy.of(
+            settings,
+            control_envelopes=profile.control_envelopes,
+            max_body_bytes=profile.max_body_bytes,
+        )
+        shape: Shape = as_is
+        if profile.max_body_bytes is not None:
+            outcomes = task_outcomes(tasks, routing=routing, peers=peers)
+            shape = FittedBodies(
+                profile.max_body_bytes,
+                f"{settings.own_types.prefix}.task.updated",
+                outcomes if profile.inline_outcomes else None,
+            )
+        service = WebhookService(
+            settings, poll, sealer, on_throttled=on_throttled, policy=policy, shape=shape
+        )
+    return WebhookMethods(settings, by_name, service, profile=profile)
+
+
+#: Reads the outcome (``{"result": …}`` or ``{"error": …}``) of a task for a principal, or None
+#: when it cannot be had now (the delivery then carries the request that fetches it).
+Outcomes = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+
+
+def task_outcomes(
+    tasks: TaskLookup | None,
+    *,
+    routing: Routing | None = None,
+    peers: Peers | None = None,
+) -> Outcomes:
+    """tasks/get's outcome of a task for a principal, where the task is served: locally, or at
+    the owner of its partition (signed for the principal, as :func:`owner_poll`)."""
+
+    async def outcome(principal: str, task_id: str) -> dict[str, Any] | None:
+        try:
+            if routing is not None and peers is not None:
+                owner = await routing.where(task_id)
+                if owner is not None:
+                    params = {"taskId": task_id, "_meta": {CLIENT_CAPS_META: tasks_capability()}}
+                    identity = PeerIdentity(principal, principal)
+                    return _outcome_of(await peers.call(owner, "tasks/get", params, identity))
+            if tasks is None:
+                return None
+            return _outcome_of(detailed_task(await tasks.get(task_id, principal)))
+        except Exception as exc:  # the request it carries instead fetches it later
+            log.info("task outcome not read for a delivery (%s)", type(exc).__name__)
+            return None
+
+    return outcome
+
+
+def _outcome_of(task: Mapping[str, Any]) -> dict[str, Any] | None:
+    for key in ("result", "error"):
+        if key in task:
+            return {key: task[key]}
+    return None
+
+
+class FittedBodies:
+    """Webhook bodies of at most ``limit`` bytes, the envelope included, each one an event a
+    model can act on without a second call where it fits (a :class:`~bridge.mcpevents.delivery.
+    Shape`, for the ``chatgpt`` profile):
+
+    * a ``task.updated`` (``updates``, the type's name) delivery of a completed or failed task
+      carries the task's ``result`` (or ``error``) in ``data`` instead of the ``resultRequest``
+      that fetches it, when the body with it still fits (``outcomes``; None: never inline);
+    * any body that does not fit is sent with its ``data`` replaced by
+      ``{"omitted": "too_large", "bytes": n, "resultRequest": …}``: a ``task.updated``
+      occurrence's own ``resultRequest``, else the ``events/poll`` that reads this occurrence
+      alone (from the cursor before it, ``maxEvents`` 1).
+
+    Only ``task.updated`` data is the bridge's own: a pipeline record's value may hold a
+    ``resultRequest`` of any producer's making, which is never acted on nor passed on as ours.
+    """
+
+    def __init__(self, limit: int, updates: str, outcomes: Outcomes | None) -> None:
+        self.limit = limit
+        self.updates = updates
+        self.outcomes = outcomes
+
+    async def __call__(
+        self, sub: Subscription, occurrence: Occurrence, before: str | None
+    ) -> dict[str, Any]:
+        message = occurrence.wire(with_cursor=True)
+        inline = await self._inline(sub, occurrence)
+        if inline is not None and self._fits(inline):
+            return inline
+        if self._fits(message):
+            return message
+        request = self._own_request(occurrence)
+        if request is None:
+            request = {
+                "method": "events/poll",
+                "params": {
+                    "name": sub.name,
+                    "arguments": sub.arguments,
+                    "cursor": before,
+                    "maxEvents": 1,
+                },
+            }
+        size = len(_encoded(message))
+        return {
+            **message,
+            "data": {"omitted": "too_large", "bytes": size, "resultRequest": request},
+        }
+
+    def _own_request(self, occurrence: Occurrence) -> dict[str, Any] | None:
+        """The ``resultRequest`` a ``task.updated`` occurrence carries (the bridge wrote it)."""
+        request = occurrence.data.get("resultRequest")
+        if occurrence.name != self.updates or not isinstance(request, dict):
+            return None
+        return request
+
+    async def _inline(self, sub: Subscription, occurrence: Occurrence) -> dict[str, Any] | None:
+        request = self._own_request(occurrence)
+        if self.outcomes is None or request is None:
+            return None
+        task_id = occurrence.data.get("taskId")
+        if not isinstance(task_id, str):
+            return None
+        outcome = await self.outcomes(sub.principal, task_id)
+        if outcome is None:
+            return None
+        data = {k: v for k, v in occurrence.data.items() if k != "resultRequest"}
+        return {**occurrence.wire(with_cursor=True), "data": {**data, **outcome}}
+
+    def _fits(self, message: dict[str, Any]) -> bool:
+        return len(_encoded(message)) <= self.limit
+
+
+def _encoded(message: dict[str, Any]) -> bytes:
+    """The body as the delivery loop encodes it (compact UTF-8 JSON)."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def webhook_sealer(settings: Settings) -> Sealer | None:
@@ -639,9 +784,12 @@ class WebhookMethods:
         service: WebhookService | None,
         *,
         now_ms: Callable[[], int] = _now_ms,
+        profile: EventsProfile | None = None,
     ) -> None:
         self.sources = sources
         self.service = service
+        #: The client profile: its verification error, results and unsubscribe answer.
+        self.profile = profile or EventsProfile.of(settings)
         self.auth_mode = settings.auth.mode
         self.now_ms = now_ms
         self.ttl = TtlPolicy(
@@ -734,7 +882,7 @@ class WebhookMethods:
             "cursor": stored.cursor,
             "truncated": existing is None and probe.truncated,
         }
-        if existing is not None:
+        if existing is not None and self.profile.reports_delivery_status:
             result["deliveryStatus"] = _status(existing)  # what this refresh resumes, if anything
         return result
 
@@ -792,7 +940,7 @@ class WebhookMethods:
             ) from None
         if outcome.verdict is not Verdict.DELIVERED:
             raise RpcError(
-                CALLBACK_ENDPOINT_ERROR,
+                self.profile.callback_error_code,
                 "the callback endpoint failed verification",
                 {"reason": outcome.error or "challenge_failed"},
             )
@@ -807,6 +955,8 @@ class WebhookMethods:
         with _mapped():
             sid = subscription_id(call.principal, params.delivery.url, params.name, arguments)
         if service.registry.table.live(sid, self.now_ms()) is None:
-            raise RpcError(NOT_FOUND, "No such subscription", {"kind": "subscription"})
+            if self.profile.unknown_unsubscribe_is_error:
+                raise RpcError(NOT_FOUND, "No such subscription", {"kind": "subscription"})
+            return {}  # the client's answer for a subscription already gone
         await service.delete(sid)
         return {}

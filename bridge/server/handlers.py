@@ -30,6 +30,7 @@ from bridge.server.classify import decode_header_value
 from bridge.server.cursor import cursor_prefix
 from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.peers import routed_task_id
+from bridge.server.profile import EventsProfile
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -172,6 +173,8 @@ class MethodHandlers:
     ) -> None:
         self.settings = settings
         self.extensions = list(extensions)
+        #: The Events client profile: its top-level capability and its legacy methods.
+        self.profile = EventsProfile.of(settings)
         self.service = service
         self.streams = streams
         self._texts = RecentTexts()  # notification texts, shared by the streams of a task
@@ -208,6 +211,12 @@ class MethodHandlers:
             "resources/list": self.resources_list,
             "resources/templates/list": self.resource_templates_list,
         }
+        for method in self.profile.legacy_methods:
+            if method in self.modern:  # served when the Events extension is
+                self.legacy[method] = self.modern[method]
+
+    def _profile_capabilities(self) -> dict[str, Any]:
+        return self.profile.capabilities({x.identifier for x in self.extensions})
 
     async def dispatch(self, call: Call) -> Outcome:
         """Run the method; domain errors become JSON-RPC errors here and only here."""
@@ -241,6 +250,7 @@ class MethodHandlers:
                 "tools": {},
                 "prompts": {},
                 "resources": {},
+                **self._profile_capabilities(),
                 "extensions": {
                     TASKS_EXTENSION: {},
                     **{x.identifier: x.settings() for x in self.extensions if x.identifier},
@@ -260,7 +270,12 @@ class MethodHandlers:
         )
         return {
             "protocolVersion": version,
-            "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
+            "capabilities": {
+                "tools": {},
+                "prompts": {},
+                "resources": {},
+                **self._profile_capabilities(),
+            },
             "serverInfo": self._server_info(),
         }
 

@@ -416,7 +416,7 @@ class McpHttp:
             method, request_id = inbound.rpc.method, inbound.rpc.id
             owner = await self._owner(routed_task_id(method, inbound.params), hop)
             if owner is not None:
-                return await self._forward(request, body, caller, owner, method)
+                return await self._forward(request, body, caller, owner, method, request_id)
             call = Call(inbound.rpc, caller, inbound.legacy, inbound.params, request.headers)
             outcome = await self.handlers.dispatch(call)
         except Rejected as exc:
@@ -439,9 +439,16 @@ class McpHttp:
         return owner
 
     async def _forward(
-        self, request: Request, body: bytes, caller: Caller, owner: str, method: str
+        self,
+        request: Request,
+        body: bytes,
+        caller: Caller,
+        owner: str,
+        method: str,
+        request_id: str | int | None = None,
     ) -> Response:
-        """One hop: send the request to the owner and pass its answer back as it comes."""
+        """One hop: send the request to the owner and pass its answer back as it comes; when
+        the owner cannot be asked, the retriable error answers ``request_id``."""
         if self.peers is None:  # the app builds routing that divides only with peers
             raise RuntimeError("a request to forward, but no peer client")
         started = time.perf_counter()
@@ -453,7 +460,7 @@ class McpHttp:
         except Exception as exc:
             self.metrics.forward(method, "unavailable", None)
             log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
-            return self._json(error_response(None, owner_unavailable_error()), 503)
+            return self._json(error_response(request_id, owner_unavailable_error()), 503)
         self.metrics.forward(
             method, "ok" if answer.status < 500 else "error", time.perf_counter() - started
         )

@@ -22,6 +22,7 @@ does), or know what a method means beyond the task id it names (:func:`routed_ta
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import ssl
@@ -45,6 +46,7 @@ from bridge.server.wire import (
 
 __all__ = [
     "FORWARDED_HEADERS",
+    "PEER_HEALTH_PATH",
     "OwnerRefusedHop",
     "Peers",
     "client_tls",
@@ -53,6 +55,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The peer listener's unauthenticated health check: it also opens spare hop connections.
+PEER_HEALTH_PATH = "/healthz"
 
 #: Headers of the client's request that the owner needs: exactly the signed ones.
 FORWARDED_HEADERS = SIGNED_HEADERS
@@ -149,28 +154,88 @@ def server_tls(settings: PeerSettings) -> dict[str, Any]:
 
 
 class Peers:
-    """The HTTP client of the hops (one connection pool per process)."""
+    """The HTTP clients of the hops (per process): one pool for forwarded requests, whose
+    streams hold a connection each for as long as they run, and one for this replica's own
+    calls (:meth:`call`), so that long streams can never starve the short calls.
+
+    ``max_streams`` bounds the forwarding pool (a replica serves at most that many streams, so
+    it forwards at most that many); ``keep_alive_s`` is the peer listeners' keep-alive: an idle
+    connection is dropped here before the owner would close it, never reused as it closes.
+    """
 
     def __init__(
-        self, auth: PeerAuth, timeout_s: float = 30.0, tls: ssl.SSLContext | bool = True
+        self,
+        auth: PeerAuth,
+        timeout_s: float = 30.0,
+        tls: ssl.SSLContext | bool = True,
+        *,
+        max_streams: int = 10_000,
+        keep_alive_s: float = 5.0,
     ) -> None:
         self.auth = auth
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
         self._call_timeout = httpx.Timeout(timeout_s)
+        idle_s = max(0.5, keep_alive_s - 1.0)
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, read=None),
-            follow_redirects=False,
-            trust_env=False,
-            verify=tls,
+        self._client = self._pool(
+            httpx.Timeout(timeout_s, read=None),
+            httpx.Limits(
+                max_connections=max_streams, max_keepalive_connections=64, keepalive_expiry=idle_s
+            ),
+            tls,
+        )
+        self._calls = self._pool(
+            self._call_timeout, httpx.Limits(max_connections=100, keepalive_expiry=idle_s), tls
+        )
+        #: Owners a spare connection is being opened to (at most one at a time each).
+        self._warming: dict[str, asyncio.Task[None]] = {}
+
+    @staticmethod
+    def _pool(
+        timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
+    ) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, follow_redirects=False, trust_env=False, verify=tls
         )
         # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
         # replica did not sign (it signs a header's absence too).
-        del self._client.headers["accept"]
+        del client.headers["accept"]
+        return client
 
     async def close(self) -> None:
+        for task in list(self._warming.values()):
+            task.cancel()
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
         await self._client.aclose()
+        await self._calls.aclose()
+
+    def _spare(self, base_url: str) -> None:
+        """Open a kept-alive connection to ``base_url`` off the critical path, after a
+        forwarded stream's connection was dropped.
+
+        A client usually leaves a stream before it ends (it has what it wanted, or it resumes
+        later), and an HTTP/1.1 response cannot be abandoned without closing its connection:
+        so every forwarded stream would pay a new TCP connect (and a TLS handshake) to the
+        owner, on the time to its first event. A cheap request to the peer listener's
+        ``/healthz`` leaves a connection in the pool for the next hop instead. At most one is
+        in flight per owner; failures are ignored (the next hop connects as before).
+        """
+        if base_url in self._warming or self._client.is_closed:
+            return
+        task = asyncio.create_task(self._open_spare(base_url), name=f"peer-spare {base_url}")
+        self._warming[base_url] = task
+        task.add_done_callback(lambda _: self._warming.pop(base_url, None))
+
+    async def spares_opened(self) -> None:
+        """Wait until the spare connections being opened now are open (or failed)."""
+        await asyncio.gather(*self._warming.values(), return_exceptions=True)
+
+    async def _open_spare(self, base_url: str) -> None:
+        try:
+            await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+        except Exception as exc:  # a spare is an optimisation: the next hop connects itself
+            log.debug("no spare connection to %s: %s", base_url, type(exc).__name__)
 
     async def forward(
         self,
@@ -208,7 +273,14 @@ class Peers:
             finally:
                 await response.aclose()
             return Forwarded(response.status_code, passed, _nothing(), _closed, content)
-        return Forwarded(response.status_code, passed, response.aiter_raw(), response.aclose)
+
+        async def close() -> None:
+            ended = response.is_closed  # read to its end (httpx closes it then)
+            await response.aclose()
+            if not ended:  # its connection was dropped with it: prepare the next hop's
+                self._spare(base_url)
+
+        return Forwarded(response.status_code, passed, response.aiter_raw(), close)
 
     async def call(
         self,
@@ -232,9 +304,7 @@ class Peers:
         headers = _request_headers(method, sent)
         headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
         try:
-            reply = await self._client.post(
-                f"{base_url}/mcp", content=body, headers=headers, timeout=self._call_timeout
-            )
+            reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
             if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
             message = reply.json()

@@ -194,10 +194,6 @@ class StreamHub:
                 ticket.moved = True
                 sub.close(MOVED)
 
-    @property
-    def active_streams(self) -> int:
-        return self.admission.active
-
     # --- admission -----------------------------------------------------------------------
 
     def admit(self, caller: Caller, task_id: str, request_id: str | int | None) -> Ticket:

@@ -47,6 +47,7 @@ from bridge.events import (
 
 __all__ = [
     "CALLBACK_ENDPOINT_ERROR",
+    "CHATGPT_CALLBACK_ENDPOINT_ERROR",
     "CLIENT_CAPS_META",
     "CLIENT_INFO_META",
     "EVENTS_GONE",
@@ -639,6 +640,10 @@ class EventsListParams(BaseModel):
 #: The draft's codes beside NotFound, Forbidden and Unsupported (provisional, like them).
 RESOURCE_EXHAUSTED = -32025
 CALLBACK_ENDPOINT_ERROR = -32027
+#: The code ChatGPT's MCP Events integration expects for a failed callback verification, with
+#: ``data.reason`` (the ``chatgpt`` profile: :mod:`bridge.server.profile`). It sits in the
+#: legacy -32000..-32019 band: the client's number, not ours to choose.
+CHATGPT_CALLBACK_ENDPOINT_ERROR = -32015
 
 
 class WebhookTarget(BaseModel):

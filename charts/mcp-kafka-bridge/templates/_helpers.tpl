@@ -240,6 +240,15 @@ and statefulset.yaml include this, so `helm install` with the defaults refuses t
 {{- end -}}
 {{- end -}}
 
+{{/* The Events client profile when it is not the default (empty then). */}}
+{{- define "bridge.eventsProfile" -}}
+{{- $profile := .Values.webhooks.profile | default "sep-3415" -}}
+{{- if not (has $profile (list "sep-3415" "chatgpt")) -}}
+{{- fail (printf "webhooks.profile must be sep-3415 or chatgpt, not %q" $profile) -}}
+{{- end -}}
+{{- if ne $profile "sep-3415" -}}{{ $profile }}{{- end -}}
+{{- end -}}
+
 {{- define "bridge.security" -}}
 {{- $mode := .Values.kafka.security -}}
 {{- if not (has $mode (list "none" "scram" "mtls")) -}}

@@ -1,0 +1,222 @@
+"""The reference Java worker (examples/java-worker/) runs a declared tool end to end.
+
+The worker is written from docs/workers.md and schemas/ alone; this test builds it with Maven
+(offline once its dependencies are in the local repository) and runs it as a separate process
+against the bridge's task service on the real broker: a task that asks for input and resumes
+on the answer, a task cancelled while it runs, and a task whose worker is killed (SIGKILL)
+mid-job, which runs again and still ends once. The tool is the one examples/pipeline-tool.toml
+declares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.layout import create_topics, make_settings
+
+from bridge.config import Settings, ToolSpec, load_settings
+from bridge.events import EventSuffix
+from bridge.log.indexer import IndexedEvent, Indexer
+from bridge.log.reader import Reader
+from bridge.tasks.service import TaskService
+
+pytestmark = pytest.mark.kafka
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "examples" / "java-worker"
+EXAMPLE = ROOT / "examples" / "pipeline-tool.toml"
+BOUND = 60  # seconds any one wait may take
+BUILD_BOUND_S = 600
+MAIN_CLASS = "io.mcpbridge.example.CountWorker"
+
+
+def _maven(*goals: str, offline: bool) -> subprocess.CompletedProcess[str]:
+    command = ["mvn", "-B", "-q", *(["-o"] if offline else []), *goals]
+    return subprocess.run(
+        command,
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_BOUND_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def java_worker_classpath() -> str:
+    """Build the worker: offline when the local repository has everything, else once online."""
+    if shutil.which("mvn") is None or shutil.which("java") is None:
+        pytest.fail("the Java worker test needs `mvn` and `java` (make system-deps checks them)")
+    goals = ("compile", "dependency:copy-dependencies")
+    built = _maven(*goals, offline=True)
+    if built.returncode != 0:
+        built = _maven(*goals, offline=False)  # the first build: resolve from Maven Central
+    assert built.returncode == 0, built.stdout + built.stderr
+    target = PROJECT / "target"
+    return f"{target / 'classes'}{os.pathsep}{target / 'dependency' / '*'}"
+
+
+class Seen:
+    """Every event the indexer applies, by task, with a bounded wait for a condition."""
+
+    def __init__(self, indexer: Indexer) -> None:
+        self.events: dict[str, list[IndexedEvent]] = {}
+        self._changed = asyncio.Event()
+        indexer.add_listener(self._on)
+
+    def _on(self, indexed: IndexedEvent) -> None:
+        self.events.setdefault(indexed.task_id, []).append(indexed)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def of(self, task_id: str, event_type: str) -> list[dict[str, Any]]:
+        return [e.event.payload for e in self.events.get(task_id, []) if e.event.type == event_type]
+
+    async def count(self, task_id: str, event_type: str, n: int) -> None:
+        """Wait until ``task_id`` has at least ``n`` events of ``event_type``."""
+        while len(self.of(task_id, event_type)) < n:
+            changed = self._changed
+            async with asyncio.timeout(BOUND):
+                await changed.wait()
+
+
+class JavaWorker:
+    """The Java worker as a child process, with its stderr kept for failures."""
+
+    def __init__(self, classpath: str, settings: Settings, log: Path) -> None:
+        self.classpath = classpath
+        self.settings = settings
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka_bootstrap_servers or "",
+            "WORKER_TOPIC_PREFIX": self.settings.topics.prefix,
+            "WORKER_EVENT_TYPE_PREFIX": self.settings.event_type_prefix,
+            # Static membership: a restarted worker takes its partitions back at once.
+            "WORKER_INSTANCE_ID": "java-worker-1",
+            "WORKER_STEP_MS": "150",
+        }
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                ["java", "-cp", self.classpath, MAIN_CLASS],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook, no leave-group, nothing flushed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=BOUND)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def bridge_side(
+    settings: Settings, tool: ToolSpec
+) -> AsyncIterator[tuple[TaskService, Seen]]:
+    await create_topics(settings, [tool.name])
+    async with Indexer(settings) as indexer:
+        seen = Seen(indexer)
+        reader = Reader(settings, indexer)
+        service = TaskService(settings, indexer, reader, {tool.name: tool})
+        await service.start()
+        try:
+            yield service, seen
+        finally:
+            await service.stop()
+            await reader.close()
+
+
+def declared_tool() -> ToolSpec:
+    """The tool as examples/pipeline-tool.toml declares it."""
+    (tool,) = load_settings(EXAMPLE).tools
+    return tool
+
+
+async def test_the_java_worker_runs_a_declared_tool_with_input_cancel_and_a_crash(
+    java_worker_classpath: str, kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    tool = declared_tool()
+    settings = make_settings(kafka_bootstrap, topic_prefix, tools=[tool], tool_packs=[])
+    log = tmp_path / "java-worker.log"
+    async with bridge_side(settings, tool) as (service, seen):
+        worker = JavaWorker(java_worker_classpath, settings, log)
+        worker.start()
+        try:
+            async with asyncio.timeout(4 * BOUND):
+                await _input_then_cancel_then_crash(service, seen, tool, worker)
+        except BaseException:
+            print(worker.output())  # what the worker said, for the failure report
+            raise
+        finally:
+            worker.kill()
+
+
+async def _input_then_cancel_then_crash(
+    service: TaskService, seen: Seen, tool: ToolSpec, worker: JavaWorker
+) -> None:
+    prefix = service.settings.event_type_prefix
+    status_type = f"{prefix}.{EventSuffix.STATUS}"
+    progress_type = f"{prefix}.{EventSuffix.PROGRESS}"
+
+    # Input: the job parks the task halfway and resumes on the answer.
+    asked = await service.create(tool, {"count": 4, "confirm": True}, principal="alice")
+    view = await service.wait_until(asked.task_id, "alice", frozenset({"input_required"}))
+    request = view.input_requests["confirm"]
+    assert request["method"] == "elicitation/create"
+    assert request["params"]["requestedSchema"]["required"] == ["confirm"]
+    answer = {"action": "accept", "content": {"confirm": True}}
+    await service.update(asked.task_id, "alice", {"confirm": answer})
+    view = await service.wait_terminal(asked.task_id, "alice")
+    assert view.status == "completed", view
+    assert view.result["structuredContent"] == {"count": 4, "confirmation": "confirmed"}
+    progress = seen.of(asked.task_id, progress_type)
+    assert [p["progress"] for p in progress] == [1, 2, 3, 4]
+    assert seen.of(asked.task_id, "com.example.count.tick") == [{"n": n} for n in (1, 2, 3, 4)]
+    statuses = [s["status"] for s in seen.of(asked.task_id, status_type)]
+    # The worker's input_required, the bridge's "working" on the answer, the worker's outcome.
+    assert statuses == ["input_required", "working", "completed"]
+
+    # Cancel: the running job stops and the task ends cancelled.
+    long = await service.create(tool, {"count": 10_000}, principal="alice")
+    await seen.count(long.task_id, progress_type, 1)
+    await service.cancel(long.task_id, "alice")
+    view = await service.wait_terminal(long.task_id, "alice")
+    assert view.status == "cancelled" and view.status_message == "cancelled at the client's request"
+
+    # A crash: SIGKILL mid-job; the restarted worker runs the job again, the task ends once.
+    crashed = await service.create(tool, {"count": 6}, principal="alice")
+    await seen.count(crashed.task_id, progress_type, 2)
+    worker.kill()
+    before = len(seen.of(crashed.task_id, progress_type))
+    assert before < 6
+    worker.start()
+    view = await service.wait_terminal(crashed.task_id, "alice")
+    assert view.status == "completed", view
+    assert view.result["structuredContent"] == {"count": 6, "confirmation": "not asked"}
+    steps = [p["progress"] for p in seen.of(crashed.task_id, progress_type)]
+    assert steps[:before] == list(range(1, before + 1))  # the first attempt's events stay
+    assert steps[before:] == [1, 2, 3, 4, 5, 6]  # the second attempt ran from the start
+    ends = [s for s in seen.of(crashed.task_id, status_type) if s["status"] == "completed"]
+    assert len(ends) == 1
+    # One more task after the crash: the group goes on taking jobs.
+    after = await service.create(tool, {"count": 1}, principal="alice")
+    assert (await service.wait_terminal(after.task_id, "alice")).status == "completed"

@@ -1,0 +1,255 @@
+"""The published worker contract (docs/workers.md, schemas/) against what the bridge and the
+Python worker SDK really write.
+
+The unit tests check that every schema is a valid JSON Schema, that it accepts what the SDK's
+message classes produce and refuses what the contract forbids. The Kafka test runs tasks
+through the task service and an SDK worker on the real broker (progress, input, cancel,
+failure, success), then reads every record of the job topics, the control topic and the events
+topic and validates each against the schema of its kind: the Avro records against the
+published ``schemas/task_event.avsc`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import jsonschema
+import pytest
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from referencing import Registry, Resource
+from support.layout import create_topics, make_settings
+from support.services import task_service
+from support.topics import TopicRecord, topic_records
+
+from bridge.config import Settings
+from bridge.envelope import AVRO_CONTENT_TYPE, TaskEvent, decode_event, encode_event
+from bridge.events import CreatedPayload, StatusPayload
+from bridge.keyring import IDENTITY_HEADER
+from bridge.tasks.messages import ControlMessage, JobRequest, new_task_id, owner_digest
+from bridge.workers.packs import pack_handlers, pack_tools
+from bridge.workers.sdk import JobError, Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = ROOT / "schemas"
+BOUND = 60
+JSON_SCHEMAS = sorted(SCHEMAS.glob("*.schema.json"))
+
+
+def _registry() -> Registry:
+    resources = []
+    for path in JSON_SCHEMAS:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        resources.append((document["$id"], Resource.from_contents(document)))
+    return Registry().with_resources(resources)
+
+
+REGISTRY = _registry()
+
+
+def validator(name: str) -> jsonschema.Draft202012Validator:
+    """The validator of ``schemas/<name>.schema.json``, its references resolved locally."""
+    document = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(document, registry=REGISTRY)
+
+
+def valid(name: str, instance: Any) -> None:
+    errors = [e.message for e in validator(name).iter_errors(instance)]
+    assert not errors, f"{name}: {errors} in {instance!r}"
+
+
+def invalid(name: str, instance: Any) -> None:
+    assert not validator(name).is_valid(instance), f"{name} accepted {instance!r}"
+
+
+# --- the schemas themselves -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", JSON_SCHEMAS, ids=lambda p: p.name)
+def test_each_published_schema_is_a_json_schema_with_its_file_name_as_id(path: Path) -> None:
+    document = json.loads(path.read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(document)
+    assert document["$id"] == path.name
+    assert "worker contract v1" in document["title"]
+
+
+def test_the_published_avro_schema_is_the_one_the_bridge_encodes_with() -> None:
+    published = (SCHEMAS / "task_event.avsc").read_text(encoding="utf-8")
+    packaged = (ROOT / "bridge" / "schemas" / "task_event.avsc").read_text(encoding="utf-8")
+    assert json.loads(published) == json.loads(packaged)
+
+
+# --- the SDK's message classes, without Kafka -------------------------------------------------
+
+
+def test_job_requests_as_the_bridge_writes_them_validate() -> None:
+    job = JobRequest(
+        task_id=new_task_id(),
+        tool="greet",
+        arguments={"name": "W"},
+        created_ms=1,
+        partition=2,
+        offset=3,
+    )
+    valid("job-request", job.to_dict())
+    answered = job.model_copy(update={"input_responses": {"who": {"action": "accept"}}})
+    valid("job-request", answered.to_dict())
+    invalid("job-request", {**job.to_dict(), "createdMs": "yesterday"})
+    invalid("job-request", {k: v for k, v in job.to_dict().items() if k != "offset"})
+
+
+def test_control_messages_as_the_bridge_and_the_sdk_write_them_validate() -> None:
+    task_id = new_task_id()
+    valid("control-message", ControlMessage(type="cancel", task_id=task_id).to_dict())
+    valid("control-message", ControlMessage(type="finished", task_id=task_id).to_dict())
+    answer = {"confirm": {"action": "accept", "content": {"confirm": True}}}
+    message = ControlMessage(type="input", task_id=task_id, input_responses=answer)
+    valid("control-message", message.to_dict())
+    invalid("control-message", {"type": "input", "taskId": task_id})  # answers missing
+    invalid("control-message", {"type": "pause", "taskId": task_id})
+
+
+def test_status_payloads_as_the_sdk_writes_them_validate() -> None:
+    request = {"confirm": {"method": "elicitation/create", "params": {"message": "Sure?"}}}
+    for status in (
+        StatusPayload(status="working", status_message="input received"),
+        StatusPayload(status="input_required", input_requests=request, status_message="?"),
+        StatusPayload(status="completed", result={"content": [{"type": "text", "text": "ok"}]}),
+        StatusPayload.failed("no handler for tool x"),
+        StatusPayload(status="failed", status_message="bad", error=JobError(-32602, "bad").error()),
+        StatusPayload(status="cancelled", status_message="cancelled at the client's request"),
+    ):
+        valid("status", status.payload())
+    invalid("status", {"status": "Completed", "result": {"content": []}})  # names are exact
+    invalid("status", {"status": "input_required"})  # nothing asked
+    invalid("status", {"status": "failed", "error": {"message": "no code"}})
+
+
+def test_created_and_progress_payloads_validate() -> None:
+    created = CreatedPayload(
+        tool="greet", owner=owner_digest("alice"), created_ms=5, ttl_ms=60_000, poll_interval_ms=500
+    )
+    valid("task-created", created.to_dict())
+    unlimited = created.model_copy(update={"ttl_ms": None})
+    valid("task-created", unlimited.to_dict())
+    invalid("task-created", {**created.to_dict(), "owner": "alice"})  # a digest, never a name
+    valid("progress", {"progress": 50, "total": 100, "message": "half"})
+    invalid("progress", {"total": 100})
+
+
+def test_the_json_envelope_the_codec_writes_validates_and_strays_do_not() -> None:
+    event = TaskEvent("com.example.log.line", {"text": "hi"}, {"k": 1}, 1_700_000_000_000)
+    value, headers = encode_event(event, fmt="json")
+    assert headers == [("content-type", b"application/json")]
+    valid("event-envelope", json.loads(value))
+    valid("event-envelope", {"type": "com.example.x", "payload": {}})  # timestamp optional
+    invalid("event-envelope", {"type": "com.example.x", "payload": {}, "seq": 3})
+    invalid("event-envelope", {"type": "com.example.x", "payload": [1]})
+    invalid("event-envelope", {"type": "bad type", "payload": {}})
+
+
+# --- what really crosses Kafka ----------------------------------------------------------------
+
+TOOLS = {t.name: t for t in pack_tools(["conformance"])}
+RUN = ["test_tool_with_progress", "confirm_delete", "slow_compute", "failing_job", "greet"]
+
+
+@contextlib.asynccontextmanager
+async def sdk_worker(settings: Settings) -> AsyncIterator[Worker]:
+    handlers = pack_handlers(["conformance"])
+    async with Worker(settings, {name: handlers[name] for name in RUN}) as worker:
+        runner = asyncio.create_task(worker.run())
+        try:
+            yield worker
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+
+
+async def _run_every_kind_of_task(settings: Settings) -> None:
+    async with task_service(settings) as service, sdk_worker(settings):
+        done = [
+            await service.create(TOOLS["test_tool_with_progress"], {}, "alice"),
+            await service.create(TOOLS["failing_job"], {}, "alice"),
+            await service.create(TOOLS["greet"], {"name": "W"}, "alice"),
+        ]
+        asked = await service.create(TOOLS["confirm_delete"], {"filename": "a.txt"}, "alice")
+        slow = await service.create(TOOLS["slow_compute"], {"seconds": 60, "label": "x"}, "alice")
+        async with asyncio.timeout(BOUND):
+            await service.wait_until(asked.task_id, "alice", frozenset({"input_required"}))
+            answer = {"action": "accept", "content": {"confirm": True}}
+            await service.update(asked.task_id, "alice", {"confirm": answer})
+            await service.cancel(slow.task_id, "alice")
+            for task in [*done, asked, slow]:
+                await service.wait_terminal(task.task_id, "alice")
+
+
+def _check_event(settings: Settings, record: TopicRecord, seen: dict[str, int]) -> None:
+    headers = list(record.headers)
+    event = decode_event(record.value, headers)
+    content_type = dict(headers).get("content-type", b"").decode()
+    if content_type == AVRO_CONTENT_TYPE:
+        _check_avro_body(record.value or b"")
+    else:
+        valid("event-envelope", json.loads(record.value or b""))
+    types = settings.own_types
+    by_type = {types.created: "task-created", types.status: "status", types.progress: "progress"}
+    name = by_type.get(event.type)
+    if name is None:
+        assert settings.type_rule.is_prefixed(event.type), event.type
+        name = "other"
+    else:
+        valid(name, event.payload)
+    if event.type == types.created:
+        assert IDENTITY_HEADER in dict(headers), "the bridge signs every task.created"
+    seen[name] = seen.get(name, 0) + 1
+
+
+def _check_avro_body(value: bytes) -> None:
+    """The single-object encoding of the published schema: magic, its fingerprint, a body."""
+    schema = json.loads((SCHEMAS / "task_event.avsc").read_text(encoding="utf-8"))
+    canonical = to_parsing_canonical_form(fastavro.parse_schema(schema))
+    assert value[:2] == b"\xc3\x01"
+    assert value[2:10].hex() == fingerprint(canonical, "CRC-64-AVRO")
+    body = fastavro.schemaless_reader(io.BytesIO(value[10:]), fastavro.parse_schema(schema), None)
+    assert isinstance(body, dict) and set(body) == {"type", "payload", "_meta", "timestamp"}
+    assert isinstance(json.loads(body["payload"]), dict)
+
+
+@pytest.mark.kafka
+async def test_every_record_the_bridge_and_the_sdk_write_validates_against_the_contract(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    settings = make_settings(kafka_bootstrap, topic_prefix)
+    await create_topics(settings, RUN)
+    await _run_every_kind_of_task(settings)
+
+    jobs = 0
+    for tool in RUN:
+        for record in await topic_records(settings, settings.topics.jobs(tool)):
+            job = json.loads(record.value or b"")
+            valid("job-request", job)
+            assert job["taskId"] == (record.key or b"").decode() and job["tool"] == tool
+            jobs += 1
+    assert jobs == len(RUN)
+
+    kinds: dict[str, int] = {}
+    for record in await topic_records(settings, settings.topics.control):
+        message = json.loads(record.value or b"")
+        valid("control-message", message)
+        assert message["taskId"] == (record.key or b"").decode()
+        kinds[message["type"]] = kinds.get(message["type"], 0) + 1
+    assert kinds == {"input": 1, "cancel": 1, "finished": len(RUN)}
+
+    seen: dict[str, int] = {}
+    for record in await topic_records(settings, settings.topics.events):
+        _check_event(settings, record, seen)
+    assert seen["task-created"] == len(RUN)
+    assert seen["progress"] >= 3 and seen["status"] >= len(RUN) + 2
