@@ -9,6 +9,7 @@ with it when it is not set).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -33,12 +34,19 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--seeds", type=_seeds, help="run a range of seeds, e.g. 0-499")
     parser.add_argument("--quiet", action="store_true", help="print failing seeds only")
     parser.add_argument(
+        "--verbose", action="store_true", help="show the bridge's warnings (faults cause many)"
+    )
+    parser.add_argument(
         "--wall-limit",
         type=float,
         default=10.0,
         help="real seconds one callback may run before the run is judged spinning",
     )
     args = parser.parse_args(argv)
+    if not args.verbose:
+        # Faults make the bridge log errors by design (a fenced writer, a refused commit).
+        logging.getLogger("bridge").setLevel(logging.CRITICAL)
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     from simulation.world import run_seed
 
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else args.seeds

@@ -74,6 +74,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self.spin_limit = spin_limit
         self._still = 0
         self.steps = 0
+        #: What the loop's exception handler was given: a callback that raised, a task whose
+        #: exception nobody retrieved. A simulation counts each as a failure.
+        self.errors: list[str] = []
+        self.set_exception_handler(_note_error)
 
     def time(self) -> float:
         return self._now
@@ -91,6 +95,13 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 "time moving: a task loops without suspending"
             )
         super()._run_once()  # type: ignore[misc]
+
+
+def _note_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    exc = context.get("exception")
+    what = context.get("message", "error")
+    assert isinstance(loop, VirtualLoop)
+    loop.errors.append(f"{what}: {exc!r}" if exc is not None else str(what))
 
 
 @contextlib.contextmanager

@@ -22,11 +22,11 @@ import contextlib
 import functools
 import hashlib
 import random
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from bridge.clock import LoopClock
+from bridge.clock import LoopClock, SeededEntropy
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent, encode_event
 from bridge.events import StatusPayload
@@ -35,6 +35,7 @@ from bridge.kafka.port import Log, TopicPart, WriterFenced
 from bridge.keyring import Keyring
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.fanout import Fanout
+from bridge.log.identity import load_keyring
 from bridge.log.indexer import Indexer, NotOwner, load_index
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader, UnknownTask
@@ -45,15 +46,20 @@ from bridge.server.streams import StreamHub
 from bridge.server.wire import RpcError
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import owner_digest
+from bridge.tasks.service import TaskService
+from bridge.workers.sdk import JobContext, Worker
 from simulation import logs
-from simulation.loop import Spinning, Stuck, run
+from simulation.loop import Spinning, Stuck, VirtualLoop, run
 
 __all__ = ["Outcome", "Plan", "run_seed"]
 
-KEYRING = Keyring([("sim", b"simulation-key-0123456789abcdef!")])
 FORGER = Keyring([("sim", b"not-the-bridge-key-0123456789abc")])
 TOOL = ToolSpec(name="sim")
+#: Virtual wall-clock time: the loop's time this far past the epoch (records, creation times).
+EPOCH = 1_700_000_000.0
+CLOCK = LoopClock(EPOCH)
 PARTITIONS = 4
+WORKERS = 2
 SESSION_MS = 3_000
 FAULT_KINDS = (
     "crash_restart",
@@ -63,6 +69,7 @@ FAULT_KINDS = (
     "stall_client",
     "abort_txn",
     "graceful_restart",
+    "worker_restart",
 )
 
 
@@ -126,6 +133,20 @@ def settings_of(name: str) -> Settings:
     )
 
 
+#: The bridge's keyring (derived from the peer secret, as replicas in a group do).
+KEYRING = load_keyring(settings_of("r0"))
+
+
+class LogClock:
+    """The memory log's clock on the virtual loop, in the domain's wall-clock time."""
+
+    def now(self) -> float:
+        return CLOCK.wall()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_at(when - EPOCH, callback)
+
+
 class Replica:
     """One bridge process's serving path; :meth:`crash` kills it without a goodbye."""
 
@@ -144,7 +165,17 @@ class Replica:
         self.reader = Reader(self.settings, self.indexer, log=cast(Log, self.log))
         self.fanout = Fanout(self.indexer)
         self.hub = StreamHub(
-            self.settings, self.indexer, self.reader, self.fanout, StreamMetrics(), LoopClock()
+            self.settings, self.indexer, self.reader, self.fanout, StreamMetrics(), CLOCK
+        )
+        self.service = TaskService(
+            self.settings,
+            self.indexer,
+            self.reader,
+            {TOOL.name: TOOL},
+            self.fanout,
+            log=cast(Log, self.log),
+            clock=CLOCK,
+            entropy=SeededEntropy(world.rng.getrandbits(64)),
         )
         self.up = False
         #: The streams open here (a dict as an ordered set: a crash cuts them in a replayable
@@ -153,6 +184,7 @@ class Replica:
 
     async def start(self) -> None:
         await self.indexer.start()
+        await self.service.start()
         self.up = True
 
     def owns(self, partition: int) -> bool:
@@ -189,6 +221,7 @@ class Replica:
         self.up = False
         self.hub.drain()
         await asyncio.gather(*self.attempts, return_exceptions=True)
+        await self.service.stop()
         await self.indexer.stop()
         await self.reader.close()
 
@@ -198,7 +231,7 @@ class TaskPlan:
     task_id: str
     principal: str
     events: int
-    fmt: str  # "sdk-avro", "sdk-json" or "raw-json"
+    fmt: str  # "worker" (tools/call, then the worker SDK), "sdk-avro", "sdk-json", "raw-json"
     hostile: str | None = None  # "forged", "garbage" or "keyless", written mid-task
     created: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -215,6 +248,7 @@ class World:
     problems: list[str] = field(default_factory=list)
     tasks: list[TaskPlan] = field(default_factory=list)
     stalled: set[str] = field(default_factory=set)
+    workers: dict[str, tuple[Worker, asyncio.Task[None]]] = field(default_factory=dict)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
 
     def now(self) -> float:
@@ -239,6 +273,38 @@ class World:
 # --- producers ------------------------------------------------------------------------------
 
 
+async def request_task(world: World, task: TaskPlan) -> None:
+    """tools/call as a task: a replica's task service writes ``task.created`` and the job;
+    a worker runs it (:func:`run_job`)."""
+    while True:
+        live = [r for r in world.replicas.values() if r.up and r.indexer.partitions]
+        if live:
+            replica = world.rng.choice(live)
+            try:
+                args = {"n": task.events, "hostile": task.hostile}
+                view = await replica.service.create(TOOL, args, task.principal)
+            except Exception as exc:
+                world.note(f"create refused {type(exc).__name__}")
+            else:
+                task.task_id = view.task_id
+                task.created.set()
+                world.note(f"created {task.task_id} on {replica.name}")
+                return
+        await world.sleep(0.2, 1.0)
+
+
+async def run_job(world: World, ctx: JobContext) -> dict[str, Any]:
+    """The worker's handler: the task's events, then its result."""
+    events, kind = int(ctx.arguments["n"]), ctx.arguments.get("hostile")
+    hostile_at = world.rng.randrange(events) if kind else -1
+    for i in range(events - 1):
+        await world.sleep(0.0, 0.4)
+        if i == hostile_at:
+            await hostile(world, ctx.task_id, kind, ctx._worker.publisher)
+        await ctx.emit("com.example.progress", {"i": i, "task": ctx.task_id[-4:]})
+    return {"content": [{"type": "text", "text": f"{events} events"}]}
+
+
 async def produce_task(world: World, task: TaskPlan, publisher: TaskEventPublisher) -> None:
     types = publisher.settings.own_types
     created_ms = int(world.now() * 1000)
@@ -249,7 +315,7 @@ async def produce_task(world: World, task: TaskPlan, publisher: TaskEventPublish
     for i in range(task.events - 1):
         await world.sleep(0.0, 0.4)
         if i == hostile_at:
-            await hostile(world, task, publisher)
+            await hostile(world, task.task_id, task.hostile, publisher)
         payload = {"i": i, "task": task.task_id[-4:], "text": "é" * world.rng.randint(0, 3)}
         event_type = "com.example.progress"
         if task.fmt == "raw-json":
@@ -264,13 +330,15 @@ async def produce_task(world: World, task: TaskPlan, publisher: TaskEventPublish
     world.note(f"produced {task.task_id}")
 
 
-async def hostile(world: World, task: TaskPlan, publisher: TaskEventPublisher) -> None:
+async def hostile(
+    world: World, task_id: str, kind: str | None, publisher: TaskEventPublisher
+) -> None:
     """A record no honest producer writes, amid the task's events: a forged task.created
     (another owner, a foreign key), undecodable bytes, or a keyless record."""
     topic = publisher.settings.topics.events
     raw = world.log.producer()
-    world.note(f"hostile {task.hostile} {task.task_id}")
-    if task.hostile == "forged":
+    world.note(f"hostile {kind} {task_id}")
+    if kind == "forged":
         forger = TaskEventPublisher(publisher.settings, keyring=FORGER)
         await forger.start()
         await publish_created(
@@ -278,11 +346,11 @@ async def hostile(world: World, task: TaskPlan, publisher: TaskEventPublisher) -
             publisher.settings.own_types,
             TOOL,
             "mallory",
-            task.task_id,
+            task_id,
             int(world.now() * 1000),
         )
-    elif task.hostile == "garbage":
-        await raw.send(topic, b"\x00\xffnot an envelope", key=task.task_id.encode())
+    elif kind == "garbage":
+        await raw.send(topic, b"\x00\xffnot an envelope", key=task_id.encode())
     else:
         value, headers = encode_event(TaskEvent("com.example.stray", {"x": 1}), fmt="json")
         await raw.send(topic, value, headers=headers)
@@ -329,6 +397,7 @@ class _Abort(Exception):
 
 async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) -> None:
     """Stream ``task`` to its end, resuming with the cursor whenever a stream ends early."""
+    await task.created.wait()  # a client learns the task id from tools/call's answer
     after: int | None = None
     partition = -1
     world.recording.begin(client_id, task.task_id, -1)
@@ -464,8 +533,41 @@ async def fault(world: World, kind: str, at: float) -> None:
         world.stalled.add(f"c{rng.randrange(2 * world.plan.tasks)}")
         await world.sleep(5.0, 20.0)
         world.stalled.clear()
+    elif kind == "worker_restart":
+        await restart_worker(world)
     elif kind == "abort_txn":
         await transaction(world, rng.choice(world.tasks), abort=True)
+
+
+async def start_worker(world: World, name: str) -> None:
+    """A worker SDK process running the tool's jobs (a member of the workers' group)."""
+
+    async def handler(ctx: JobContext) -> dict[str, Any]:
+        return await run_job(world, ctx)
+
+    worker = Worker(
+        settings_of("r0"),
+        {TOOL.name: handler},
+        session_timeout_ms=SESSION_MS,
+        log=cast(Log, world.log),
+        clock=CLOCK,
+    )
+    await worker.start()
+    world.workers[name] = (worker, asyncio.get_running_loop().create_task(worker.run()))
+    world.note(f"started worker {name}")
+
+
+async def restart_worker(world: World) -> None:
+    """Stop a worker (its jobs in flight go to the others, run again from the start) and
+    start another."""
+    name = world.rng.choice(sorted(world.workers))
+    worker, running = world.workers.pop(name)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    await worker.stop()
+    world.note(f"stopped worker {name}")
+    await world.sleep(0.5, 3.0)
+    await start_worker(world, f"{name}'")
 
 
 async def restart(world: World, name: str) -> None:
@@ -503,7 +605,7 @@ def _task_plans(plan: Plan, rng: random.Random) -> list[TaskPlan]:
             f"task-{plan.seed}-{i:02d}-{rng.getrandbits(32):08x}",
             f"user{i % 3}",
             n,
-            rng.choice(("sdk-avro", "sdk-json", "raw-json")),
+            rng.choice(("worker", "worker", "sdk-avro", "sdk-json", "raw-json")),
         )
         for i, n in enumerate(sizes)
     ]
@@ -511,9 +613,9 @@ def _task_plans(plan: Plan, rng: random.Random) -> list[TaskPlan]:
 
 async def _main(plan: Plan) -> Outcome:
     rng = random.Random(plan.seed)
-    log = MemoryLog()
-    base = settings_of("r0")
-    for topic in (base.topics.events, base.topics.index, base.topics.updates):
+    log = MemoryLog(LogClock())
+    t = settings_of("r0").topics
+    for topic in (t.events, t.index, t.updates, t.control, t.jobs(TOOL.name)):
         log.create_topic(topic, PARTITIONS)
     world = World(plan, rng, log)
     world.tasks = _task_plans(plan, rng)
@@ -534,11 +636,14 @@ async def _run(world: World, faults: list[str]) -> Outcome:
     json_publisher = TaskEventPublisher(settings_of("r0"), keyring=KEYRING, fmt="json")
     await json_publisher.start()
     work: list[asyncio.Task[Any]] = []
+    for i in range(WORKERS):
+        await start_worker(world, f"w{i}")
     for i, task in enumerate(world.tasks):
         pub = json_publisher if task.fmt == "sdk-json" else publisher
-        work.append(
-            world.spawn(_delayed(rng.uniform(0, 5), produce_task(world, task, pub)), f"produce-{i}")
+        produce = (
+            request_task(world, task) if task.fmt == "worker" else produce_task(world, task, pub)
         )
+        work.append(world.spawn(_delayed(rng.uniform(0, 5), produce), f"produce-{i}"))
         for c in (2 * i, 2 * i + 1):
             slow = rng.random() < 0.2
             work.append(
@@ -562,6 +667,10 @@ async def _run(world: World, faults: list[str]) -> Outcome:
             f"not finished within {plan.deadline_s:.0f} virtual s: {', '.join(unfinished[:8])}"
         )
     virtual_s = world.now() - started
+    for worker, running in list(world.workers.values()):
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await worker.stop()
     for replica in list(world.replicas.values()):
         if replica.up:
             await replica.stop()
@@ -581,6 +690,9 @@ async def _judge(world: World, faults: list[str], virtual_s: float) -> Outcome:
     report = check(truth, world.recording)
     _check_bindings(world, await load_index(settings, range(PARTITIONS), log=world.log))
     _check_writers(world)
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, VirtualLoop):
+        world.problems.extend(f"loop: {error}" for error in loop.errors)
     for stream_key, stream in world.recording.streams.items():
         if not stream.finished:
             world.problems.append(f"stream {stream_key} never ended")

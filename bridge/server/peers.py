@@ -171,8 +171,12 @@ class Peers:
         *,
         max_streams: int = 10_000,
         keep_alive_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """``transport``: where requests go instead of the network (a simulation's replicas,
+        in process); None for real connections."""
         self.auth = auth
+        self._transport = transport
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
         self._call_timeout = httpx.Timeout(timeout_s)
         idle_s = max(0.5, keep_alive_s - 1.0)
@@ -191,12 +195,16 @@ class Peers:
         #: Owners a spare connection is being opened to (at most one at a time each).
         self._warming: dict[str, asyncio.Task[None]] = {}
 
-    @staticmethod
     def _pool(
-        timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
+        self, timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
     ) -> httpx.AsyncClient:
         client = httpx.AsyncClient(
-            timeout=timeout, limits=limits, follow_redirects=False, trust_env=False, verify=tls
+            timeout=timeout,
+            limits=limits,
+            follow_redirects=False,
+            trust_env=False,
+            verify=tls,
+            transport=self._transport,
         )
         # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
         # replica did not sign (it signs a header's absence too).
