@@ -653,19 +653,20 @@ async def _run(world: World, faults: list[str]) -> Outcome:
             )
     work.append(world.spawn(transaction(world, rng.choice(world.tasks), abort=False), "txn"))
     for kind in faults:
-        work.append(world.spawn(fault(world, kind, rng.uniform(1.0, 25.0)), f"fault-{kind}"))
+        work.append(world.spawn(fault(world, kind, rng.uniform(1.0, 14.0)), f"fault-{kind}"))
     started = world.now()
-    try:
-        async with asyncio.timeout(plan.deadline_s):
-            results = await asyncio.gather(*work, return_exceptions=True)
-        for task, result in zip(work, results, strict=True):
-            if isinstance(result, BaseException):
-                world.problems.append(f"{task.get_name()} raised {result!r}")
-    except TimeoutError:
-        unfinished = [t.get_name() for t in work if not t.done()]
+    _, pending = await asyncio.wait(work, timeout=plan.deadline_s)
+    if pending:
+        unfinished = sorted(t.get_name() for t in pending)
         world.problems.append(
             f"not finished within {plan.deadline_s:.0f} virtual s: {', '.join(unfinished[:8])}"
         )
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for task in work:
+        if not task.cancelled() and task.exception() is not None:
+            world.problems.append(f"{task.get_name()} raised {task.exception()!r}")
     virtual_s = world.now() - started
     for worker, running in list(world.workers.values()):
         running.cancel()
