@@ -20,7 +20,8 @@ from bridge.devkafka import Broker, KafkaProviderError, provide_broker
 # `kafka_broker` (session): the one broker of the test run, from `provide_broker` — the cluster
 # in BRIDGE_KAFKA_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS if set, else Docker, else a local
 # broker from the Maven jars. When none can be had the tests needing it are skipped, except
-# under CI (CI=true), where they fail. Tests marked `@pytest.mark.kafka` get it automatically.
+# under CI (CI=true), where they fail. Tests marked `@pytest.mark.kafka` get it automatically,
+# and a test using a broker fixture is marked `kafka` from it (pytest_collection_modifyitems).
 # The provider used and its start time are printed in the plain pytest output.
 # =============================================================================================
 
@@ -76,8 +77,24 @@ def kafka_bootstrap(kafka_broker: Broker) -> str:
 
 @pytest.fixture(autouse=True)
 def _kafka_marker_gets_broker(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("kafka") is not None:
+    marker = request.node.get_closest_marker("kafka")
+    if marker is not None and "from_fixture" not in marker.kwargs:
         request.getfixturevalue("kafka_broker")
+
+
+#: The fixtures that need a running broker: a test using any of them (directly or through
+#: another fixture) is marked `kafka`, so `-m "not kafka"` is exactly the broker-free tier.
+BROKER_FIXTURES = frozenset({"kafka_broker", "kafka_bootstrap", "secure_kafka", "kafka_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("kafka") is not None:
+            continue
+        needs = sorted(BROKER_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if needs:
+            # Marked from its fixture: the fixture itself provides what the test needs.
+            item.add_marker(pytest.mark.kafka(from_fixture=needs[0]))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -11,23 +11,18 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 import pytest
-from aiokafka.structs import ConsumerRecord, TopicPartition
 from support.waits import BOUND, wait_until
 
-from bridge.kafka.clients import OffsetOutOfRangeError
+from bridge.kafka.port import OffsetOutOfRange, Record, TopicPart
 from bridge.log.catchup import Coalescer, LogStarts
 
-TP = TopicPartition("events", 0)
-Rec = ConsumerRecord[bytes, bytes]
+TP = TopicPart("events", 0)
+Rec = Record
 
 
 def record(offset: int, key: bytes, pad: int = 0) -> Rec:
     value = b"v%d" % offset + b"x" * pad
-    return ConsumerRecord(
-        topic=TP.topic, partition=0, offset=offset, timestamp=0, timestamp_type=0,
-        key=key, value=value, checksum=None, serialized_key_size=len(key),
-        serialized_value_size=len(value), headers=[],
-    )  # fmt: skip
+    return Record(TP.topic, 0, offset, key, value, 0)
 
 
 class Log:
@@ -47,14 +42,14 @@ class Log:
         self.hold_from, self.gate = offset, asyncio.Event()
         return self.gate
 
-    async def fetch(self, tp: TopicPartition, offset: int) -> tuple[list[Rec], int]:
+    async def fetch(self, tp: TopicPart, offset: int) -> tuple[list[Rec], int]:
         self.fetches.append(offset)
         if self.gate is not None and offset >= self.hold_from:
             await self.gate.wait()
         else:
             await asyncio.sleep(0)  # a real fetch always yields to the loop
         if offset < self.log_start:
-            raise OffsetOutOfRangeError({tp: offset})
+            raise OffsetOutOfRange([tp])
         got = self.records[offset : offset + self.chunk]
         return got, offset + len(got)
 
@@ -174,7 +169,7 @@ async def test_a_scan_error_reaches_each_member_after_the_records_it_already_has
     log.log_start = 500  # retention moves past the scan
     gate.set()
     for task in readers:
-        with pytest.raises(OffsetOutOfRangeError):
+        with pytest.raises(OffsetOutOfRange):
             await task
     for key in KEYS[:2]:  # each got exactly its records before the scan's failed fetch
         assert got[key] == log.mine(key, 0, 300)
@@ -191,7 +186,7 @@ async def test_a_later_scan_of_a_recent_range_reads_nothing_from_kafka_again() -
     # retention learnt by the reader: what it deleted is not served from memory either
     log.log_start = 505
     coalescer.forget_before(TP, 505)
-    with pytest.raises(OffsetOutOfRangeError):
+    with pytest.raises(OffsetOutOfRange):
         await offsets(coalescer.records(TP, KEYS[3], 0, 1000))
     assert await offsets(coalescer.records(TP, KEYS[5], 505, 1000)) == log.mine(KEYS[5], 505, 1000)
 

@@ -16,6 +16,7 @@ from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
 from bridge.kafka.clients import committed_consumer, partition_for_key
+from bridge.kafka.port import TopicPart
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import NotRetained, Reader, ReadEvent
@@ -132,7 +133,7 @@ async def test_retention_moving_during_a_shared_scan_loses_nothing_and_skips_not
     # meets retention at the broker, not in what a consumer already holds.
     tasks = same_partition(60, topics.topics.partitions)
     partition = await publish_interleaved(topics, tasks, pad=3000)
-    tp = TopicPartition(topics.topics.events, partition)
+    tp = TopicPart(topics.topics.events, partition)
     kept = 9  # retention moves to each task's event 9
     expected = await topic_read_back(topics, partition)
     async with reader_over(topics) as reader:
@@ -142,7 +143,7 @@ async def test_retention_moving_during_a_shared_scan_loses_nothing_and_skips_not
         first_done, moved = asyncio.Event(), asyncio.Event()
 
         async def held_fetch(
-            at: TopicPartition, offset: int, limit: int | None = None
+            at: TopicPart, offset: int, limit: int | None = None
         ) -> tuple[list, int]:
             answer = await fetch(at, offset, limit)
             if at == tp and not first_done.is_set():
@@ -226,9 +227,7 @@ async def test_a_read_given_the_cursor_checks_log_start_asks_kafka_for_no_other(
         kept = 6
         await delete_events_before(topics, partition, kept * len(tasks))
         # as the next fresh lookup of any read would: the recent chunks forget the deleted records
-        reader.catchup.forget_before(
-            TopicPartition(topics.topics.events, partition), kept * len(tasks)
-        )
+        reader.catchup.forget_before(TopicPart(topics.topics.events, partition), kept * len(tasks))
         with pytest.raises(NotRetained) as gone:
             await read_batched(reader, task, 2, log_start)
         assert gone.value.earliest_seq == kept
@@ -248,7 +247,8 @@ async def test_a_reader_consumer_left_at_the_end_of_the_log_stops_fetching_until
             first = await read_all(reader, last, None)
         assert [s for s, _ in first] == list(range(ROUNDS))
         # At the end of the log an idle consumer would fetch again every few milliseconds.
-        at_end = [c for c in reader._all if tp in c.assignment()]
+        pool = reader._log._fetches  # type: ignore[attr-defined]  # the adapter's consumer pool
+        at_end = [c for c in pool._all if tp in c.assignment()]
         assert at_end and all(c.paused() == {tp} for c in at_end), [c.paused() for c in at_end]
         # Its next read resumes it, from where it stands or anywhere else.
         async with asyncio.timeout(BOUND):

@@ -32,6 +32,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from bridge.config import Settings, load_settings
+from bridge.kafka.port import LogError
 from bridge.log.fanout import CANCELLED, DRAINING, MOVED, SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.metrics import Metrics
@@ -97,6 +98,15 @@ TABLE: dict[str, tuple[Any, Expected]] = {
     # Retrying cannot help: an internal error (the operator must act), never "retry later".
     "kafka_refused": (
         lambda: TopicAuthorizationFailedError(),
+        Expected(-32603, None, 500, 500),
+    ),
+    # The same, met through the log port (bridge.kafka.port): as the client's own error.
+    "log_error": (
+        lambda: LogError("KafkaTimeoutError: ", retriable=True, kind="KafkaTimeoutError"),
+        Expected(-32603, "kafka_unavailable", 503, 503),
+    ),
+    "log_refused": (
+        lambda: LogError("TopicAuthorizationFailedError: ", kind="TopicAuthorizationFailedError"),
         Expected(-32603, None, 500, 500),
     ),
     "subscription_drained": (

@@ -9,7 +9,9 @@ import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from bridge.config import load_settings
+from bridge.kafka.adapter import PortAssignor
 from bridge.kafka.ownership import Claim, OwnershipAssignor, sticky_assign
+from bridge.kafka.port import TopicPart
 from bridge.server.hops import PeerAuth
 from bridge.server.peers import routed_task_id
 
@@ -79,31 +81,33 @@ class _Cluster:
 
 
 def test_every_member_learns_every_partitions_owner_url_from_the_assignment() -> None:
+    # Through aiokafka's group protocol (the adapter's wrapper and the wire encoding).
     replicas = [OwnershipAssignor(f"http://r{i}:8080", "ev") for i in range(3)]
-    members = {f"m{i}": r.metadata(["ev"]) for i, r in enumerate(replicas)}
-    assignments = replicas[0].assign(_Cluster(), members)
-    for i, replica in enumerate(replicas):
+    wrapped = [PortAssignor(r) for r in replicas]
+    members = {f"m{i}": w.metadata(["ev"]) for i, w in enumerate(wrapped)}
+    assignments = wrapped[0].assign(_Cluster(), members)
+    for i, (replica, wrapper) in enumerate(zip(replicas, wrapped, strict=True)):
         wire = ConsumerProtocolMemberAssignment.decode(assignments[f"m{i}"].encode())
-        replica.on_assignment(wire)
+        wrapper.on_assignment(wire)
+        parts = [TopicPart(t, p) for t, ps in wire.assignment for p in ps]
+        replica.on_assignment(parts, wrapper.user_data)
     maps = [r.map.owners for r in replicas]
     assert maps[0] == maps[1] == maps[2] and sorted(maps[0]) == list(range(6))
     for i, replica in enumerate(replicas):
         assert {p for p, url in maps[0].items() if url == f"http://r{i}:8080"} == replica.owned
     # The next join claims what each owns now: nothing moves.
-    again = {f"m{i}": r.metadata(["ev"]) for i, r in enumerate(replicas)}
-    second = replicas[1].assign(_Cluster(), again)
+    again = {f"m{i}": w.metadata(["ev"]) for i, w in enumerate(wrapped)}
+    second = wrapped[1].assign(_Cluster(), again)
     assert {m: a.partitions() for m, a in second.items()} == {
         m: a.partitions() for m, a in assignments.items()
     }
 
 
 def test_a_member_whose_metadata_cannot_be_read_still_gets_a_share() -> None:
-    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
-
     good = OwnershipAssignor("http://a", "ev")
-    members = {"a": good.metadata(["ev"]), "b": ConsumerProtocolMemberMetadata(0, ["ev"], b"\xff")}
-    shares = good.assign(_Cluster(), members)
-    assert len(shares["b"].partitions()) == 3
+    parts = [TopicPart("ev", p) for p in range(6)]
+    shares = good.assign(parts, {"a": good.metadata(), "b": b"\xff"})
+    assert len(shares["b"].parts) == 3
 
 
 # --- the signed hop (tests/test_peer_hops.py has the rest) ---------------------------------

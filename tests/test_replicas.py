@@ -33,9 +33,10 @@ from support.sse import sse_events
 from support.waits import wait_until, wait_until_sync
 
 from bridge.config import Settings
-from bridge.kafka.clients import TopicPartition, committed_consumer
-from bridge.log.indexer import read_to_end
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import TopicPart
 from bridge.log.publisher import TaskEventPublisher
+from bridge.log.restore import read_to_end
 from bridge.log.verify import verify_index
 
 pytestmark = pytest.mark.kafka
@@ -166,13 +167,12 @@ async def ground_truth(settings: Settings) -> dict[str, list[str]]:
         wire = {"type": event.type, "payload": event.payload}
         truth.setdefault(record.key.decode(), []).append(digest(wire))
 
-    consumer = committed_consumer(settings, role="checker")
-    await consumer.start()
+    kafka = KafkaLog(settings, pool_size=1)
     try:
         topic = settings.topics.events
-        await read_to_end(consumer, [TopicPartition(topic, p) for p in range(PARTITIONS)], take)
+        await read_to_end(kafka, [TopicPart(topic, p) for p in range(PARTITIONS)], take)
     finally:
-        await consumer.stop()
+        await kafka.close()
     return truth
 
 

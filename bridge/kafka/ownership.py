@@ -18,21 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aiokafka.cluster import ClusterMetadata
-from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.coordinator.protocol import (
-    ConsumerProtocolMemberAssignment,
-    ConsumerProtocolMemberMetadata,
-)
+from bridge.kafka.port import Share, TopicPart
 
 __all__ = ["Claim", "OwnershipAssignor", "OwnershipMap", "sticky_assign"]
 
 log = logging.getLogger(__name__)
-
-_VERSION = 0
 
 
 @dataclass(frozen=True)
@@ -84,12 +77,16 @@ class OwnershipMap:
         return self.owners.get(partition)
 
 
-class OwnershipAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
-    """The group's assignment strategy (an instance per replica: it carries the replica's URL).
+class OwnershipAssignor:
+    """The group's assignment rule, a port :class:`~bridge.kafka.port.Assignor` (an instance
+    per replica: it carries the replica's URL; :class:`~bridge.kafka.adapter.PortAssignor`
+    runs it inside aiokafka's group protocol).
 
-    aiokafka calls ``metadata`` when joining, ``assign`` on the elected leader and
-    ``on_assignment`` on every member with its share.
+    ``metadata`` is evaluated at every join, ``assign`` runs on the elected leader, and the
+    member's listener hands its share to ``on_assignment``.
     """
+
+    name = "mcpbridge-owners"
 
     def __init__(self, url: str, topic: str) -> None:
         self.url = url
@@ -97,38 +94,26 @@ class OwnershipAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         self.owned: frozenset[int] = frozenset()
         self.map = OwnershipMap()
 
-    @property
-    def name(self) -> str:
-        return "mcpbridge-owners"
+    def metadata(self) -> bytes:
+        return json.dumps({"url": self.url, "owned": sorted(self.owned)}).encode("utf-8")
 
-    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-        claim = {"url": self.url, "owned": sorted(self.owned)}
-        return ConsumerProtocolMemberMetadata(
-            _VERSION, sorted(topics), json.dumps(claim).encode("utf-8")
-        )
-
-    def assign(
-        self,
-        cluster: ClusterMetadata,
-        members: Mapping[str, ConsumerProtocolMemberMetadata],
-    ) -> dict[str, ConsumerProtocolMemberAssignment]:
-        partitions = cluster.partitions_for_topic(self.topic) or set()
-        claims = {member: _claim(meta.user_data) for member, meta in members.items()}
+    def assign(self, parts: Sequence[TopicPart], members: Mapping[str, bytes]) -> dict[str, Share]:
+        partitions = {p.partition for p in parts if p.topic == self.topic}
+        claims = {member: _claim(data) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
         user_data = json.dumps({"owners": owners}).encode("utf-8")
         log.info("assigned %d partitions over %d replicas", len(partitions), len(members))
         return {
-            member: ConsumerProtocolMemberAssignment(
-                _VERSION, [(self.topic, ps)] if ps else [], user_data
-            )
+            member: Share(tuple(TopicPart(self.topic, p) for p in ps), user_data)
             for member, ps in shares.items()
         }
 
-    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
-        self.owned = frozenset(tp.partition for tp in assignment.partitions())
+    def on_assignment(self, parts: Iterable[TopicPart], user_data: bytes) -> None:
+        """Take this member's share and the owner map every member received with it."""
+        self.owned = frozenset(p.partition for p in parts if p.topic == self.topic)
         try:
-            raw = json.loads(assignment.user_data or b"{}").get("owners", {})
+            raw = json.loads(user_data or b"{}").get("owners", {})
             owners = {int(p): str(url) for p, url in raw.items()}
         except (ValueError, AttributeError):
             log.error(

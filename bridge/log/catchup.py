@@ -32,7 +32,7 @@ The design, chosen for being simple to reason about:
   reader's reads start at or above the log start it has just looked up, and it drops the
   chunks below every log start it learns (:meth:`Coalescer.forget_before`), so a read never
   gets from memory what retention has deleted before the read began.
-* **Errors.** A scan's error (``OffsetOutOfRangeError`` when retention moved past it, a broker
+* **Errors.** A scan's error (``OffsetOutOfRange`` when retention moved past it, a broker
   error) reaches each member after the records it already has, exactly as if the member had
   read alone: the reader's retention handling stays the one place that deals with it.
 
@@ -52,13 +52,13 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeAlias
 
-from bridge.kafka.clients import ConsumerRecord, TopicPartition
+from bridge.kafka.port import LogRecord, TopicPart
 
 __all__ = ["Coalescer", "LogStarts", "Read"]
 
-Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
+Record: TypeAlias = LogRecord
 #: Up to a chunk of committed records of a partition from an offset, and the next position.
-Fetch = Callable[[TopicPartition, int], Awaitable[tuple[list[Record], int]]]
+Fetch = Callable[[TopicPart, int], Awaitable[tuple[list[Record], int]]]
 
 
 _KEY = operator.attrgetter("key")
@@ -152,7 +152,7 @@ class _Scan:
 
     __slots__ = ("by_key", "joined", "members", "position", "tp", "wake")
 
-    def __init__(self, tp: TopicPartition) -> None:
+    def __init__(self, tp: TopicPart) -> None:
         self.tp = tp
         self.joined = 0
         self.position: int | None = None
@@ -226,7 +226,7 @@ class Coalescer:
         #: The last fetches of any partition, oldest first: at most ``recent_chunks`` of them
         #: and ``recent_bytes`` of record values, whatever the partitions (by count alone, 16
         #: fetches of 1 MiB held 16 MB for two seconds after a long replay passed by).
-        self._recent: deque[tuple[TopicPartition, _Chunk]] = deque()
+        self._recent: deque[tuple[TopicPart, _Chunk]] = deque()
         self._recent_size = 0
         self.recent_chunks = recent_chunks
         self.recent_s = recent_s
@@ -234,8 +234,8 @@ class Coalescer:
         self.scans_per_partition = scans_per_partition
         self.member_limit = member_limit
         self.member_bytes = member_bytes
-        self._scans: dict[TopicPartition, list[_Scan]] = {}
-        self._slots: dict[TopicPartition, asyncio.Semaphore] = {}
+        self._scans: dict[TopicPart, list[_Scan]] = {}
+        self._slots: dict[TopicPart, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: Scans run, reads served by them, and reads that left a scan to read alone.
         self.scans = 0
@@ -253,7 +253,7 @@ class Coalescer:
             with contextlib.suppress(BaseException):
                 await task
 
-    def records(self, tp: TopicPartition, key: bytes | None, start: int, end: int) -> Read:
+    def records(self, tp: TopicPart, key: bytes | None, start: int, end: int) -> Read:
         """The records of ``key`` with ``start <= offset < end`` in offset order, one list per
         fetch that had any. The read joins a scan at once (its records are fetched while the
         caller does something else, such as looking up the log start); close it when stopping
@@ -267,7 +267,7 @@ class Coalescer:
         return Read(member, self._deliver(tp, member, wake))
 
     async def _deliver(
-        self, tp: TopicPartition, member: _Member, wake: asyncio.Event
+        self, tp: TopicPart, member: _Member, wake: asyncio.Event
     ) -> AsyncGenerator[list[Record], None]:
         key, end = member.key, member.end
         try:
@@ -293,7 +293,7 @@ class Coalescer:
                 member.scan.remove(member)
 
     async def _alone(
-        self, tp: TopicPartition, key: bytes | None, start: int, end: int
+        self, tp: TopicPart, key: bytes | None, start: int, end: int
     ) -> AsyncIterator[list[Record]]:
         """A member's own reads after it left its scan."""
         offset = start
@@ -304,7 +304,7 @@ class Coalescer:
             if mine:
                 yield mine
 
-    async def _fetch(self, tp: TopicPartition, offset: int) -> _Chunk:
+    async def _fetch(self, tp: TopicPart, offset: int) -> _Chunk:
         """A chunk holding what a fetch from ``offset`` returns (its records from ``offset``
         on, up to its position): one read in the last ``recent_s`` seconds when one covers
         ``offset`` (the next scan of a storm reads the same range again), else a new fetch."""
@@ -332,7 +332,7 @@ class Coalescer:
                 self._recent_size -= recent.popleft()[1].size
         return fetched
 
-    def forget_before(self, tp: TopicPartition, log_start: int) -> None:
+    def forget_before(self, tp: TopicPart, log_start: int) -> None:
         """Retention moved the log start: recent chunks no longer answer for what it deleted
         (a read from below the log start must fail, as it would at the broker)."""
         if any(at == tp and c.start < log_start for at, c in self._recent):
@@ -340,7 +340,7 @@ class Coalescer:
             self._recent = deque(kept)
             self._recent_size = sum(c.size for _, c in kept)
 
-    def _join(self, tp: TopicPartition, member: _Member, wake: asyncio.Event) -> None:
+    def _join(self, tp: TopicPart, member: _Member, wake: asyncio.Event) -> None:
         scans = self._scans.setdefault(tp, [])
         waiting: _Scan | None = None
         best: _Scan | None = None

@@ -56,9 +56,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.config import Settings
-from bridge.kafka.clients import ConsumerRecord, TopicPartition, committed_consumer
-from bridge.log.indexer import load_index, read_to_end, topic_partitions
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import LogRecord, TopicPart
+from bridge.log.indexer import load_index, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
+from bridge.log.restore import read_to_end
 from bridge.log.seqindex import PartitionIndex
 
 __all__ = [
@@ -216,7 +218,7 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
     )
     truth = Truth()
 
-    def take(record: ConsumerRecord[bytes, bytes]) -> None:
+    def take(record: LogRecord) -> None:
         truth.records += 1
         truth.first_offsets.setdefault(record.partition, record.offset)  # read in order
         task_id = task_id_of(record)
@@ -230,23 +232,20 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
         task.offsets.append(record.offset)
 
     topic = settings.topics.events
-    tps = [TopicPartition(topic, p) for p in await topic_partitions(settings, topic)]
-    consumer = committed_consumer(settings, role="checker")
-    await consumer.start()
+    tps = [TopicPart(topic, p) for p in await topic_partitions(settings, topic)]
+    kafka = KafkaLog(settings, pool_size=1)
     try:
-        begins = await consumer.beginning_offsets(tps)
+        begins = await kafka.log_starts(tps)
         trimmed = {tp.partition for tp, offset in begins.items() if offset > 0}
         # The index first: what it counted was committed before the log is read, so every
         # record it counted that is still retained is read below.
-        index = await load_index(settings, trimmed) if trimmed else {}
-        await read_to_end(consumer, tps, take)
-        truth.end_offsets = {
-            tp.partition: int(o) for tp, o in (await consumer.end_offsets(tps)).items()
-        }
+        index = await load_index(settings, trimmed, log=kafka) if trimmed else {}
+        await read_to_end(kafka, tps, take, role="checker")
+        truth.end_offsets = {tp.partition: o for tp, o in (await kafka.log_ends(tps)).items()}
         # Retention that moved while the log was read: the read may have started above 0.
-        raced = {tp.partition for tp, o in (await consumer.beginning_offsets(tps)).items() if o}
+        raced = {tp.partition for tp, o in (await kafka.log_starts(tps)).items() if o}
     finally:
-        await consumer.stop()
+        await kafka.close()
     for task_id, task in truth.tasks.items():
         p = task.partition
         if p in trimmed:
@@ -255,7 +254,7 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
             task.first_seq = None
     # Tasks retention deleted whole: no record is read, the index still knows their count.
     for p in trimmed:
-        first_read = truth.first_offsets.get(p, int(begins[TopicPartition(topic, p)]))
+        first_read = truth.first_offsets.get(p, begins[TopicPart(topic, p)])
         for task_id in index[p].rows:
             if task_id in truth.tasks or (wanted is not None and task_id not in wanted):
                 continue

@@ -43,31 +43,33 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from bridge.component import Component, NotStarted, cancel_and_wait
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskStatus
 from bridge.kafka.acls import bridge_group, index_writer_id
-from bridge.kafka.clients import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    ConsumerRecord,
-    KafkaError,
-    OffsetOutOfRangeError,
-    ProducerFenced,
-    TopicPartition,
-    committed_consumer,
-    partition_for_key,
-    transactional_producer,
-)
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.clients import partition_for_key
 from bridge.kafka.ownership import OwnershipAssignor
+from bridge.kafka.port import (
+    GroupTail,
+    Log,
+    LogError,
+    LogRecord,
+    OffsetOutOfRange,
+    Tail,
+    TopicPart,
+    TransactionalWriter,
+    UnknownTopic,
+    WriterFenced,
+)
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 from bridge.log.identity import Keyring, is_signed, load_keyring
 from bridge.log.misrouted import MisroutedEvents
 from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
+from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
     UNSIGNED_UNDECIDED,
     IndexRecordError,
@@ -91,7 +93,6 @@ __all__ = [
     "index_layout_error",
     "load_index",
     "out_of_place",
-    "read_to_end",
     "topic_partitions",
 ]
 
@@ -113,7 +114,7 @@ CREATED_SKEW_MS = 300_000
 
 def out_of_place(
     task_id: str,
-    record: ConsumerRecord[bytes, bytes],
+    record: LogRecord,
     partitions: int,
     idx: PartitionIndex,
     identity: TaskIdentity | None,
@@ -189,28 +190,6 @@ async def topic_partitions(settings: Settings, topic: str) -> list[int]:
         raise IndexerError(str(exc)) from None
 
 
-async def read_to_end(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    on_record: Callable[[ConsumerRecord[bytes, bytes]], None],
-) -> None:
-    """Read ``tps`` from their log start up to their current end (LSO under read_committed)."""
-    consumer.assign(tps)
-    begins = await consumer.beginning_offsets(tps)
-    ends = await consumer.end_offsets(tps)
-    for tp in tps:
-        consumer.seek(tp, begins[tp])
-    remaining = {tp for tp in tps if ends[tp] > begins[tp]}
-    while remaining:
-        batches = await consumer.getmany(*remaining, timeout_ms=500)
-        for records in batches.values():
-            for record in records:
-                on_record(record)
-        for tp in list(remaining):
-            if await consumer.position(tp) >= ends[tp]:
-                remaining.discard(tp)
-
-
 def index_layout_error(settings: Settings, what: str) -> IndexerError:
     """The refusal for an index this version must not restore from, with the way out."""
     return IndexerError(
@@ -222,32 +201,26 @@ def index_layout_error(settings: Settings, what: str) -> IndexerError:
 
 
 async def load_index(
-    settings: Settings, partitions: Iterable[int], *, strict_layout: bool = True
+    settings: Settings,
+    partitions: Iterable[int],
+    *,
+    strict_layout: bool = True,
+    log: Log | None = None,
 ) -> dict[int, PartitionIndex]:
     """Restore the persisted seq index (a consistent committed cut) of ``partitions``.
 
-    Reads only the index partitions of those numbers. With ``strict_layout`` a record written
-    by a version before the co-partitioned layout, or found in another partition's slice, is
-    refused (:func:`index_layout_error`): restoring around it could miss counts it holds.
+    Reads only the index partitions of those numbers, from ``log`` (the cluster of
+    ``settings`` when None). With ``strict_layout`` a record written by a version before the
+    co-partitioned layout, or found in another partition's slice, is refused
+    (:func:`index_layout_error`): restoring around it could miss counts it holds.
     """
     index = {p: PartitionIndex(p, settings.checkpoint_interval) for p in partitions}
     if not index:
         return index
     # By partition and key: a migrated index holds a key's record in its partition and a
     # tombstone in the one it was moved out of; compaction keeps the latest per partition.
-    latest: dict[tuple[int, bytes], bytes | None] = {}
-
-    def keep(record: ConsumerRecord[bytes, bytes]) -> None:
-        if record.key is not None:
-            latest[record.partition, record.key] = record.value
-
-    consumer = committed_consumer(settings, role="index-restore")
-    await consumer.start()
-    try:
-        topic = settings.topics.index
-        await read_to_end(consumer, [TopicPartition(topic, p) for p in sorted(index)], keep)
-    finally:
-        await consumer.stop()
+    async with _log_of(settings, log) as source:
+        latest = await latest_by_key(source, settings.topics.index, index, role="index-restore")
     for (slice_, key), value in latest.items():
         if value is None:  # a tombstone: the entry was deleted on purpose
             continue
@@ -266,6 +239,19 @@ async def load_index(
         else:
             target.restore_marker(record.through, record.lost_before, record.unsigned_below)
     return index
+
+
+@contextlib.asynccontextmanager
+async def _log_of(settings: Settings, log: Log | None) -> AsyncIterator[Log]:
+    """``log``, or the cluster of ``settings`` for this one use (closed after it)."""
+    if log is not None:
+        yield log
+        return
+    kafka = KafkaLog(settings, pool_size=1)
+    try:
+        yield kafka
+    finally:
+        await kafka.close()
 
 
 def _decoded(settings: Settings, key: bytes, value: bytes) -> TaskRecord | MarkerRecord:
@@ -308,7 +294,9 @@ class Indexer(Component):
         flush_interval_s: float = 0.5,
         keyring: Keyring | None = None,
         on_misrouted: Callable[[], None] | None = None,
+        log: Log | None = None,
     ) -> None:
+        """``log``: the log to index (the cluster of ``settings`` when None)."""
         self.settings = settings
         self.persist = persist
         self.flush_interval_s = flush_interval_s
@@ -334,8 +322,12 @@ class Indexer(Component):
         self.moved = {"gained": 0, "lost": 0}
         self._listeners: list[Listener] = []
         self._ownership_listeners: list[OwnershipListener] = []
-        self._consumer: AIOKafkaConsumer | None = None
-        self._writers: dict[int, AIOKafkaProducer] = {}
+        #: The log: the events partitions, their index slices and the fenced index writers.
+        self._log: Log = log if log is not None else KafkaLog(settings, pool_size=2)
+        self._own_log = log is None
+        #: The tail of the owned partitions (the group's member in ``group`` mode).
+        self._reader: Tail | GroupTail | None = None
+        self._writers: dict[int, TransactionalWriter] = {}
         self._updates: dict[int, list[TaskUpdate]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._progress = asyncio.Event()
@@ -360,9 +352,9 @@ class Indexer(Component):
                 s.upgrade.from_,
             )
         try:
-            parts = await topic_partitions(s, s.topics.events)
+            parts = await self._partitions(s.topics.events)
             self.partition_count = len(parts)
-            index_parts = await topic_partitions(s, s.topics.index)
+            index_parts = await self._partitions(s.topics.index)
             if len(index_parts) < len(parts):
                 raise index_layout_error(
                     s, f"has {len(index_parts)} partitions and the events topic {len(parts)}"
@@ -370,10 +362,10 @@ class Indexer(Component):
             if self.group:
                 await self._join_group()
             else:
-                consumer = committed_consumer(s, role="indexer")
-                await consumer.start()
-                self._consumer = consumer
-                consumer.assign([TopicPartition(s.topics.events, p) for p in parts])
+                tail = self._log.tail("indexer")
+                self._reader = tail
+                await tail.start()
+                tail.assign({TopicPart(s.topics.events, p): 0 for p in parts})  # sought in _gain
                 await self._gain(set(parts))
                 self._assigned.set()
                 self._tasks.append(asyncio.create_task(self._tail(), name="indexer-tail"))
@@ -388,22 +380,20 @@ class Indexer(Component):
         if s.advertised_url is None:  # the settings refuse this; a guard for direct use
             raise IndexerError("ownership 'group' needs advertised_url")
         self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events)
-        consumer = committed_consumer(
-            s,
-            role="indexer",
-            group_id=bridge_group(s.topics),
-            group_instance_id=s.instance_id,
-            partition_assignment_strategy=(self.assignor,),
+        # Positions come from the index (seek on assignment); a committed offset, when there
+        # is one, is only ever at or below it, and records below ``through`` are skipped.
+        tail = self._log.group_tail(
+            bridge_group(s.topics),
+            [s.topics.events],
+            _Rebalance(self),
+            assignor=self.assignor,
+            instance_id=s.instance_id,
             session_timeout_ms=s.group_session_timeout_ms,
-            # Survivors learn of a dead member's eviction at their next heartbeat: keep it short.
-            heartbeat_interval_ms=max(300, s.group_session_timeout_ms // 10),
-            # Positions come from the index (seek on assignment); a committed offset, when there
-            # is one, is only ever at or below it, and records below ``through`` are skipped.
-            auto_offset_reset="earliest",
+            reset="earliest",
+            role="indexer",
         )
-        await consumer.start()
-        self._consumer = consumer
-        consumer.subscribe([s.topics.events], listener=_Rebalance(self))
+        self._reader = tail
+        await tail.start()
         self._tasks.append(asyncio.create_task(self._tail(), name="indexer-tail"))
         async with asyncio.timeout(max(60.0, 3 * s.group_session_timeout_ms / 1000)):
             await self._assigned.wait()
@@ -416,9 +406,18 @@ class Indexer(Component):
             with contextlib.suppress(Exception):
                 await self.flush()
         await self._close_writers(set(self._writers))
-        if self._consumer is not None:
-            await self._consumer.stop()  # a dynamic member leaves the group here
-            self._consumer = None
+        if self._reader is not None:
+            await self._reader.close()  # a dynamic member leaves the group here
+            self._reader = None
+        if self._own_log and isinstance(self._log, KafkaLog):
+            await self._log.close()
+
+    async def _partitions(self, topic: str) -> list[int]:
+        """Partition ids of ``topic``, or :class:`IndexerError` naming the fix."""
+        try:
+            return await self._log.partitions(topic)
+        except UnknownTopic as exc:
+            raise IndexerError(str(exc)) from None
 
     # --- ownership -------------------------------------------------------------------------
 
@@ -426,7 +425,7 @@ class Indexer(Component):
         """Own ``parts``: fence their previous writers, restore their slices, seek to them."""
         if not parts:
             return
-        consumer = self._started_consumer()
+        tail = self._started_tail()
         topic = self.settings.topics.events
         if self.persist:
             # Fence first: the old owner's open transaction is aborted, so the restore below
@@ -434,8 +433,8 @@ class Indexer(Component):
             await asyncio.gather(*(self._open_writer(p) for p in parts))
         started = time.perf_counter()
         try:
-            restored = await load_index(self.settings, parts)
-        except KafkaError as exc:
+            restored = await load_index(self.settings, parts, log=self._log)
+        except LogError as exc:
             # Without its index a partition's seq cannot be known: nothing is served from it.
             raise IndexerError(
                 f"could not read the seq index of events partitions {sorted(parts)} from the "
@@ -443,9 +442,9 @@ class Indexer(Component):
                 "needs a leader that answers; nothing is served until it can be read"
             ) from exc
         self.restore_seconds = time.perf_counter() - started
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        begins = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
+        tps = [TopicPart(topic, p) for p in sorted(parts)]
+        begins = await self._log.log_starts(tps)
+        ends = await self._log.log_ends(tps)
         for tp in tps:
             idx = restored[tp.partition]
             idx.track_dirty = self.persist
@@ -454,7 +453,7 @@ class Indexer(Component):
             self.partitions[tp.partition] = idx
             self._decide(idx, begins[tp], ends[tp])
             self._updates[tp.partition] = []
-            consumer.seek(tp, idx.through)
+            tail.reposition(tp, idx.through)
         log.info(
             "owning events partitions %s: restored %d tasks in %.2fs",
             sorted(parts),
@@ -506,9 +505,7 @@ class Indexer(Component):
         return self._refused_before + sum(idx.refused for idx in self.partitions.values())
 
     async def _open_writer(self, partition: int) -> None:
-        writer = transactional_producer(
-            self.settings, index_writer_id(self.settings.topics, partition)
-        )
+        writer = self._log.transactional_writer(index_writer_id(self.settings.topics, partition))
         await writer.start()
         self._writers[partition] = writer
         self.fenced.discard(partition)
@@ -533,7 +530,7 @@ class Indexer(Component):
             writer = self._writers.pop(p, None)
             if writer is not None:
                 with contextlib.suppress(Exception):
-                    await writer.stop()
+                    await writer.close()
 
     async def _assigned_now(self, assigned: set[int]) -> None:
         """The group's new assignment: lose, gain, and re-seek what is kept."""
@@ -542,10 +539,10 @@ class Indexer(Component):
             lost, gained, kept = owned - assigned, assigned - owned, owned & assigned
             await self._lose(lost)
             await self._gain(gained)
-            consumer = self._started_consumer()
+            tail = self._started_tail()
             for p in kept:
-                consumer.seek(
-                    TopicPartition(self.settings.topics.events, p), self.partitions[p].through
+                tail.reposition(
+                    TopicPart(self.settings.topics.events, p), self.partitions[p].through
                 )
             self.rebalances += 1
             self.moved["gained"] += len(gained)
@@ -599,17 +596,17 @@ class Indexer(Component):
 
     def pause(self) -> None:
         """Stop fetching (operations drills); the lag metrics then grow."""
-        consumer = self._started_consumer()
-        consumer.pause(*consumer.assignment())
+        tail = self._started_tail()
+        tail.pause(*tail.assignment())
 
     def resume(self) -> None:
-        consumer = self._started_consumer()
-        consumer.resume(*consumer.assignment())
+        tail = self._started_tail()
+        tail.resume(*tail.assignment())
 
-    def _started_consumer(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
+    def _started_tail(self) -> Tail:
+        if self._reader is None:
             raise NotStarted("the indexer")
-        return self._consumer
+        return self._reader
 
     def head(self, task_id: str) -> int | None:
         """The task's next seq (the number of its events indexed so far), or None."""
@@ -626,11 +623,11 @@ class Indexer(Component):
 
     async def end_offsets(self) -> dict[int, int]:
         """The current end (last stable offset) of every owned events partition."""
-        consumer = self._started_consumer()
-        tps = [TopicPartition(self.settings.topics.events, p) for p in self.partitions]
+        self._started_tail()
+        tps = [TopicPart(self.settings.topics.events, p) for p in self.partitions]
         if not tps:
             return {}
-        ends = await consumer.end_offsets(tps)
+        ends = await self._log.log_ends(tps)
         return {tp.partition: off for tp, off in ends.items()}
 
     async def catch_up(self) -> None:
@@ -655,7 +652,7 @@ class Indexer(Component):
         )
         idx.mark_lost(log_start)
 
-    def _apply(self, idx: PartitionIndex, record: ConsumerRecord[bytes, bytes]) -> None:
+    def _apply(self, idx: PartitionIndex, record: LogRecord) -> None:
         if record.offset < idx.through:
             return  # counted already (a re-read after a rebalance)
         task_id = task_id_of(record)
@@ -698,7 +695,7 @@ class Indexer(Component):
         idx: PartitionIndex,
         task_id: str,
         seq: int,
-        record: ConsumerRecord[bytes, bytes],
+        record: LogRecord,
         before: tuple[int, int, int] | None,
         event: TaskEvent | None,
     ) -> None:
@@ -724,25 +721,24 @@ class Indexer(Component):
         )
 
     async def _tail(self) -> None:
-        consumer = self._started_consumer()
+        tail = self._started_tail()
         while True:
             try:
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-            except OffsetOutOfRangeError:
-                await self._reconcile_with_retention(consumer)
+                polled = await tail.poll(0.2, max_records=5000)
+            except OffsetOutOfRange:
+                await self._reconcile_with_retention(tail)
                 continue
-            for tp, records in batches.items():
-                idx = self.partitions.get(tp.partition)
+            for part, records in polled.records.items():
+                idx = self.partitions.get(part.partition)
                 if idx is None:
                     continue  # assigned a moment ago and not yet restored: re-read after seek
                 for record in records:
                     self._apply(idx, record)
-            for tp in consumer.assignment():
-                idx = self.partitions.get(tp.partition)
+            for part, position in polled.positions.items():
+                idx = self.partitions.get(part.partition)
                 if idx is not None:
                     # Transaction markers and aborted records move the position without records.
-                    with contextlib.suppress(Exception):
-                        idx.advance(await consumer.position(tp))
+                    idx.advance(position)
             self._notify_progress()
 
     def _notify_progress(self) -> None:
@@ -751,17 +747,17 @@ class Indexer(Component):
         self._progress.set()
         self._progress = asyncio.Event()
 
-    async def _reconcile_with_retention(self, consumer: AIOKafkaConsumer) -> None:
+    async def _reconcile_with_retention(self, tail: Tail) -> None:
         """Mark owned partitions whose uncounted records retention deleted as lost, and seek
         where counting goes on."""
         topic = self.settings.topics.events
-        tps = [TopicPartition(topic, p) for p in self.partitions]
-        begins = await consumer.beginning_offsets(tps)
+        tps = [TopicPart(topic, p) for p in self.partitions]
+        begins = await self._log.log_starts(tps)
         for tp in tps:
             idx = self.partitions.get(tp.partition)
             if idx is not None and idx.through < begins[tp]:
                 self._lost(idx, begins[tp])
-                consumer.seek(tp, idx.through)
+                tail.reposition(tp, idx.through)
 
     # --- persisting ----------------------------------------------------------------------
 
@@ -800,10 +796,10 @@ class Indexer(Component):
             try:
                 async with writer.transaction():
                     for key, value in batch:
-                        await writer.send(s.topics.index, key=key, value=value, partition=partition)
+                        await writer.send(s.topics.index, value, key=key, partition=partition)
                     for update in updates:
-                        await writer.send(s.topics.updates, key=update.key(), value=update.value())
-            except ProducerFenced:
+                        await writer.send(s.topics.updates, update.value(), key=update.key())
+            except WriterFenced:
                 await self._fenced(partition)
                 return 0
             except BaseException:
@@ -824,7 +820,7 @@ class Indexer(Component):
         )
         if writer is not None:
             with contextlib.suppress(Exception):
-                await writer.stop()
+                await writer.close()
 
     def _redirty(
         self, partition: int, batch: list[tuple[bytes, bytes]], updates: list[TaskUpdate]
@@ -851,21 +847,24 @@ class Indexer(Component):
                 log.exception("index flush failed; will retry")
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """The group's callbacks: flush before giving partitions back, then apply the new share."""
+class _Rebalance:
+    """The group's callbacks (a port GroupListener): flush before giving partitions back, then
+    apply the new share."""
 
     def __init__(self, indexer: Indexer) -> None:
         self.indexer = indexer
 
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+    async def revoked(self, parts: frozenset[TopicPart]) -> None:
         # Eager rebalancing revokes everything before the new round: persist now, so whoever
         # gets a partition restores its latest counts (partitions kept lose nothing).
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5):
                 await self.indexer.flush()
 
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+    async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
+        if self.indexer.assignor is not None:
+            self.indexer.assignor.on_assignment(parts, user_data)
         try:
-            await self.indexer._assigned_now({tp.partition for tp in assigned})
+            await self.indexer._assigned_now({p.partition for p in parts})
         except Exception:
             log.exception("could not take the assigned partitions")

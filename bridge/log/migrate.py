@@ -27,14 +27,11 @@ from dataclasses import dataclass, field
 
 from bridge.config import Settings
 from bridge.kafka.acls import index_writer_id, indexer_transactional_id
+from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.admin import add_partitions, kafka_admin
-from bridge.kafka.clients import (
-    ConsumerRecord,
-    TopicPartition,
-    committed_consumer,
-    transactional_producer,
-)
-from bridge.log.indexer import read_to_end, topic_partitions
+from bridge.kafka.clients import transactional_producer
+from bridge.log.indexer import topic_partitions
+from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
     IndexRecordError,
     decode_index_record,
@@ -108,20 +105,11 @@ async def _read_index(
 ) -> dict[tuple[int, bytes], bytes | None]:
     """The latest record of each key in each index partition (a key moved by an earlier run
     has a tombstone where it was and its record where it belongs)."""
-    latest: dict[tuple[int, bytes], bytes | None] = {}
-
-    def keep(record: ConsumerRecord[bytes, bytes]) -> None:
-        if record.key is not None:
-            latest[record.partition, record.key] = record.value
-
-    consumer = committed_consumer(settings, role="index-migrate")
-    await consumer.start()
+    kafka = KafkaLog(settings, pool_size=1)
     try:
-        topic = settings.topics.index
-        await read_to_end(consumer, [TopicPartition(topic, p) for p in partitions], keep)
+        return await latest_by_key(kafka, settings.topics.index, partitions, role="index-migrate")
     finally:
-        await consumer.stop()
-    return latest
+        await kafka.close()
 
 
 async def _fence_the_single_writer(settings: Settings) -> None:

@@ -21,7 +21,6 @@ deleteRecords then served events that were already deleted.
 
 from __future__ import annotations
 
-import asyncio
 import operator
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing
@@ -31,13 +30,8 @@ from typing import overload
 from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
-from bridge.kafka.clients import (
-    AIOKafkaConsumer,
-    ConsumerRecord,
-    OffsetOutOfRangeError,
-    TopicPartition,
-    committed_consumer,
-)
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import Log, LogRecord, OffsetOutOfRange, TopicPart
 from bridge.log.catchup import Coalescer, LogStarts, Read
 from bridge.log.indexer import Indexer
 from bridge.log.records import RecordDecoder
@@ -55,7 +49,7 @@ __all__ = [
 
 _OFFSET = operator.attrgetter("offset")
 
-#: Counts of a task's records from the log start before an OffsetOutOfRangeError is let
+#: Counts of a task's records from the log start before an OffsetOutOfRange is let
 #: through: retention would have to move the log start this many times during one count.
 _EARLIEST_ATTEMPTS = 5
 
@@ -201,10 +195,12 @@ class Reader(Component):
         on_scan: Callable[[int], None] | None = None,
         on_detach: Callable[[], None] | None = None,
         on_lookup: Callable[[], None] | None = None,
+        log: Log | None = None,
     ) -> None:
         """``on_scan``, ``on_detach`` and ``on_lookup`` report each shared scan (with the reads
         it served), each read that left its scan to read alone, and each log-start request:
-        given once, by the composition that owns the metrics (bridge.log knows none)."""
+        given once, by the composition that owns the metrics (bridge.log knows none).
+        ``log``: the log to read (the cluster of ``settings`` when None)."""
         self.settings = settings
         self.indexer = indexer
         # Reads decode every event they return, eagerly: a stream sends all of them (the tail
@@ -213,17 +209,23 @@ class Reader(Component):
             settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
         )
         self.chunk = chunk
-        self._pool_size = pool_size
-        self._idle: list[AIOKafkaConsumer] = []
-        self._free = asyncio.Condition()
-        self._all: list[AIOKafkaConsumer] = []
-        #: Where each idle consumer stands: (partition, next offset); reused without a seek.
-        self._at: dict[int, tuple[TopicPartition, int]] = {}
-        self._small: AIOKafkaConsumer | None = None
-        #: The shared log-start lookups' own consumer (one lookup at a time): they never queue
-        #: behind the pool's fetches, and every open waits for one.
-        self._starts: AIOKafkaConsumer | None = None
-        self._created = 0
+        # The pool of ``pool_size`` consumers every read fetches through (bridge.kafka.pool),
+        # and a one-consumer log with tiny fetch sizes for the metrics' timestamp probes.
+        self._own_logs = log is None
+        self._log: Log = (
+            log if log is not None else KafkaLog(settings, pool_size=pool_size, role="reader")
+        )
+        self._probe: Log = (
+            log
+            if log is not None
+            else KafkaLog(
+                settings,
+                pool_size=1,
+                role="reader-probe",
+                max_partition_fetch_bytes=1024,
+                fetch_max_bytes=1024,
+            )
+        )
         self.records_scanned = 0
         #: Shared scans; one of the pool's consumers stays free for everything else.
         self.catchup = Coalescer(
@@ -237,106 +239,40 @@ class Reader(Component):
     async def close(self) -> None:
         await self.catchup.close()
         await self.log_start_cache.close()
-        extra = [c for c in (self._small, self._starts) if c is not None]
-        for consumer in [*self._all, *extra]:
-            await consumer.stop()
-        self._all.clear()
-        self._idle.clear()
-        self._created = 0
-        self._small = None
-        self._starts = None
+        if self._own_logs:
+            for owned in (self._log, self._probe):
+                if isinstance(owned, KafkaLog):
+                    await owned.close()
 
-    # --- consumers -----------------------------------------------------------------------
-
-    async def _acquire(self, want: tuple[TopicPartition, int] | None = None) -> AIOKafkaConsumer:
-        """An idle consumer, preferably one already positioned at ``want``."""
-        async with self._free:
-            while True:
-                if self._idle:
-                    for i, consumer in enumerate(self._idle):
-                        if want is not None and self._at.get(id(consumer)) == want:
-                            return self._idle.pop(i)
-                    return self._idle.pop()
-                if self._created < self._pool_size:
-                    self._created += 1  # reserve the slot before awaiting the connection
-                    break
-                await self._free.wait()
-        try:
-            # Reads must not long-poll at the log end: the next read would queue behind it.
-            consumer = committed_consumer(self.settings, role="reader", fetch_max_wait_ms=5)
-            await consumer.start()
-        except BaseException:
-            self._created -= 1
-            raise
-        self._all.append(consumer)
-        return consumer
-
-    async def _release(self, consumer: AIOKafkaConsumer) -> None:
-        async with self._free:
-            self._idle.append(consumer)
-            self._free.notify()
+    # --- fetches -------------------------------------------------------------------------
 
     async def _fetch(
-        self, tp: TopicPartition, offset: int, limit: int | None = None
-    ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
+        self, tp: TopicPart, offset: int, limit: int | None = None
+    ) -> tuple[list[LogRecord], int]:
         """Up to ``chunk`` committed records of ``tp`` from ``offset``, and the next position.
 
         The position can move without records (transaction markers, aborted batches). A
-        consumer left at exactly this position by the previous fetch keeps its prefetched data.
+        read that goes on where the previous one ended keeps its prefetched data (the pool).
         """
-        consumer = await self._acquire((tp, offset))
-        self._at.pop(id(consumer), None)
-        try:
-            if consumer.assignment() != {tp}:
-                consumer.assign([tp])
-                consumer.seek(tp, offset)
-            else:
-                consumer.resume(tp)  # paused at the end of the last read (below)
-                if await consumer.position(tp) != offset:
-                    consumer.seek(tp, offset)
-            batches = await consumer.getmany(tp, timeout_ms=1000, max_records=limit or self.chunk)
-            position = int(await consumer.position(tp))
-            # At the end of what is committed, an idle consumer would fetch again and again
-            # (its fetches wait 5 ms at most): paused there until its next read. Short of it,
-            # it prefetches what comes next once, for the next chunk of a read.
-            end = consumer.last_stable_offset(tp)
-            if end is None or position >= end:
-                consumer.pause(tp)
-            self._at[id(consumer)] = (tp, position)
-            return batches.get(tp, []), position
-        finally:
-            await self._release(consumer)
+        fetched = await self._log.fetch(tp, offset, limit or self.chunk)
+        records = fetched.records
+        return (records if isinstance(records, list) else list(records)), fetched.next_offset
 
-    async def _scan_fetch(
-        self, tp: TopicPartition, offset: int
-    ) -> tuple[list[ConsumerRecord[bytes, bytes]], int]:
+    async def _scan_fetch(self, tp: TopicPart, offset: int) -> tuple[list[LogRecord], int]:
         records, position = await self._fetch(tp, offset)
         self.records_scanned += len(records)
         return records, position
 
-    async def _log_start(self, tp: TopicPartition) -> int:
+    async def _log_start(self, tp: TopicPart) -> int:
         """The partition's log start, looked up after this call began (shared request)."""
         start = await self.log_start_cache.fresh(tp.partition)
         self.catchup.forget_before(tp, start)
         return start
 
     async def _shared_log_starts(self, partitions: list[int]) -> dict[int, int]:
-        if self._starts is None:
-            consumer = committed_consumer(self.settings, role="reader-starts")
-            await consumer.start()
-            self._starts = consumer
-        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
-        begins = await self._starts.beginning_offsets(tps)
-        return {tp.partition: int(offset) for tp, offset in begins.items()}
-
-    async def _lookup_log_starts(self, partitions: list[int]) -> dict[int, int]:
-        tps = [TopicPartition(self.settings.topics.events, p) for p in partitions]
-        consumer = await self._acquire()
-        try:
-            begins = await consumer.beginning_offsets(tps)
-        finally:
-            await self._release(consumer)
-        return {tp.partition: int(offset) for tp, offset in begins.items()}
+        tps = [TopicPart(self.settings.topics.events, p) for p in partitions]
+        begins = await self._log.log_starts(tps)
+        return {tp.partition: offset for tp, offset in begins.items()}
 
     # --- the task's records ----------------------------------------------------------------
 
@@ -349,14 +285,14 @@ class Reader(Component):
             raise SeqUntrusted(task_id)
         return _Snapshot(partition, entry)
 
-    def _task_record_chunks(self, task_id: str, tp: TopicPartition, start: int, end: int) -> Read:
+    def _task_record_chunks(self, task_id: str, tp: TopicPart, start: int, end: int) -> Read:
         """The task's committed records with ``start <= offset < end``, one list per fetch
         that had any (from a scan shared with other reads, joined now). Close it when done."""
         return self.catchup.records(tp, task_id.encode("utf-8"), start, end)
 
     async def _task_records(
-        self, task_id: str, tp: TopicPartition, start: int, end: int
-    ) -> AsyncGenerator[ConsumerRecord[bytes, bytes], None]:
+        self, task_id: str, tp: TopicPart, start: int, end: int
+    ) -> AsyncGenerator[LogRecord, None]:
         """The task's committed records with ``start <= offset < end``."""
         async with aclosing(self._task_record_chunks(task_id, tp, start, end)) as chunks:
             async for chunk in chunks:
@@ -364,7 +300,7 @@ class Reader(Component):
                     yield record
 
     async def _earliest(
-        self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
+        self, task_id: str, snap: _Snapshot, tp: TopicPart, log_start: int
     ) -> tuple[int, int | None]:
         """``(earliest retained seq, its offset)``; offset None when nothing is retained.
 
@@ -375,14 +311,14 @@ class Reader(Component):
         for _ in range(_EARLIEST_ATTEMPTS - 1):
             try:
                 return await self._earliest_from(task_id, snap, tp, log_start)
-            except OffsetOutOfRangeError:
+            except OffsetOutOfRange:
                 log_start = await self._log_start(tp)
         return await self._earliest_from(task_id, snap, tp, log_start)
 
     async def _earliest_from(
-        self, task_id: str, snap: _Snapshot, tp: TopicPartition, log_start: int
+        self, task_id: str, snap: _Snapshot, tp: TopicPart, log_start: int
     ) -> tuple[int, int | None]:
-        """:meth:`_earliest` for one log start (OffsetOutOfRangeError if it has moved on)."""
+        """:meth:`_earliest` for one log start (OffsetOutOfRange if it has moved on)."""
         first = snap.first
         if first[1] >= log_start:
             return first
@@ -402,10 +338,10 @@ class Reader(Component):
 
     async def event_at(self, partition: int, offset: int) -> TaskEvent | None:
         """The event of the record at ``offset`` of ``partition``; None if it is gone."""
-        tp = TopicPartition(self.settings.topics.events, partition)
+        tp = TopicPart(self.settings.topics.events, partition)
         try:
             records, _ = await self._fetch(tp, offset, limit=1)
-        except OffsetOutOfRangeError:
+        except OffsetOutOfRange:
             return None
         if not records or records[0].offset != offset:
             return None
@@ -417,29 +353,16 @@ class Reader(Component):
         Uses a consumer with tiny fetch sizes (the broker still returns one whole batch), so
         the metrics' once-in-a-while lookups do not pull a megabyte each.
         """
-        tp = TopicPartition(self.settings.topics.events, partition)
-        if self._small is None:
-            self._small = committed_consumer(
-                self.settings,
-                role="reader-probe",
-                fetch_max_wait_ms=5,
-                max_partition_fetch_bytes=1024,
-                fetch_max_bytes=1024,
-            )
-            await self._small.start()
-        consumer = self._small
+        tp = TopicPart(self.settings.topics.events, partition)
         try:
-            consumer.assign([tp])
-            consumer.seek(tp, offset)
-            batches = await consumer.getmany(tp, timeout_ms=1000, max_records=1)
-        except OffsetOutOfRangeError:
+            fetched = await self._probe.fetch(tp, offset, 1)
+        except OffsetOutOfRange:
             return None
-        records = batches.get(tp, [])
-        return int(records[0].timestamp) if records else None
+        return fetched.records[0].timestamp if fetched.records else None
 
     async def log_starts(self, partitions: list[int]) -> dict[int, int]:
         """The log start offsets of ``partitions`` of the events topic (one request)."""
-        return await self._lookup_log_starts(partitions)
+        return await self._shared_log_starts(partitions)
 
     async def earliest_seq(self, task_id: str) -> int:
         """The oldest seq of the task still retained (``next_seq`` if none is)."""
@@ -451,7 +374,7 @@ class Reader(Component):
         after this call began: a read that follows at once may take it as its own
         (:meth:`read_batches`' ``log_start``) instead of asking Kafka again."""
         snap = self._snapshot(task_id)
-        tp = TopicPartition(self.settings.topics.events, snap.partition)
+        tp = TopicPart(self.settings.topics.events, snap.partition)
         log_start = await self._log_start(tp)
         seq, _ = await self._earliest(task_id, snap, tp, log_start)
         return seq, log_start
@@ -501,7 +424,7 @@ class Reader(Component):
 
     async def _read_chunks(
         self, task_id: str, after: int | None, log_start: int | None
-    ) -> AsyncGenerator[tuple[int, list[ConsumerRecord[bytes, bytes]]], None]:
+    ) -> AsyncGenerator[tuple[int, list[LogRecord]], None]:
         """The records of :meth:`read_batches`, one list per fetch, with the seq of the first."""
         if after is not None and (
             not isinstance(after, int) or isinstance(after, bool) or after < 0
@@ -511,7 +434,7 @@ class Reader(Component):
         target = 0 if after is None else after + 1
         if target >= snap.next_seq:
             return
-        tp = TopicPartition(self.settings.topics.events, snap.partition)
+        tp = TopicPart(self.settings.topics.events, snap.partition)
         end = snap.last_offset + 1
         known = log_start
         while True:
@@ -548,7 +471,7 @@ class Reader(Component):
                     yield seq, chunk
                     seq += len(chunk)
                 return
-            except OffsetOutOfRangeError:
+            except OffsetOutOfRange:
                 # Retention moved past us mid-read: start again from the next seq wanted.
                 target = seq
                 if seq > (0 if after is None else after + 1):

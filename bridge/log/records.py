@@ -33,7 +33,7 @@ from bridge.envelope import (
     splice_usual,
 )
 from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
-from bridge.kafka.clients import ConsumerRecord
+from bridge.kafka.port import LogRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
 from bridge.tracing import with_trace
 
@@ -55,7 +55,7 @@ NO_FACTS: TaskFacts = (False, None, None)
 _PREFIXED_CACHE = 1024
 
 
-def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
+def task_id_of(record: LogRecord) -> str | None:
     """The record's task id (its key), or None for keyless or non-UTF-8 keys."""
     key: bytes | None = record.key
     if not key:
@@ -67,7 +67,7 @@ def task_id_of(record: ConsumerRecord[bytes, bytes]) -> str | None:
 
 
 def event_from_record(
-    record: ConsumerRecord[bytes, bytes],
+    record: LogRecord,
     *,
     prefix: str,
     max_bytes: int,
@@ -82,7 +82,7 @@ def event_from_record(
 
 
 def _event_of(
-    record: ConsumerRecord[bytes, bytes],
+    record: LogRecord,
     prefix: str,
     max_bytes: int,
     is_prefixed: Callable[[str], bool],
@@ -172,12 +172,12 @@ class RecordDecoder:
         #: it does not splice.
         self._members: dict[bytes, str] = {}
 
-    def event(self, record: ConsumerRecord[bytes, bytes]) -> TaskEvent:
+    def event(self, record: LogRecord) -> TaskEvent:
         """:func:`event_from_record` under this decoder's settings."""
         event = _event_of(record, self.prefix, self.max_bytes, self._is_prefixed)
         return with_trace(event, record.headers)  # tracing: the record's traceparent, if on
 
-    def events(self, records: Sequence[ConsumerRecord[bytes, bytes]]) -> list[TaskEvent]:
+    def events(self, records: Sequence[LogRecord]) -> list[TaskEvent]:
         """``[self.event(r) for r in records]``, in one call: a replay decodes thousands of
         records at a time, and the calls around each decode were a third of its cost.
 
@@ -198,9 +198,7 @@ class RecordDecoder:
             append(event)
         return events
 
-    def wire_events(
-        self, records: Sequence[ConsumerRecord[bytes, bytes]]
-    ) -> tuple[list[TaskEvent | str], list[int]]:
+    def wire_events(self, records: Sequence[LogRecord]) -> tuple[list[TaskEvent | str], list[int]]:
         """What a stream sends of ``records``: for a record of the usual shape
         (:func:`bridge.envelope.usual_parts`) whose payload is one line of the wire's JSON, an
         object, and whose type is prefixed and not one of :attr:`fact_types`, its event as
@@ -242,7 +240,7 @@ class RecordDecoder:
             known = self._prefixed[event_type] = self.types.is_prefixed(event_type)
         return known
 
-    def facts(self, record: ConsumerRecord[bytes, bytes]) -> tuple[TaskFacts, TaskEvent | None]:
+    def facts(self, record: LogRecord) -> tuple[TaskFacts, TaskEvent | None]:
         """What the record states about its task, and its event when finding out decoded it.
 
         Exactly ``task_facts_of(self.event(record))``: a record that may decode to the bridge's
@@ -268,8 +266,8 @@ class LazyEvent:
 
     __slots__ = ("_decoder", "_event", "_record")
 
-    def __init__(self, record: ConsumerRecord[bytes, bytes], decoder: RecordDecoder) -> None:
-        self._record: ConsumerRecord[bytes, bytes] | None = record
+    def __init__(self, record: LogRecord, decoder: RecordDecoder) -> None:
+        self._record: LogRecord | None = record
         self._decoder = decoder
         self._event: TaskEvent | None = None
 

@@ -15,15 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.config import Settings
-from bridge.kafka.clients import (
-    AIOKafkaConsumer,
-    ConsumerRecord,
-    TopicPartition,
-    committed_consumer,
-)
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import Log, LogRecord, TopicPart
 from bridge.log.identity import is_signed, load_keyring
-from bridge.log.indexer import load_index, out_of_place, read_to_end, topic_partitions
+from bridge.log.indexer import load_index, out_of_place, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
+from bridge.log.restore import read_to_end
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_prefix
 
 __all__ = ["VerifyReport", "verify_index"]
@@ -47,18 +44,17 @@ async def verify_index(
     """Compare the persisted index with a recount of the retained log."""
     say = progress or (lambda _msg: None)
     report = VerifyReport()
-    consumer = committed_consumer(settings, role="verify")
-    await consumer.start()
+    kafka = KafkaLog(settings, pool_size=1)
     try:
         parts = await topic_partitions(settings, settings.topics.events)
-        persisted = await load_index(settings, parts)
+        persisted = await load_index(settings, parts, log=kafka)
         report.partitions = len(parts)
         for p in parts:
-            tp = TopicPartition(settings.topics.events, p)
+            part = TopicPart(settings.topics.events, p)
             say(f"partition {p}: recounting up to offset {persisted[p].through}")
-            await _verify_partition(settings, consumer, tp, persisted[p], report, len(parts))
+            await _verify_partition(settings, kafka, part, persisted[p], report, len(parts))
     finally:
-        await consumer.stop()
+        await kafka.close()
     return report
 
 
@@ -73,14 +69,13 @@ def _as_persisted(recounted: TaskEntry | None, persisted: TaskEntry) -> TaskEntr
 
 async def _verify_partition(
     settings: Settings,
-    consumer: AIOKafkaConsumer,
-    tp: TopicPartition,
+    log: Log,
+    tp: TopicPart,
     persisted: PartitionIndex,
     report: VerifyReport,
     partitions: int,
 ) -> None:
-    begins = await consumer.beginning_offsets([tp])
-    log_start = int(begins[tp])
+    log_start = (await log.log_starts([tp]))[tp]
     through = persisted.through
     offsets: dict[str, list[int]] = defaultdict(list)
     recount = PartitionIndex(
@@ -98,7 +93,7 @@ async def _verify_partition(
     )
     keyring = load_keyring(settings)
 
-    def count(record: ConsumerRecord[bytes, bytes]) -> None:
+    def count(record: LogRecord) -> None:
         if record.offset >= through:
             return
         report.records_read += 1
@@ -119,7 +114,7 @@ async def _verify_partition(
             signed=signed,
         )
 
-    await read_to_end(consumer, [tp], count)
+    await read_to_end(log, [tp], count, role="verify")
     full = log_start == 0 and persisted.lost_before < 0
     where = f"partition {tp.partition}"
     for task_id in offsets.keys() - persisted.rows.keys():

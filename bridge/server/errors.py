@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.kafka.clients import KafkaError, retriable
+from bridge.kafka.port import LogError
 from bridge.log.fanout import CANCELLED, DRAINING, SubscriptionClosed
 from bridge.log.indexer import NotOwner
 from bridge.server.routing import RETRY_AFTER_MS, partition_moving_error
@@ -125,17 +126,26 @@ def _kafka_unavailable(exc: KafkaUnavailable, task_id: str) -> RpcError:
 
 
 def _kafka_error(exc: KafkaError, task_id: str) -> RpcError:
-    if not retriable(exc):
+    return _kafka_failed(exc, type(exc).__name__, retriable(exc), task_id)
+
+
+def _log_error(exc: LogError, task_id: str) -> RpcError:
+    """A Kafka error met through the log port: answered as the client's own error is."""
+    return _kafka_failed(exc, exc.kind, exc.retriable, task_id)
+
+
+def _kafka_failed(exc: Exception, kind: str, may_retry: bool, task_id: str) -> RpcError:
+    if not may_retry:
         # Retrying cannot help (an authorization, a message too large, ...): the operator must.
-        log.error("Kafka refused a request: %s", type(exc).__name__, exc_info=exc)
+        log.error("Kafka refused a request: %s", kind, exc_info=exc)
         return _internal()
     # Logged here, once, for every endpoint that maps it (the answer says only "retry").
     log.warning("a request failed: Kafka did not answer (%r)", exc)
     return _retriable(
-        f"Kafka did not answer ({type(exc).__name__}): nothing was lost; retry later",
+        f"Kafka did not answer ({kind}): nothing was lost; retry later",
         "kafka_unavailable",
         task_id,
-        error=type(exc).__name__,
+        error=kind,
     )
 
 
@@ -153,6 +163,7 @@ _TABLE: tuple[tuple[type[BaseException], Callable[[Any, str], RpcError], int | N
     (SubscriptionClosed, _closed, 503),
     (KafkaUnavailable, _kafka_unavailable, 503),
     (KafkaError, _kafka_error, None),
+    (LogError, _log_error, None),
     (TooManyTasks, _too_many_tasks, 429),
 )
 

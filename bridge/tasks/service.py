@@ -30,7 +30,9 @@ from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
 from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
-from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer, request_timeout_s
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.clients import request_timeout_s
+from bridge.kafka.port import Log, Producer
 from bridge.log.fanout import Fanout, Subscription, SubscriptionClosed
 from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
 from bridge.log.publisher import Published, TaskEventPublisher
@@ -250,15 +252,20 @@ class TaskService:
         reader: Reader,
         tools: dict[str, ToolSpec],
         fanout: Fanout | None = None,
+        *,
+        log: Log | None = None,
     ) -> None:
+        """``log``: where jobs and control messages are written (the cluster of ``settings``
+        when None)."""
         self.settings = settings
+        self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
         self.indexer = indexer
         self.reader = reader
         #: Events of one task from now on (shared with the stream hub when the app builds both).
         self.fanout = fanout or Fanout(indexer)
         self.tools = tools
         self.publisher = TaskEventPublisher(settings)
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Producer | None = None
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
         self._active = _ActiveTasks()
@@ -273,10 +280,11 @@ class TaskService:
     async def start(self) -> None:
         self._count_owned()  # what the indexer restored before this service existed
         await self.publisher.start()
-        self._producer = idempotent_producer(self.settings, role="tasks")
-        await self._producer.start()
+        producer = self._log.producer("tasks")
+        await producer.start()
+        self._producer = producer
 
-    def _started_producer(self) -> AIOKafkaProducer:
+    def _started_producer(self) -> Producer:
         if self._producer is None:
             raise NotStarted("the task service")
         return self._producer
@@ -287,7 +295,7 @@ class TaskService:
         await asyncio.gather(*self._late_writes, return_exceptions=True)
         await self.publisher.stop()
         if self._producer is not None:
-            await self._producer.stop()
+            await self._producer.close()
             self._producer = None
 
     # --- the indexer's view, kept current -------------------------------------------------
@@ -457,8 +465,8 @@ class TaskService:
         producer = self._started_producer()
         try:
             topic = tool.job_topic or self.settings.topics.jobs(tool.name)
-            await producer.send_and_wait(
-                topic, key=task_id.encode(), value=job.to_bytes(), headers=tracing.record_headers()
+            await producer.send(
+                topic, job.to_bytes(), key=task_id.encode(), headers=tracing.record_headers()
             )
         except Exception:
             log.exception("could not hand task %s to the %s workers", task_id, tool.name)
@@ -605,8 +613,8 @@ class TaskService:
     # --- update / cancel -----------------------------------------------------------------
 
     async def _control(self, message: ControlMessage) -> None:
-        await self._started_producer().send_and_wait(
-            self.settings.topics.control, key=message.task_id.encode(), value=message.to_bytes()
+        await self._started_producer().send(
+            self.settings.topics.control, message.to_bytes(), key=message.task_id.encode()
         )
 
     async def update(self, task_id: str, principal: str, responses: dict[str, Any]) -> None:

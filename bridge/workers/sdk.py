@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,17 +34,9 @@ from bridge import tracing
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
 from bridge.events import METHOD_NOT_FOUND, StatusPayload, error_object
-from bridge.kafka.clients import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    ConsumerRecord,
-    KafkaError,
-    TopicPartition,
-    committed_consumer,
-    idempotent_producer,
-)
-from bridge.kafka.topics import topic_partition_ids
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.clients import KafkaError
+from bridge.kafka.port import GroupTail, Log, LogError, LogRecord, Producer, Tail, TopicPart
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest
 
@@ -174,6 +166,7 @@ class Worker(Component):
         concurrency: int = 32,
         job_topics: dict[str, str] | None = None,
         session_timeout_ms: int | None = None,
+        log: Log | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -187,23 +180,25 @@ class Worker(Component):
             tool: (job_topics or {}).get(tool) or settings.topics.jobs(tool) for tool in handlers
         }
         self.publisher = TaskEventPublisher(settings)
-        self._jobs: AIOKafkaConsumer | None = None
-        self._control_consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        #: Where jobs, control messages and outcomes are read and written.
+        self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
+        self._jobs: GroupTail | None = None
+        self._control_tail: Tail | None = None
+        self._producer: Producer | None = None
         self._control: dict[str, _TaskControl] = defaultdict(_TaskControl)
         self._running: dict[str, tuple[asyncio.Task[dict[str, Any]], JobContext]] = {}
         #: Per partition: offsets fetched and not finished (queued or running).
-        self._pending: dict[TopicPartition, set[int]] = defaultdict(set)
+        self._pending: dict[TopicPart, set[int]] = defaultdict(set)
         #: Per partition: offsets finished here and not yet committed (skipped if re-fetched).
-        self._done: dict[TopicPartition, set[int]] = defaultdict(set)
+        self._done: dict[TopicPart, set[int]] = defaultdict(set)
         #: Per partition: the offset after the last record fetched since the last assignment.
-        self._fetched: dict[TopicPartition, int] = {}
-        self._committed: dict[TopicPartition, int] = {}
+        self._fetched: dict[TopicPart, int] = {}
+        self._committed: dict[TopicPart, int] = {}
         #: Records waiting for a free slot, in fetch order.
-        self._queue: deque[tuple[TopicPartition, ConsumerRecord[bytes, bytes]]] = deque()
+        self._queue: deque[tuple[TopicPart, LogRecord]] = deque()
         self._job_tasks: set[asyncio.Task[None]] = set()
         #: The job partition of each task whose job runs here (a rebalance may move it).
-        self._job_partitions: dict[str, TopicPartition] = {}
+        self._job_partitions: dict[str, TopicPart] = {}
         self._background: list[asyncio.Task[None]] = []
         self.completed = 0
 
@@ -216,23 +211,21 @@ class Worker(Component):
 
     async def _start(self) -> None:
         await self.publisher.start()
-        self._producer = idempotent_producer(self.settings, role="worker")
+        self._producer = self._log.producer("worker")
         await self._producer.start()
         await self._start_control()
-        group: dict[str, Any] = {}
-        if self.session_timeout_ms is not None:
-            group["session_timeout_ms"] = self.session_timeout_ms
-            group["heartbeat_interval_ms"] = max(100, self.session_timeout_ms // 4)
-        self._jobs = committed_consumer(
-            self.settings,
-            role="worker",
-            group_id=self.group_id,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
+        session = self.session_timeout_ms
+        self._jobs = self._log.group_tail(
+            self.group_id,
+            list(self.topics.values()),
+            _Rebalance(self),
+            # Without a session of its own, the client's defaults (10 s, heartbeats every 3 s).
+            session_timeout_ms=session or 10_000,
+            heartbeat_interval_ms=max(100, session // 4) if session else 3000,
             max_poll_interval_ms=600_000,
-            **group,
+            reset="earliest",
+            role="worker",
         )
-        self._jobs.subscribe(list(self.topics.values()), listener=_Rebalance(self))
         await self._jobs.start()
 
     async def stop(self) -> None:
@@ -248,12 +241,12 @@ class Worker(Component):
             # Commit what finished here (cancelled jobs stay uncommitted), then leave the group.
             with contextlib.suppress(Exception):
                 await self._commit(self._jobs, self._jobs.assignment())
-        for client in (self._jobs, self._control_consumer):
-            if client is not None:
-                await client.stop()
-        self._jobs = self._control_consumer = None
+        for tail in (self._jobs, self._control_tail):
+            if tail is not None:
+                await tail.close()
+        self._jobs = self._control_tail = None
         if self._producer is not None:
-            await self._producer.stop()
+            await self._producer.close()
             self._producer = None
         await self.publisher.stop()
 
@@ -261,31 +254,27 @@ class Worker(Component):
 
     async def _start_control(self) -> None:
         topic = self.settings.topics.control
-        consumer = committed_consumer(self.settings, role="worker-control")
-        await consumer.start()
-        self._control_consumer = consumer
-        tps = [TopicPartition(topic, p) for p in await topic_partition_ids(self.settings, topic)]
-        consumer.assign(tps)
+        tail = self._log.tail("worker-control")
+        self._control_tail = tail
+        await tail.start()
+        parts = [TopicPart(topic, p) for p in await self._log.partitions(topic)]
         since = time.time_ns() // 1_000_000 - self.settings.control_lookback_ms
-        starts = await consumer.offsets_for_times({tp: max(since, 0) for tp in tps})
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            found = starts.get(tp)
-            consumer.seek(tp, found.offset if found is not None else ends[tp])
+        starts = await self._log.offsets_for_times({p: max(since, 0) for p in parts})
+        ends = await self._log.log_ends(parts)
+        first = {p: _or(starts.get(p), ends[p]) for p in parts}
+        tail.assign(first)
         # Read what the lookback window holds before taking jobs, so a cancel or an answer
         # given before this worker started is known to the jobs it runs.
-        remaining = {tp for tp in tps if await consumer.position(tp) < ends[tp]}
+        remaining = {p for p in parts if first[p] < ends[p]}
         while remaining:
-            batches = await consumer.getmany(*remaining, timeout_ms=500)
-            for records in batches.values():
+            polled = await tail.poll(0.5)
+            for records in polled.records.values():
                 for record in records:
                     self._on_control(record)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        self._background.append(asyncio.create_task(self._tail_control(consumer)))
+            remaining -= {p for p, at in polled.positions.items() if at >= ends[p]}
+        self._background.append(asyncio.create_task(self._tail_control(tail)))
 
-    def _on_control(self, record: ConsumerRecord[bytes, bytes]) -> None:
+    def _on_control(self, record: LogRecord) -> None:
         try:
             message = ControlMessage.model_validate_json(record.value or b"")
         except ValidationError:
@@ -301,10 +290,10 @@ class Worker(Component):
         elif message.type == "finished":
             running[0].cancel()  # another worker's outcome is in: this copy is a duplicate
 
-    async def _tail_control(self, consumer: AIOKafkaConsumer) -> None:
+    async def _tail_control(self, tail: Tail) -> None:
         while True:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
+            polled = await tail.poll(0.5)
+            for records in polled.records.values():
                 for record in records:
                     self._on_control(record)
 
@@ -320,18 +309,18 @@ class Worker(Component):
         are paused, but the consumer keeps polling, so the group does not drop a worker whose
         jobs wait a long time (for input, say) and hand its jobs to another worker.
         """
-        consumer = self._jobs
-        if consumer is None:
+        jobs = self._jobs
+        if jobs is None:
             raise NotStarted("the worker")
         while True:
             self._start_queued()
-            assigned = consumer.assignment()
+            assigned = jobs.assignment()
             if self._queue:
-                consumer.pause(*assigned)
+                jobs.pause(*assigned)
             else:
-                consumer.resume(*(assigned & consumer.paused()))
-            batches = await consumer.getmany(timeout_ms=100 if self._queue else 500)
-            for tp, records in batches.items():
+                jobs.resume(*assigned)
+            polled = await jobs.poll(0.1 if self._queue else 0.5)
+            for tp, records in polled.records.items():
                 pending, done = self._pending[tp], self._done[tp]
                 for record in records:
                     # After a rebalance the partition is read again from the committed
@@ -342,7 +331,7 @@ class Worker(Component):
                 if records:
                     self._fetched[tp] = records[-1].offset + 1
             self._start_queued()
-            await self._commit(consumer, consumer.assignment())
+            await self._commit(jobs, jobs.assignment())
 
     def _start_queued(self) -> None:
         while self._queue and len(self._job_tasks) < self.concurrency:
@@ -351,14 +340,14 @@ class Worker(Component):
             self._job_tasks.add(task)
             task.add_done_callback(self._job_tasks.discard)
 
-    def _commit_point(self, tp: TopicPartition) -> int | None:
+    def _commit_point(self, tp: TopicPart) -> int | None:
         """The offset to commit for ``tp``: its first unfinished job, else all it fetched."""
         pending = self._pending.get(tp)
         if pending:
             return min(pending)
         return self._fetched.get(tp)
 
-    async def _commit(self, consumer: AIOKafkaConsumer, partitions: set[TopicPartition]) -> None:
+    async def _commit(self, jobs: GroupTail, partitions: Iterable[TopicPart]) -> None:
         offsets = {}
         for tp in partitions:
             point = self._commit_point(tp)
@@ -367,17 +356,17 @@ class Worker(Component):
         if not offsets:
             return
         try:
-            await consumer.commit(offsets)
-        except KafkaError as exc:  # e.g. a rebalance in progress; the next round retries
+            await jobs.commit(offsets)
+        except LogError as exc:  # e.g. a rebalance in progress; the next round retries
             log.warning("could not commit job offsets (%s); will retry", exc)
             return
         for tp, point in offsets.items():
             self._committed[tp] = point
             self._done[tp] = {o for o in self._done[tp] if o >= point}
 
-    async def _revoked(self, consumer: AIOKafkaConsumer, revoked: set[TopicPartition]) -> None:
+    async def _revoked(self, jobs: GroupTail, revoked: set[TopicPart]) -> None:
         """Before a rebalance: commit what is finished, forget the queued (unstarted) jobs."""
-        await self._commit(consumer, revoked)
+        await self._commit(jobs, revoked)
         dropped = [(tp, r) for tp, r in self._queue if tp in revoked]
         self._queue = deque((tp, r) for tp, r in self._queue if tp not in revoked)
         for tp, record in dropped:
@@ -388,7 +377,7 @@ class Worker(Component):
             self._fetched.pop(tp, None)
             self._committed.pop(tp, None)
 
-    def _assigned(self, assigned: set[TopicPartition]) -> None:
+    def _assigned(self, assigned: set[TopicPart]) -> None:
         """After a rebalance: stop the jobs of partitions that went elsewhere (their new
         owner runs them from the committed offset; two copies would both write events, one of
         them after the other's terminal status) and forget those partitions."""
@@ -402,7 +391,7 @@ class Worker(Component):
             del self._pending[tp]
             self._done.pop(tp, None)
 
-    async def _run_job(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> None:
+    async def _run_job(self, tp: TopicPart, record: LogRecord) -> None:
         try:
             job = JobRequest.model_validate_json(record.value or b"")
         except ValidationError:
@@ -478,11 +467,11 @@ class Worker(Component):
                         outcome = StatusPayload.failed(str(exc), "the tool's result is too large")
                         continue
                     status_written = True
-                await self._producer.send_and_wait(
-                    self.settings.topics.control, key=task_id.encode(), value=finished.to_bytes()
+                await self._producer.send(
+                    self.settings.topics.control, finished.to_bytes(), key=task_id.encode()
                 )
                 return
-            except KafkaError as exc:
+            except (KafkaError, LogError) as exc:  # the publisher's, the producer's
                 log.warning("task %s: could not write the outcome (%s); retrying", task_id, exc)
             await asyncio.sleep(delay)  # backoff before retrying a failed write
             delay = min(delay * 2, 30.0)
@@ -515,16 +504,21 @@ class Worker(Component):
         return StatusPayload(status="completed", result=result)
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Commits a worker's finished jobs before its partitions move to another worker."""
+def _or(found: int | None, otherwise: int) -> int:
+    return otherwise if found is None else found
+
+
+class _Rebalance:
+    """Commits a worker's finished jobs before its partitions move to another worker (the
+    group's callbacks, a port GroupListener)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        consumer = self.worker._jobs
-        if consumer is not None:
-            await self.worker._revoked(consumer, set(revoked))
+    async def revoked(self, parts: frozenset[TopicPart]) -> None:
+        jobs = self.worker._jobs
+        if jobs is not None:
+            await self.worker._revoked(jobs, set(parts))
 
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self.worker._assigned(set(assigned))
+    async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
+        self.worker._assigned(set(parts))
