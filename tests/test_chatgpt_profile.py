@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -39,9 +39,15 @@ from bridge.mcpevents.occurrences import Occurrence, PollBatch
 from bridge.mcpevents.subscriptions import Subscription, SubscriptionTable
 from bridge.mcpevents.webhooks import Outcome, RetryPolicy, Verdict
 from bridge.server.admission import Caller
-from bridge.server.events import EVENTS_EXTENSION, FittedBodies, WebhookMethods
+from bridge.server.events import (
+    EVENT_ID_META,
+    EVENTS_EXTENSION,
+    FittedBodies,
+    WebhookMethods,
+    task_outcomes,
+)
 from bridge.server.handlers import Call, MethodHandlers
-from bridge.server.profile import CHATGPT, SEP_3415, EventsProfile
+from bridge.server.profile import CHATGPT, CHATGPT_TIMEOUT_S, SEP_3415, EventsProfile
 from bridge.server.wire import JsonRpcRequest, RpcError
 
 kafka = pytest.mark.kafka
@@ -91,11 +97,35 @@ def test_the_profile_is_one_setting_and_sep_3415_is_the_default() -> None:
         Settings.model_validate({"events": {"profile": "claude"}})
 
 
+#: What the chatgpt profile needs besides itself: webhooks offered (a principal, a key).
+WEBHOOKS_ON = {"auth": {"mode": "bearer"}, "webhook_keys": {"file": "/keys/webhooks.json"}}
+
+
 def test_the_chatgpt_profile_refuses_a_challenge_deadline_that_leaves_no_time_to_answer() -> None:
-    Settings.model_validate({"events": {"profile": "chatgpt"}, "webhook_timeout_s": 5})
-    with pytest.raises(ValidationError, match="webhook_timeout_s below 8 s"):
-        Settings.model_validate({"events": {"profile": "chatgpt"}, "webhook_timeout_s": 9})
+    chatgpt = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON}
+    Settings.model_validate({**chatgpt, "webhook_timeout_s": 5})
+    bound = CHATGPT.answer_within_s
+    assert bound is not None and bound < CHATGPT_TIMEOUT_S  # the profile's own figure
+    with pytest.raises(ValidationError, match=f"webhook_timeout_s below {bound:g} s"):
+        Settings.model_validate({**chatgpt, "webhook_timeout_s": bound})
     Settings.model_validate({"webhook_timeout_s": 9})  # the default profile has no such bound
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"auth": {"mode": "none"}}, "BRIDGE_AUTH__MODE"),
+        ({"webhook_keys": {}}, "BRIDGE_WEBHOOK_KEYS__FILE"),
+    ],
+    ids=["auth-none", "no-webhook-key"],
+)
+def test_the_chatgpt_profile_refuses_to_start_without_webhooks(
+    changed: dict[str, Any], named: str
+) -> None:
+    settings = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON, **changed}
+    with pytest.raises(ValidationError, match=f"BRIDGE_EVENTS__PROFILE=chatgpt needs .*{named}"):
+        Settings.model_validate(settings)
+    Settings.model_validate({**settings, "events": {"profile": "sep-3415"}})  # others may
 
 
 class _Events:
@@ -333,6 +363,7 @@ async def test_a_record_too_large_for_one_body_is_sent_as_the_request_that_reads
             "arguments": {"customerId": "c1"},
             "cursor": "k1.aa.4",
             "maxEvents": 1,
+            "_meta": {EVENT_ID_META: big.event_id},  # names the record: nothing else is read
         },
     }
     small = _occurrence({"orderId": "o"}, name="com.example.x")
@@ -356,6 +387,112 @@ async def test_a_pipeline_record_s_result_request_is_neither_acted_on_nor_passed
     small = _occurrence(COMPLETED, name="com.example.x")
     shaped = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), small, None)
     assert shaped == small.wire(with_cursor=True) and asked == []
+
+
+async def test_an_oversized_task_update_keeps_its_task_seq_and_status() -> None:
+    huge = {**COMPLETED, "statusMessage": "m" * MAX_BODY}
+    body = await FittedBodies(MAX_BODY, UPDATED, None)(_sub(), _occurrence(huge), "u1.0.5")
+    assert _size(body) <= MAX_BODY
+    assert body["data"] == {
+        "omitted": "too_large",
+        "bytes": _size(_occurrence(huge).wire(with_cursor=True)),
+        "taskId": "T",
+        "seq": 5,
+        "status": "completed",
+        "resultRequest": COMPLETED["resultRequest"],
+    }
+
+
+async def test_an_owner_that_does_not_answer_leaves_the_result_request_after_a_short_wait() -> None:
+    never = asyncio.Event()  # the owner accepted the read and never answers
+
+    async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
+        await never.wait()
+        return {"result": {"content": []}}
+
+    shape = FittedBodies(MAX_BODY, UPDATED, outcomes, wait_s=0.05)
+    async with asyncio.timeout(BOUND):  # not the peers' 30 s: the shape's own bound
+        body = await shape(_sub(), _occurrence(COMPLETED), "u1.0.5")
+    assert body["data"] == COMPLETED
+
+
+def test_the_outcome_wait_is_short() -> None:
+    assert FittedBodies(MAX_BODY, UPDATED, None).wait_s <= 2
+
+
+def _task_view(**fields: Any) -> Any:
+    from bridge.tasks.service import TaskView
+
+    return TaskView(created_ms=0, last_updated_ms=0, ttl_ms=None, poll_interval_ms=1000, **fields)
+
+
+class _Tasks:
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.asked: list[tuple[str, str]] = []
+
+    async def get(self, task_id: str, principal: str) -> Any:
+        self.asked.append((task_id, principal))
+        return self.view
+
+
+async def test_task_outcomes_reads_locally_for_the_principal() -> None:
+    done = {"content": [{"type": "text", "text": "42"}]}
+    tasks = _Tasks(_task_view(task_id="T", status="completed", result=done))
+    outcome = task_outcomes(tasks)
+    assert await outcome("alice", "T") == {"result": done}
+    assert tasks.asked == [("T", "alice")]
+    failed = {"code": -1, "message": "no"}
+    tasks.view = _task_view(task_id="T", status="failed", error=failed)
+    assert await outcome("alice", "T") == {"error": failed}
+
+
+async def test_a_result_no_longer_retained_is_not_inlined_as_empty() -> None:
+    gone = _task_view(task_id="T", status="completed", result={"content": []}, retained=False)
+    gone.status_message = "the result is no longer retained"
+    assert await task_outcomes(_Tasks(gone))("alice", "T") is None
+
+
+class _Routing:
+    def __init__(self, owner: str | None) -> None:
+        self.owner = owner
+
+    async def where(self, task_id: str) -> str | None:
+        return self.owner
+
+
+class _Peers:
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str, dict[str, Any], Any]] = []
+
+    async def call(self, owner: str, method: str, params: dict[str, Any], identity: Any) -> Any:
+        self.calls.append((owner, method, params, identity))
+        return self.answer
+
+
+async def test_task_outcomes_reads_at_the_owner_signed_for_the_principal() -> None:
+    from bridge.server.hops import PeerIdentity
+    from bridge.server.wire import CLIENT_CAPS_META, RESULT_RETAINED_META, tasks_capability
+
+    done = {"content": [{"type": "text", "text": "there"}]}
+    peers = _Peers({"taskId": "T", "status": "completed", "result": done})
+    routing: Any = _Routing("http://owner:9000")
+    outcome = task_outcomes(None, routing=routing, peers=cast(Any, peers))
+    assert await outcome("alice", "T") == {"result": done}
+    assert peers.calls == [
+        (
+            "http://owner:9000",
+            "tasks/get",
+            {"taskId": "T", "_meta": {CLIENT_CAPS_META: tasks_capability()}},
+            PeerIdentity("alice", "alice"),
+        )
+    ]
+    peers.answer = {**peers.answer, "_meta": {RESULT_RETAINED_META: False}}
+    assert await outcome("alice", "T") is None  # the owner says the result is a stand-in
+    local = _Tasks(_task_view(task_id="T", status="completed", result=done))
+    here = task_outcomes(local, routing=cast(Any, _Routing(None)), peers=cast(Any, peers))
+    assert await here("bob", "T") == {"result": done} and local.asked == [("T", "bob")]
 
 
 def test_refreshes_are_due_at_73_percent_of_the_grant() -> None:
