@@ -24,7 +24,7 @@ import httpx
 import pytest
 import trustme
 from pydantic import ValidationError
-from support.chatgpt import MAX_BODY, ChatGpt, Receiver, chatgpt_receiver, refresh_at
+from support.chatgpt import MAX_BODY, ChatGpt, Receiver, chatgpt_receiver, new_secret, refresh_at
 from support.layout import fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
@@ -209,6 +209,95 @@ async def test_unsubscribing_an_unknown_subscription_answers_empty_for_chatgpt_n
     assert refused.value.code == -32023 and refused.value.data == {"kind": "subscription"}
 
 
+NOW_MS = 1_800_000_000_000
+
+
+class _Subscribing:
+    """A webhook service as events/subscribe needs it; ``during_verify`` runs in the challenge."""
+
+    def __init__(self, during_verify: Any = None) -> None:
+        restored = asyncio.Event()
+        restored.set()
+        self.registry = SimpleNamespace(restored=restored, table=SubscriptionTable())
+        self.during_verify = during_verify or (lambda: None)
+
+    async def verify(self, principal: str, url: str, sub_id: str, secret: str) -> Outcome:
+        self.during_verify()
+        return Outcome(Verdict.DELIVERED)
+
+    async def put(self, sub: Subscription) -> None:
+        self.registry.table.apply(0, sub.id, sub)
+
+
+class _Polled:
+    name = "com.example.x"
+
+    async def poll(self, *args: Any) -> PollBatch:
+        return PollBatch([], "c0", truncated=False, has_more=False, next_poll_ms=1000)
+
+
+def _subscriber(
+    profile: EventsProfile, service: _Subscribing, clock: Any = lambda: 0.0
+) -> WebhookMethods:
+    settings = make_settings("unused:9092", fresh_prefix())
+    source: Any = _Polled()
+    return WebhookMethods(
+        settings,
+        {source.name: source},
+        cast(Any, service),
+        now_ms=lambda: NOW_MS,
+        profile=profile,
+        clock=clock,
+    )
+
+
+def _subscribe_call(expires: float | None = None) -> Call:
+    params = {
+        "name": "com.example.x",
+        "arguments": {},
+        "delivery": {"mode": "webhook", "url": "https://example.com/h", "secret": SECRET},
+    }
+    rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method="events/subscribe", params=params)
+    return Call(rpc, Caller("alice", "conn", expires=expires), legacy=False, params=params)
+
+
+@pytest.mark.parametrize("profile", [CHATGPT, SEP_3415], ids=lambda p: p.name)
+async def test_a_subscription_never_outlives_the_credential_it_was_made_with(
+    profile: EventsProfile,
+) -> None:
+    from bridge.tasks.messages import iso_ms
+
+    service = _Subscribing()
+    methods = _subscriber(profile, service)
+    credential_ms = NOW_MS + 60_000  # a JWT's exp, or auth.bearer_ttl_s after it was shown
+    got: Any = await methods.subscribe(_subscribe_call(expires=credential_ms / 1000))
+    assert got["refreshBefore"] == iso_ms(credential_ms)
+    (sub_id,) = service.registry.table.in_partitions([0])
+    assert service.registry.table.get(sub_id).expires_ms == credential_ms
+    # A refresh with a credential that lasts longer gets the TTL again, never past it.
+    again: Any = await methods.subscribe(_subscribe_call())
+    assert again["refreshBefore"] == iso_ms(NOW_MS + methods.ttl.default_ms)
+
+
+async def test_chatgpt_s_subscribe_past_its_deadline_is_refused_retriable_and_stores_nothing() -> (
+    None
+):
+    now = [0.0]
+
+    def slow_challenge() -> None:
+        now[0] += CHATGPT_TIMEOUT_S  # the receiver answered the challenge late
+
+    service = _Subscribing(slow_challenge)
+    with pytest.raises(RpcError) as late:
+        await _subscriber(CHATGPT, service, clock=lambda: now[0]).subscribe(_subscribe_call())
+    assert late.value.http_status == 503 and late.value.data["reason"] == "deadline"
+    assert "retryAfterMs" in late.value.data
+    assert service.registry.table.in_partitions([0]) == []  # nothing stored
+    other = _Subscribing(slow_challenge)
+    await _subscriber(SEP_3415, other, clock=lambda: now[0]).subscribe(_subscribe_call())
+    assert len(other.registry.table.in_partitions([0])) == 1  # no deadline under the SEP
+
+
 # --- the delivery loop without control envelopes ---------------------------------------------
 
 
@@ -254,7 +343,9 @@ class _Sender:
         return Outcome(Verdict.DELIVERED)
 
 
-def _loop(profile: EventsProfile, poll: Any) -> tuple[SubscriptionDelivery, _Store, _Sender]:
+def _loop(
+    profile: EventsProfile, poll: Any, **kw: Any
+) -> tuple[SubscriptionDelivery, _Store, _Sender]:
     policy = DeliveryPolicy(
         RetryPolicy(max_attempts=1, max_elapsed_seconds=1, base_delay_seconds=0.1),
         poll_interval_s=0.1,
@@ -263,7 +354,7 @@ def _loop(profile: EventsProfile, poll: Any) -> tuple[SubscriptionDelivery, _Sto
         max_body_bytes=profile.max_body_bytes,
     )
     store, sender = _Store(), _Sender()
-    return SubscriptionDelivery("sub_1", store, poll, sender, policy), store, sender
+    return SubscriptionDelivery("sub_1", store, poll, sender, policy, **kw), store, sender
 
 
 @pytest.mark.parametrize("profile", [CHATGPT, SEP_3415], ids=lambda p: p.name)
@@ -495,6 +586,27 @@ async def test_task_outcomes_reads_at_the_owner_signed_for_the_principal() -> No
     assert await here("bob", "T") == {"result": done} and local.asked == [("T", "bob")]
 
 
+async def test_a_body_that_cannot_fit_even_reduced_is_not_sent_but_counted_and_passed_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    big = _occurrence({"orderId": "o", "pad": "x" * MAX_BODY}, name="com.example.x")
+
+    async def poll(*args: Any) -> PollBatch:
+        return PollBatch([big], "c1", truncated=False, has_more=False, next_poll_ms=1000)
+
+    counted: list[int] = []
+    shape = FittedBodies(MAX_BODY, UPDATED, None)
+    loop, store, sender = _loop(CHATGPT, poll, shape=shape, on_too_large=lambda: counted.append(1))
+    # The stub repeats the subscriber's arguments: 300 KiB of them leave no room for it.
+    store.subs["sub_1"] = dataclasses.replace(_sub(), arguments={"customerId": "c" * 300_000})
+    await loop._step(store.subs["sub_1"])
+    assert sender.bodies == []  # never sent
+    after = store.subs["sub_1"]
+    assert after.cursor == "c1" and after.status.last_error == "too_large"  # passed over
+    assert counted == [1]
+    assert any("sub_1" in r.getMessage() and "bytes" in r.getMessage() for r in caplog.records)
+
+
 def test_refreshes_are_due_at_73_percent_of_the_grant() -> None:
     assert refresh_at(1000.0, "1970-01-01T00:18:20Z") == pytest.approx(1073.0)  # 100 s granted
     assert refresh_at(1000.0, "1970-01-01T00:00:00Z") == pytest.approx(1000.0)  # already due
@@ -673,7 +785,7 @@ async def _legacy(http: httpx.AsyncClient, url: str, method: str, params: dict[s
 
 @kafka
 async def test_chatgpt_on_the_initialize_path_sees_the_capability_and_the_events_methods(
-    gbridge: Bridge,
+    gbridge: Bridge, receiver: Receiver
 ) -> None:
     hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c"}}
     async with httpx.AsyncClient(
@@ -685,6 +797,18 @@ async def test_chatgpt_on_the_initialize_path_sees_the_capability_and_the_events
         gone = {"name": updated(gbridge.settings), "arguments": {}, "delivery": target}
         unsubscribed = await _legacy(http, gbridge.url, "events/unsubscribe", gone)
         polled = await _legacy(http, gbridge.url, "events/poll", {"name": "x"})
+        secret = receiver.secrets.setdefault("legacy", new_secret())
+        hook = {"mode": "webhook", "url": receiver.url("legacy"), "secret": secret}
+        wanted = {"name": updated(gbridge.settings), "arguments": {}, "delivery": hook}
+        subscribed = await _legacy(http, gbridge.url, "events/subscribe", wanted)
+        left = await _legacy(http, gbridge.url, "events/unsubscribe", wanted)
+    assert set(subscribed["result"]) - {"resultType"} == {
+        "id",
+        "refreshBefore",
+        "cursor",
+        "truncated",
+    }
+    assert receiver.challenges == ["legacy"] and left["result"] == {}
     assert initialized["result"]["capabilities"]["events"] == {}
     assert updated(gbridge.settings) in {e["name"] for e in listed["result"]["events"]}
     assert unsubscribed["result"] == {}
