@@ -293,6 +293,17 @@ async def test_chatgpt_s_subscribe_past_its_deadline_is_refused_retriable_and_st
     assert late.value.http_status == 503 and late.value.data["reason"] == "deadline"
     assert "retryAfterMs" in late.value.data
     assert service.registry.table.in_partitions([0]) == []  # nothing stored
+    restoring = _Subscribing()
+    restoring.registry.restored.clear()  # a replica just started: its view is not restored
+    ticks = iter([0.0])  # the request began at 0; by the restore wait its 8 s had passed
+
+    def later() -> float:
+        return next(ticks, CHATGPT_TIMEOUT_S)
+
+    with pytest.raises(RpcError) as unrestored:
+        async with asyncio.timeout(BOUND):
+            await _subscriber(CHATGPT, restoring, clock=later).subscribe(_subscribe_call())
+    assert unrestored.value.http_status == 503 and unrestored.value.data["reason"] == "deadline"
     other = _Subscribing(slow_challenge)
     await _subscriber(SEP_3415, other, clock=lambda: now[0]).subscribe(_subscribe_call())
     assert len(other.registry.table.in_partitions([0])) == 1  # no deadline under the SEP

@@ -972,7 +972,11 @@ class WebhookMethods:
         except InvalidSecret as exc:
             raise RpcError(INVALID_PARAMS, f"delivery.secret: {exc}") from None
         wait_s = RESTORE_WAIT_S if deadline is None else max(deadline - self.clock(), 0.0)
-        await self._restored(service, min(wait_s, RESTORE_WAIT_S))
+        try:
+            await self._restored(service, min(wait_s, RESTORE_WAIT_S))
+        except RpcError:
+            self._in_time(deadline)  # the wait took the profile's deadline: retriable
+            raise
         arguments = params.arguments or {}
         with _mapped():
             sid = subscription_id(call.principal, url, params.name, arguments)
