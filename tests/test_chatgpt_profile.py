@@ -573,6 +573,41 @@ class _Peers:
         return self.answer
 
 
+async def test_tasks_get_marks_a_result_whose_status_event_is_gone_as_not_retained() -> None:
+    from bridge.log.seqindex import owner_key
+    from bridge.server.handlers import detailed_task
+    from bridge.server.wire import RESULT_RETAINED_META
+    from bridge.tasks.messages import owner_digest
+    from bridge.tasks.service import TaskService
+
+    alice = owner_key(owner_digest("alice"))
+    entry = SimpleNamespace(
+        owned_by=lambda key: key == alice,
+        ttl_ms=-1,
+        created_ms=0,
+        status=SimpleNamespace(wire="completed"),
+        poll_ms=1000,
+        status_offset=5,
+        first_offset=0,
+    )
+    indexer = SimpleNamespace(
+        lookup=lambda task_id: (0, entry),
+        add_listener=lambda listener: None,
+        add_ownership_listener=lambda listener: None,
+    )
+
+    class Gone:
+        async def event_at(self, partition: int, offset: int) -> None:
+            return None  # retention deleted the status event
+
+    settings = make_settings("unused:9092", fresh_prefix())
+    service = TaskService(settings, cast(Any, indexer), cast(Any, Gone()), {}, cast(Any, object()))
+    view = await service.get("T", "alice")
+    assert view.retained is False and view.result == {"content": []}
+    assert detailed_task(view)["_meta"] == {RESULT_RETAINED_META: False}
+    assert await task_outcomes(service)("alice", "T") is None  # not inlined as an empty result
+
+
 async def test_task_outcomes_reads_at_the_owner_signed_for_the_principal() -> None:
     from bridge.server.hops import PeerIdentity
     from bridge.server.wire import CLIENT_CAPS_META, RESULT_RETAINED_META, tasks_capability
