@@ -518,6 +518,28 @@ async def test_an_owner_that_does_not_answer_leaves_the_result_request_after_a_s
     assert body["data"] == COMPLETED
 
 
+def test_the_body_shape_follows_inline_outcomes_and_the_bound_each_on_its_own() -> None:
+    from bridge.mcpevents.delivery import as_is
+    from bridge.server.events import fitted_bodies
+
+    settings = make_settings("unused:9092", fresh_prefix())
+
+    async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
+        return None
+
+    assert fitted_bodies(settings, SEP_3415, outcomes) is as_is
+    inline_only = fitted_bodies(
+        settings, dataclasses.replace(SEP_3415, inline_outcomes=True), outcomes
+    )
+    assert isinstance(inline_only, FittedBodies)
+    assert inline_only.limit is None and inline_only.outcomes is outcomes
+    bound_only = fitted_bodies(settings, dataclasses.replace(SEP_3415, max_body_bytes=10), outcomes)
+    assert isinstance(bound_only, FittedBodies)
+    assert bound_only.limit == 10 and bound_only.outcomes is None
+    both = fitted_bodies(settings, CHATGPT, outcomes)
+    assert isinstance(both, FittedBodies) and both.limit == MAX_BODY and both.outcomes is outcomes
+
+
 def test_the_outcome_wait_is_short() -> None:
     assert FittedBodies(MAX_BODY, UPDATED, None).wait_s <= 2
 
