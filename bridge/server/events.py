@@ -940,8 +940,8 @@ class WebhookMethods:
 
     def _in_time(self, deadline: float | None) -> None:
         """A retriable refusal, before anything is stored, once the profile's deadline passed:
-        the client has given up waiting, and its retry finds the work done (the verification
-        is cached, the registry restored)."""
+        the client has given up waiting, and its retry runs afresh (a new challenge, within
+        the throttle; the registry restored by then)."""
         if deadline is not None and self.clock() >= deadline:
             raise RpcError(
                 INTERNAL_ERROR,
