@@ -135,6 +135,7 @@ async def start_components(
                 routing=routing,
                 peers=peers,
                 on_throttled=metrics.webhook_verifications_throttled.inc,
+                on_too_large=metrics.webhook_bodies_too_large.inc,
                 catch_up=indexer.catch_up,
             )
             await events.start()  # webhook delivery, when offered

@@ -42,6 +42,7 @@ from bridge.server.wire import (
     LEGACY_VERSIONS,
     MAX_SEQ,
     METHOD_NOT_FOUND,
+    RESULT_RETAINED_META,
     SERVER_INFO_META,
     SUPPORTED_VERSIONS,
     TASKS_EXTENSION,
@@ -612,6 +613,8 @@ def detailed_task(view: TaskView) -> dict[str, Any]:
         result["error"] = view.error or {"code": INTERNAL_ERROR, "message": "the job failed"}
     elif view.status == "input_required":
         result["inputRequests"] = view.input_requests or {}
+    if not view.retained:
+        result["_meta"] = {RESULT_RETAINED_META: False}
     return result
 
 

@@ -104,6 +104,8 @@ class TaskView:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     input_requests: dict[str, Any] | None = None
+    #: False when the status event is no longer retained: ``result``/``error`` are stand-ins.
+    retained: bool = True
 
     @property
     def terminal(self) -> bool:
@@ -542,7 +544,9 @@ class TaskService:
             event = await self._status_event(task_id, partition, entry.status_offset)
             if event is not None:
                 self._apply_status(view, event)
-            elif view.status == "completed":
+                return view
+            view.retained = False
+            if view.status == "completed":
                 view.result = {"content": []}
                 view.status_message = "the result is no longer retained"
         return view
