@@ -269,7 +269,14 @@ async def test_a_refresh_keeps_the_id_skips_the_challenge_and_reports_delivery_s
     first = await subscribed(wbridge, "ben", hook(task, receiver.url("b")))
     await publish(wbridge, task, range(1))
     await steps_reach(receiver, "b", 1)
-    again = await subscribed(wbridge, "ben", hook(task, receiver.url("b"), secret=ROTATED))
+
+    async def refreshed_after_the_delivery() -> dict[str, Any] | None:
+        # The receiver has the event before the bridge has its answer and records the
+        # delivery: refresh (idempotent: same id, no challenge) until the status shows it.
+        again = await subscribed(wbridge, "ben", hook(task, receiver.url("b"), secret=ROTATED))
+        return again if again["deliveryStatus"]["lastDeliveryAt"] is not None else None
+
+    again = await wait_until(refreshed_after_the_delivery, what="the delivery in the status")
     assert again["id"] == first["id"] and again["refreshBefore"] >= first["refreshBefore"]
     assert again["deliveryStatus"]["active"] is True
     assert again["deliveryStatus"]["lastError"] is None
