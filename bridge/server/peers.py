@@ -189,8 +189,12 @@ class Peers:
         connect_s: float = 2.0,
         suspect_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """``transport``: where requests go instead of the network (a simulation's replicas,
+        in process); None for real connections."""
         self.auth = auth
+        self._transport = transport
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
         self._call_timeout = httpx.Timeout(timeout_s, connect=connect_s)
         idle_s = max(0.5, keep_alive_s - 1.0)
@@ -213,12 +217,16 @@ class Peers:
         #: Owners a spare connection is being opened to (at most one at a time each).
         self._warming: dict[str, asyncio.Task[None]] = {}
 
-    @staticmethod
     def _pool(
-        timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
+        self, timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
     ) -> httpx.AsyncClient:
         client = httpx.AsyncClient(
-            timeout=timeout, limits=limits, follow_redirects=False, trust_env=False, verify=tls
+            timeout=timeout,
+            limits=limits,
+            follow_redirects=False,
+            trust_env=False,
+            verify=tls,
+            transport=self._transport,
         )
         # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
         # replica did not sign (it signs a header's absence too).

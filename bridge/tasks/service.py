@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from bridge import tracing
+from bridge.clock import SYSTEM_CLOCK, SYSTEM_ENTROPY, Clock, Entropy
 from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
@@ -256,10 +256,15 @@ class TaskService:
         fanout: Fanout | None = None,
         *,
         log: Log | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        entropy: Entropy = SYSTEM_ENTROPY,
     ) -> None:
         """``log``: where jobs and control messages are written (the cluster of ``settings``
-        when None)."""
+        when None). ``clock`` and ``entropy``: creation times and task ids (a simulation's
+        replay)."""
         self.settings = settings
+        self._clock = clock
+        self._entropy = entropy
         self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
         self.indexer = indexer
         self.reader = reader
@@ -278,6 +283,9 @@ class TaskService:
         self._late_writes: set[asyncio.Task[TaskView]] = set()
         indexer.add_listener(self._on_event)
         indexer.add_ownership_listener(self._on_ownership)
+
+    def _now_ms(self) -> int:
+        return int(self._clock.wall() * 1000)
 
     async def start(self) -> None:
         self._count_owned()  # what the indexer restored before this service existed
@@ -313,7 +321,7 @@ class TaskService:
         for partition in [p for p in self._counted if p not in owned]:
             del self._counted[partition]
             self._active.drop_partition(partition)
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         for partition, idx in owned.items():
             if self._counted.get(partition) is not idx:
                 self._active.seed(partition, idx, now)
@@ -356,7 +364,7 @@ class TaskService:
         """
         owned = self.indexer.partitions
         for _ in range(_OWNED_ID_DRAWS):
-            task_id = new_task_id()
+            task_id = new_task_id(self._entropy)
             if not owned or self.indexer.partition_of(task_id) in owned:
                 return task_id
         return task_id  # owning very few of many partitions: the owner serves it, one hop away
@@ -384,7 +392,7 @@ class TaskService:
         :class:`KafkaUnavailable` when Kafka does not answer within the request timeout.
         """
         owner = owner_digest(principal)
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         task_id = task_id or self.new_task_id()
         # Reserved before the first await: concurrent creates see each other's places.
         self._count_owned()
@@ -529,7 +537,7 @@ class TaskService:
             await self._catch_up()
             raise TaskNotFound()
         ttl_ms = None if entry.ttl_ms < 0 else entry.ttl_ms
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         if ttl_ms is not None and entry.created_ms + ttl_ms <= now:
             raise TaskNotFound(expired=True)
         view = TaskView(
