@@ -2,9 +2,13 @@
 
 The worker is written from docs/workers.md and schemas/ alone; this test builds it with Maven
 (offline once its dependencies are in the local repository) and runs it as a separate process
-against the bridge's task service on the real broker: a task that asks for input and resumes
-on the answer, a task cancelled while it runs, and a task whose worker is killed (SIGKILL)
-mid-job, which runs again and still ends once. The tool is the one examples/pipeline-tool.toml
+against the bridge's task service on the real broker, in the same consumer group as a Python
+SDK worker of another tool (every member of a group must share an assignment protocol): a task
+that asks for input and resumes on the answer while another task runs to its end beside it, a
+task cancelled while it runs, and a task whose worker is killed (SIGKILL) mid-job, which runs
+again and still ends once. At the end every record the Java worker wrote is checked against
+schemas/, each task has one terminal status and one ``finished`` mark, and the group's
+committed offsets are the job topic's end. The tool is the one examples/pipeline-tool.toml
 declares.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,13 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.contract import valid
 from support.layout import create_topics, make_settings
+from support.topics import topic_records
 
 from bridge.config import Settings, ToolSpec, load_settings
+from bridge.envelope import AVRO_CONTENT_TYPE, decode_event
 from bridge.events import EventSuffix
+from bridge.kafka.clients import TopicPartition, admin_client, committed_consumer
+from bridge.kafka.topics import topic_partition_ids
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
 from bridge.tasks.service import TaskService
+from bridge.workers.packs import pack_handlers, pack_tools
+from bridge.workers.sdk import Worker
 
 pytestmark = pytest.mark.kafka
 
@@ -37,6 +49,9 @@ EXAMPLE = ROOT / "examples" / "pipeline-tool.toml"
 BOUND = 60  # seconds any one wait may take
 BUILD_BOUND_S = 600
 MAIN_CLASS = "io.mcpbridge.example.CountWorker"
+TERMINAL = ("completed", "failed", "cancelled")
+#: The SDK worker's tool, run by an SDK worker in the Java worker's group.
+GREET = next(t for t in pack_tools(["conformance"]) if t.name == "greet")
 
 
 def _maven(*goals: str, offline: bool) -> subprocess.CompletedProcess[str]:
@@ -132,17 +147,30 @@ class JavaWorker:
 async def bridge_side(
     settings: Settings, tool: ToolSpec
 ) -> AsyncIterator[tuple[TaskService, Seen]]:
-    await create_topics(settings, [tool.name])
+    await create_topics(settings, [tool.name, GREET.name])
     async with Indexer(settings) as indexer:
         seen = Seen(indexer)
         reader = Reader(settings, indexer)
-        service = TaskService(settings, indexer, reader, {tool.name: tool})
+        service = TaskService(settings, indexer, reader, {tool.name: tool, GREET.name: GREET})
         await service.start()
         try:
             yield service, seen
         finally:
             await service.stop()
             await reader.close()
+
+
+@contextlib.asynccontextmanager
+async def sdk_worker(settings: Settings) -> AsyncIterator[Worker]:
+    """An SDK worker of ``greet`` in the default group, the one the Java worker joins too."""
+    async with Worker(settings, {GREET.name: pack_handlers(["conformance"])[GREET.name]}) as w:
+        runner = asyncio.create_task(w.run())
+        try:
+            yield w
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
 
 
 def declared_tool() -> ToolSpec:
@@ -157,12 +185,21 @@ async def test_the_java_worker_runs_a_declared_tool_with_input_cancel_and_a_cras
     tool = declared_tool()
     settings = make_settings(kafka_bootstrap, topic_prefix, tools=[tool], tool_packs=[])
     log = tmp_path / "java-worker.log"
-    async with bridge_side(settings, tool) as (service, seen):
+    async with bridge_side(settings, tool) as (service, seen), sdk_worker(settings):
+        # The SDK member is in the group first: the Java worker joins it (the later joiner is
+        # the one a group without a shared assignment protocol refuses).
+        greeted = await service.create(GREET, {"name": "W"}, principal="alice")
+        assert (await service.wait_terminal(greeted.task_id, "alice")).status == "completed"
         worker = JavaWorker(java_worker_classpath, settings, log)
         worker.start()
         try:
             async with asyncio.timeout(4 * BOUND):
-                await _input_then_cancel_then_crash(service, seen, tool, worker)
+                tasks = await _input_then_cancel_then_crash(service, seen, tool, worker)
+                greeted = await service.create(GREET, {"name": "V"}, principal="alice")
+                assert (await service.wait_terminal(greeted.task_id, "alice")).status == (
+                    "completed"
+                )
+                await _check_what_the_java_worker_wrote(settings, tool, tasks)
         except BaseException:
             print(worker.output())  # what the worker said, for the failure report
             raise
@@ -172,17 +209,23 @@ async def test_the_java_worker_runs_a_declared_tool_with_input_cancel_and_a_cras
 
 async def _input_then_cancel_then_crash(
     service: TaskService, seen: Seen, tool: ToolSpec, worker: JavaWorker
-) -> None:
+) -> list[str]:
+    """The scenario; the ids of every task the Java worker ran."""
     prefix = service.settings.event_type_prefix
     status_type = f"{prefix}.{EventSuffix.STATUS}"
     progress_type = f"{prefix}.{EventSuffix.PROGRESS}"
 
-    # Input: the job parks the task halfway and resumes on the answer.
+    # Input: the job parks the task halfway and resumes on the answer. Meanwhile another task
+    # runs to its end: a job waiting for input holds one slot, not the worker.
     asked = await service.create(tool, {"count": 4, "confirm": True}, principal="alice")
     view = await service.wait_until(asked.task_id, "alice", frozenset({"input_required"}))
     request = view.input_requests["confirm"]
     assert request["method"] == "elicitation/create"
     assert request["params"]["requestedSchema"]["required"] == ["confirm"]
+    beside = await service.create(tool, {"count": 1}, principal="alice")
+    async with asyncio.timeout(BOUND):
+        assert (await service.wait_terminal(beside.task_id, "alice")).status == "completed"
+    assert (await service.get(asked.task_id, "alice")).status == "input_required"
     answer = {"action": "accept", "content": {"confirm": True}}
     await service.update(asked.task_id, "alice", {"confirm": answer})
     view = await service.wait_terminal(asked.task_id, "alice")
@@ -206,17 +249,78 @@ async def _input_then_cancel_then_crash(
     crashed = await service.create(tool, {"count": 6}, principal="alice")
     await seen.count(crashed.task_id, progress_type, 2)
     worker.kill()
-    before = len(seen.of(crashed.task_id, progress_type))
-    assert before < 6
     worker.start()
     view = await service.wait_terminal(crashed.task_id, "alice")
     assert view.status == "completed", view
     assert view.result["structuredContent"] == {"count": 6, "confirmation": "not asked"}
+    # The restart is in the data, whenever the indexer saw the kill: the first attempt's steps
+    # (at least the two waited for, fewer than six) stay, then the second attempt's from 1.
     steps = [p["progress"] for p in seen.of(crashed.task_id, progress_type)]
-    assert steps[:before] == list(range(1, before + 1))  # the first attempt's events stay
-    assert steps[before:] == [1, 2, 3, 4, 5, 6]  # the second attempt ran from the start
-    ends = [s for s in seen.of(crashed.task_id, status_type) if s["status"] == "completed"]
-    assert len(ends) == 1
+    restart = steps.index(1, 1)
+    assert 2 <= restart < 6, steps
+    assert steps[:restart] == list(range(1, restart + 1)), steps
+    assert steps[restart:] == [1, 2, 3, 4, 5, 6], steps
     # One more task after the crash: the group goes on taking jobs.
     after = await service.create(tool, {"count": 1}, principal="alice")
     assert (await service.wait_terminal(after.task_id, "alice")).status == "completed"
+    return [asked.task_id, beside.task_id, long.task_id, crashed.task_id, after.task_id]
+
+
+async def _check_what_the_java_worker_wrote(
+    settings: Settings, tool: ToolSpec, tasks: list[str]
+) -> None:
+    """Every record of the Java worker's tasks keeps schemas/; one end and one mark a task; the
+    group committed every job (read ``read_committed`` after the last task ended)."""
+    types = settings.own_types
+    ends: dict[str, int] = dict.fromkeys(tasks, 0)
+    for record in await topic_records(settings, settings.topics.events):
+        task_id = (record.key or b"").decode()
+        if task_id not in ends:
+            continue
+        event = decode_event(record.value, list(record.headers))
+        if dict(record.headers).get("content-type") == AVRO_CONTENT_TYPE.encode():
+            # The bridge's: task.created, and the "working" status it writes on an answer.
+            assert event.type == types.created or event.payload["status"] == "working", event
+            continue
+        valid("event-envelope", json.loads(record.value or b""))  # the Java worker's JSON
+        if event.type == types.progress:
+            valid("progress", event.payload)
+        elif event.type == types.status:
+            valid("status", event.payload)
+            ends[task_id] += event.payload["status"] in TERMINAL
+    assert ends == dict.fromkeys(tasks, 1)
+    finished: dict[str, int] = dict.fromkeys(tasks, 0)
+    for record in await topic_records(settings, settings.topics.control):
+        message = json.loads(record.value or b"")
+        valid("control-message", message)
+        if message["type"] == "finished" and message["taskId"] in finished:
+            finished[message["taskId"]] += 1
+    assert finished == dict.fromkeys(tasks, 1)
+    assert await _committed(settings, tool) == await _job_ends(settings, tool)
+
+
+async def _job_ends(settings: Settings, tool: ToolSpec) -> dict[int, int]:
+    topic = tool.job_topic or settings.topics.jobs(tool.name)
+    consumer = committed_consumer(settings, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in await topic_partition_ids(settings, topic)]
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    return {tp.partition: end for tp, end in ends.items() if end > 0}
+
+
+async def _committed(settings: Settings, tool: ToolSpec) -> dict[int, int]:
+    topic = tool.job_topic or settings.topics.jobs(tool.name)
+    admin = admin_client(settings)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(f"{settings.topics.prefix}.workers")
+    finally:
+        await admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.items()
+        if tp.topic == topic and meta.offset >= 0
+    }

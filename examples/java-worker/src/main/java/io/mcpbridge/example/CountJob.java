@@ -15,7 +15,9 @@ final class CountJob {
 
     static final String INPUT_KEY = "confirm";
     static final int MAX_COUNT = 10_000;
+    /** The wording of docs/workers.md, the same as the Python SDK's. */
     static final String CANCELLED = "cancelled at the client's request";
+    static final String CANCELLED_BEFORE_START = "cancelled before it started";
 
     private final CountWorker worker;
     private final ConsumerRecord<byte[], byte[]> record;
@@ -51,25 +53,32 @@ final class CountJob {
             }
             return null;
         }
-        String taskId = request.path("taskId").asText(key == null ? "" : key);
-        if (taskId.isEmpty()) {
-            Log.info("a job request without a task id at offset " + record.offset() + " is skipped");
-            worker.finish("(no task id)", null, record);
+        JsonNode taskIdNode = request.path("taskId");
+        if (key == null || key.isEmpty() || !taskIdNode.isTextual() || !taskIdNode.asText().equals(key)) {
+            // The contract: taskId is a string equal to the key. Anything else is a job request
+            // that cannot be read; its key's task (when it has one) ends failed, never working.
+            if (key == null || key.isEmpty()) {
+                Log.info("a job request without a key at offset " + record.offset() + " is skipped");
+                worker.finish("(no key)", null, record);
+            } else {
+                worker.finish(key, failed(worker, -32603, "the job request could not be read"), record);
+            }
             return null;
         }
+        String taskId = key;
         ControlState.Task known = worker.control().of(taskId);
         if (known.finished) {
             Log.info("task " + Log.id(taskId) + ": already finished, the job is skipped");
             worker.finish(taskId, null, record);
             return null;
         }
-        if (known.cancelled) {
-            worker.finish(taskId, cancelled(worker, known), record);
-            return null;
-        }
         String tool = request.path("tool").asText("");
         if (!tool.equals(worker.config().tool())) {
-            worker.finish(taskId, failed(worker, -32603, "this worker does not run the tool '" + tool + "'"), record);
+            worker.finish(taskId, failed(worker, -32603, "no handler for tool " + tool), record);
+            return null;
+        }
+        if (known.cancelled) {
+            worker.finish(taskId, cancelled(worker, CANCELLED_BEFORE_START), record);
             return null;
         }
         JsonNode arguments = request.path("arguments");
@@ -109,7 +118,7 @@ final class CountJob {
             return true;
         }
         if (known.cancelled) {
-            worker.finish(taskId, cancelled(worker, known), record);
+            worker.finish(taskId, cancelled(worker, CANCELLED), record);
             return true;
         }
         if (waiting) {
@@ -199,10 +208,14 @@ final class CountJob {
         return status;
     }
 
-    private static ObjectNode cancelled(CountWorker worker, ControlState.Task known) {
+    /**
+     * The cancelled status, in the contract's fixed wording: a {@code statusMessage} on the
+     * cancel message is ignored, since any writer of the control topic could put words there.
+     */
+    private static ObjectNode cancelled(CountWorker worker, String wording) {
         return worker.json().createObjectNode()
                 .put("status", "cancelled")
-                .put("statusMessage", known.cancelReason != null ? known.cancelReason : CANCELLED);
+                .put("statusMessage", wording);
     }
 
     private static ObjectNode failed(CountWorker worker, int code, String message) {
