@@ -249,6 +249,17 @@ async def _input_then_cancel_then_crash(
     crashed = await service.create(tool, {"count": 6}, principal="alice")
     await seen.count(crashed.task_id, progress_type, 2)
     worker.kill()
+    # While no worker runs: a task cancelled before its job starts, and a job for a tool the
+    # worker has no handler for (sharing its topic). Both end as the SDK ends them.
+    early = await service.create(tool, {"count": 1}, principal="alice")
+    await service.cancel(early.task_id, "alice")
+    stranger = tool.model_copy(
+        update={"name": "java_other", "job_topic": _job_topic(service.settings, tool)}
+    )
+    unhandled = await service.create(stranger, {}, principal="alice")
+    # And a task whose TTL has passed when its job starts: nobody can read it, the job stops.
+    brief = tool.model_copy(update={"ttl_ms": 1})
+    expired = await service.create(brief, {"count": 1}, principal="alice")
     worker.start()
     view = await service.wait_terminal(crashed.task_id, "alice")
     assert view.status == "completed", view
@@ -260,10 +271,21 @@ async def _input_then_cancel_then_crash(
     assert 2 <= restart < 6, steps
     assert steps[:restart] == list(range(1, restart + 1)), steps
     assert steps[restart:] == [1, 2, 3, 4, 5, 6], steps
+    view = await service.wait_terminal(early.task_id, "alice")
+    assert (view.status, view.status_message) == ("cancelled", "cancelled before it started")
+    assert not seen.of(early.task_id, progress_type)
+    view = await service.wait_terminal(unhandled.task_id, "alice")
+    assert view.status == "failed"
+    assert view.error == {"code": -32603, "message": "no handler for tool java_other"}
+    await seen.count(expired.task_id, status_type, 1)
+    (end,) = seen.of(expired.task_id, status_type)
+    assert end["error"] == {"code": -32603, "message": "the task expired before its job ended"}
+    assert not seen.of(expired.task_id, progress_type)
     # One more task after the crash: the group goes on taking jobs.
     after = await service.create(tool, {"count": 1}, principal="alice")
     assert (await service.wait_terminal(after.task_id, "alice")).status == "completed"
-    return [asked.task_id, beside.task_id, long.task_id, crashed.task_id, after.task_id]
+    ran = [asked, beside, long, crashed, early, unhandled, expired, after]
+    return [task.task_id for task in ran]
 
 
 async def _check_what_the_java_worker_wrote(
@@ -299,8 +321,12 @@ async def _check_what_the_java_worker_wrote(
     assert await _committed(settings, tool) == await _job_ends(settings, tool)
 
 
+def _job_topic(settings: Settings, tool: ToolSpec) -> str:
+    return tool.job_topic or settings.topics.jobs(tool.name)
+
+
 async def _job_ends(settings: Settings, tool: ToolSpec) -> dict[int, int]:
-    topic = tool.job_topic or settings.topics.jobs(tool.name)
+    topic = _job_topic(settings, tool)
     consumer = committed_consumer(settings, auto_offset_reset="earliest")
     await consumer.start()
     try:
@@ -312,7 +338,7 @@ async def _job_ends(settings: Settings, tool: ToolSpec) -> dict[int, int]:
 
 
 async def _committed(settings: Settings, tool: ToolSpec) -> dict[int, int]:
-    topic = tool.job_topic or settings.topics.jobs(tool.name)
+    topic = _job_topic(settings, tool)
     admin = admin_client(settings)
     await admin.start()
     try:

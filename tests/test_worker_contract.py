@@ -73,6 +73,10 @@ def test_job_requests_as_the_bridge_writes_them_validate() -> None:
     valid("job-request", job.to_dict())
     answered = job.model_copy(update={"input_responses": {"who": {"action": "accept"}}})
     valid("job-request", answered.to_dict())
+    expiring = job.model_copy(update={"ttl_ms": 60_000})
+    assert expiring.to_dict()["ttlMs"] == 60_000
+    valid("job-request", expiring.to_dict())
+    invalid("job-request", {**expiring.to_dict(), "ttlMs": 0})
     invalid("job-request", {**job.to_dict(), "createdMs": "yesterday"})
     invalid("job-request", {k: v for k, v in job.to_dict().items() if k != "offset"})
 
@@ -102,6 +106,7 @@ def test_status_payloads_as_the_sdk_writes_them_validate() -> None:
         valid("status", status.payload())
     invalid("status", {"status": "Completed", "result": {"content": []}})  # names are exact
     invalid("status", {"status": "input_required"})  # nothing asked
+    invalid("status", {"status": "completed", "result": {"structuredContent": {}}})  # no content
     invalid("status", {"status": "failed", "error": {"message": "no code"}})
 
 
@@ -263,6 +268,7 @@ async def test_every_record_the_bridge_and_the_sdk_write_validates_against_the_c
             assert job["tool"] == tool or (tool, job["tool"]) == ("greet", "unhandled")
             jobs.append(job)
     assert len(jobs) == len(outcomes)
+    assert {job["ttlMs"] for job in jobs} == {3_600_000}  # every tool's default TTL
     (answered,) = [job for job in jobs if "inputResponses" in job]
     assert answered["inputResponses"] == {
         "user_name": {"action": "accept", "content": {"name": "W"}}

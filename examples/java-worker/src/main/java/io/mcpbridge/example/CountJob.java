@@ -18,6 +18,7 @@ final class CountJob {
     /** The wording of docs/workers.md, the same as the Python SDK's. */
     static final String CANCELLED = "cancelled at the client's request";
     static final String CANCELLED_BEFORE_START = "cancelled before it started";
+    static final String EXPIRED = "the task expired before its job ended";
 
     private final CountWorker worker;
     private final ConsumerRecord<byte[], byte[]> record;
@@ -25,13 +26,17 @@ final class CountJob {
     private final int count;
     private final boolean confirm;
     private final long stepMs;
+    /** createdMs + ttlMs: past it nobody can read the task (Long.MAX_VALUE: no TTL given). */
+    private final long expiresAtMs;
     private int n;
     private long nextStepAtMs;
     private boolean waiting;
     private String confirmation;
 
-    private CountJob(CountWorker worker, ConsumerRecord<byte[], byte[]> record, String taskId, int count, boolean confirm) {
+    private CountJob(CountWorker worker, ConsumerRecord<byte[], byte[]> record, String taskId, int count, boolean confirm,
+            long expiresAtMs) {
         this.worker = worker;
+        this.expiresAtMs = expiresAtMs;
         this.record = record;
         this.taskId = taskId;
         this.count = count;
@@ -81,6 +86,12 @@ final class CountJob {
             worker.finish(taskId, cancelled(worker, CANCELLED_BEFORE_START), record);
             return null;
         }
+        long expiresAtMs = expiry(request);
+        if (System.currentTimeMillis() >= expiresAtMs) {
+            Log.info("task " + Log.id(taskId) + ": expired before its job started");
+            worker.finish(taskId, failed(worker, -32603, EXPIRED), record);
+            return null;
+        }
         JsonNode arguments = request.path("arguments");
         JsonNode countNode = arguments.path("count");
         if (!countNode.canConvertToInt() || !countNode.isIntegralNumber()
@@ -90,7 +101,19 @@ final class CountJob {
         }
         boolean confirm = arguments.path("confirm").asBoolean(false);
         Log.info("task " + Log.id(taskId) + ": counting to " + countNode.asInt() + (confirm ? ", confirming halfway" : ""));
-        return new CountJob(worker, record, taskId, countNode.asInt(), confirm);
+        return new CountJob(worker, record, taskId, countNode.asInt(), confirm, expiresAtMs);
+    }
+
+    /** createdMs + ttlMs of the job request, when it gives both (an addition to contract v1). */
+    private static long expiry(JsonNode request) {
+        JsonNode created = request.path("createdMs");
+        JsonNode ttl = request.path("ttlMs");
+        if (!created.isIntegralNumber() || !ttl.isIntegralNumber() || !created.canConvertToLong()
+                || !ttl.canConvertToLong() || ttl.asLong() < 1) {
+            return Long.MAX_VALUE;
+        }
+        long sum = created.asLong() + ttl.asLong();
+        return sum < created.asLong() ? Long.MAX_VALUE : sum; // an overflow means: never
     }
 
     String taskId() {
@@ -106,7 +129,8 @@ final class CountJob {
     }
 
     long millisToNextStep() {
-        return waiting ? Long.MAX_VALUE : nextStepAtMs - System.currentTimeMillis();
+        long next = waiting ? expiresAtMs : Math.min(nextStepAtMs, expiresAtMs);
+        return next == Long.MAX_VALUE ? Long.MAX_VALUE : next - System.currentTimeMillis();
     }
 
     /** Does what is due now; true once the job has ended (or stopped). */
@@ -119,6 +143,13 @@ final class CountJob {
         }
         if (known.cancelled) {
             worker.finish(taskId, cancelled(worker, CANCELLED), record);
+            return true;
+        }
+        if (System.currentTimeMillis() >= expiresAtMs) {
+            // Nobody can read the task any more (a client that left an input request open, a
+            // job longer than its TTL): stop, so that it holds no slot for ever.
+            Log.info("task " + Log.id(taskId) + ": expired, the job stops");
+            worker.finish(taskId, failed(worker, -32603, EXPIRED), record);
             return true;
         }
         if (waiting) {
