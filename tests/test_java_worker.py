@@ -114,7 +114,9 @@ class JavaWorker:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *, halt_in_outcome: bool = False) -> None:
+        """Start the worker; ``halt_in_outcome``: it dies inside its next completed outcome's
+        transaction (status, mark and offset sent, not committed: the worst kill point)."""
         env = {
             **os.environ,
             "KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka_bootstrap_servers or "",
@@ -123,6 +125,7 @@ class JavaWorker:
             # Static membership: a restarted worker takes its partitions back at once.
             "WORKER_INSTANCE_ID": "java-worker-1",
             "WORKER_STEP_MS": "150",
+            "WORKER_TEST_HALT_IN_OUTCOME": "1" if halt_in_outcome else "",
         }
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -138,6 +141,11 @@ class JavaWorker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=BOUND)
+
+    async def exited(self) -> int:
+        """Wait (bounded) until the process ends by itself; its exit code."""
+        assert self.proc is not None
+        return await asyncio.to_thread(self.proc.wait, BOUND)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -260,17 +268,22 @@ async def _input_then_cancel_then_crash(
     # And a task whose TTL has passed when its job starts: nobody can read it, the job stops.
     brief = tool.model_copy(update={"ttl_ms": 1})
     expired = await service.create(brief, {"count": 1}, principal="alice")
+    # The second attempt dies at the worst point: inside its outcome's transaction.
+    worker.start(halt_in_outcome=True)
+    assert await worker.exited() == 137
+    assert "halting inside the outcome transaction" in worker.output()
     worker.start()
     view = await service.wait_terminal(crashed.task_id, "alice")
     assert view.status == "completed", view
     assert view.result["structuredContent"] == {"count": 6, "confirmation": "not asked"}
-    # The restart is in the data, whenever the indexer saw the kill: the first attempt's steps
-    # (at least the two waited for, fewer than six) stay, then the second attempt's from 1.
+    # The restarts are in the data, whenever the indexer saw the kill: the first attempt's
+    # steps (at least the two waited for, fewer than six), then two full attempts from 1 (the
+    # halted one's progress went through the plain producer; its outcome was never committed).
     steps = [p["progress"] for p in seen.of(crashed.task_id, progress_type)]
-    restart = steps.index(1, 1)
-    assert 2 <= restart < 6, steps
-    assert steps[:restart] == list(range(1, restart + 1)), steps
-    assert steps[restart:] == [1, 2, 3, 4, 5, 6], steps
+    second = steps.index(1, 1)
+    assert 2 <= second < 6, steps
+    assert steps[:second] == list(range(1, second + 1)), steps
+    assert steps[second:] == [1, 2, 3, 4, 5, 6] * 2, steps
     view = await service.wait_terminal(early.task_id, "alice")
     assert (view.status, view.status_message) == ("cancelled", "cancelled before it started")
     assert not seen.of(early.task_id, progress_type)
