@@ -5,8 +5,10 @@ The worker is written from docs/workers.md and schemas/ alone; this test builds 
 against the bridge's task service on the real broker, in the same consumer group as a Python
 SDK worker of another tool (every member of a group must share an assignment protocol): a task
 that asks for input and resumes on the answer while another task runs to its end beside it, a
-task cancelled while it runs, and a task whose worker is killed (SIGKILL) mid-job, which runs
-again and still ends once. At the end every record the Java worker wrote is checked against
+task cancelled while it runs, and a task whose worker is killed (SIGKILL) mid-job and then
+halted inside its outcome's transaction, which runs again and still ends once; while the worker
+is down, a task cancelled before it starts, a job of a tool it has no handler for and a task
+past its TTL, each ending as docs/workers.md says. At the end every record the Java worker wrote is checked against
 schemas/, each task has one terminal status and one ``finished`` mark, and the group's
 committed offsets are the job topic's end. The tool is the one examples/pipeline-tool.toml
 declares.
