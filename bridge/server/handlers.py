@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -425,6 +426,7 @@ class MethodHandlers:
         self, call: Call, task_id: str, start: Callable[[], Awaitable[Any]], token: Any
     ) -> AsyncIterator[dict[str, Any]]:
         timeout = self.settings.direct_result_timeout_s
+        rising = _RisingProgress()
         with self.service.watch(task_id) as sub:
             await start()
             # The job is queued from here on: every way out but its result cancels it first,
@@ -436,7 +438,8 @@ class MethodHandlers:
                         await self.service.next_events(sub)
                         took = _Took(self.settings, task_id, sub, token)
                         for message in took.progress:
-                            yield message
+                            if rising.admit(message):
+                                yield message
                         if took.changed:
                             view = await self._reread(call, task_id, took.status)
             except TimeoutError:
@@ -578,6 +581,28 @@ class MethodHandlers:
         params = TaskIdParams.model_validate(call.params)
         await self.service.cancel(params.task_id, call.principal)
         return {}
+
+
+class _RisingProgress:
+    """A direct call's progress notifications, passed only while their value increases.
+
+    MCP: the progress value MUST increase with each notification. A job that runs again (its
+    worker crashed, or it was re-delivered) restarts its progress, and any writer of the events
+    topic may write any number: what does not increase, or is not a finite number, is dropped.
+    """
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def admit(self, notification: dict[str, Any]) -> bool:
+        """True when ``notification`` may be sent (and it becomes the value to beat)."""
+        value = notification["params"].get("progress")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if not math.isfinite(value) or (self.last is not None and value <= self.last):
+            return False
+        self.last = value
+        return True
 
 
 class _Took:

@@ -471,6 +471,7 @@ class TaskService:
             created_ms=now,
             partition=where.partition,
             offset=where.offset,
+            ttl_ms=tool.ttl_ms,
         )
         producer = self._started_producer()
         try:

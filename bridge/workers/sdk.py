@@ -33,7 +33,7 @@ from bridge import tracing
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
-from bridge.events import METHOD_NOT_FOUND, StatusPayload, error_object
+from bridge.events import StatusPayload, error_object
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import KafkaError
 from bridge.kafka.port import GroupTail, Log, LogError, LogRecord, Producer, Tail, TopicPart
@@ -436,7 +436,9 @@ class Worker(Component):
             return
         handler = self.handlers.get(job.tool)
         if handler is None:
-            outcome = StatusPayload.failed(f"no handler for tool {job.tool}", code=METHOD_NOT_FOUND)
+            # -32603, not -32601: the client's tools/call exists and the bridge listed the tool;
+            # a worker group without its handler is the deployment's fault (docs/workers.md).
+            outcome = StatusPayload.failed(f"no handler for tool {job.tool}")
         elif control.cancelled:
             outcome = StatusPayload(
                 status="cancelled", status_message="cancelled before it started"
