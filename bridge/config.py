@@ -559,6 +559,13 @@ class PeerSettings(BaseModel):
     #: full, further hops are refused (retriable) until entries expire, never forgotten early:
     #: size it above the peak hop rate times twice ``max_age_s``.
     max_nonces: int = Field(100_000, ge=1_000, le=10_000_000)
+    #: How long a replica waits to connect to an owner's peer listener (replicas share a pod
+    #: network: a connect that takes longer is to an owner that is gone).
+    connect_timeout_s: float = Field(2.0, gt=0, le=60.0)
+    #: After an owner could not be connected to, requests about its partitions are answered
+    #: with the retriable ``owner_unavailable`` at once for this long, without trying it again
+    #: (never a per-request wait on a dead peer while the group notices it is gone).
+    suspect_s: float = Field(2.0, ge=0, le=60.0)
 
     _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)
 

@@ -350,6 +350,8 @@ def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStac
         tls=client_tls(p),
         max_streams=settings.max_streams,
         keep_alive_s=settings.server_keep_alive_s,
+        connect_s=p.connect_timeout_s,
+        suspect_s=p.suspect_s,
     )
     stack.push_async_callback(peers.close)
     return peers
