@@ -163,13 +163,10 @@ def bridge(kafka_bridge_module: Bridge) -> Bridge:
 # in this process over a memory log of its own and served by uvicorn on a loopback port from a
 # background thread. A module whose tests are about the bridge's logic rather than Kafka's
 # overrides `bridge` with it: ``def bridge(memory_bridge_module): return memory_bridge_module``.
-# Its settings name an unreachable broker, so anything that still reads Kafka fails loudly.
+# Its settings name no broker (support.inmemory.NO_BROKER): what still reads Kafka fails loudly.
 # =============================================================================================
 
-from support.inmemory import MemoryBridge, memory_bridge  # noqa: E402
-
-#: The broker an in-memory bridge's settings name: nothing listens there (the discard port).
-NO_BROKER = "127.0.0.1:9"
+from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ never buffered by a transport) from sync or async code alike.
 
 The log lives on the server's loop: test code reaches it with :meth:`MemoryBridge.call`
 (a coroutine run there, its result returned here) or through :attr:`MemoryBridge.log`, a
-:class:`ThreadLog` that does so for every port call.
+:class:`LoopLog` that does so for every port call a producer or a reader makes.
 
 What it does not cover: the Events extension's topic sources and the webhook registry read
 Kafka themselves still; tests of those stay on the broker tier.
@@ -22,15 +22,15 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import uvicorn
 
 from bridge.config import Settings
 from bridge.kafka.memory import MemoryLog
-from bridge.kafka.port import Fetched, Log, Sent, TopicPart
+from bridge.kafka.port import Fetched, Log, Producer, Sent, TopicPart
 from bridge.kafka.topics import topic_layout
 from bridge.server.app import Components, create_app
 from bridge.tasks.tools import job_topics
@@ -39,9 +39,13 @@ from bridge.workers.sdk import Worker
 
 from .waits import wait_until_sync
 
-__all__ = ["MemoryBridge", "ThreadLog", "WallClock", "memory_bridge"]
+__all__ = ["NO_BROKER", "LoopLog", "MemoryBridge", "WallClock", "memory_bridge"]
 
 T = TypeVar("T")
+
+#: The broker an in-memory bridge's settings name: nothing listens there (the discard port),
+#: so a part that still reads Kafka fails loudly instead of finding a broker.
+NO_BROKER = "127.0.0.1:9"
 
 #: Seconds a call into the server's loop, or its start and stop, may take.
 BOUND_S = 60.0
@@ -66,50 +70,109 @@ def memory_log(settings: Settings) -> MemoryLog:
     return log
 
 
-class ThreadLog:
-    """The parts of the port a test uses, called from another thread than the log's loop."""
+class LoopLog:
+    """The parts of the port a test's producers and readers use, on the log of another loop:
+    each call runs there (the memory log and its waiters belong to the server's loop) and is
+    awaited here without blocking this loop."""
 
     def __init__(self, bridge: MemoryBridge) -> None:
         self._bridge = bridge
         self._log = bridge.memory
 
-    def send(
+    async def partitions(self, topic: str) -> list[int]:
+        return await self._bridge.acall(self._log.partitions(topic))
+
+    async def fetch(self, part: TopicPart, offset: int, max_records: int = 500) -> Fetched:
+        return await self._bridge.acall(self._log.fetch(part, offset, max_records))
+
+    async def log_starts(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
+        return await self._bridge.acall(self._log.log_starts(list(parts)))
+
+    async def log_ends(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
+        return await self._bridge.acall(self._log.log_ends(list(parts)))
+
+    async def offsets_for_times(
+        self, times: Mapping[TopicPart, int]
+    ) -> dict[TopicPart, int | None]:
+        return await self._bridge.acall(self._log.offsets_for_times(dict(times)))
+
+    async def delete_records_before(self, part: TopicPart, offset: int) -> None:
+        await self._bridge.acall(self._log.delete_records_before(part, offset))
+
+    def producer(self, role: str = "producer") -> LoopProducer:
+        return LoopProducer(self._bridge, self._log.producer(role))
+
+
+class LoopProducer:
+    """An idempotent producer of the memory log, used from another loop (see :class:`LoopLog`).
+
+    Like Kafka's producer, it batches: the sends made together (in one turn of the caller's
+    loop, e.g. under ``asyncio.gather``) are appended in order in one turn of the log's loop,
+    so readers see them land together, as they see a broker's batch.
+    """
+
+    def __init__(self, bridge: MemoryBridge, producer: Producer) -> None:
+        self._bridge = bridge
+        self._producer = producer
+        self._batch: list[tuple[Callable[[], Coroutine[Any, Any, Sent]], asyncio.Future[Sent]]]
+        self._batch = []
+
+    async def start(self) -> None:
+        await self._bridge.acall(self._producer.start())
+
+    async def close(self) -> None:
+        await self._bridge.acall(self._producer.close())
+
+    async def send(
         self,
         topic: str,
         value: bytes | None,
         *,
         key: bytes | None = None,
         partition: int | None = None,
-        headers: Iterable[tuple[str, bytes]] = (),
+        headers: Sequence[tuple[str, bytes]] = (),
+        timestamp_ms: int | None = None,
     ) -> Sent:
-        """One record through an idempotent producer."""
+        def send() -> Coroutine[Any, Any, Sent]:
+            return self._producer.send(
+                topic,
+                value,
+                key=key,
+                partition=partition,
+                headers=headers,
+                timestamp_ms=timestamp_ms,
+            )
 
-        async def send() -> Sent:
-            producer = self._log.producer("test")
-            await producer.start()
-            try:
-                return await producer.send(
-                    topic, value, key=key, partition=partition, headers=tuple(headers)
-                )
-            finally:
-                await producer.close()
+        loop = asyncio.get_running_loop()
+        sent: asyncio.Future[Sent] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(lambda: loop.create_task(self._flush()))
+        self._batch.append((send, sent))
+        return await sent
 
-        return self._bridge.call(send())
+    async def _flush(self) -> None:
+        batch, self._batch = self._batch, []
 
-    def fetch(self, part: TopicPart, offset: int, max_records: int = 500) -> Fetched:
-        return self._bridge.call(self._log.fetch(part, offset, max_records))
+        async def append_all() -> list[Sent | BaseException]:
+            done: list[Sent | BaseException] = []
+            for send, _ in batch:
+                try:
+                    done.append(await send())
+                except Exception as exc:  # handed to its sender
+                    done.append(exc)
+            return done
 
-    def log_starts(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
-        return self._bridge.call(self._log.log_starts(list(parts)))
-
-    def log_ends(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
-        return self._bridge.call(self._log.log_ends(list(parts)))
-
-    def delete_records_before(self, part: TopicPart, offset: int) -> None:
-        self._bridge.call(self._log.delete_records_before(part, offset))
-
-    def offsets_for_times(self, times: Mapping[TopicPart, int]) -> dict[TopicPart, int | None]:
-        return self._bridge.call(self._log.offsets_for_times(dict(times)))
+        try:
+            results = await self._bridge.acall(append_all())
+        except Exception as exc:
+            results = [exc] * len(batch)
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue  # its sender gave up (cancelled)
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
 
 @dataclass
@@ -122,10 +185,11 @@ class MemoryBridge:
     memory: MemoryLog
     loop: asyncio.AbstractEventLoop
     components: Components
-    log: ThreadLog = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.log = ThreadLog(self)
+    @property
+    def log(self) -> Log:
+        """The memory log as a port usable from any other event loop (the test's)."""
+        return cast(Log, LoopLog(self))
 
     @property
     def url(self) -> str:
