@@ -60,8 +60,8 @@ demo: venv
 	$(BIN)/bridge demo
 
 lint: venv-test
-	$(BIN)/ruff check bridge tests bench grafana
-	$(BIN)/ruff format --check bridge tests bench grafana
+	$(BIN)/ruff check bridge simulation tests bench grafana
+	$(BIN)/ruff format --check bridge simulation tests bench grafana
 	$(BIN)/mypy
 	$(BIN)/mypy --strict grafana/check_dashboard.py
 

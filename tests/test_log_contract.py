@@ -37,6 +37,8 @@ from bridge.kafka.port import (
 BOUND_S = 60.0
 #: The shortest session a broker accepts by default (group.min.session.timeout.ms).
 SESSION_MS = 6000
+#: The longest a group round waits for its members to rejoin.
+REBALANCE_MS = 15_000
 
 
 @dataclass
@@ -301,6 +303,7 @@ class Member:
     owned: frozenset[TopicPart] = frozenset()
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    errors: list[LogError] = field(default_factory=list)
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
         self.events.append(("revoked", parts, b""))
@@ -325,13 +328,23 @@ class Member:
         return sum(1 for e in self.events if e[0] == kind)
 
     async def until(self, done: Callable[[], bool]) -> None:
-        async with asyncio.timeout(BOUND_S):
-            while not done():
-                await self.changed.wait()
+        try:
+            async with asyncio.timeout(BOUND_S):
+                while not done():
+                    await self.changed.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"not reached; events {self.events}, errors {self.errors}"
+            ) from None
 
     async def run(self) -> None:
         while True:
-            await self.tail.poll(0.2)
+            try:
+                await self.tail.poll(0.2)
+            except LogError as exc:
+                if "fenced" in str(exc):
+                    raise
+                self.errors.append(exc)  # a retriable failure: polling goes on, as a client's
 
 
 class Members:
@@ -352,6 +365,9 @@ class Members:
             assignor=assignor,  # type: ignore[arg-type]
             instance_id=instance_id,
             session_timeout_ms=SESSION_MS,
+            # The rebalance timeout: a round waits this long at most for a member that is slow
+            # to rejoin (aiokafka's default, 5 minutes, is longer than any wait here).
+            max_poll_interval_ms=REBALANCE_MS,
         )
         await member.tail.start()
         member.task = asyncio.create_task(member.run())

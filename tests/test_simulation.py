@@ -14,7 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the simulation is development tooling beside bridge/
 
+from bridge.kafka.port import LogRecord, TopicPart  # noqa: E402
 from bridge.log import fanout  # noqa: E402
+from bridge.server.streams import StreamHub  # noqa: E402
+from bridge.tasks.messages import ControlMessage  # noqa: E402
+from bridge.workers.sdk import Worker  # noqa: E402
 from simulation import loop  # noqa: E402
 from simulation.__main__ import main, replay_command  # noqa: E402
 from simulation.world import run_seed  # noqa: E402
@@ -49,6 +53,8 @@ def test_one_seed_run_twice_gives_the_same_trace() -> None:
 def test_the_simulation_finds_a_closed_subscription_spinning_and_prints_the_replay(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """97d8381 put back: a wait on a closed subscription answers at once, so the stream's
+    loop around it never suspends again."""
     fixed = fanout.Subscription.wait
 
     async def reverted(self: fanout.Subscription, idle_s: float | None = None) -> bool:
@@ -57,11 +63,11 @@ def test_the_simulation_finds_a_closed_subscription_spinning_and_prints_the_repl
         return await fixed(self, idle_s)
 
     monkeypatch.setattr(fanout.Subscription, "wait", reverted)
-    assert main(["--seed", "3", "--wall-limit", "1"]) == 1
+    assert main(["--seed", "1", "--wall-limit", "1"]) == 1
     out = capsys.readouterr().out
     assert "Spinning" in out
-    assert f"replay: {replay_command(3)}" in out
-    assert replay_command(3) == "PYTHONHASHSEED=0 python -m simulation --seed 3"
+    assert f"replay: {replay_command(1)}" in out
+    assert replay_command(1) == "PYTHONHASHSEED=0 python -m simulation --seed 1"
 
 
 def test_the_virtual_loop_jumps_to_the_next_timer() -> None:
@@ -90,3 +96,39 @@ def test_the_virtual_loop_says_when_a_task_spins_on_awaits_that_complete_at_once
 
     with pytest.raises(loop.Spinning):
         loop.run(spin, spin_limit=10_000)
+
+
+def test_the_simulation_finds_streams_left_on_a_partition_that_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0aa48c9 put back: a stream whose partition moves away no longer ends (for its client
+    to resume on the new owner), it waits for live events that never come here."""
+    monkeypatch.setattr(StreamHub, "_partitions_moved", lambda self, gained, lost: None)
+    monkeypatch.setattr(fanout.Fanout, "_partitions_moved", lambda self, gained, lost: None)
+    outcome = run_seed(1)
+    assert not outcome.ok
+    assert any("never ended" in problem for problem in outcome.problems), outcome.summary()
+
+
+def test_the_simulation_finds_a_duplicate_job_writing_after_its_task_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """d84caaf put back: a job whose partition moved keeps running, and another worker's
+    "finished" mark does not stop it: its events land after the task's terminal status."""
+    monkeypatch.setattr(Worker, "_assigned", _assigned_before_d84caaf)
+    fixed = Worker._on_control
+
+    def on_control(self: Worker, record: LogRecord) -> None:
+        message = ControlMessage.model_validate_json(record.value or b"")
+        if message.type != "finished":
+            fixed(self, record)
+
+    monkeypatch.setattr(Worker, "_on_control", on_control)
+    outcome = run_seed(2)
+    assert outcome.report.counts["lost"] > 0, outcome.summary()
+
+
+def _assigned_before_d84caaf(self: Worker, assigned: set[TopicPart]) -> None:
+    for tp in [tp for tp in self._pending if tp not in assigned]:
+        del self._pending[tp]
+        self._done.pop(tp, None)

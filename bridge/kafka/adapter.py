@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -60,6 +61,8 @@ from bridge.kafka.port import (
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 
 __all__ = ["KafkaLog", "PortAssignor"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -243,8 +246,10 @@ class KafkaTail(_Client):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            with contextlib.suppress(Exception):
+            try:
                 await self._consumer.stop()
+            except Exception:  # an error its fetcher kept: the consumer is closed all the same
+                log.warning("closing a Kafka consumer reported an error", exc_info=True)
 
     def assign(self, positions: Mapping[TopicPart, int]) -> None:
         self._consumer.assign([_tp(p) for p in positions])
@@ -315,9 +320,13 @@ class KafkaGroupTail(KafkaTail):
         raise LogError("a group member's partitions are assigned by its group")
 
     def rejoin(self) -> None:
-        # A new subscription (to the same topics) makes aiokafka join again, with the
-        # assignor's metadata evaluated anew.
-        self._consumer.subscribe(self._topics, listener=self._listener)
+        # aiokafka 0.14 has no public way to rejoin: a new subscription to the same topics
+        # does rejoin, but its fetcher then dies asserting an active assignment. So its
+        # coordinator is asked directly; the join evaluates the assignor's metadata anew.
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if coordinator is None:
+            raise LogError("the group member was not started")
+        coordinator.request_rejoin()
 
     async def commit(self, offsets: Mapping[TopicPart, int]) -> None:
         await _mapped(self._consumer.commit({_tp(p): o for p, o in offsets.items()}))
