@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import uvicorn
@@ -185,6 +187,8 @@ class MemoryBridge:
     memory: MemoryLog
     loop: asyncio.AbstractEventLoop
     components: Components
+    #: The server's log lines (uvicorn's access log and the bridge's), when asked for.
+    log_path: Path | None = None
 
     @property
     def log(self) -> Log:
@@ -229,14 +233,56 @@ def _companion(log: Log) -> Callable[[Settings, contextlib.AsyncExitStack], Any]
     return start
 
 
+#: The loggers a ``log_path`` collects: the access log and the bridge's own.
+LOGGERS = ("uvicorn.error", "uvicorn.access", "bridge")
+
+
 @contextlib.contextmanager
-def memory_bridge(settings: Settings, *, workers: bool = True) -> Iterator[MemoryBridge]:
+def _logged_to(path: Path | None) -> Iterator[None]:
+    """The server's log lines written to ``path`` (at INFO) while the block runs."""
+    if path is None:
+        yield
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    loggers = [logging.getLogger(name) for name in LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        handler.close()
+
+
+@contextlib.contextmanager
+def memory_bridge(
+    settings: Settings, *, workers: bool = True, log_path: Path | None = None
+) -> Iterator[MemoryBridge]:
     """The bridge of ``settings`` served in this process over a fresh memory log, with the
-    packs' workers when ``workers``; yielded once it is ready (its lifespan has run)."""
+    packs' workers when ``workers``; yielded once it is ready (its lifespan has run).
+    ``log_path``: where its log lines go (else uvicorn logs warnings only, as it does)."""
+    with _logged_to(log_path), _serving(settings, workers) as running:
+        running.log_path = log_path
+        yield running
+
+
+@contextlib.contextmanager
+def _serving(settings: Settings, workers: bool) -> Iterator[MemoryBridge]:
     memory = memory_log(settings)
     companions = [_companion(memory)] if workers else []
     app = create_app(settings, companions=companions, log=memory)
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        lifespan="on",
+        log_config=None,  # the test process's logging stays as pytest set it
+        log_level=None,
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     sock = socket.create_server(("127.0.0.1", 0))
     loop = asyncio.new_event_loop()
