@@ -41,7 +41,7 @@ from bridge.workers.sdk import Worker
 
 from .waits import wait_until_sync
 
-__all__ = ["NO_BROKER", "LoopLog", "MemoryBridge", "WallClock", "memory_bridge"]
+__all__ = ["NO_BROKER", "LoopLog", "MemoryBridge", "WallClock", "memory_bridge", "memory_log"]
 
 T = TypeVar("T")
 
