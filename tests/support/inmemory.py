@@ -118,6 +118,7 @@ class LoopProducer:
         self._producer = producer
         self._batch: list[tuple[Callable[[], Coroutine[Any, Any, Sent]], asyncio.Future[Sent]]]
         self._batch = []
+        self._flushing: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self._bridge.acall(self._producer.start())
@@ -148,9 +149,15 @@ class LoopProducer:
         loop = asyncio.get_running_loop()
         sent: asyncio.Future[Sent] = loop.create_future()
         if not self._batch:
-            loop.call_soon(lambda: loop.create_task(self._flush()))
+            loop.call_soon(self._start_flush)
         self._batch.append((send, sent))
         return await sent
+
+    def _start_flush(self) -> None:
+        # Held until done: the loop keeps only a weak reference to a task.
+        flushing = asyncio.get_running_loop().create_task(self._flush())
+        self._flushing.add(flushing)
+        flushing.add_done_callback(self._flushing.discard)
 
     async def _flush(self) -> None:
         batch, self._batch = self._batch, []
