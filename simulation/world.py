@@ -557,6 +557,8 @@ async def start_worker(world: World, name: str) -> None:
 async def restart_worker(world: World) -> None:
     """Stop a worker (its jobs in flight go to the others, run again from the start) and
     start another."""
+    if len(world.workers) < 2:
+        return  # another restart has one down already: keep one running
     name = world.rng.choice(sorted(world.workers))
     worker, running = world.workers.pop(name)
     running.cancel()
@@ -746,4 +748,7 @@ def run_seed(seed: int, *, wall_limit_s: float = 10.0, **overrides: Any) -> Outc
         return run(lambda: _main(plan), wall_limit_s=wall_limit_s)
     except (Spinning, Stuck) as exc:
         problem = f"{type(exc).__name__}: {exc}"
+        return Outcome(seed, CheckReport(), [problem], "-", [], 0.0, 0)
+    except Exception as exc:  # a replica that never starts, say: a failed seed, not a crash
+        problem = f"the run raised {exc!r}"
         return Outcome(seed, CheckReport(), [problem], "-", [], 0.0, 0)
