@@ -9,10 +9,12 @@ with it when it is not set).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 HASH_SEED = "0"
 
@@ -43,10 +45,26 @@ def main(argv: list[str] | None = None) -> int:
         help="real seconds one callback may run before the run is judged spinning",
     )
     args = parser.parse_args(argv)
-    if not args.verbose:
-        # Faults make the bridge log errors by design (a fenced writer, a refused commit).
-        logging.getLogger("bridge").setLevel(logging.CRITICAL)
-        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    with _quiet(not args.verbose):
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _quiet(quiet: bool) -> Iterator[None]:
+    """Faults make the bridge log errors by design (a fenced writer, a refused commit): hide
+    them while the seeds run, and give the loggers their levels back after."""
+    loggers = [logging.getLogger(name) for name in ("bridge", "asyncio")]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL if quiet else logger.level)
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _run(args: argparse.Namespace) -> int:
     from simulation.world import run_seed
 
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else args.seeds

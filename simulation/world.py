@@ -363,7 +363,7 @@ async def hostile(
     raw = world.log.producer()
     world.note(f"hostile {kind} {task_id}")
     if kind == "forged":
-        forger = TaskEventPublisher(publisher.settings, keyring=FORGER)
+        forger = TaskEventPublisher(publisher.settings, keyring=FORGER, log=cast(Log, world.log))
         await forger.start()
         await publish_created(
             forger,
@@ -557,6 +557,8 @@ async def start_worker(world: World, name: str) -> None:
 async def restart_worker(world: World) -> None:
     """Stop a worker (its jobs in flight go to the others, run again from the start) and
     start another."""
+    if len(world.workers) < 2:
+        return  # another restart has one down already: keep one running
     name = world.rng.choice(sorted(world.workers))
     worker, running = world.workers.pop(name)
     running.cancel()
@@ -619,18 +621,20 @@ async def _main(plan: Plan) -> Outcome:
     for task in rng.sample(world.tasks, 3):
         task.hostile = rng.choice(("forged", "garbage", "keyless"))
     faults = [rng.choice(FAULT_KINDS) for _ in range(plan.faults)]
-    with logs.patched(log):
-        for i in range(plan.replicas):
-            await restart(world, f"r{i}")
-        outcome = await _run(world, faults)
-    return outcome
+    for i in range(plan.replicas):
+        await restart(world, f"r{i}")
+    return await _run(world, faults)
 
 
 async def _run(world: World, faults: list[str]) -> Outcome:
     plan, rng = world.plan, world.rng
-    publisher = TaskEventPublisher(settings_of("r0"), keyring=KEYRING, fmt="avro")
+    publisher = TaskEventPublisher(
+        settings_of("r0"), keyring=KEYRING, fmt="avro", log=cast(Log, world.log)
+    )
     await publisher.start()
-    json_publisher = TaskEventPublisher(settings_of("r0"), keyring=KEYRING, fmt="json")
+    json_publisher = TaskEventPublisher(
+        settings_of("r0"), keyring=KEYRING, fmt="json", log=cast(Log, world.log)
+    )
     await json_publisher.start()
     work: list[asyncio.Task[Any]] = []
     for i in range(WORKERS):
@@ -744,4 +748,7 @@ def run_seed(seed: int, *, wall_limit_s: float = 10.0, **overrides: Any) -> Outc
         return run(lambda: _main(plan), wall_limit_s=wall_limit_s)
     except (Spinning, Stuck) as exc:
         problem = f"{type(exc).__name__}: {exc}"
+        return Outcome(seed, CheckReport(), [problem], "-", [], 0.0, 0)
+    except Exception as exc:  # a replica that never starts, say: a failed seed, not a crash
+        problem = f"the run raised {exc!r}"
         return Outcome(seed, CheckReport(), [problem], "-", [], 0.0, 0)

@@ -259,7 +259,7 @@ class TaskService:
         clock: Clock = SYSTEM_CLOCK,
         entropy: Entropy = SYSTEM_ENTROPY,
     ) -> None:
-        """``log``: where jobs and control messages are written (the cluster of ``settings``
+        """``log``: where jobs, control messages and the bridge's own events are written (the cluster of ``settings``
         when None). ``clock`` and ``entropy``: creation times and task ids (a simulation's
         replay)."""
         self.settings = settings
@@ -271,7 +271,7 @@ class TaskService:
         #: Events of one task from now on (shared with the stream hub when the app builds both).
         self.fanout = fanout or Fanout(indexer)
         self.tools = tools
-        self.publisher = TaskEventPublisher(settings)
+        self.publisher = TaskEventPublisher(settings, log=self._log)
         self._producer: Producer | None = None
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)

@@ -183,9 +183,9 @@ class Worker(Component):
         self.topics = {
             tool: (job_topics or {}).get(tool) or settings.topics.jobs(tool) for tool in handlers
         }
-        self.publisher = TaskEventPublisher(settings)
         #: Where jobs, control messages and outcomes are read and written.
         self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
+        self.publisher = TaskEventPublisher(settings, log=self._log)
         self._jobs: GroupTail | None = None
         self._control_tail: Tail | None = None
         self._producer: Producer | None = None
