@@ -445,5 +445,3 @@ class Metrics:
         for counter in (self.canary_probes, self.canary_lost):
             with contextlib.suppress(KeyError):
                 counter.remove(str(partition))
-
-
