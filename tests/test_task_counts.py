@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from types import SimpleNamespace
 
 import pytest
 from support.layout import create_topics, fresh_prefix, make_settings
 from support.services import HOLD, create_many, task_service
 from support.waits import wait_until
 
+from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.config import Settings, ToolSpec
 from bridge.events import StatusPayload, TaskStatus
 from bridge.log.indexer import Indexer
@@ -46,7 +46,22 @@ def entry(owner: int, *, ttl_ms: int = -1, flags: int = 0, status: TaskStatus) -
     return made
 
 
-def offline_service(limit: int, *tasks: tuple[str, TaskEntry]) -> TaskService:
+class MovableClock:
+    """The real clocks, moved ahead by ``ahead_s``."""
+
+    def __init__(self) -> None:
+        self.ahead_s = 0.0
+
+    def wall(self) -> float:
+        return SYSTEM_CLOCK.wall() + self.ahead_s
+
+    def monotonic(self) -> float:
+        return SYSTEM_CLOCK.monotonic() + self.ahead_s
+
+
+def offline_service(
+    limit: int, *tasks: tuple[str, TaskEntry], clock: Clock = SYSTEM_CLOCK
+) -> TaskService:
     """A task service over an indexer that owns partition 0 of 1, restored with ``tasks``."""
     settings = make_settings(
         "127.0.0.1:9", fresh_prefix("cnt"), max_active_tasks_per_principal=limit
@@ -57,7 +72,8 @@ def offline_service(limit: int, *tasks: tuple[str, TaskEntry]) -> TaskService:
     for task_id, restored in tasks:
         idx.restore_task(task_id, restored)
     indexer.partitions = {0: idx}
-    return TaskService(settings, indexer, Reader(settings, indexer), {HOLD.name: HOLD})
+    reader = Reader(settings, indexer)
+    return TaskService(settings, indexer, reader, {HOLD.name: HOLD}, clock=clock)
 
 
 async def refused(service: TaskService, principal: str = "alice") -> bool:
@@ -98,11 +114,13 @@ async def test_a_legacy_64_bit_entry_counts_against_the_same_principals_creates(
     assert not await refused(other)
 
 
-async def test_an_expired_task_frees_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    service = offline_service(1, ("t1", entry(ALICE, ttl_ms=HOUR_MS, status=TaskStatus.WORKING)))
+async def test_an_expired_task_frees_its_place() -> None:
+    clock = MovableClock()
+    service = offline_service(
+        1, ("t1", entry(ALICE, ttl_ms=HOUR_MS, status=TaskStatus.WORKING)), clock=clock
+    )
     assert await refused(service)
-    later = time.time_ns() + 2 * HOUR_MS * 1_000_000
-    monkeypatch.setattr("bridge.tasks.service.time", SimpleNamespace(time_ns=lambda: later))
+    clock.ahead_s = 2 * HOUR_MS / 1000
     assert not await refused(service)
 
 

@@ -16,8 +16,10 @@ It models what makes Kafka hard, as the contract suite checks against the real b
   :class:`~bridge.kafka.port.LogError` (aiokafka's "unexpected error" for FENCED_INSTANCE_ID).
 
 Time comes from a :class:`Clock`: :class:`ManualClock` for deterministic runs (the caller
-advances it), :class:`LoopClock` for the event loop's own time. Every wait suspends on an
-:class:`asyncio.Event` that changes of the log, the clock's timers and ``close`` set.
+advances it), :class:`LoopClock` for the event loop's own time. Every wait suspends on a
+future that a change of the log, the clock's timers or ``close`` resolve; a tail's poll wakes
+for writes to its own topics only (with several replicas in one process, every write woke
+every tail and re-read all its partitions: the simulation's largest cost).
 """
 
 from __future__ import annotations
@@ -128,17 +130,44 @@ class LoopClock:
 
 
 class _Signal:
-    """Wakes every waiter once per change; never left set, so no waiter spins."""
+    """Wakes every waiter once per change; never left set, so no waiter spins. Waiters are
+    futures, so one waiter can wait on several signals (:func:`_wait_any`)."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        # A dict as an ordered set: waiters wake in the order they began to wait.
+        self._waiters: dict[asyncio.Future[None], None] = {}
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters:
+            _wake(waiter)
 
     async def wait(self) -> None:
-        await self._event.wait()
+        await _wait_any([self])
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _wait_any(
+    signals: Sequence[_Signal], until: float | None = None, clock: Clock | None = None
+) -> None:
+    """Return at the next firing of any of ``signals`` (or at ``until`` on ``clock``)."""
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for signal in signals:
+        signal._waiters[waiter] = None
+    timer = None
+    if until is not None and clock is not None:
+        timer = clock.call_at(until, lambda: _wake(waiter))
+    try:
+        await waiter
+    finally:
+        for signal in signals:
+            signal._waiters.pop(waiter, None)
+        if timer is not None:
+            timer.cancel()
 
 
 # --- the log ------------------------------------------------------------------------------
@@ -190,6 +219,8 @@ class MemoryLog:
         self.clock: Clock = clock if clock is not None else LoopClock()
         self._topics: dict[str, list[_Partition]] = {}
         self._changed = _Signal()
+        #: Per topic: fired by writes to it (a tail wakes for its own topics' records only).
+        self._written: dict[str, _Signal] = {}
         self._epochs: dict[str, int] = {}
         self._open_txn: dict[str, _Txn] = {}
         self._groups: dict[str, _Group] = {}
@@ -213,6 +244,16 @@ class MemoryLog:
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
+
+    def _wrote(self, topic: str) -> None:
+        signal = self._written.get(topic)
+        if signal is not None:
+            signal.fire()
+
+    async def _wait_for(self, topics: Iterable[str], until: float) -> None:
+        """Until a change of the log as a whole, a write to one of ``topics``, or ``until``."""
+        signals = [self._changed] + [self._written.setdefault(t, _Signal()) for t in topics]
+        await _wait_any(signals, until, self.clock)
 
     def _append(
         self,
@@ -242,7 +283,7 @@ class MemoryLog:
         if txn is not None and part not in txn.first:
             txn.first[part] = offset
             stored.open.append(txn)
-        self.changed()
+        self._wrote(topic)
         return Sent(partition, offset)
 
     def _end_txn(self, txn: _Txn, state: str) -> None:
@@ -252,7 +293,8 @@ class MemoryLog:
             stored = self._partition(part)
             stored.entries.append(_Entry(None, txn))
             stored.open.remove(txn)
-        self.changed()
+        for topic in sorted({part.topic for part in txn.first}):
+            self._wrote(topic)
 
     def read(self, part: TopicPart, offset: int, max_records: int | None) -> Fetched:
         """What read_committed returns from ``offset`` (no wait)."""
@@ -546,19 +588,16 @@ class MemoryTail(_Closable):
 
     async def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
         deadline = self._log.clock.now() + timeout_s
-        timer = self._log.clock.call_at(deadline, self._log.changed)
-        try:
-            while True:
-                self._check_open()
-                taken = await self._step(max_records)
-                if taken is not None:
-                    return taken
-                if self._log.clock.now() >= deadline:
-                    live = sorted(p for p in self._positions if p not in self._paused)
-                    return Polled({}, {p: self._positions[p] for p in live})
-                await self._log.wait_changed()
-        finally:
-            timer.cancel()
+        while True:
+            self._check_open()
+            taken = await self._step(max_records)
+            if taken is not None:
+                return taken
+            if self._log.clock.now() >= deadline:
+                live = sorted(p for p in self._positions if p not in self._paused)
+                return Polled({}, {p: self._positions[p] for p in live})
+            # Woken by its own topics' writes, any other change of the log, or its deadline.
+            await self._log._wait_for(sorted({p.topic for p in self._positions}), deadline)
 
     async def _step(self, max_records: int | None) -> Polled | None:
         return self._take(max_records)
@@ -680,8 +719,11 @@ class _Group:
             return
         if any(m.joined_round != self.round for m in self.members.values()):
             return
-        leader = next(iter(self.members.values()))
-        assert leader.tail is not None  # a member that rejoined this round is running
+        # The leader is a running member: a static member that rejoined this round and then
+        # stopped stays a member (until its session expires) but can assign nothing.
+        leader = next((m for m in self.members.values() if m.tail is not None), None)
+        if leader is None or leader.tail is None:
+            return
         parts = [TopicPart(t, p) for t in self.topics for p in range(self._count(t))]
         metadata = {m.member_id: m.metadata for m in self.members.values()}
         shares = leader.tail.assignor.assign(parts, metadata)

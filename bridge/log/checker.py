@@ -57,7 +57,7 @@ from typing import Any
 
 from bridge.config import Settings
 from bridge.kafka.adapter import KafkaLog
-from bridge.kafka.port import LogRecord, TopicPart
+from bridge.kafka.port import Log, LogRecord, TopicPart
 from bridge.log.indexer import load_index, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.restore import read_to_end
@@ -200,9 +200,12 @@ class Truth:
     records: int = 0
 
 
-async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None) -> Truth:
+async def ground_truth(
+    settings: Settings, task_ids: Iterable[str] | None = None, *, log: Log | None = None
+) -> Truth:
     """Each task's committed records (``read_committed``), from the log start to the end offset
-    taken at call time, with seq derived by counting. ``task_ids``: only those tasks.
+    taken at call time, with seq derived by counting. ``task_ids``: only those tasks. ``log``:
+    where to read (the simulation's in-memory log); the cluster of ``settings`` when None.
 
     When a partition's log start is above 0 (retention deleted records), the seq of a task's
     first retained record comes from the persisted index (:func:`bridge.log.indexer.load_index`,
@@ -232,8 +235,11 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
         task.offsets.append(record.offset)
 
     topic = settings.topics.events
-    tps = [TopicPart(topic, p) for p in await topic_partitions(settings, topic)]
-    kafka = KafkaLog(settings, pool_size=1)
+    if log is None:
+        tps = [TopicPart(topic, p) for p in await topic_partitions(settings, topic)]
+    else:
+        tps = [TopicPart(topic, p) for p in await log.partitions(topic)]
+    kafka: Log = KafkaLog(settings, pool_size=1) if log is None else log
     try:
         begins = await kafka.log_starts(tps)
         trimmed = {tp.partition for tp, offset in begins.items() if offset > 0}
@@ -245,7 +251,8 @@ async def ground_truth(settings: Settings, task_ids: Iterable[str] | None = None
         # Retention that moved while the log was read: the read may have started above 0.
         raced = {tp.partition for tp, o in (await kafka.log_starts(tps)).items() if o}
     finally:
-        await kafka.close()
+        if isinstance(kafka, KafkaLog):
+            await kafka.close()
     for task_id, task in truth.tasks.items():
         p = task.partition
         if p in trimmed:

@@ -154,7 +154,10 @@ class Fanout:
     """Offers each indexed event to the subscriptions of its task, never blocking the tail."""
 
     def __init__(self, indexer: Indexer, on_overflow: Callable[[], None] | None = None) -> None:
-        self._subs: dict[str, set[Subscription]] = defaultdict(set)
+        # Dicts used as ordered sets: subscribers are offered events and closed in the order
+        # they subscribed, so a simulated run replays exactly (a set of objects iterates in
+        # memory-address order, which differs from run to run).
+        self._subs: dict[str, dict[Subscription, None]] = defaultdict(dict)
         self._on_overflow = on_overflow
         self._partition_of = indexer.partition_of
         indexer.add_listener(self._on_event)
@@ -164,12 +167,12 @@ class Fanout:
     def subscribe(self, task_id: str, limit: int) -> Iterator[Subscription]:
         """Events of ``task_id`` indexed from now on, while in the block."""
         sub = Subscription(task_id, limit)
-        self._subs[task_id].add(sub)
+        self._subs[task_id][sub] = None
         try:
             yield sub
         finally:
             subs = self._subs[task_id]
-            subs.discard(sub)
+            subs.pop(sub, None)
             if not subs:
                 del self._subs[task_id]
 

@@ -8,8 +8,9 @@ the counts at most once a minute, never a record's content.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
+
+from bridge.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["Skips"]
 
@@ -22,14 +23,15 @@ WARN_EVERY_S = 60.0
 class Skips:
     """Records of one source skipped so far, by reason."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.source = source
+        self._clock = clock
         self.counts: Counter[str] = Counter()
         self._warned_at: float | None = None
 
     def add(self, reason: str) -> None:
         self.counts[reason] += 1
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if self._warned_at is None or now - self._warned_at >= WARN_EVERY_S:
             self._warned_at = now
             counts = ", ".join(f"{name}={n}" for name, n in sorted(self.counts.items()))

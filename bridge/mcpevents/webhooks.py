@@ -274,7 +274,10 @@ class WebhookSender:
         ssl_context: ssl.SSLContext | None = None,
         timeout_seconds: float = 5.0,
         resolver: Resolver = resolve_host,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """``resolver``: the DNS lookups; ``transport``: where requests go instead of the
+        network (a simulation's receivers, in process); None for real connections."""
         self.policy = AddressPolicy.from_allowlist(allowlist)
         self._resolver = resolver
         self._timeout = timeout_seconds
@@ -285,6 +288,7 @@ class WebhookSender:
             # A proxy from the environment would connect to the host name, not the pinned address.
             trust_env=False,
             limits=httpx.Limits(max_keepalive_connections=0),
+            transport=transport,
         )
 
     async def __aenter__(self) -> WebhookSender:

@@ -22,10 +22,10 @@ import contextlib
 import enum
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Literal, Protocol, cast, overload
 
+from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.log.fanout import DRAINING, MOVED, Fanout, Subscription, SubscriptionClosed
@@ -154,8 +154,12 @@ class StreamHub:
         reader: Reader,
         fanout: Fanout,
         metrics: StreamMetrics,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the admission windows' and the latency samples' (a simulation's is
+        virtual)."""
         self.settings = settings
+        self.clock = clock
         self.indexer = indexer
         self.reader = reader
         self.fanout = fanout
@@ -168,7 +172,8 @@ class StreamHub:
                 streams_per_client=settings.max_streams_per_principal,
                 opens_per_minute=settings.max_stream_opens_per_minute,
                 streams_total=settings.max_streams,
-            )
+            ),
+            clock.monotonic,
         )
         self._status_type = settings.own_types.status
 
@@ -413,7 +418,7 @@ class StreamHub:
             m.backlog(max(0, head - 1 - batch[-1][0]))
         first = batch[0][1]
         if live and isinstance(first, TaskEvent):  # the oldest event of the batch waited longest
-            m.latency(max(0.0, time.time() - first.timestamp_ms / 1000))
+            m.latency(max(0.0, self.clock.wall() - first.timestamp_ms / 1000))
 
     def _ends(self, task_id: str, offset: int, event: TaskEvent) -> bool:
         return event.type == self._status_type and self._terminal_offset(task_id) == offset

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from bridge.clock import SYSTEM_ENTROPY, Entropy
 
 __all__ = [
     "ControlMessage",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 
-def new_task_id() -> str:
+def new_task_id(entropy: Entropy = SYSTEM_ENTROPY) -> str:
     """A task id with 192 random bits (32 URL-safe characters), never starting with ``-``.
 
     Ids are typed into command lines (``bridge tail <id>``), where a leading ``-`` reads as an
@@ -35,7 +36,7 @@ def new_task_id() -> str:
     (still more than 191 bits).
     """
     while True:
-        task_id = secrets.token_urlsafe(24)
+        task_id = entropy.token_urlsafe(24)
         if not task_id.startswith("-"):
             return task_id
 
@@ -72,6 +73,9 @@ class JobRequest(_Message):
     #: Where the task's ``task.created`` event is: the task's events partition and offset.
     partition: int
     offset: int
+    #: The task's TTL (its ``task.created`` says the same; None: unlimited): past
+    #: ``created_ms + ttl_ms`` nobody can read the task, and a worker stops its job.
+    ttl_ms: int | None = Field(default=None, alias="ttlMs")
 
 
 class ControlMessage(_Message):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from bridge import tracing
+from bridge.clock import SYSTEM_CLOCK, SYSTEM_ENTROPY, Clock, Entropy
 from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
@@ -104,6 +104,8 @@ class TaskView:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     input_requests: dict[str, Any] | None = None
+    #: False when the status event is no longer retained: ``result``/``error`` are stand-ins.
+    retained: bool = True
 
     @property
     def terminal(self) -> bool:
@@ -254,17 +256,22 @@ class TaskService:
         fanout: Fanout | None = None,
         *,
         log: Log | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        entropy: Entropy = SYSTEM_ENTROPY,
     ) -> None:
-        """``log``: where jobs and control messages are written (the cluster of ``settings``
-        when None)."""
+        """``log``: where jobs, control messages and the bridge's own events are written (the cluster of ``settings``
+        when None). ``clock`` and ``entropy``: creation times and task ids (a simulation's
+        replay)."""
         self.settings = settings
+        self._clock = clock
+        self._entropy = entropy
         self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
         self.indexer = indexer
         self.reader = reader
         #: Events of one task from now on (shared with the stream hub when the app builds both).
         self.fanout = fanout or Fanout(indexer)
         self.tools = tools
-        self.publisher = TaskEventPublisher(settings)
+        self.publisher = TaskEventPublisher(settings, log=self._log)
         self._producer: Producer | None = None
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
@@ -276,6 +283,9 @@ class TaskService:
         self._late_writes: set[asyncio.Task[TaskView]] = set()
         indexer.add_listener(self._on_event)
         indexer.add_ownership_listener(self._on_ownership)
+
+    def _now_ms(self) -> int:
+        return int(self._clock.wall() * 1000)
 
     async def start(self) -> None:
         self._count_owned()  # what the indexer restored before this service existed
@@ -311,7 +321,7 @@ class TaskService:
         for partition in [p for p in self._counted if p not in owned]:
             del self._counted[partition]
             self._active.drop_partition(partition)
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         for partition, idx in owned.items():
             if self._counted.get(partition) is not idx:
                 self._active.seed(partition, idx, now)
@@ -354,7 +364,7 @@ class TaskService:
         """
         owned = self.indexer.partitions
         for _ in range(_OWNED_ID_DRAWS):
-            task_id = new_task_id()
+            task_id = new_task_id(self._entropy)
             if not owned or self.indexer.partition_of(task_id) in owned:
                 return task_id
         return task_id  # owning very few of many partitions: the owner serves it, one hop away
@@ -382,7 +392,7 @@ class TaskService:
         :class:`KafkaUnavailable` when Kafka does not answer within the request timeout.
         """
         owner = owner_digest(principal)
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         task_id = task_id or self.new_task_id()
         # Reserved before the first await: concurrent creates see each other's places.
         self._count_owned()
@@ -461,6 +471,7 @@ class TaskService:
             created_ms=now,
             partition=where.partition,
             offset=where.offset,
+            ttl_ms=tool.ttl_ms,
         )
         producer = self._started_producer()
         try:
@@ -527,7 +538,7 @@ class TaskService:
             await self._catch_up()
             raise TaskNotFound()
         ttl_ms = None if entry.ttl_ms < 0 else entry.ttl_ms
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         if ttl_ms is not None and entry.created_ms + ttl_ms <= now:
             raise TaskNotFound(expired=True)
         view = TaskView(
@@ -542,7 +553,9 @@ class TaskService:
             event = await self._status_event(task_id, partition, entry.status_offset)
             if event is not None:
                 self._apply_status(view, event)
-            elif view.status == "completed":
+                return view
+            view.retained = False
+            if view.status == "completed":
                 view.result = {"content": []}
                 view.status_message = "the result is no longer retained"
         return view

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -31,9 +30,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from bridge import tracing
+from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
-from bridge.events import METHOD_NOT_FOUND, StatusPayload, error_object
+from bridge.events import StatusPayload, error_object
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import KafkaError
 from bridge.kafka.port import GroupTail, Log, LogError, LogRecord, Producer, Tail, TopicPart
@@ -167,10 +167,14 @@ class Worker(Component):
         job_topics: dict[str, str] | None = None,
         session_timeout_ms: int | None = None,
         log: Log | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: where the control topic's look-back window starts (a simulation's is
+        virtual)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.settings = settings
+        self._clock = clock
         self.handlers = handlers
         self.group_id = group_id or f"{settings.topics.prefix}.workers"
         self.concurrency = concurrency
@@ -179,9 +183,9 @@ class Worker(Component):
         self.topics = {
             tool: (job_topics or {}).get(tool) or settings.topics.jobs(tool) for tool in handlers
         }
-        self.publisher = TaskEventPublisher(settings)
         #: Where jobs, control messages and outcomes are read and written.
         self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
+        self.publisher = TaskEventPublisher(settings, log=self._log)
         self._jobs: GroupTail | None = None
         self._control_tail: Tail | None = None
         self._producer: Producer | None = None
@@ -258,7 +262,7 @@ class Worker(Component):
         self._control_tail = tail
         await tail.start()
         parts = [TopicPart(topic, p) for p in await self._log.partitions(topic)]
-        since = time.time_ns() // 1_000_000 - self.settings.control_lookback_ms
+        since = int(self._clock.wall() * 1000) - self.settings.control_lookback_ms
         starts = await self._log.offsets_for_times({p: max(since, 0) for p in parts})
         ends = await self._log.log_ends(parts)
         first = {p: _or(starts.get(p), ends[p]) for p in parts}
@@ -432,7 +436,9 @@ class Worker(Component):
             return
         handler = self.handlers.get(job.tool)
         if handler is None:
-            outcome = StatusPayload.failed(f"no handler for tool {job.tool}", code=METHOD_NOT_FOUND)
+            # -32603, not -32601: the client's tools/call exists and the bridge listed the tool;
+            # a worker group without its handler is the deployment's fault (docs/workers.md).
+            outcome = StatusPayload.failed(f"no handler for tool {job.tool}")
         elif control.cancelled:
             outcome = StatusPayload(
                 status="cancelled", status_message="cancelled before it started"
