@@ -8,7 +8,7 @@ export MCP_CONFORMANCE_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/conformance-$(CONF
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint venv venv-test system-deps conformance-deps k8s-tools java-worker-deps clean
+.PHONY: demo test test-fast lint venv venv-test system-deps conformance-deps k8s-tools java-worker-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ lint: venv-test
 
 test: venv-test system-deps conformance-deps k8s-tools java-worker-deps lint
 	$(BIN)/pytest
+
+# The inner loop: every test that needs no Kafka broker (those carry the `kafka` marker, set
+# from their fixtures in tests/conftest.py), without lint. `make test` still runs everything.
+test-fast: venv-test system-deps conformance-deps k8s-tools
+	$(BIN)/pytest -m "not kafka" -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -559,6 +559,13 @@ class PeerSettings(BaseModel):
     #: full, further hops are refused (retriable) until entries expire, never forgotten early:
     #: size it above the peak hop rate times twice ``max_age_s``.
     max_nonces: int = Field(100_000, ge=1_000, le=10_000_000)
+    #: How long a replica waits to connect to an owner's peer listener (replicas share a pod
+    #: network: a connect that takes longer is to an owner that is gone).
+    connect_timeout_s: float = Field(2.0, gt=0, le=60.0)
+    #: After an owner could not be connected to, requests about its partitions are answered
+    #: with the retriable ``owner_unavailable`` at once for this long, without trying it again
+    #: (never a per-request wait on a dead peer while the group notices it is gone).
+    suspect_s: float = Field(2.0, ge=0, le=60.0)
 
     _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)
 
@@ -702,6 +709,10 @@ class UpgradeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     from_: Literal["0.1"] | None = Field(None, alias="from")
+    #: Read webhook subscription records stored in clear (by 0.1.0, or in step 1) without
+    #: ``from``: step 2 of an upgrade from 0.1, while its replicas reseal them. Off otherwise,
+    #: so that nobody who may write the subscriptions topic can add a subscription in clear.
+    clear_subscriptions: bool = False
 
     @field_validator("from_", mode="before")
     @classmethod
@@ -713,6 +724,11 @@ class UpgradeSettings(BaseModel):
     def legacy(self) -> bool:
         """Write and honour what 0.1.0 writes and honours (step 1 of the upgrade)."""
         return self.from_ is not None
+
+    @property
+    def reads_clear_subscriptions(self) -> bool:
+        """Webhook subscription records in clear are read (steps 1 and 2 of the upgrade)."""
+        return self.legacy or self.clear_subscriptions
 
 
 def task_cursor_version(settings: Settings) -> int:
@@ -1062,14 +1078,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _chatgpt_answers_in_time(self) -> Self:
-        # ChatGPT waits about 10 s for events/subscribe, which runs the verification challenge
-        # inside it: a challenge allowed as long would leave no time for the answer.
-        if self.events.profile == "chatgpt" and self.webhook_timeout_s >= 8.0:
-            raise ValueError(
-                "events.profile chatgpt needs webhook_timeout_s below 8 s: ChatGPT waits about "
-                "10 s for events/subscribe, which runs the verification challenge inside it"
-            )
+    def _events_profile_can_work(self) -> Self:
+        # What a profile needs is the profile's to say (bridge/server/profile.py); imported
+        # here, late, because that module reads these settings.
+        from bridge.server.profile import EventsProfile
+
+        problems = EventsProfile.of(self).problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property

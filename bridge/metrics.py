@@ -282,6 +282,13 @@ class Metrics:
             "host) token bucket",
             registry=r,
         )
+        # Webhook events never sent because their body stays over the client profile's bound
+        # (bridge/mcpevents/delivery.py; the chatgpt profile's 256 KiB), abandoned as a 413.
+        self.webhook_bodies_too_large = Counter(
+            "bridge_webhook_bodies_too_large_total",
+            "Webhook events not sent: their body exceeds the client profile's bound even reduced",
+            registry=r,
+        )
         # Signed hops between replicas that were refused (bridge/server/hops.py), by reason:
         # on the peer listener (a bad, stale, replayed or misaddressed hop) or before sending
         # (an owner URL from the group that is no peer listener). Every reason starts at 0.
@@ -438,5 +445,3 @@ class Metrics:
         for counter in (self.canary_probes, self.canary_lost):
             with contextlib.suppress(KeyError):
                 counter.remove(str(partition))
-
-

@@ -363,7 +363,7 @@ async def hostile(
     raw = world.log.producer()
     world.note(f"hostile {kind} {task_id}")
     if kind == "forged":
-        forger = TaskEventPublisher(publisher.settings, keyring=FORGER)
+        forger = TaskEventPublisher(publisher.settings, keyring=FORGER, log=cast(Log, world.log))
         await forger.start()
         await publish_created(
             forger,
@@ -621,18 +621,20 @@ async def _main(plan: Plan) -> Outcome:
     for task in rng.sample(world.tasks, 3):
         task.hostile = rng.choice(("forged", "garbage", "keyless"))
     faults = [rng.choice(FAULT_KINDS) for _ in range(plan.faults)]
-    with logs.patched(log):
-        for i in range(plan.replicas):
-            await restart(world, f"r{i}")
-        outcome = await _run(world, faults)
-    return outcome
+    for i in range(plan.replicas):
+        await restart(world, f"r{i}")
+    return await _run(world, faults)
 
 
 async def _run(world: World, faults: list[str]) -> Outcome:
     plan, rng = world.plan, world.rng
-    publisher = TaskEventPublisher(settings_of("r0"), keyring=KEYRING, fmt="avro")
+    publisher = TaskEventPublisher(
+        settings_of("r0"), keyring=KEYRING, fmt="avro", log=cast(Log, world.log)
+    )
     await publisher.start()
-    json_publisher = TaskEventPublisher(settings_of("r0"), keyring=KEYRING, fmt="json")
+    json_publisher = TaskEventPublisher(
+        settings_of("r0"), keyring=KEYRING, fmt="json", log=cast(Log, world.log)
+    )
     await json_publisher.start()
     work: list[asyncio.Task[Any]] = []
     for i in range(WORKERS):

@@ -139,10 +139,40 @@ async def topics(settings: Settings) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def bridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
-    """A bridge with one conformance-pack worker, on topics of its own, for a test module."""
+def kafka_bridge_module(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bridge]:
+    """`bridge serve` and one conformance-pack `bridge workers`, on topics of their own on the
+    broker, for a test module (a module that moved to ``memory_bridge_module`` keeps its
+    end-to-end smoke on this one)."""
     settings = make_settings(kafka_bootstrap, fresh_prefix("m"))
     with running_bridge(settings, tmp_path_factory.mktemp("bridge")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def bridge(kafka_bridge_module: Bridge) -> Bridge:
+    """The module's bridge: the subprocesses on the broker unless the module overrides it."""
+    return kafka_bridge_module
+
+
+# =============================================================================================
+# The bridge in process over the in-memory log (support.inmemory): no broker, real HTTP.
+#
+# `memory_bridge_module` (module): ``bridge serve`` with the conformance pack's worker, composed
+# in this process over a memory log of its own and served by uvicorn on a loopback port from a
+# background thread. A module whose tests are about the bridge's logic rather than Kafka's
+# overrides `bridge` with it: ``def bridge(memory_bridge_module): return memory_bridge_module``.
+# Its settings name no broker (support.inmemory.NO_BROKER): what still reads Kafka fails loudly.
+# =============================================================================================
+
+from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def memory_bridge_module() -> Iterator[MemoryBridge]:
+    """A bridge with one conformance-pack worker over a memory log, for a test module."""
+    with memory_bridge(make_settings(NO_BROKER, fresh_prefix("m"))) as running:
         yield running
 
 

@@ -28,18 +28,20 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge
 from support.layout import fresh_prefix, make_settings
 from support.mcp import CLIENT_CAPS as TASK_CAPS
 from support.mcp import VERSION as MODERN
 from support.mcp import meta, routing_headers
-from support.procs import Bridge, running_bearer_bridge, running_bridge
+from support.procs import Bridge as ProcBridge
+from support.procs import running_bearer_bridge
 from support.waits import wait_until_sync
 
 from bridge.events import INVALID_PARAMS, INVALID_REQUEST
 
-pytestmark = pytest.mark.kafka
-
 BOUND = 30.0  # seconds any polled condition may take
+#: The bridge a test talks to: in process over the memory log, or the smoke's subprocesses.
+Bridge = MemoryBridge | ProcBridge
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-carol": "carol", "tok-dave": "dave"}
 TASK_LIMIT = 2
@@ -109,29 +111,55 @@ def expect_401(reply: httpx.Response, *secrets_: str) -> None:
         assert secret not in reply.text
 
 
+def server_log(bridge: Bridge) -> str:
+    """The server's log so far (the subprocess's output, or the in-process bridge's lines)."""
+    path = bridge.log_path if isinstance(bridge, MemoryBridge) else None
+    if isinstance(bridge, ProcBridge):
+        assert bridge.server is not None
+        path = bridge.server.log_path
+    assert path is not None, "the bridge keeps no log"
+    return path.read_text(errors="replace")
+
+
 def log_count(bridge: Bridge, needle: str) -> int:
-    assert bridge.server is not None
-    return bridge.server.log_path.read_text(errors="replace").count(needle)
+    return server_log(bridge).count(needle)
 
 
 def wait_logged(bridge: Bridge, needle: str, count: int) -> str:
     """The server's log once it holds ``count`` lines with ``needle`` (a bounded poll)."""
-    server = bridge.server
-    assert server is not None
     wait_until_sync(
         lambda: log_count(bridge, needle) >= count,
         BOUND,
-        what=lambda: f"{count} log lines with {needle!r}:\n{server.tail()}",
+        what=lambda: f"{count} log lines with {needle!r}:\n{server_log(bridge)[-4000:]}",
     )
-    return server.log_path.read_text(errors="replace")
+    return server_log(bridge)
 
 
 # --- static bearer tokens ---------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def bearer(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+def bearer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+    """The whole bridge in process over the in-memory log, in auth mode ``bearer``."""
     root = tmp_path_factory.mktemp("auth-bearer")
+    tokens = root / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    settings = make_settings(
+        NO_BROKER,
+        fresh_prefix("a"),
+        auth={"mode": "bearer", "tokens_file": str(tokens)},
+        max_active_tasks_per_principal=TASK_LIMIT,
+    )
+    with memory_bridge(settings, log_path=root / "bridge.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kafka_bearer(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bridge]:
+    """`bridge serve` and `bridge workers` on the broker, in auth mode ``bearer`` (the smoke)."""
+    root = tmp_path_factory.mktemp("auth-bearer-kafka")
     settings = make_settings(kafka_bootstrap, fresh_prefix("a"))
     with running_bearer_bridge(
         settings, root, TOKENS, BRIDGE_MAX_ACTIVE_TASKS_PER_PRINCIPAL=str(TASK_LIMIT)
@@ -335,23 +363,21 @@ def write_jwks(path: Path, key: rsa.RSAPrivateKey) -> None:
 
 
 @pytest.fixture(scope="module")
-def jwt_bridge(
-    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, keys: Keys
-) -> Iterator[Bridge]:
+def jwt_bridge(tmp_path_factory: pytest.TempPathFactory, keys: Keys) -> Iterator[Bridge]:
+    """The whole bridge in process over the in-memory log, in auth mode ``jwt``."""
     root = tmp_path_factory.mktemp("auth-jwt")
     jwks = root / "jwks.json"
     write_jwks(jwks, keys.private)
-    settings = make_settings(kafka_bootstrap, fresh_prefix("j"))
-    with running_bridge(
-        settings,
-        root,
-        BRIDGE_AUTH__MODE="jwt",
-        BRIDGE_AUTH__JWT_ALGORITHMS='["HS256", "RS256"]',
-        BRIDGE_AUTH__JWT_SECRET=HS_SECRET,
-        BRIDGE_AUTH__JWKS_FILE=str(jwks),
-        BRIDGE_AUTH__JWT_AUDIENCE=AUDIENCE,
-        BRIDGE_AUTH__JWT_ISSUER=ISSUER,
-    ) as running:
+    auth = {
+        "mode": "jwt",
+        "jwt_algorithms": ["HS256", "RS256"],
+        "jwt_secret": HS_SECRET,
+        "jwks_file": str(jwks),
+        "jwt_audience": AUDIENCE,
+        "jwt_issuer": ISSUER,
+    }
+    settings = make_settings(NO_BROKER, fresh_prefix("j"), auth=auth)
+    with memory_bridge(settings, log_path=root / "bridge.log") as running:
         yield running
 
 
@@ -489,3 +515,19 @@ def test_jwt_tokens_and_secret_never_reach_the_log(
     assert HS_SECRET not in log
     for token in (bad, good):
         assert token not in log and token.split(".")[2] not in log
+
+
+# --- the same gate on the broker (an end-to-end smoke) ----------------------------------------
+
+
+@pytest.mark.kafka
+def test_on_the_broker_tokens_gate_tasks_and_stay_out_of_the_log(
+    kafka_bearer: ProcBridge, http: httpx.Client
+) -> None:
+    """A few of the bearer checks above against `bridge serve` and `bridge workers` on
+    Kafka (every other one runs on the in-memory log)."""
+    test_bearer_missing_or_wrong_token_is_401(kafka_bearer, http, "Bearer tok-wrong-7f3a9c")
+    task_id = as_(http, kafka_bearer, "tok-alice").start_task(0, "smoke")
+    test_owner_sees_own_task(kafka_bearer, http, task_id)
+    test_foreign_task_is_answered_like_an_unknown_one(kafka_bearer, http, task_id, "tasks/get")
+    test_tokens_never_reach_the_log(kafka_bearer, http)

@@ -18,13 +18,13 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 import trustme
 from pydantic import ValidationError
-from support.chatgpt import MAX_BODY, ChatGpt, Receiver, chatgpt_receiver, refresh_at
+from support.chatgpt import MAX_BODY, ChatGpt, Receiver, chatgpt_receiver, new_secret, refresh_at
 from support.layout import fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
@@ -39,9 +39,15 @@ from bridge.mcpevents.occurrences import Occurrence, PollBatch
 from bridge.mcpevents.subscriptions import Subscription, SubscriptionTable
 from bridge.mcpevents.webhooks import Outcome, RetryPolicy, Verdict
 from bridge.server.admission import Caller
-from bridge.server.events import EVENTS_EXTENSION, FittedBodies, WebhookMethods
+from bridge.server.events import (
+    EVENT_ID_META,
+    EVENTS_EXTENSION,
+    FittedBodies,
+    WebhookMethods,
+    task_outcomes,
+)
 from bridge.server.handlers import Call, MethodHandlers
-from bridge.server.profile import CHATGPT, SEP_3415, EventsProfile
+from bridge.server.profile import CHATGPT, CHATGPT_TIMEOUT_S, SEP_3415, EventsProfile
 from bridge.server.wire import JsonRpcRequest, RpcError
 
 kafka = pytest.mark.kafka
@@ -91,11 +97,35 @@ def test_the_profile_is_one_setting_and_sep_3415_is_the_default() -> None:
         Settings.model_validate({"events": {"profile": "claude"}})
 
 
+#: What the chatgpt profile needs besides itself: webhooks offered (a principal, a key).
+WEBHOOKS_ON = {"auth": {"mode": "bearer"}, "webhook_keys": {"file": "/keys/webhooks.json"}}
+
+
 def test_the_chatgpt_profile_refuses_a_challenge_deadline_that_leaves_no_time_to_answer() -> None:
-    Settings.model_validate({"events": {"profile": "chatgpt"}, "webhook_timeout_s": 5})
-    with pytest.raises(ValidationError, match="webhook_timeout_s below 8 s"):
-        Settings.model_validate({"events": {"profile": "chatgpt"}, "webhook_timeout_s": 9})
+    chatgpt = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON}
+    Settings.model_validate({**chatgpt, "webhook_timeout_s": 5})
+    bound = CHATGPT.answer_within_s
+    assert bound is not None and bound < CHATGPT_TIMEOUT_S  # the profile's own figure
+    with pytest.raises(ValidationError, match=f"webhook_timeout_s below {bound:g} s"):
+        Settings.model_validate({**chatgpt, "webhook_timeout_s": bound})
     Settings.model_validate({"webhook_timeout_s": 9})  # the default profile has no such bound
+
+
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"auth": {"mode": "none"}}, "BRIDGE_AUTH__MODE"),
+        ({"webhook_keys": {}}, "BRIDGE_WEBHOOK_KEYS__FILE"),
+    ],
+    ids=["auth-none", "no-webhook-key"],
+)
+def test_the_chatgpt_profile_refuses_to_start_without_webhooks(
+    changed: dict[str, Any], named: str
+) -> None:
+    settings = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON, **changed}
+    with pytest.raises(ValidationError, match=f"BRIDGE_EVENTS__PROFILE=chatgpt needs .*{named}"):
+        Settings.model_validate(settings)
+    Settings.model_validate({**settings, "events": {"profile": "sep-3415"}})  # others may
 
 
 class _Events:
@@ -179,6 +209,106 @@ async def test_unsubscribing_an_unknown_subscription_answers_empty_for_chatgpt_n
     assert refused.value.code == -32023 and refused.value.data == {"kind": "subscription"}
 
 
+NOW_MS = 1_800_000_000_000
+
+
+class _Subscribing:
+    """A webhook service as events/subscribe needs it; ``during_verify`` runs in the challenge."""
+
+    def __init__(self, during_verify: Any = None) -> None:
+        restored = asyncio.Event()
+        restored.set()
+        self.registry = SimpleNamespace(restored=restored, table=SubscriptionTable())
+        self.during_verify = during_verify or (lambda: None)
+
+    async def verify(self, principal: str, url: str, sub_id: str, secret: str) -> Outcome:
+        self.during_verify()
+        return Outcome(Verdict.DELIVERED)
+
+    async def put(self, sub: Subscription) -> None:
+        self.registry.table.apply(0, sub.id, sub)
+
+
+class _Polled:
+    name = "com.example.x"
+
+    async def poll(self, *args: Any) -> PollBatch:
+        return PollBatch([], "c0", truncated=False, has_more=False, next_poll_ms=1000)
+
+
+def _subscriber(
+    profile: EventsProfile, service: _Subscribing, clock: Any = lambda: 0.0
+) -> WebhookMethods:
+    settings = make_settings("unused:9092", fresh_prefix())
+    source: Any = _Polled()
+    return WebhookMethods(
+        settings,
+        {source.name: source},
+        cast(Any, service),
+        now_ms=lambda: NOW_MS,
+        profile=profile,
+        clock=clock,
+    )
+
+
+def _subscribe_call(expires: float | None = None) -> Call:
+    params = {
+        "name": "com.example.x",
+        "arguments": {},
+        "delivery": {"mode": "webhook", "url": "https://example.com/h", "secret": SECRET},
+    }
+    rpc = JsonRpcRequest(jsonrpc="2.0", id=1, method="events/subscribe", params=params)
+    return Call(rpc, Caller("alice", "conn", expires=expires), legacy=False, params=params)
+
+
+@pytest.mark.parametrize("profile", [CHATGPT, SEP_3415], ids=lambda p: p.name)
+async def test_a_subscription_never_outlives_the_credential_it_was_made_with(
+    profile: EventsProfile,
+) -> None:
+    from bridge.tasks.messages import iso_ms
+
+    service = _Subscribing()
+    methods = _subscriber(profile, service)
+    credential_ms = NOW_MS + 60_000  # a JWT's exp, or auth.bearer_ttl_s after it was shown
+    got: Any = await methods.subscribe(_subscribe_call(expires=credential_ms / 1000))
+    assert got["refreshBefore"] == iso_ms(credential_ms)
+    (sub_id,) = service.registry.table.in_partitions([0])
+    assert service.registry.table.get(sub_id).expires_ms == credential_ms
+    # A refresh with a credential that lasts longer gets the TTL again, never past it.
+    again: Any = await methods.subscribe(_subscribe_call())
+    assert again["refreshBefore"] == iso_ms(NOW_MS + methods.ttl.default_ms)
+
+
+async def test_chatgpt_s_subscribe_past_its_deadline_is_refused_retriable_and_stores_nothing() -> (
+    None
+):
+    now = [0.0]
+
+    def slow_challenge() -> None:
+        now[0] += CHATGPT_TIMEOUT_S  # the receiver answered the challenge late
+
+    service = _Subscribing(slow_challenge)
+    with pytest.raises(RpcError) as late:
+        await _subscriber(CHATGPT, service, clock=lambda: now[0]).subscribe(_subscribe_call())
+    assert late.value.http_status == 503 and late.value.data["reason"] == "deadline"
+    assert "retryAfterMs" in late.value.data
+    assert service.registry.table.in_partitions([0]) == []  # nothing stored
+    restoring = _Subscribing()
+    restoring.registry.restored.clear()  # a replica just started: its view is not restored
+    ticks = iter([0.0])  # the request began at 0; by the restore wait its 8 s had passed
+
+    def later() -> float:
+        return next(ticks, CHATGPT_TIMEOUT_S)
+
+    with pytest.raises(RpcError) as unrestored:
+        async with asyncio.timeout(BOUND):
+            await _subscriber(CHATGPT, restoring, clock=later).subscribe(_subscribe_call())
+    assert unrestored.value.http_status == 503 and unrestored.value.data["reason"] == "deadline"
+    other = _Subscribing(slow_challenge)
+    await _subscriber(SEP_3415, other, clock=lambda: now[0]).subscribe(_subscribe_call())
+    assert len(other.registry.table.in_partitions([0])) == 1  # no deadline under the SEP
+
+
 # --- the delivery loop without control envelopes ---------------------------------------------
 
 
@@ -224,7 +354,9 @@ class _Sender:
         return Outcome(Verdict.DELIVERED)
 
 
-def _loop(profile: EventsProfile, poll: Any) -> tuple[SubscriptionDelivery, _Store, _Sender]:
+def _loop(
+    profile: EventsProfile, poll: Any, **kw: Any
+) -> tuple[SubscriptionDelivery, _Store, _Sender]:
     policy = DeliveryPolicy(
         RetryPolicy(max_attempts=1, max_elapsed_seconds=1, base_delay_seconds=0.1),
         poll_interval_s=0.1,
@@ -233,7 +365,7 @@ def _loop(profile: EventsProfile, poll: Any) -> tuple[SubscriptionDelivery, _Sto
         max_body_bytes=profile.max_body_bytes,
     )
     store, sender = _Store(), _Sender()
-    return SubscriptionDelivery("sub_1", store, poll, sender, policy), store, sender
+    return SubscriptionDelivery("sub_1", store, poll, sender, policy, **kw), store, sender
 
 
 @pytest.mark.parametrize("profile", [CHATGPT, SEP_3415], ids=lambda p: p.name)
@@ -333,6 +465,7 @@ async def test_a_record_too_large_for_one_body_is_sent_as_the_request_that_reads
             "arguments": {"customerId": "c1"},
             "cursor": "k1.aa.4",
             "maxEvents": 1,
+            "_meta": {EVENT_ID_META: big.event_id},  # names the record: nothing else is read
         },
     }
     small = _occurrence({"orderId": "o"}, name="com.example.x")
@@ -356,6 +489,190 @@ async def test_a_pipeline_record_s_result_request_is_neither_acted_on_nor_passed
     small = _occurrence(COMPLETED, name="com.example.x")
     shaped = await FittedBodies(MAX_BODY, UPDATED, outcomes)(_sub(), small, None)
     assert shaped == small.wire(with_cursor=True) and asked == []
+
+
+async def test_an_oversized_task_update_keeps_its_task_seq_and_status() -> None:
+    huge = {**COMPLETED, "statusMessage": "m" * MAX_BODY}
+    body = await FittedBodies(MAX_BODY, UPDATED, None)(_sub(), _occurrence(huge), "u1.0.5")
+    assert _size(body) <= MAX_BODY
+    assert body["data"] == {
+        "omitted": "too_large",
+        "bytes": _size(_occurrence(huge).wire(with_cursor=True)),
+        "taskId": "T",
+        "seq": 5,
+        "status": "completed",
+        "resultRequest": COMPLETED["resultRequest"],
+    }
+
+
+async def test_an_owner_that_does_not_answer_leaves_the_result_request_after_a_short_wait() -> None:
+    never = asyncio.Event()  # the owner accepted the read and never answers
+
+    async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
+        await never.wait()
+        return {"result": {"content": []}}
+
+    shape = FittedBodies(MAX_BODY, UPDATED, outcomes, wait_s=0.05)
+    async with asyncio.timeout(BOUND):  # not the peers' 30 s: the shape's own bound
+        body = await shape(_sub(), _occurrence(COMPLETED), "u1.0.5")
+    assert body["data"] == COMPLETED
+
+
+def test_the_body_shape_follows_inline_outcomes_and_the_bound_each_on_its_own() -> None:
+    from bridge.mcpevents.delivery import as_is
+    from bridge.server.events import fitted_bodies
+
+    settings = make_settings("unused:9092", fresh_prefix())
+
+    async def outcomes(principal: str, task_id: str) -> dict[str, Any] | None:
+        return None
+
+    assert fitted_bodies(settings, SEP_3415, outcomes) is as_is
+    inline_only = fitted_bodies(
+        settings, dataclasses.replace(SEP_3415, inline_outcomes=True), outcomes
+    )
+    assert isinstance(inline_only, FittedBodies)
+    assert inline_only.limit is None and inline_only.outcomes is outcomes
+    bound_only = fitted_bodies(settings, dataclasses.replace(SEP_3415, max_body_bytes=10), outcomes)
+    assert isinstance(bound_only, FittedBodies)
+    assert bound_only.limit == 10 and bound_only.outcomes is None
+    both = fitted_bodies(settings, CHATGPT, outcomes)
+    assert isinstance(both, FittedBodies) and both.limit == MAX_BODY and both.outcomes is outcomes
+
+
+def test_the_outcome_wait_is_short() -> None:
+    assert FittedBodies(MAX_BODY, UPDATED, None).wait_s <= 2
+
+
+def _task_view(**fields: Any) -> Any:
+    from bridge.tasks.service import TaskView
+
+    return TaskView(created_ms=0, last_updated_ms=0, ttl_ms=None, poll_interval_ms=1000, **fields)
+
+
+class _Tasks:
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.asked: list[tuple[str, str]] = []
+
+    async def get(self, task_id: str, principal: str) -> Any:
+        self.asked.append((task_id, principal))
+        return self.view
+
+
+async def test_task_outcomes_reads_locally_for_the_principal() -> None:
+    done = {"content": [{"type": "text", "text": "42"}]}
+    tasks = _Tasks(_task_view(task_id="T", status="completed", result=done))
+    outcome = task_outcomes(tasks)
+    assert await outcome("alice", "T") == {"result": done}
+    assert tasks.asked == [("T", "alice")]
+    failed = {"code": -1, "message": "no"}
+    tasks.view = _task_view(task_id="T", status="failed", error=failed)
+    assert await outcome("alice", "T") == {"error": failed}
+
+
+async def test_a_result_no_longer_retained_is_not_inlined_as_empty() -> None:
+    gone = _task_view(task_id="T", status="completed", result={"content": []}, retained=False)
+    gone.status_message = "the result is no longer retained"
+    assert await task_outcomes(_Tasks(gone))("alice", "T") is None
+
+
+class _Routing:
+    def __init__(self, owner: str | None) -> None:
+        self.owner = owner
+
+    async def where(self, task_id: str) -> str | None:
+        return self.owner
+
+
+class _Peers:
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str, dict[str, Any], Any]] = []
+
+    async def call(self, owner: str, method: str, params: dict[str, Any], identity: Any) -> Any:
+        self.calls.append((owner, method, params, identity))
+        return self.answer
+
+
+async def test_tasks_get_marks_a_result_whose_status_event_is_gone_as_not_retained() -> None:
+    from bridge.log.seqindex import owner_key
+    from bridge.server.handlers import detailed_task
+    from bridge.server.wire import RESULT_RETAINED_META
+    from bridge.tasks.messages import owner_digest
+    from bridge.tasks.service import TaskService
+
+    alice = owner_key(owner_digest("alice"))
+    entry = SimpleNamespace(
+        owned_by=lambda key: key == alice,
+        ttl_ms=-1,
+        created_ms=0,
+        status=SimpleNamespace(wire="completed"),
+        poll_ms=1000,
+        status_offset=5,
+        first_offset=0,
+    )
+    indexer = SimpleNamespace(
+        lookup=lambda task_id: (0, entry),
+        add_listener=lambda listener: None,
+        add_ownership_listener=lambda listener: None,
+    )
+
+    class Gone:
+        async def event_at(self, partition: int, offset: int) -> None:
+            return None  # retention deleted the status event
+
+    settings = make_settings("unused:9092", fresh_prefix())
+    service = TaskService(settings, cast(Any, indexer), cast(Any, Gone()), {}, cast(Any, object()))
+    view = await service.get("T", "alice")
+    assert view.retained is False and view.result == {"content": []}
+    assert detailed_task(view)["_meta"] == {RESULT_RETAINED_META: False}
+    assert await task_outcomes(service)("alice", "T") is None  # not inlined as an empty result
+
+
+async def test_task_outcomes_reads_at_the_owner_signed_for_the_principal() -> None:
+    from bridge.server.hops import PeerIdentity
+    from bridge.server.wire import CLIENT_CAPS_META, RESULT_RETAINED_META, tasks_capability
+
+    done = {"content": [{"type": "text", "text": "there"}]}
+    peers = _Peers({"taskId": "T", "status": "completed", "result": done})
+    routing: Any = _Routing("http://owner:9000")
+    outcome = task_outcomes(None, routing=routing, peers=cast(Any, peers))
+    assert await outcome("alice", "T") == {"result": done}
+    assert peers.calls == [
+        (
+            "http://owner:9000",
+            "tasks/get",
+            {"taskId": "T", "_meta": {CLIENT_CAPS_META: tasks_capability()}},
+            PeerIdentity("alice", "alice"),
+        )
+    ]
+    peers.answer = {**peers.answer, "_meta": {RESULT_RETAINED_META: False}}
+    assert await outcome("alice", "T") is None  # the owner says the result is a stand-in
+    local = _Tasks(_task_view(task_id="T", status="completed", result=done))
+    here = task_outcomes(local, routing=cast(Any, _Routing(None)), peers=cast(Any, peers))
+    assert await here("bob", "T") == {"result": done} and local.asked == [("T", "bob")]
+
+
+async def test_a_body_that_cannot_fit_even_reduced_is_not_sent_but_counted_and_passed_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    big = _occurrence({"orderId": "o", "pad": "x" * MAX_BODY}, name="com.example.x")
+
+    async def poll(*args: Any) -> PollBatch:
+        return PollBatch([big], "c1", truncated=False, has_more=False, next_poll_ms=1000)
+
+    counted: list[int] = []
+    shape = FittedBodies(MAX_BODY, UPDATED, None)
+    loop, store, sender = _loop(CHATGPT, poll, shape=shape, on_too_large=lambda: counted.append(1))
+    # The stub repeats the subscriber's arguments: 300 KiB of them leave no room for it.
+    store.subs["sub_1"] = dataclasses.replace(_sub(), arguments={"customerId": "c" * 300_000})
+    await loop._step(store.subs["sub_1"])
+    assert sender.bodies == []  # never sent
+    after = store.subs["sub_1"]
+    assert after.cursor == "c1" and after.status.last_error == "too_large"  # passed over
+    assert counted == [1]
+    assert any("sub_1" in r.getMessage() and "bytes" in r.getMessage() for r in caplog.records)
 
 
 def test_refreshes_are_due_at_73_percent_of_the_grant() -> None:
@@ -536,7 +853,7 @@ async def _legacy(http: httpx.AsyncClient, url: str, method: str, params: dict[s
 
 @kafka
 async def test_chatgpt_on_the_initialize_path_sees_the_capability_and_the_events_methods(
-    gbridge: Bridge,
+    gbridge: Bridge, receiver: Receiver
 ) -> None:
     hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c"}}
     async with httpx.AsyncClient(
@@ -548,6 +865,18 @@ async def test_chatgpt_on_the_initialize_path_sees_the_capability_and_the_events
         gone = {"name": updated(gbridge.settings), "arguments": {}, "delivery": target}
         unsubscribed = await _legacy(http, gbridge.url, "events/unsubscribe", gone)
         polled = await _legacy(http, gbridge.url, "events/poll", {"name": "x"})
+        secret = receiver.secrets.setdefault("legacy", new_secret())
+        hook = {"mode": "webhook", "url": receiver.url("legacy"), "secret": secret}
+        wanted = {"name": updated(gbridge.settings), "arguments": {}, "delivery": hook}
+        subscribed = await _legacy(http, gbridge.url, "events/subscribe", wanted)
+        left = await _legacy(http, gbridge.url, "events/unsubscribe", wanted)
+    assert set(subscribed["result"]) - {"resultType"} == {
+        "id",
+        "refreshBefore",
+        "cursor",
+        "truncated",
+    }
+    assert receiver.challenges == ["legacy"] and left["result"] == {}
     assert initialized["result"]["capabilities"]["events"] == {}
     assert updated(gbridge.settings) in {e["name"] for e in listed["result"]["events"]}
     assert unsubscribed["result"] == {}

@@ -9,6 +9,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, StreamIt
 from bridge.mcpevents.offsets import OffsetSource
 from bridge.mcpevents.taskupdates import TaskUpdates, owner_record_key
 from bridge.server.admission import Caller
-from bridge.server.events import EventsMethods
+from bridge.server.events import EVENT_ID_META, EventsMethods, FittedBodies
 from bridge.server.handlers import Call
 from bridge.server.wire import JsonRpcRequest, RpcError
 from bridge.tasks.service import TaskNotFound
@@ -475,6 +476,83 @@ async def test_the_list_has_each_source_with_its_schemas() -> None:
         "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
         "payloadSchema": {"type": "object"},
     }
+
+
+# --- one occurrence by its eventId (an oversized webhook body's resultRequest) ---------------
+
+
+def _order(topic: FakeTopic, partition: int, order: str, key: bytes = b"c1") -> Rec:
+    return topic.add(partition, key=key, value=json.dumps({"orderId": order}).encode())
+
+
+async def test_an_oversized_record_s_request_reads_that_record_across_two_partitions() -> None:
+    # One record per fetch: the delivery order is A (p0), B (p1), A2 (p0). A poll of one event
+    # from the cursor before B reads the lowest partition first, so it would return A2.
+    topic = FakeTopic({0: [], 1: []}, per_fetch=1)
+    source = orders_source(topic)
+    start = (await source.poll("alice", {}, None, None, 100)).cursor
+    _order(topic, 0, "A"), _order(topic, 0, "A2"), _order(topic, 1, "B")
+    batch = await source.poll("alice", {}, start, None, 100)
+    assert [e.data["orderId"] for e in batch.events] == ["A", "B", "A2"]
+    b = batch.events[1]
+    sub: Any = SimpleNamespace(name=ORDERS, arguments={}, principal="alice")
+    stub = await FittedBodies(1, "io.mcpbridge.task.updated", None)(sub, b, batch.events[0].cursor)
+    request = stub["data"]["resultRequest"]
+    assert request["method"] == "events/poll"
+    read = await EventsMethods([source], streams=None).poll(call("events/poll", request["params"]))
+    assert [(e["eventId"], e["data"]) for e in read["events"]] == [(b.event_id, {"orderId": "B"})]
+    assert read["cursor"] == request["params"]["cursor"] and read["hasMore"] is False
+
+
+async def test_a_read_by_event_id_applies_the_source_s_authorization_and_filters() -> None:
+    topic = FakeTopic({0: [], 1: []})
+    source = orders_source(topic, key_argument="customerId")
+    theirs = _order(topic, 1, "X", key=b"c2")
+    mine = _order(topic, 0, "M", key=b"c1")
+
+    async def read(event_id: Any, principal: str = "alice", customer: str = "c1") -> Any:
+        params = {"customerId": customer}
+        return await poll(
+            source, principal, arguments=params, cursor=None, _meta={EVENT_ID_META: event_id}
+        )
+
+    assert [e["data"] for e in (await read(f"{ORDERS}/0-{mine.offset}"))["events"]] == [
+        {"orderId": "M"}
+    ]
+    assert (await read(f"{ORDERS}/1-{theirs.offset}"))["events"] == []  # another key: filtered
+    for missing in (
+        f"{ORDERS}/0-99",
+        f"{ORDERS}/7-0",
+        "other/0-0",
+        f"{ORDERS}/0-x",
+        f"{ORDERS}/-0",
+    ):
+        assert (await read(missing))["events"] == []
+    with pytest.raises(RpcError) as refused:
+        await read(f"{ORDERS}/0-{mine.offset}", principal="bob")
+    assert refused.value.code == -32024  # Forbidden, as any poll of bob's
+    with pytest.raises(RpcError) as bad:
+        await read(7)
+    assert bad.value.code == -32602
+
+
+async def test_a_read_by_event_id_of_a_one_log_source_is_the_next_occurrence_or_nothing() -> None:
+    topic = FakeTopic({0: []})
+    source = updates_source(topic)
+    start = (await source.poll("alice", {"taskId": "t1"}, None, None, 10)).cursor
+    add_update(topic, "alice", "t1", 1, "working")
+    add_update(topic, "alice", "t1", 2, "completed")
+    batch = await source.poll("alice", {"taskId": "t1"}, start, None, 10)
+    first, second = batch.events
+
+    async def read(cursor: str | None, event_id: str) -> list[str]:
+        out = await poll(
+            source, arguments={"taskId": "t1"}, cursor=cursor, _meta={EVENT_ID_META: event_id}
+        )
+        return [e["eventId"] for e in out["events"]]
+
+    assert await read(first.cursor, second.event_id) == [second.event_id]
+    assert await read(start, second.event_id) == []  # not the next one: nothing, never another
 
 
 # --- push --------------------------------------------------------------------------------------

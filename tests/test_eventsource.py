@@ -22,12 +22,8 @@ from typing import Any
 
 import httpx
 import pytest
-from support.layout import (
-    create_served_topics,
-    delete_events_before,
-    fresh_prefix,
-    make_settings,
-)
+from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge
+from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import create_task, result
 from support.procs import (
     Bridge,
@@ -42,6 +38,7 @@ from support.sse import SseEvent, sse_events
 from support.waits import BOUND, wait_until
 
 from bridge.config import load_settings
+from bridge.kafka.port import Log, TopicPart
 from bridge.log.publisher import TaskEventPublisher
 from bridge.server.browser import (
     BadViewToken,
@@ -170,20 +167,47 @@ VIEW_SECRET = "view-secret-" + "v" * 32
 ALICE, BOB, CAROL = "tok-alice", "tok-bob", "tok-carol"
 #: CAROL's concurrent streams (the limits test fills them; the others stay well below).
 LIMIT = 3
+TOKENS = {ALICE: "alice", BOB: "bob", CAROL: "carol"}
 
 
 @pytest.fixture(scope="module")
-def vbridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+def vbridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryBridge]:
+    """The whole bridge in process over the in-memory log, in auth mode ``bearer``."""
+    root = tmp_path_factory.mktemp("vbridge")
+    tokens_file = root / "tokens.json"
+    tokens_file.write_text(json.dumps(TOKENS))
+    settings = make_settings(
+        NO_BROKER,
+        fresh_prefix("v"),
+        auth={"mode": "bearer", "tokens_file": str(tokens_file)},
+        view_token_secret=VIEW_SECRET,
+        stream_keepalive_s=0.5,
+        max_streams_per_principal=LIMIT,
+    )
+    with memory_bridge(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kafka_vbridge(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bridge]:
+    """`bridge serve` and `bridge workers` on the broker (the smoke: the production server's
+    access log)."""
     settings = make_settings(kafka_bootstrap, fresh_prefix("v"))
-    tokens = {ALICE: "alice", BOB: "bob", CAROL: "carol"}
     env = {
         "BRIDGE_VIEW_TOKEN_SECRET": VIEW_SECRET,
         "BRIDGE_STREAM_KEEPALIVE_S": "0.5",
         "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(LIMIT),
     }
-    root = tmp_path_factory.mktemp("vbridge")
-    with running_bearer_bridge(settings, root, tokens, **env) as running:
+    root = tmp_path_factory.mktemp("vbridge-kafka")
+    with running_bearer_bridge(settings, root, TOKENS, **env) as running:
         yield running
+
+
+def log_of(bridge: Bridge | MemoryBridge) -> Log | None:
+    """Where a test writes the bridge's events: its memory log, else (None) the broker."""
+    return bridge.log if isinstance(bridge, MemoryBridge) else None
 
 
 def base(bridge: Bridge) -> str:
@@ -205,7 +229,7 @@ async def cancel(bridge: Bridge, task: str, bearer: str = ALICE) -> None:
 
 
 async def steps(bridge: Bridge, task: str, n: int, start: int = 0) -> None:
-    async with TaskEventPublisher(bridge.settings) as pub:
+    async with TaskEventPublisher(bridge.settings, log=log_of(bridge)) as pub:
         for i in range(start, start + n):
             await pub.publish(task, "com.example.step", {"i": i})
 
@@ -289,7 +313,6 @@ async def read_view(
     return out
 
 
-@pytest.mark.kafka
 async def test_the_page_and_its_files_come_with_a_strict_policy_and_no_inline_script(vbridge):
     async with httpx.AsyncClient(timeout=BOUND, base_url=base(vbridge)) as http:
         page = await http.get("/view/")
@@ -313,7 +336,6 @@ async def test_the_page_and_its_files_come_with_a_strict_policy_and_no_inline_sc
     assert missing.status_code == other.status_code == 404
 
 
-@pytest.mark.kafka
 async def test_a_finished_task_streams_every_event_with_seq_ids_then_its_end(vbridge):
     task = await long_task(vbridge)
     await steps(vbridge, task, 4)
@@ -341,7 +363,6 @@ async def test_a_finished_task_streams_every_event_with_seq_ids_then_its_end(vbr
     assert out.events[-1].event == "end"  # nothing after the end
 
 
-@pytest.mark.kafka
 async def test_last_event_id_resumes_exactly_after_every_cursor(vbridge):
     task = await long_task(vbridge)
     await steps(vbridge, task, 5)
@@ -362,7 +383,6 @@ async def test_last_event_id_resumes_exactly_after_every_cursor(vbridge):
     assert both.seqs == list(range(5, total))
 
 
-@pytest.mark.kafka
 async def test_live_events_arrive_while_the_task_runs_and_the_end_closes_the_stream(vbridge):
     task = await long_task(vbridge)
     token = await mint(vbridge, task)
@@ -382,18 +402,18 @@ async def test_live_events_arrive_while_the_task_runs_and_the_end_closes_the_str
     assert [e["status"] for e in out.named("end")] == ["cancelled"]
 
 
-@pytest.mark.kafka
 async def test_a_cursor_past_retention_gets_the_gone_event_with_earliest_seq(vbridge):
     task = await long_task(vbridge)
     offsets = []
-    async with TaskEventPublisher(vbridge.settings) as pub:
+    async with TaskEventPublisher(vbridge.settings, log=vbridge.log) as pub:
         for i in range(8):
             offsets.append(await pub.publish(task, "com.example.step", {"i": i}))
     token = await mint(vbridge, task)
     full = await read_view(vbridge, task, token, stop_after=9)
     seq_of = {m["payload"]["i"]: m["seq"] for m in full.messages if "i" in m["payload"]}
     cut = offsets[5]
-    await delete_events_before(vbridge.settings, cut.partition, cut.offset)
+    part = TopicPart(vbridge.settings.topics.events, cut.partition)
+    await vbridge.log.delete_records_before(part, cut.offset)
     gone = await read_view(vbridge, task, token, last_event_id="2")
     assert gone.status == 200  # an answer an EventSource can read, unlike a bare 410
     assert gone.messages == []
@@ -403,7 +423,6 @@ async def test_a_cursor_past_retention_gets_the_gone_event_with_earliest_seq(vbr
     await cancel(vbridge, task)
 
 
-@pytest.mark.kafka
 async def test_the_state_endpoint_answers_like_tasks_get(vbridge):
     task = await long_task(vbridge)
     token = await mint(vbridge, task)
@@ -424,7 +443,6 @@ async def test_the_state_endpoint_answers_like_tasks_get(vbridge):
     assert done.headers["cache-control"] == "no-store"
 
 
-@pytest.mark.kafka
 async def test_minting_needs_the_mcp_credential_and_a_task_the_caller_may_see(vbridge):
     task = await long_task(vbridge)
     url = f"{base(vbridge)}/view/token"
@@ -445,7 +463,6 @@ async def test_minting_needs_the_mcp_credential_and_a_task_the_caller_may_see(vb
     await cancel(vbridge, task)
 
 
-@pytest.mark.kafka
 async def test_missing_bad_expired_and_foreign_tokens_are_refused(vbridge):
     task = await long_task(vbridge)
     other = await long_task(vbridge)
@@ -477,7 +494,6 @@ async def test_missing_bad_expired_and_foreign_tokens_are_refused(vbridge):
     await cancel(vbridge, other)
 
 
-@pytest.mark.kafka
 async def test_view_streams_count_against_the_same_limits_as_tasks_stream(vbridge):
     task = await long_task(vbridge, CAROL)
     token = await mint(vbridge, task, CAROL)
@@ -499,23 +515,28 @@ async def test_view_streams_count_against_the_same_limits_as_tasks_stream(vbridg
 
 
 @pytest.mark.kafka
-async def test_the_token_never_reaches_the_bridge_log(vbridge):
-    """Every view request above wrote an access log line; none may hold a token."""
-    task = await long_task(vbridge)
-    token = await mint(vbridge, task)
-    await read_view(vbridge, task, token, stop_after=1)
+async def test_the_token_never_reaches_the_bridge_log(kafka_vbridge):
+    """The view requests here write access log lines in `bridge serve`'s log (its runner
+    redacts them); none may hold a token."""
+    task = await long_task(kafka_vbridge)
+    token = await mint(kafka_vbridge, task)
+    await read_view(kafka_vbridge, task, token, stop_after=1)
     async with httpx.AsyncClient(timeout=BOUND) as http:
-        await http.get(f"{base(vbridge)}/view/tasks/{task}", params={"token": token})
-    await cancel(vbridge, task)
-    assert vbridge.server is not None
-    log_text = vbridge.server.log_path.read_text(errors="replace")
+        await http.get(f"{base(kafka_vbridge)}/view/tasks/{task}", params={"token": token})
+    await cancel(kafka_vbridge, task)
+    assert kafka_vbridge.server is not None
+    log_text = kafka_vbridge.server.log_path.read_text(errors="replace")
 
     def logged() -> bool:
-        text = vbridge.server.log_path.read_text(errors="replace") if vbridge.server else ""
+        text = (
+            kafka_vbridge.server.log_path.read_text(errors="replace")
+            if kafka_vbridge.server
+            else ""
+        )
         return f"/view/tasks/{task}?token=[redacted]" in text
 
     await wait_until(logged, what="the access log line of the state request")
-    log_text = vbridge.server.log_path.read_text(errors="replace")
+    log_text = kafka_vbridge.server.log_path.read_text(errors="replace")
     assert f"/view/tasks/{task}/events?token=[redacted]" in log_text
     assert token not in log_text
     assert token.split(".")[2] not in log_text  # not even the MAC part

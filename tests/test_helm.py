@@ -688,7 +688,8 @@ def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
 def test_the_events_profile_is_set_only_when_it_is_not_the_default(
     helm: str, settings_from: Any, example_secrets: None
 ) -> None:
-    for sets, expected in (((), "sep-3415"), (("webhooks.profile=chatgpt",), "chatgpt")):
+    keyed = "webhooks.existingSecret=mcp-kafka-bridge-webhook-keys"
+    for sets, expected in (((), "sep-3415"), (("webhooks.profile=chatgpt", keyed), "chatgpt")):
         docs = _render(helm, "defaults", *sets)
         server = _server(docs)
         assert ("BRIDGE_EVENTS__PROFILE" in _env(docs, server)) is bool(sets)
@@ -718,6 +719,16 @@ def test_the_events_profile_is_set_only_when_it_is_not_the_default(
         (["kafka.bootstrapServers=broker"], "has no :port"),
         (["identity.key="], "identity.key: name the key of Secret mcp-kafka-bridge-identity"),
         (["webhooks.profile=openai"], 'webhooks.profile must be sep-3415 or chatgpt, not "openai"'),
+        (["webhooks.profile=chatgpt"], "webhooks.profile=chatgpt needs webhooks.existingSecret"),
+        (
+            [
+                "webhooks.profile=chatgpt",
+                "webhooks.existingSecret=wh",
+                "auth.mode=none",
+                "auth.allowUnauthenticated=true",
+            ],
+            "webhooks.profile=chatgpt needs auth.mode bearer or jwt",
+        ),
         (
             ["webhooks.existingSecret=wh", "webhooks.key="],
             "webhooks.key: name the key of Secret wh",

@@ -1,4 +1,5 @@
-"""The real PyPI MCP client (``mcp`` 2.3) against a real bridge, real Kafka and a real worker.
+"""The real PyPI MCP client (``mcp`` 2.3) against the whole bridge and its worker, served over
+real HTTP from the test process on the in-memory log (tests/support/inmemory.py).
 
 The client connects with ``mode="auto"`` (``server/discover`` → 2026-07-28). The tasks
 extension is not built into the SDK, so this module supplies it the way the SDK intends:
@@ -25,8 +26,14 @@ from mcp.client import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 from mcp_types import CallToolResult, Request, RequestParams, Result, TextContent
+from support.inmemory import MemoryBridge
 
-pytestmark = pytest.mark.kafka
+
+@pytest.fixture(scope="module")
+def bridge(memory_bridge_module: MemoryBridge) -> MemoryBridge:
+    """The whole bridge in process: the client's interplay with it is no Kafka matter."""
+    return memory_bridge_module
+
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 MODERN = "2026-07-28"
@@ -297,3 +304,9 @@ async def test_without_the_extension_tools_answer_directly(bridge: Any) -> None:
     assert isinstance(direct, CallToolResult)
     assert direct.result_type == "complete"
     assert texts(direct) == "Computed result in 0s"
+
+
+@pytest.mark.kafka
+async def test_on_the_broker_the_client_resolves_a_task(kafka_bridge_module: Any) -> None:
+    """End-to-end smoke: the same client against `bridge serve` and `bridge workers` on Kafka."""
+    await test_call_tool_with_tasks_extension_resolves_a_task_by_polling(kafka_bridge_module)

@@ -1,7 +1,8 @@
-"""The MCP endpoint's answers to bad input, over real HTTP against a real bridge.
+"""The MCP endpoint's answers to bad input, over real HTTP against a whole bridge.
 
-Every case posts raw bytes with httpx to ``bridge serve`` (a uvicorn subprocess with a
-``bridge workers`` process on a real Kafka) and checks the HTTP status, the JSON-RPC error
+Every case posts raw bytes with httpx to the bridge's app (every component of ``bridge
+serve``, with the conformance pack's worker) under uvicorn, in process over the in-memory log
+(tests/support/inmemory.py), and checks the HTTP status, the JSON-RPC error
 code and that the request id is echoed whenever the body had one. Nothing here may ever
 answer 500. Expected codes follow docs/dev/conformance-suite-facts.md and the check order in
 bridge/server/classify.py: unknown method (404) → ``_meta`` (400, -32602) → version header vs
@@ -21,12 +22,14 @@ import httpx
 import pytest
 from conformance.wire import CLIENT_CAPS_META as CAPS_META
 from conformance.wire import PROTOCOL_VERSION_META as VERSION_META
+from support.inmemory import MemoryBridge
 from support.mcp import CLIENT_CAPS as TASK_CAPS
 from support.mcp import TASKS_EXTENSION as TASKS_EXT
 from support.mcp import VERSION as MODERN
 from support.mcp import meta
 from support.mcp import routing_headers as modern_headers
-from support.procs import Bridge
+from support.procs import Bridge as ProcBridge
+from support.waits import BOUND, wait_until_sync
 
 from bridge.events import (
     HEADER_MISMATCH,
@@ -38,12 +41,18 @@ from bridge.events import (
     UNSUPPORTED_VERSION,
 )
 
-pytestmark = pytest.mark.kafka
-
 LEGACY = "2025-11-25"
+#: The bridge a test talks to: in process over the memory log, or the smoke's subprocess.
+Bridge = MemoryBridge | ProcBridge
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bridge(memory_bridge_module: MemoryBridge) -> MemoryBridge:
+    """The whole bridge in process: the endpoint's answers are its logic, not Kafka's."""
+    return memory_bridge_module
 
 
 @pytest.fixture(scope="module")
@@ -745,3 +754,35 @@ def test_lone_surrogate_in_arguments_is_rejected_up_front(
 def test_non_json_constants_are_parse_errors(client: httpx.Client, bridge: Bridge) -> None:
     reply = post_slow_compute(client, bridge, '{"seconds":NaN}')
     expect_error(reply, 400, PARSE_ERROR, None)
+
+
+# --- a task through the log, and the same answers on the broker -------------------------------
+
+
+def test_a_task_is_created_run_and_read_back(client: httpx.Client, bridge: Bridge) -> None:
+    """The happy path through the log: tools/call as a task, its worker runs it, tasks/get
+    reads its outcome back from the index."""
+    params = {"name": "slow_compute", "arguments": {"seconds": 0, "label": "wire"}}
+    created = expect_result(modern(client, bridge, "tools/call", params, caps=TASK_CAPS), 1)
+    assert created["resultType"] == "task", created
+    task_id = created["taskId"]
+
+    def finished() -> dict[str, Any] | None:
+        reply = modern(client, bridge, "tasks/get", {"taskId": task_id}, caps=TASK_CAPS)
+        task = expect_result(reply, 1)
+        return task if task["status"] == "completed" else None
+
+    task = wait_until_sync(finished, BOUND, what=f"task {task_id} completed", poll_s=0.05)
+    assert task["taskId"] == task_id
+
+
+@pytest.mark.kafka
+def test_on_the_broker_the_endpoint_answers_alike(kafka_bridge_module: ProcBridge) -> None:
+    """End-to-end smoke: a few of the checks above against `bridge serve` and `bridge
+    workers` on Kafka (every other one runs on the in-memory log)."""
+    with httpx.Client(timeout=30.0) as http:
+        test_malformed_json_is_parse_error(http, kafka_bridge_module, b"{")
+        test_legacy_initialize(http, kafka_bridge_module)
+        test_greet_direct_call_succeeds(http, kafka_bridge_module)
+        test_tasks_get_unknown_id(http, kafka_bridge_module)
+        test_a_task_is_created_run_and_read_back(http, kafka_bridge_module)

@@ -14,7 +14,7 @@ import pytest
 from bridge.config import Settings
 from bridge.kafka.clients import partition_for_key
 from bridge.log.indexer import Indexer
-from bridge.log.misrouted import MisroutedEvents
+from bridge.log.misrouted import MAX_CHECKED_KEY_CHARS, MisroutedEvents
 
 BOUND = 60
 
@@ -33,6 +33,22 @@ def test_events_of_a_task_id_in_its_own_partition_are_not_counted() -> None:
     for seq in range(3):
         misrouted.check("task-a", 1, seq)
     assert misrouted.count == 0 and not counted
+
+
+def test_a_key_longer_than_a_task_id_is_never_hashed() -> None:
+    """Hashing is linear in the key: a 1 MB key any producer may write must cost nothing."""
+    hashed: list[int] = []
+
+    def partition_of(task_id: str) -> int:
+        hashed.append(len(task_id))
+        return 0
+
+    misrouted = MisroutedEvents(partition_of)
+    misrouted.check("k" * 1_000_000, 1, 0)
+    misrouted.check("k" * (MAX_CHECKED_KEY_CHARS + 1), 1, 0)
+    assert hashed == [] and misrouted.count == 0
+    misrouted.check("k" * MAX_CHECKED_KEY_CHARS, 1, 0)  # as long as an id may be: checked
+    assert hashed[0] == MAX_CHECKED_KEY_CHARS and misrouted.count == 1
 
 
 def test_every_event_of_a_task_id_in_another_partition_is_counted() -> None:
@@ -68,7 +84,8 @@ def test_the_warning_quotes_a_bounded_task_id_so_a_key_cannot_forge_log_lines(
 ) -> None:
     misrouted = MisroutedEvents(lambda task_id: 0)
     with caplog.at_level(logging.WARNING, logger="bridge.log.misrouted"):
-        misrouted.check("x\nFORGED: all good" + "y" * 10_000, 1, 0)
+        # As long as a checked key may be (a longer one is never checked, so never logged).
+        misrouted.check("x\nFORGED: all good" + "y" * (MAX_CHECKED_KEY_CHARS - 18), 1, 0)
     (line,) = (r.getMessage() for r in caplog.records)
     assert "\n" not in line and "'x\\nFORGED" in line and len(line) < 400
 

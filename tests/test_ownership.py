@@ -171,6 +171,7 @@ def test_task_ids_never_start_like_a_command_line_option() -> None:
 def test_a_replica_creates_tasks_in_its_own_partitions() -> None:
     from types import SimpleNamespace
 
+    from bridge.clock import SYSTEM_ENTROPY
     from bridge.kafka.clients import partition_for_key
     from bridge.tasks.service import TaskService
 
@@ -178,5 +179,6 @@ def test_a_replica_creates_tasks_in_its_own_partitions() -> None:
     indexer = SimpleNamespace(
         partitions=owned, partition_of=lambda t: partition_for_key(t.encode(), 6)
     )
-    draw = TaskService.new_task_id.__get__(SimpleNamespace(indexer=indexer))
+    service = SimpleNamespace(indexer=indexer, _entropy=SYSTEM_ENTROPY)
+    draw = TaskService.new_task_id.__get__(service)
     assert {partition_for_key(draw().encode(), 6) for _ in range(300)} == {1, 4}

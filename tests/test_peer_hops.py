@@ -39,7 +39,7 @@ from bridge.server.hops import (
     canonical,
 )
 from bridge.server.http import McpHttp, RawEndpoint
-from bridge.server.peers import Peers, client_tls
+from bridge.server.peers import OwnerSuspected, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.runner import peer_listener
 from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
@@ -713,3 +713,68 @@ async def test_many_forwarded_streams_neither_wait_for_a_connection_nor_starve_t
         release.set()
         for answer in streams:
             await answer.close()
+
+
+# --- an owner that cannot be reached is suspected, not waited on --------------------------------
+
+
+def unreachable_peers(clock: Clock, error: type[httpx.TransportError]) -> tuple[Peers, list[str]]:
+    """Peers whose every connection attempt fails with ``error``; the attempts are listed."""
+    tried: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        tried.append(request.url.path)
+        raise error("no route", request=request)
+
+    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=2.0, clock=clock)
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    return peers, tried
+
+
+@pytest.mark.parametrize("error", [httpx.ConnectError, httpx.ConnectTimeout])
+async def test_an_owner_that_cannot_be_connected_to_is_suspected_and_not_tried_again_at_once(
+    error: type[httpx.TransportError],
+) -> None:
+    clock = Clock()
+    peers, tried = unreachable_peers(clock, error)
+    headers, body = tasks_get()
+    with pytest.raises(error):
+        await peers.forward(HERE, "POST", headers, body, ALICE)
+    for _ in range(3):  # at once, without a connection attempt
+        with pytest.raises(OwnerSuspected):
+            await peers.forward(HERE, "POST", headers, body, ALICE)
+        with pytest.raises(RpcError) as called:
+            await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+        assert called.value.data["reason"] == "owner_unavailable"
+    assert tried == ["/mcp"]
+    clock.now += 2.0  # the suspicion is over: tried again (and suspected again)
+    with pytest.raises(RpcError):
+        await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+    assert tried == ["/mcp", "/mcp"]
+    await peers.close()
+
+
+async def test_an_owner_that_answered_is_not_suspected_and_a_read_error_suspects_no_one() -> None:
+    clock = Clock()
+    attempts: list[int] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise httpx.ReadError("reset mid-answer", request=request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}})
+
+    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=2.0, clock=clock)
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(flaky))
+    with pytest.raises(RpcError):
+        await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+    assert (await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE))["taskId"] == "t1"
+    assert len(attempts) == 2
+    await peers.close()
+
+
+def test_the_hop_pools_connect_within_the_peer_setting() -> None:
+    settings = group_settings(peers={"port": 18081, "connect_timeout_s": 0.5})
+    peers = Peers(PeerAuth(SECRET, HERE), connect_s=settings.peers.connect_timeout_s)
+    assert peers._client.timeout.connect == peers._calls.timeout.connect == 0.5
+    assert peers._calls.timeout.read == 30.0 and peers._client.timeout.read is None

@@ -1,6 +1,6 @@
-"""Every long-lived response takes a slot of the one admission, and gives it back (real broker).
+"""Every long-lived response takes a slot of the one admission, and gives it back.
 
-One bridge in this process (uvicorn, auth mode ``none``, so every request of this test is the
+One bridge in this process over the in-memory log (uvicorn, auth mode ``none``, so every request of this test is the
 one client ``anonymous@127.0.0.1``) with a budget of two streams per client. For each kind of
 long-lived response (``tasks/stream``, its ``GET`` resume, ``subscriptions/listen``,
 ``events/stream``, a ``tools/call`` streaming its progress, the browser view's EventSource
@@ -20,6 +20,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from conformance.wire import loads
+from support.inmemory import NO_BROKER, memory_log
 from support.layout import fresh_prefix, make_settings
 from support.mcp import CLIENT_CAPS, meta, request, routing_headers
 from support.sse import sse_events
@@ -29,7 +30,7 @@ from test_canary import Served, serving
 from bridge.log.publisher import TaskEventPublisher
 from bridge.server.wire import INVALID_REQUEST
 
-pytestmark = [pytest.mark.kafka, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 LIMIT = 2
 TASK_EVENT = "io.mcpbridge.task.event"
@@ -39,15 +40,15 @@ Opener = Callable[[httpx.AsyncClient, str], contextlib.AbstractAsyncContextManag
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def served(kafka_bootstrap: str) -> AsyncIterator[Served]:
+async def served() -> AsyncIterator[Served]:
     settings = make_settings(
-        kafka_bootstrap,
+        NO_BROKER,
         fresh_prefix("slots"),
         max_streams_per_principal=LIMIT,
         stream_keepalive_s=1,
     )
     sock = socket.create_server(("127.0.0.1", 0))
-    async with serving(settings, sock) as running:
+    async with serving(settings, sock, log=memory_log(settings)) as running:
         yield running
 
 
@@ -254,7 +255,7 @@ async def _completed_task(served: Served) -> str:
         reply = await http.post(f"{served.base}/mcp", json=body, headers=headers)
         ended = str(loads(reply.content)["result"]["taskId"])
     status = f"{served.settings.event_type_prefix}.task.status"
-    async with TaskEventPublisher(served.settings) as publisher:
+    async with TaskEventPublisher(served.settings, log=served.log) as publisher:
         await publisher.publish(ended, status, {"status": "completed"})
     return ended
 

@@ -1,4 +1,6 @@
-"""tasks/stream end to end: real Kafka, a real `bridge serve` subprocess, real HTTP streams."""
+"""tasks/stream end to end over real HTTP streams: the whole bridge in process over the in-memory
+log (tests/support/inmemory.py) for the stream's logic, and a `bridge serve` subprocess on real
+Kafka for what processes and the broker add (a SIGKILL, a drain on SIGTERM, the open rate)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import time
 
 import httpx
 import pytest
-from support.layout import delete_events_before, fresh_prefix, make_settings
+from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge
+from support.layout import fresh_prefix, make_settings
 from support.mcp import (
     StreamRead,
     call,
@@ -19,38 +22,50 @@ from support.mcp import (
     request,
     result,
 )
-from support.procs import Bridge, running_bridge
+from support.procs import Bridge, bridge_env, running_bridge
 from support.sse import sse_messages
 from support.waits import BOUND, wait_until
 
 from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
 from bridge.events import EVENTS_GONE, INVALID_PARAMS
-from bridge.kafka.clients import TopicPartition, committed_consumer, partition_for_key
+from bridge.kafka.clients import partition_for_key
+from bridge.kafka.port import Log, TopicPart
 from bridge.log.publisher import TaskEventPublisher
-
-pytestmark = pytest.mark.kafka
 
 #: The sbridge's keep-alive period: an idle stream gets a comment line every KEEPALIVE_S.
 KEEPALIVE_S = 0.5
 
 
 @pytest.fixture(scope="module")
-def sbridge(kafka_bootstrap, tmp_path_factory):
-    settings = make_settings(kafka_bootstrap, fresh_prefix("s"))
-    env = {
-        "BRIDGE_STREAM_KEEPALIVE_S": str(KEEPALIVE_S),
-        "BRIDGE_STREAM_QUEUE_SIZE": "16",
-        "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": "64",
-    }
-    with running_bridge(settings, tmp_path_factory.mktemp("sbridge"), **env) as running:
+def sbridge():
+    settings = make_settings(
+        NO_BROKER,
+        fresh_prefix("s"),
+        stream_keepalive_s=KEEPALIVE_S,
+        stream_queue_size=16,
+        max_streams_per_principal=64,
+    )
+    with memory_bridge(settings) as running:
         yield running
+
+
+def log_of(bridge: Bridge | MemoryBridge) -> Log | None:
+    """Where a test writes the bridge's events: its memory log, else (None) the broker."""
+    return bridge.log if isinstance(bridge, MemoryBridge) else None
+
+
+async def delete_before(bridge: MemoryBridge, partition: int, offset: int) -> None:
+    """Retention by hand: the log start of events ``partition`` moves to ``offset``."""
+    await bridge.log.delete_records_before(
+        TopicPart(bridge.settings.topics.events, partition), offset
+    )
 
 
 async def task_with_steps(bridge: Bridge, n: int, *, finished: bool = True) -> str:
     """A long task with ``n`` ``com.example.step`` events ``{"i": i}`` after its task.created;
     cancelled when ``finished`` (its stream then ends after the cancelled status)."""
     task = await long_task(bridge.url)
-    async with TaskEventPublisher(bridge.settings) as pub:
+    async with TaskEventPublisher(bridge.settings, log=log_of(bridge)) as pub:
         for i in range(n):
             await pub.publish(task, "com.example.step", {"i": i})
     if finished:
@@ -63,7 +78,7 @@ async def test_replay_then_live_across_the_hand_off_is_gap_free_while_producers_
     written = asyncio.Event()
 
     async def writer(name: str, n: int) -> None:
-        async with TaskEventPublisher(sbridge.settings) as pub:
+        async with TaskEventPublisher(sbridge.settings, log=sbridge.log) as pub:
             for i in range(n):
                 await pub.publish(task, "com.example.write", {"writer": name, "i": i})
                 if i == n // 4:
@@ -125,7 +140,7 @@ async def test_clients_on_their_own_connections_stream_one_task_at_once(sbridge)
         await wait_until(lambda: seen.events, what="the first stream delivers its first event")
         second = asyncio.create_task(read_stream(url, task))
         resumed = asyncio.create_task(read_stream(url, task, after=0))
-        async with TaskEventPublisher(sbridge.settings) as pub:
+        async with TaskEventPublisher(sbridge.settings, log=sbridge.log) as pub:
             for i in range(5):
                 await pub.publish(task, "com.example.test.tick", {"i": i})
         await cancel(url, task)
@@ -147,7 +162,7 @@ async def test_a_cursor_ahead_of_the_head_is_refused_and_the_last_seq_waits_for_
     last = data["nextSeq"] - 1  # the last event there is: a legitimate cursor, never refused
     async with asyncio.timeout(BOUND):
         at_head = asyncio.create_task(read_stream(url, task, after=last))
-        async with TaskEventPublisher(sbridge.settings) as pub:
+        async with TaskEventPublisher(sbridge.settings, log=sbridge.log) as pub:
             await pub.publish(task, "com.example.test.tick", {"i": 0})
         await cancel(url, task)
         out = await at_head
@@ -233,7 +248,7 @@ async def test_closing_a_stream_does_not_cancel_the_task_and_idle_streams_get_ke
 async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
     url, task = sbridge.url, await long_task(sbridge.url)
     offsets = []
-    async with TaskEventPublisher(sbridge.settings) as pub:
+    async with TaskEventPublisher(sbridge.settings, log=sbridge.log) as pub:
         for i in range(10):
             where = await pub.publish(task, "com.example.step", {"i": i})
             offsets.append(where)
@@ -246,7 +261,7 @@ async def test_events_gone_after_delete_records_carries_earliest_seq(sbridge):
             e["payload"]["i"]: e["seq"] for e in full.events if e["type"] == "com.example.step"
         }
         cut = offsets[5]  # the step event i=5: the first record kept
-        await delete_events_before(sbridge.settings, cut.partition, cut.offset)
+        await delete_before(sbridge, cut.partition, cut.offset)
         async with httpx.AsyncClient(timeout=BOUND) as http:
             gone = await call(http, url, "tasks/stream", {"taskId": task, "after": 3})
         assert gone["error"] == {
@@ -312,7 +327,7 @@ async def test_a_slow_client_neither_delays_a_fast_one_nor_loses_events(sbridge)
     ):
         fast = asyncio.create_task(read_stream(url, fast_task, stop_after=n + 1))
         latencies = []
-        async with TaskEventPublisher(sbridge.settings) as pub:
+        async with TaskEventPublisher(sbridge.settings, log=sbridge.log) as pub:
             for i in range(n):
                 sent = time.monotonic()
                 await pub.publish(slow_task, "com.example.big", {"i": i, "blob": blob})
@@ -414,21 +429,12 @@ async def test_a_finished_task_whose_events_are_all_gone_ends_at_once_without_a_
     assert out.result == {"resultType": "complete"} and out.events
     # delete everything of the partition the task lives in, up to its end
     partition = partition_for_key(task.encode(), sbridge.settings.topics.partitions)
-    end = await _end_offset(sbridge.settings, partition)
-    await delete_events_before(sbridge.settings, partition, end)
+    part = TopicPart(sbridge.settings.topics.events, partition)
+    end = (await sbridge.log.log_ends([part]))[part]
+    await delete_before(sbridge, partition, end)
     async with asyncio.timeout(BOUND):
         gone = await read_stream(url, task)
     assert gone.events == [] and gone.result == {"resultType": "complete"}
-
-
-async def _end_offset(settings, partition: int) -> int:
-    tp = TopicPartition(settings.topics.events, partition)
-    consumer = committed_consumer(settings, role="probe")
-    await consumer.start()
-    try:
-        return int((await consumer.end_offsets([tp]))[tp])
-    finally:
-        await consumer.stop()
 
 
 async def test_stream_opens_are_rate_limited_per_client(kafka_bootstrap, tmp_path):
@@ -456,7 +462,7 @@ async def test_bridge_tail_prints_the_timeline_and_resumes_from_its_cursor_file(
     async def tail() -> tuple[int, list[str], str]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bridge.cli", "tail", task, "--url", url, "--cursor-file", str(cursor_file),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=sbridge.env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=bridge_env(sbridge.settings),
         )  # fmt: skip
         async with asyncio.timeout(BOUND):
             out, err = await proc.communicate()

@@ -34,7 +34,9 @@ from support.waits import BOUND, wait_until
 from bridge.events import UNSUPPORTED
 from bridge.log.publisher import TaskEventPublisher
 from bridge.mcpevents.cursor import decode_task
+from bridge.mcpevents.registry import SubscriptionRegistry, clear_record
 from bridge.mcpevents.subscriptions import (
+    BadRecord,
     DeliveryStatus,
     Subscription,
     SubscriptionTable,
@@ -45,7 +47,7 @@ from bridge.mcpevents.subscriptions import (
     secrets_of,
     subscription_id,
 )
-from bridge.sealing import KeyRing, Sealer
+from bridge.sealing import KeyRing, Sealer, SealError
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods, webhook_methods
 from bridge.server.handlers import Call
@@ -267,7 +269,14 @@ async def test_a_refresh_keeps_the_id_skips_the_challenge_and_reports_delivery_s
     first = await subscribed(wbridge, "ben", hook(task, receiver.url("b")))
     await publish(wbridge, task, range(1))
     await steps_reach(receiver, "b", 1)
-    again = await subscribed(wbridge, "ben", hook(task, receiver.url("b"), secret=ROTATED))
+
+    async def refreshed_after_the_delivery() -> dict[str, Any] | None:
+        # The receiver has the event before the bridge has its answer and records the
+        # delivery: refresh (idempotent: same id, no challenge) until the status shows it.
+        again = await subscribed(wbridge, "ben", hook(task, receiver.url("b"), secret=ROTATED))
+        return again if again["deliveryStatus"]["lastDeliveryAt"] is not None else None
+
+    again = await wait_until(refreshed_after_the_delivery, what="the delivery in the status")
     assert again["id"] == first["id"] and again["refreshBefore"] >= first["refreshBefore"]
     assert again["deliveryStatus"]["active"] is True
     assert again["deliveryStatus"]["lastError"] is None
@@ -586,6 +595,7 @@ async def test_subscriptions_stored_by_8fd441c_keep_their_deliveries_and_are_sea
             BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
             BRIDGE_WEBHOOK_CA_FILE=str(tmp_path / "ca.pem"),
             BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
+            BRIDGE_UPGRADE__CLEAR_SUBSCRIPTIONS="true",  # step 2 of the upgrade from 0.1
         ) as running,
     ):
         headers = {"Authorization": "Bearer tok-upgrader"}
@@ -666,6 +676,49 @@ def test_a_record_of_8fd441c_with_its_secrets_in_clear_is_still_read() -> None:
     value = json.dumps({**body, "v": 1, "secrets": [SECRET]}).encode()
     stored = parse_record(value)
     assert stored.sealed is None and stored.subscription(stored.clear) == sub
+
+
+def _registry(**upgrade: Any) -> SubscriptionRegistry:
+    settings = make_settings("unused:9092", fresh_prefix())
+    settings = settings.model_copy(update={"upgrade": settings.upgrade.model_copy(update=upgrade)})
+    return SubscriptionRegistry(settings, Sealer(KeyRing("k1", {"k1": b"k" * 32})))
+
+
+def _bound_sub(**changes: Any) -> Subscription:
+    """A subscription whose id is the one its fields make."""
+    sub = _sub(**changes)
+    return dataclasses.replace(
+        sub, id=subscription_id(sub.principal, sub.url, sub.name, sub.arguments)
+    )
+
+
+async def test_a_subscription_record_in_clear_is_read_only_during_an_upgrade_from_0_1() -> None:
+    sub = _bound_sub()
+    value = clear_record(sub)
+    with pytest.raises(BadRecord, match="in clear"):
+        await _registry()._opened(sub.id, value)
+    for upgrading in ({"from_": "0.1"}, {"clear_subscriptions": True}):  # step 1, step 2
+        registry = _registry(**upgrading)
+        assert await registry._opened(sub.id, value) == sub
+        assert registry.unsealed == {sub.id}
+
+
+async def test_a_subscription_record_whose_fields_do_not_make_its_id_is_skipped() -> None:
+    sub = _bound_sub()
+    registry = _registry()
+    sealed = await registry.sealer.seal(sub.secrets_plaintext(), secrets_context(sub.id))
+    assert await registry._opened(sub.id, sub.to_record(sealed)) == sub
+    # Another principal's subscription re-targeted at a writer's URL, under the same id ...
+    moved = dataclasses.replace(sub, url="https://attacker.example/h")
+    with pytest.raises(BadRecord, match="do not make its id"):
+        await registry._opened(sub.id, moved.to_record(sealed))
+    # ... or under the id its new fields make: the secrets were sealed for the other id.
+    renamed = _bound_sub(url="https://attacker.example/h")
+    with pytest.raises(SealError):
+        await registry._opened(renamed.id, renamed.to_record(sealed))
+    # In clear during an upgrade, the id is checked all the same.
+    with pytest.raises(BadRecord, match="do not make its id"):
+        await _registry(from_="0.1")._opened(sub.id, clear_record(moved))
 
 
 def test_ttl_grants_clamp_the_suggestion_and_never_grant_no_expiry() -> None:

@@ -23,49 +23,22 @@ import fastavro
 import jsonschema
 import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
-from referencing import Registry, Resource
+from support.contract import JSON_SCHEMAS, SCHEMAS, invalid, valid
 from support.layout import create_topics, make_settings
 from support.services import task_service
 from support.topics import TopicRecord, topic_records
 
-from bridge.config import Settings
+from bridge.config import Settings, ToolSpec
 from bridge.envelope import AVRO_CONTENT_TYPE, TaskEvent, decode_event, encode_event
 from bridge.events import CreatedPayload, StatusPayload
 from bridge.keyring import IDENTITY_HEADER
 from bridge.tasks.messages import ControlMessage, JobRequest, new_task_id, owner_digest
+from bridge.tasks.service import TaskView
 from bridge.workers.packs import pack_handlers, pack_tools
 from bridge.workers.sdk import JobError, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMAS = ROOT / "schemas"
 BOUND = 60
-JSON_SCHEMAS = sorted(SCHEMAS.glob("*.schema.json"))
-
-
-def _registry() -> Registry:
-    resources = []
-    for path in JSON_SCHEMAS:
-        document = json.loads(path.read_text(encoding="utf-8"))
-        resources.append((document["$id"], Resource.from_contents(document)))
-    return Registry().with_resources(resources)
-
-
-REGISTRY = _registry()
-
-
-def validator(name: str) -> jsonschema.Draft202012Validator:
-    """The validator of ``schemas/<name>.schema.json``, its references resolved locally."""
-    document = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(document, registry=REGISTRY)
-
-
-def valid(name: str, instance: Any) -> None:
-    errors = [e.message for e in validator(name).iter_errors(instance)]
-    assert not errors, f"{name}: {errors} in {instance!r}"
-
-
-def invalid(name: str, instance: Any) -> None:
-    assert not validator(name).is_valid(instance), f"{name} accepted {instance!r}"
 
 
 # --- the schemas themselves -------------------------------------------------------------------
@@ -100,6 +73,10 @@ def test_job_requests_as_the_bridge_writes_them_validate() -> None:
     valid("job-request", job.to_dict())
     answered = job.model_copy(update={"input_responses": {"who": {"action": "accept"}}})
     valid("job-request", answered.to_dict())
+    expiring = job.model_copy(update={"ttl_ms": 60_000})
+    assert expiring.to_dict()["ttlMs"] == 60_000
+    valid("job-request", expiring.to_dict())
+    invalid("job-request", {**expiring.to_dict(), "ttlMs": 0})
     invalid("job-request", {**job.to_dict(), "createdMs": "yesterday"})
     invalid("job-request", {k: v for k, v in job.to_dict().items() if k != "offset"})
 
@@ -124,10 +101,12 @@ def test_status_payloads_as_the_sdk_writes_them_validate() -> None:
         StatusPayload.failed("no handler for tool x"),
         StatusPayload(status="failed", status_message="bad", error=JobError(-32602, "bad").error()),
         StatusPayload(status="cancelled", status_message="cancelled at the client's request"),
+        StatusPayload(status="cancelled", status_message="cancelled before it started"),
     ):
         valid("status", status.payload())
     invalid("status", {"status": "Completed", "result": {"content": []}})  # names are exact
     invalid("status", {"status": "input_required"})  # nothing asked
+    invalid("status", {"status": "completed", "result": {"structuredContent": {}}})  # no content
     invalid("status", {"status": "failed", "error": {"message": "no code"}})
 
 
@@ -157,7 +136,16 @@ def test_the_json_envelope_the_codec_writes_validates_and_strays_do_not() -> Non
 # --- what really crosses Kafka ----------------------------------------------------------------
 
 TOOLS = {t.name: t for t in pack_tools(["conformance"])}
-RUN = ["test_tool_with_progress", "confirm_delete", "slow_compute", "failing_job", "greet"]
+RUN = [
+    "test_tool_with_progress",
+    "confirm_delete",
+    "slow_compute",
+    "failing_job",
+    "greet",
+    "test_tool_with_task",  # input_before: the job request carries inputResponses
+]
+#: A tool whose jobs share greet's topic, which the SDK worker has no handler for.
+UNHANDLED = ToolSpec(name="unhandled", job_topic=None)
 
 
 @contextlib.asynccontextmanager
@@ -173,22 +161,49 @@ async def sdk_worker(settings: Settings) -> AsyncIterator[Worker]:
                 await runner
 
 
-async def _run_every_kind_of_task(settings: Settings) -> None:
-    async with task_service(settings) as service, sdk_worker(settings):
-        done = [
-            await service.create(TOOLS["test_tool_with_progress"], {}, "alice"),
-            await service.create(TOOLS["failing_job"], {}, "alice"),
-            await service.create(TOOLS["greet"], {"name": "W"}, "alice"),
-        ]
-        asked = await service.create(TOOLS["confirm_delete"], {"filename": "a.txt"}, "alice")
-        slow = await service.create(TOOLS["slow_compute"], {"seconds": 60, "label": "x"}, "alice")
-        async with asyncio.timeout(BOUND):
-            await service.wait_until(asked.task_id, "alice", frozenset({"input_required"}))
-            answer = {"action": "accept", "content": {"confirm": True}}
-            await service.update(asked.task_id, "alice", {"confirm": answer})
-            await service.cancel(slow.task_id, "alice")
-            for task in [*done, asked, slow]:
-                await service.wait_terminal(task.task_id, "alice")
+async def _run_every_kind_of_task(settings: Settings) -> dict[str, StatusPayload]:
+    """Every path of the SDK's worker; the outcome of each task, by the tool's name."""
+    unhandled = UNHANDLED.model_copy(update={"job_topic": settings.topics.jobs("greet")})
+    named = {"input_before": {"action": "accept", "content": {"name": "W"}}}
+    async with task_service(settings) as service:
+        # Before any worker runs: a task cancelled before its job starts.
+        early = await service.create(TOOLS["greet"], {"name": "early"}, "alice")
+        await service.cancel(early.task_id, "alice")
+        async with sdk_worker(settings):
+            done = {
+                "test_tool_with_progress": await service.create(
+                    TOOLS["test_tool_with_progress"], {}, "alice"
+                ),
+                "failing_job": await service.create(TOOLS["failing_job"], {}, "alice"),
+                "greet": await service.create(TOOLS["greet"], {"name": "W"}, "alice"),
+                "unhandled": await service.create(unhandled, {}, "alice"),
+                "test_tool_with_task": await service.create(
+                    TOOLS["test_tool_with_task"],
+                    {},
+                    "alice",
+                    input_responses={"user_name": named["input_before"]},
+                ),
+            }
+            asked = await service.create(TOOLS["confirm_delete"], {"filename": "a.txt"}, "alice")
+            slow = await service.create(
+                TOOLS["slow_compute"], {"seconds": 60, "label": "x"}, "alice"
+            )
+            done |= {"confirm_delete": asked, "slow_compute": slow, "early": early}
+            async with asyncio.timeout(BOUND):
+                await service.wait_until(asked.task_id, "alice", frozenset({"input_required"}))
+                answer = {"action": "accept", "content": {"confirm": True}}
+                await service.update(asked.task_id, "alice", {"confirm": answer})
+                await service.cancel(slow.task_id, "alice")
+                return {
+                    name: _outcome(await service.wait_terminal(task.task_id, "alice"))
+                    for name, task in done.items()
+                }
+
+
+def _outcome(view: TaskView) -> StatusPayload:
+    return StatusPayload(
+        status=view.status, status_message=view.status_message, result=view.result, error=view.error
+    )
 
 
 def _check_event(settings: Settings, record: TopicRecord, seen: dict[str, int]) -> None:
@@ -229,16 +244,35 @@ async def test_every_record_the_bridge_and_the_sdk_write_validates_against_the_c
 ) -> None:
     settings = make_settings(kafka_bootstrap, topic_prefix)
     await create_topics(settings, RUN)
-    await _run_every_kind_of_task(settings)
+    outcomes = await _run_every_kind_of_task(settings)
+    # The wordings and codes docs/workers.md states, the same in the Java reference worker.
+    assert outcomes["early"].status == "cancelled"
+    assert outcomes["early"].status_message == "cancelled before it started"
+    assert outcomes["slow_compute"].status_message == "cancelled at the client's request"
+    assert outcomes["unhandled"].status == "failed"
+    assert outcomes["unhandled"].error == {
+        "code": -32603,
+        "message": "no handler for tool unhandled",
+    }
+    assert outcomes["test_tool_with_task"].status == "completed"
+    assert outcomes["test_tool_with_task"].result == {
+        "content": [{"type": "text", "text": "Hello, W!"}]
+    }
 
-    jobs = 0
+    jobs: list[dict[str, Any]] = []
     for tool in RUN:
         for record in await topic_records(settings, settings.topics.jobs(tool)):
             job = json.loads(record.value or b"")
             valid("job-request", job)
-            assert job["taskId"] == (record.key or b"").decode() and job["tool"] == tool
-            jobs += 1
-    assert jobs == len(RUN)
+            assert job["taskId"] == (record.key or b"").decode()
+            assert job["tool"] == tool or (tool, job["tool"]) == ("greet", "unhandled")
+            jobs.append(job)
+    assert len(jobs) == len(outcomes)
+    assert {job["ttlMs"] for job in jobs} == {3_600_000}  # every tool's default TTL
+    (answered,) = [job for job in jobs if "inputResponses" in job]
+    assert answered["inputResponses"] == {
+        "user_name": {"action": "accept", "content": {"name": "W"}}
+    }
 
     kinds: dict[str, int] = {}
     for record in await topic_records(settings, settings.topics.control):
@@ -246,10 +280,10 @@ async def test_every_record_the_bridge_and_the_sdk_write_validates_against_the_c
         valid("control-message", message)
         assert message["taskId"] == (record.key or b"").decode()
         kinds[message["type"]] = kinds.get(message["type"], 0) + 1
-    assert kinds == {"input": 1, "cancel": 1, "finished": len(RUN)}
+    assert kinds == {"input": 1, "cancel": 2, "finished": len(outcomes)}
 
     seen: dict[str, int] = {}
     for record in await topic_records(settings, settings.topics.events):
         _check_event(settings, record, seen)
-    assert seen["task-created"] == len(RUN)
-    assert seen["progress"] >= 3 and seen["status"] >= len(RUN) + 2
+    assert seen["task-created"] == len(outcomes)
+    assert seen["progress"] >= 3 and seen["status"] >= len(outcomes) + 2

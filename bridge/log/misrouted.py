@@ -10,7 +10,10 @@ elsewhere, where they belong to no task: no stream, ``tasks/get`` or index ever 
 
 The check costs one hash per task id and partition (at the id's first record there, seq 0; a
 task's own ``task.created`` has it cached already), and one dict lookup per record while
-misrouted ids are remembered; the indexer skips the call for every other record. It knows
+misrouted ids are remembered; the indexer skips the call for every other record. The hash is
+linear in the key and any producer picks keys (up to the broker's record size): a key longer
+than any bridge task id could be (``MAX_CHECKED_KEY_CHARS``) is never hashed, since it cannot
+be a task's. It knows
 nothing of Kafka clients; the indexer calls it, and the owner of the metric passes the count.
 """
 
@@ -21,7 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["MisroutedEvents"]
+__all__ = ["MAX_CHECKED_KEY_CHARS", "MisroutedEvents"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,9 @@ log = logging.getLogger(__name__)
 _REMEMBERED = 4096
 #: The characters of a task id a warning quotes.
 _LOGGED_ID_CHARS = 64
+#: Keys longer than this are not checked: a bridge task id is 32 URL-safe characters
+#: (bridge.tasks.messages), and hashing a pipeline's megabyte key would hold the event loop.
+MAX_CHECKED_KEY_CHARS = 64
 #: At most one warning per this many seconds; the ones in between are summed into the next.
 _LOG_EVERY_S = 60.0
 
@@ -69,6 +75,8 @@ class MisroutedEvents:
         if seq != 0:
             if (task_id, partition) not in self.remembered:
                 return  # the common case: a later event of a task already found in place
+        elif len(task_id) > MAX_CHECKED_KEY_CHARS:
+            return  # not a bridge task id, whatever partition it is in: never hashed
         elif self._partition_of(task_id) == partition:
             return
         else:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
-from bridge.kafka.clients import AIOKafkaProducer, idempotent_producer
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import Log, Producer
 from bridge.log.identity import Keyring, load_keyring
 from bridge.tracing import record_headers
 
@@ -61,10 +62,14 @@ class TaskEventPublisher(Component):
         *,
         fmt: Literal["avro", "json"] = "avro",
         keyring: Keyring | None = None,
+        log: Log | None = None,
     ) -> None:
+        """``log``: where the events are written (default: the Kafka cluster of ``settings``;
+        tests and the simulation give the in-memory log)."""
         self.settings = settings
         self.fmt: Literal["avro", "json"] = fmt
-        self._producer: AIOKafkaProducer | None = None
+        self._log = log
+        self._producer: Producer | None = None
         self._keyring = keyring
 
     @property
@@ -76,12 +81,14 @@ class TaskEventPublisher(Component):
         return self._keyring
 
     async def start(self) -> None:
-        self._producer = idempotent_producer(self.settings, role="publisher")
-        await self._producer.start()
+        log = self._log if self._log is not None else KafkaLog(self.settings, pool_size=1)
+        producer = log.producer("publisher")
+        await producer.start()
+        self._producer = producer
 
     async def stop(self) -> None:
         if self._producer is not None:
-            await self._producer.stop()
+            await self._producer.close()
             self._producer = None
 
     def encode(
@@ -121,10 +128,10 @@ class TaskEventPublisher(Component):
         if not task_id:
             raise ValueError("task_id must be a non-empty string")
         value, own = self.encode(event_type, payload, meta, timestamp_ms)
-        metadata = await self._producer.send_and_wait(
+        sent = await self._producer.send(
             self.settings.topics.events,
+            value,
             key=task_id.encode("utf-8"),
-            value=value,
             headers=[*own, *(headers or ()), *record_headers()],  # trace context, if tracing
         )
-        return Published(metadata.partition, metadata.offset)
+        return Published(sent.partition, sent.offset)

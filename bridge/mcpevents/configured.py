@@ -29,7 +29,7 @@ import jsonschema
 from bridge.config import EventSourceSpec
 from bridge.mcpevents.cursor import decode_offsets, encode_offsets, topic_tag
 from bridge.mcpevents.kafkalog import Record
-from bridge.mcpevents.occurrences import record_event_id
+from bridge.mcpevents.occurrences import Occurrence, record_event_id, record_position
 from bridge.mcpevents.offsets import Found, OffsetSource, Selection
 from bridge.mcpevents.skips import Skips
 from bridge.mcpevents.sources import validated
@@ -116,6 +116,17 @@ class ConfiguredSource(OffsetSource):
         wanted_key = None if key is None else str(key).encode("utf-8")
         partitions = tuple(await self.reader.partitions(self.topic))
         return Selection(partitions, functools.partial(self._match, wanted_key, headers))
+
+    async def read_event(
+        self, principal: str, arguments: dict[str, Any], event_id: str
+    ) -> Occurrence | None:
+        """The occurrence ``event_id`` of this source for the subscription, or None (see
+        :meth:`~bridge.mcpevents.offsets.OffsetSource.read_at`): its id names its record."""
+        position = record_position(self.name, event_id)
+        if position is None:
+            await self.select(principal, arguments)  # refused as a poll would be, all the same
+            return None
+        return await self.read_at(principal, arguments, *position)
 
     def _match(
         self, key: bytes | None, headers: Mapping[str, bytes], record: Record

@@ -137,7 +137,8 @@ class DeliveryPolicy:
     #: Send ``gap`` and ``terminated`` envelopes (a client that has none gets neither: a
     #: revoked subscription just ends, a gap is passed over).
     control_envelopes: bool = True
-    #: The largest body POSTed; a larger one is never sent (abandoned as a 413 would be).
+    #: The largest body POSTed; a larger one is never sent (abandoned as a 413 would be, with
+    #: ``lastError`` ``too_large``, logged and counted).
     max_body_bytes: int | None = None
 
     @classmethod
@@ -184,7 +185,9 @@ class SubscriptionDelivery:
         *,
         shape: Shape = as_is,
         now_ms: Callable[[], int] = _now_ms,
+        on_too_large: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_too_large`` counts the events whose body stays over the policy's bound."""
         self.sub_id = sub_id
         self.store = store
         self.poll = poll
@@ -192,6 +195,7 @@ class SubscriptionDelivery:
         self.policy = policy
         self.shape = shape
         self.now_ms = now_ms
+        self.on_too_large = on_too_large
         #: Set when the subscription changed (a refresh): look again without waiting.
         self.nudge = asyncio.Event()
 
@@ -255,11 +259,20 @@ class SubscriptionDelivery:
         """POST one event (retried); write the outcome back. False: stop this batch."""
         body = _body(await self.shape(read, occurrence, before))
         limit = self.policy.max_body_bytes
+        if limit is not None and len(body) > limit:
+            # Never sent: the receiver would refuse it (413), so it is abandoned alike, but
+            # said apart from a receiver's answer (none was asked).
+            log.warning(
+                "webhook %s: event %s not sent: its body is %d bytes, over %d even reduced",
+                read.id,
+                occurrence.event_id,
+                len(body),
+                limit,
+            )
+            self.on_too_large()
+            return await self._settle(occurrence, Outcome(Verdict.ABANDON, "too_large"))
 
         async def attempt() -> Outcome:
-            if limit is not None and len(body) > limit:
-                # Never sent: the receiver would refuse it (413), so it is abandoned alike.
-                return Outcome(Verdict.ABANDON, "http_4xx")
             sub = self.store.current(self.sub_id)
             if sub is None:  # unsubscribed meanwhile: nothing to send, nothing to retry
                 return Outcome(Verdict.ABANDON)
@@ -271,7 +284,10 @@ class SubscriptionDelivery:
                 secrets=sub.signing_secrets(self.now_ms()),
             )
 
-        outcome = await deliver(attempt, self.policy.retry)
+        return await self._settle(occurrence, await deliver(attempt, self.policy.retry))
+
+    async def _settle(self, occurrence: Occurrence, outcome: Outcome) -> bool:
+        """Write back what became of ``occurrence``. False: stop this batch."""
         sub = self.store.current(self.sub_id)
         if sub is None:
             return False
@@ -436,10 +452,12 @@ class WebhookService(Component):
         *,
         now_ms: Callable[[], int] = _now_ms,
         on_throttled: Callable[[], None] = lambda: None,
+        on_too_large: Callable[[], None] = lambda: None,
         policy: DeliveryPolicy | None = None,
         shape: Shape = as_is,
     ):
-        """``policy``: the loops' (from the settings when None); ``shape``: each event's body."""
+        """``policy``: the loops' (from the settings when None); ``shape``: each event's body;
+        ``on_too_large``: counts events never sent for their size."""
         self.settings = settings
         self.poll = poll
         self.now_ms = now_ms
@@ -458,6 +476,7 @@ class WebhookService(Component):
             principal_burst=settings.webhook_verify_principal_burst,
         )
         self.on_throttled = on_throttled
+        self.on_too_large = on_too_large
         self.registry = SubscriptionRegistry(settings, sealer)
         self.deliveries = WebhookDeliveries(self._delivery, self.registry)
         self.registry.on_change = self.deliveries.changed
@@ -491,7 +510,14 @@ class WebhookService(Component):
 
     def _delivery(self, sub_id: str) -> SubscriptionDelivery:
         return SubscriptionDelivery(
-            sub_id, self, self.poll, self.sender, self.policy, shape=self.shape, now_ms=self.now_ms
+            sub_id,
+            self,
+            self.poll,
+            self.sender,
+            self.policy,
+            shape=self.shape,
+            now_ms=self.now_ms,
+            on_too_large=self.on_too_large,
         )
 
     async def start(self) -> None:

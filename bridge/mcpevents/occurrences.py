@@ -57,6 +57,26 @@ def record_event_id(name: str, partition: int, offset: int) -> str:
     return f"{name}/{partition}-{offset}"
 
 
+#: The longest decimal partition or offset :func:`record_position` reads (an int64's width).
+_MAX_DIGITS = 19
+
+
+def record_position(name: str, event_id: str) -> tuple[int, int] | None:
+    """The (partition, offset) a :func:`record_event_id` of source ``name`` names, or None
+    when ``event_id`` is not one (a client's string: checked by plain comparisons)."""
+    prefix = f"{name}/"
+    if not event_id.startswith(prefix):
+        return None
+    partition, dash, offset = event_id[len(prefix) :].partition("-")
+    if not dash or not _decimal(partition) or not _decimal(offset):
+        return None
+    return int(partition), int(offset)
+
+
+def _decimal(text: str) -> bool:
+    return 0 < len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit()
+
+
 @dataclass(frozen=True, slots=True)
 class Occurrence:
     """One event occurrence; ``cursor`` is the subscription's position after it."""

@@ -277,6 +277,30 @@ class OffsetSource:
         cursor = self.encode(positions)
         return PollBatch(events, cursor, truncated, has_more, self.next_poll_ms, resumed)
 
+    async def read_at(
+        self, principal: str, arguments: dict[str, Any], partition: int, offset: int
+    ) -> Occurrence | None:
+        """The occurrence of the record at ``offset`` of ``partition`` for ``principal``'s
+        subscription with ``arguments`` (:meth:`select` and its match applied, so
+        authorization and filters hold as in a poll), or None: no such record, one the
+        subscription does not match, or one retention deleted. It has no cursor (one record
+        says nothing of the other partitions' positions)."""
+        selection = await self.select(principal, arguments)
+        if partition not in selection.partitions:
+            return None
+        begins, ends = await self.reader.bounds(self.topic, [partition])
+        if not begins[partition] <= offset < ends[partition]:
+            return None
+        try:
+            chunk = await self.reader.fetch(self.topic, partition, offset)
+        except OffsetOutOfRangeError:
+            return None
+        record = next((r for r in chunk.records if r.offset == offset), None)
+        found = None if record is None else selection.match(record)
+        if found is None:
+            return None
+        return Occurrence(found.event_id, self.name, found.timestamp_ms, found.data, None)
+
     # --- push ----------------------------------------------------------------------------
 
     async def open_stream(

@@ -15,10 +15,14 @@
 
 Secrets at rest: :meth:`SubscriptionRegistry.put` seals a record's signing secrets
 (:class:`~bridge.sealing.Sealer`, bound to the subscription id) and the view opens them as it
-reads. A record written before secrets were sealed (version 1, clear) is still read; its id is
-kept in :attr:`SubscriptionRegistry.unsealed` until a later record of it is sealed, and the
-owner of its partition rewrites it (:meth:`SubscriptionRegistry.reseal`) when it takes the
-partition. A record that does not open (a key the key file no longer holds, another record's
+reads. A record written before secrets were sealed (version 1, clear) is read only during an upgrade
+from 0.1 (``upgrade.from``, or ``upgrade.clear_subscriptions`` in its second step: see
+:class:`~bridge.config.UpgradeSettings`), else skipped: anyone who may write the topic could
+otherwise add a subscription of any principal to a URL of theirs. Its id is kept in
+:attr:`SubscriptionRegistry.unsealed` until a later record of it is sealed, and the owner of its
+partition rewrites it (:meth:`SubscriptionRegistry.reseal`) when it takes the partition. Every
+record's id must be the one its principal, URL, name and arguments make. A record that does not
+open (a key the key file no longer holds, another record's
 ciphertext) is skipped like any unreadable record.
 
 During a rolling upgrade from 0.1 (``upgrade.from``) replicas of 8fd441c read this topic too,
@@ -51,11 +55,13 @@ from bridge.kafka.clients import (
 from bridge.kafka.topics import topic_partition_ids
 from bridge.mcpevents.subscriptions import (
     BadRecord,
+    NotCanonical,
     Subscription,
     SubscriptionTable,
     parse_record,
     secrets_context,
     secrets_of,
+    subscription_id,
 )
 from bridge.sealing import Sealer, SealError
 
@@ -200,16 +206,36 @@ class SubscriptionRegistry(Component):
             self.on_change(sub_id)
 
     async def _opened(self, sub_id: str, value: bytes) -> Subscription:
-        """The subscription of a record value, its secrets opened (or read in clear)."""
+        """The subscription of a record value, its secrets opened (or read in clear, only
+        during an upgrade from 0.1). Its id must be the one its fields make: the sealed
+        secrets are bound to the id, so a record re-targeted at another principal or URL
+        does not open, and a clear one is refused."""
         stored = parse_record(value)
         if stored.id != sub_id:
             raise BadRecord("a subscription record under another id's key")
+        if stored.sealed is None and not self.settings.upgrade.reads_clear_subscriptions:
+            raise BadRecord("a subscription record in clear outside an upgrade from 0.1")
+        sub = stored.subscription(stored.clear) if stored.sealed is None else None
+        if sub is None:
+            assert stored.sealed is not None
+            plaintext = await self.sealer.open(stored.sealed, secrets_context(sub_id))
+            sub = stored.subscription(secrets_of(plaintext))
+        _check_id(sub)
         if stored.sealed is None:
             self.unsealed.add(sub_id)
-            return stored.subscription(stored.clear)
-        plaintext = await self.sealer.open(stored.sealed, secrets_context(sub_id))
-        self.unsealed.discard(sub_id)
-        return stored.subscription(secrets_of(plaintext))
+        else:
+            self.unsealed.discard(sub_id)
+        return sub
+
+
+def _check_id(sub: Subscription) -> None:
+    """BadRecord unless ``sub.id`` is the id of its principal, URL, name and arguments."""
+    try:
+        made = subscription_id(sub.principal, sub.url, sub.name, sub.arguments)
+    except NotCanonical:
+        made = None
+    if made != sub.id:
+        raise BadRecord("a subscription record whose fields do not make its id")
 
 
 def clear_record(sub: Subscription) -> bytes:

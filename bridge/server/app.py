@@ -35,6 +35,7 @@ from bridge.canary import Canary
 from bridge.component import cancel_and_wait
 from bridge.config import Settings, ToolSpec
 from bridge.kafka.acls import Access, AccessDenied, refusals_explained
+from bridge.kafka.port import Log
 from bridge.log.fanout import Fanout
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
@@ -62,7 +63,7 @@ __all__ = [
     "tool_catalog",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 #: Something that runs beside the server in its process (the in-process workers), started
 #: after the server's components and stopped before them through the exit stack.
@@ -92,9 +93,14 @@ async def start_components(
     *,
     metrics: Metrics,
     companions: Sequence[Companion] = (),
+    log: Log | None = None,
 ) -> Components:
     """Start everything the server needs, registering each stop on ``stack``; returns once
     the indexer has caught up with the log (bounded), so the replica is ready.
+
+    ``log``: the log the indexer, the reader and the task service use (None: the Kafka
+    cluster of ``settings``; tests give the in-memory log). The Events extension's topic
+    sources and the webhook registry still read Kafka themselves.
 
     Kafka refusing an ACL on the way is raised as :class:`~bridge.kafka.acls.AccessDenied`,
     whose one line (logged here) names the ACL; the replica then never turns ready.
@@ -105,7 +111,9 @@ async def start_components(
     access = Access.serving(settings, job_topics(settings), workers=bool(companions))
     try:
         with refusals_explained(access, settings):
-            indexer = Indexer(settings, persist=True, on_misrouted=metrics.events_misrouted.inc)
+            indexer = Indexer(
+                settings, persist=True, on_misrouted=metrics.events_misrouted.inc, log=log
+            )
             await indexer.start()
             stack.push_async_callback(indexer.stop)
             # Metrics are wired here, once: no component rewires a shared one's reports.
@@ -115,10 +123,13 @@ async def start_components(
                 on_scan=metrics.catchup_scans.observe,
                 on_detach=metrics.catchup_detached.inc,
                 on_lookup=metrics.log_start_lookups.inc,
+                log=log,
             )
             stack.push_async_callback(reader.close)
             fanout = Fanout(indexer, on_overflow=metrics.slow_fallbacks.inc)
-            service = TaskService(settings, indexer, reader, {t.name: t for t in tools}, fanout)
+            service = TaskService(
+                settings, indexer, reader, {t.name: t for t in tools}, fanout, log=log
+            )
             await service.start()
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
@@ -135,6 +146,7 @@ async def start_components(
                 routing=routing,
                 peers=peers,
                 on_throttled=metrics.webhook_verifications_throttled.inc,
+                on_too_large=metrics.webhook_bodies_too_large.inc,
                 catch_up=indexer.catch_up,
             )
             await events.start()  # webhook delivery, when offered
@@ -157,7 +169,7 @@ async def start_components(
             async with asyncio.timeout(300):
                 await indexer.catch_up()
     except AccessDenied as denied:
-        log.error("%s", denied)
+        logger.error("%s", denied)
         raise
     refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
@@ -167,7 +179,7 @@ async def start_components(
         canary = Canary(settings, indexer, probes, service.publisher, metrics)
         await canary.start()
         stack.push_async_callback(canary.stop)
-    log.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
+    logger.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
     return Components(settings, metrics, indexer, reader, service, hub, endpoint, canary)
 
 
@@ -176,8 +188,10 @@ def create_app(
     *,
     companions: Sequence[Companion] = (),
     peer_listener: PeerListener | None = None,
+    log: Log | None = None,
 ) -> Starlette:
     """The bridge's ASGI app; ``app.state.components`` is set while it runs (None before).
+    ``log``: as for :func:`start_components`.
 
     ``peer_listener``: how the peer listener's app is served beside it when replicas divide
     the partitions (without one, this replica forwards hops but receives none).
@@ -191,7 +205,7 @@ def create_app(
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(tracing.installed(settings))  # off unless enabled
             app.state.components = await start_components(
-                settings, stack, metrics=metrics, companions=companions
+                settings, stack, metrics=metrics, companions=companions, log=log
             )
             if peer_listener is not None and settings.ownership == "group":
                 await peer_listener(peer_app(settings, lambda: app.state.components), stack)
@@ -350,6 +364,8 @@ def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStac
         tls=client_tls(p),
         max_streams=settings.max_streams,
         keep_alive_s=settings.server_keep_alive_s,
+        connect_s=p.connect_timeout_s,
+        suspect_s=p.suspect_s,
     )
     stack.push_async_callback(peers.close)
     return peers
@@ -369,7 +385,7 @@ def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> Non
     retention = settings.topics.retention_ms
     for tool in tools:
         if retention > 0 and (tool.ttl_ms is None or tool.ttl_ms >= retention):
-            log.warning(
+            logger.warning(
                 "tool %s: ttl_ms %s is not below the events topic's retention.ms %d; a task could "
                 "outlive its task.created event, after which replicas may disagree on it",
                 tool.name,
@@ -385,5 +401,5 @@ async def _refresh_gauges(
         try:
             await metrics.refresh_log_gauges(indexer, reader)
         except Exception:
-            log.exception("could not refresh the Kafka gauges")
+            logger.exception("could not refresh the Kafka gauges")
         await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation

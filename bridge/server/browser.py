@@ -45,6 +45,7 @@ from bridge.server.errors import wire_error
 from bridge.server.handlers import Streamed, detailed_task
 from bridge.server.hops import PeerIdentity, from_peer_listener
 from bridge.server.http import McpHttp, SseResponse
+from bridge.server.peers import OwnerSuspected
 from bridge.server.routing import owner_unavailable_error, partition_moving_error
 from bridge.server.streams import StreamHub
 from bridge.server.wire import (
@@ -431,7 +432,8 @@ class BrowserView:
             )
         except Exception as exc:
             endpoint.metrics.forward("view", "unavailable", None)
-            log.warning("forwarding a view request to %s failed: %s", owner, type(exc).__name__)
+            if not isinstance(exc, OwnerSuspected):  # logged once, when suspected
+                log.warning("forwarding a view request to %s failed: %s", owner, type(exc).__name__)
             return _refused(owner_unavailable_error(), task_id)
         # Counted with the MCP endpoint's hops (method label "other": not an MCP method).
         outcome = "ok" if answer.status < 500 else "error"

@@ -90,12 +90,13 @@ from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Strea
 from bridge.server.hops import PeerIdentity
 from bridge.server.peers import Peers, routed_task_id
 from bridge.server.profile import EVENTS_EXTENSION, EventsProfile
-from bridge.server.routing import Routing
+from bridge.server.routing import RETRY_AFTER_MS, Routing
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     RESOURCE_EXHAUSTED,
+    RESULT_RETAINED_META,
     SUBSCRIPTION_ID_META,
     EventsListParams,
     EventsPollParams,
@@ -113,6 +114,7 @@ from bridge.tasks.service import TaskNotFound
 __all__ = [
     "EVENTS_EXTENSION",
     "EVENT_CURSORS_META",
+    "EVENT_ID_META",
     "EventsMethods",
     "WebhookMethods",
     "delivery_poll",
@@ -126,6 +128,12 @@ log = logging.getLogger(__name__)
 #: occurrences carry it (the draft puts only the batch cursor in a poll result). A webhook
 #: delivery reading at a task's owner sets it: it writes its cursor back after every event.
 EVENT_CURSORS_META = "io.mcpbridge/eventCursors"
+#: ``_meta`` of an events/poll that reads one occurrence, the one with this ``eventId`` (an
+#: oversized webhook body's ``resultRequest`` names its record so: :class:`FittedBodies`). The
+#: source's authorization and filters apply as to any poll; the result holds that occurrence
+#: or nothing (not one of the subscription's, or no longer retained), and its ``cursor`` is
+#: the request's own: the read does not move the client's position.
+EVENT_ID_META = "io.mcpbridge/eventId"
 #: Errors of an owner's events/poll that end a webhook subscription (as they do locally).
 _REVOKING = frozenset({NOT_FOUND, FORBIDDEN, INVALID_PARAMS})
 
@@ -205,12 +213,14 @@ def events_extension(
     routing: Routing | None = None,
     peers: Peers | None = None,
     on_throttled: Callable[[], None] = lambda: None,
+    on_too_large: Callable[[], None] = lambda: None,
     catch_up: Callable[[], Awaitable[None]] | None = None,
 ) -> EventsMethods:
     """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires);
     ``streams`` admits each push stream (the stream hub); ``routing`` and ``peers`` when
     replicas divide the partitions; ``on_throttled`` counts webhook verifications refused by
-    the throttle; ``catch_up`` catches the index up with the log before a task event cursor
+    the throttle, ``on_too_large`` webhook events whose body stays over the profile's bound;
+    ``catch_up`` catches the index up with the log before a task event cursor
     past the head is refused."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
@@ -227,7 +237,13 @@ def events_extension(
     )
     sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
     webhooks = webhook_methods(
-        settings, sources, routing=routing, peers=peers, on_throttled=on_throttled, tasks=tasks
+        settings,
+        sources,
+        routing=routing,
+        peers=peers,
+        on_throttled=on_throttled,
+        on_too_large=on_too_large,
+        tasks=tasks,
     )
     return EventsMethods(
         sources,
@@ -352,6 +368,8 @@ class EventsMethods:
     async def poll(self, call: Call) -> Outcome:
         params = EventsPollParams.model_validate(call.params)
         source = self._source(params.name)
+        if EVENT_ID_META in call.meta:
+            return await self._poll_one(call, source, params, call.meta[EVENT_ID_META])
         limit = min(params.max_events or DEFAULT_MAX_EVENTS, MAX_EVENTS)
         with _mapped():
             batch = await source.poll(
@@ -364,6 +382,28 @@ class EventsMethods:
             "truncated": batch.truncated,
             "hasMore": batch.has_more,
             "nextPollMs": batch.next_poll_ms,
+        }
+
+    async def _poll_one(
+        self, call: Call, source: EventSource, params: EventsPollParams, event_id: Any
+    ) -> Outcome:
+        """events/poll of the one occurrence ``event_id`` (see :data:`EVENT_ID_META`)."""
+        if not isinstance(event_id, str) or not event_id:
+            raise RpcError(INVALID_PARAMS, f"_meta {EVENT_ID_META} must be an event id")
+        arguments = params.arguments or {}
+        with _mapped():
+            if isinstance(source, ConfiguredSource):  # its event ids name the record's offset
+                found = await source.read_event(call.principal, arguments, event_id)
+            else:  # one ordered log per subscription: the occurrence is the next one read
+                batch = await source.poll(call.principal, arguments, params.cursor, None, 1)
+                found = next((e for e in batch.events if e.event_id == event_id), None)
+        with_cursor = call.meta.get(EVENT_CURSORS_META) is True
+        return {
+            "events": [] if found is None else [found.wire(with_cursor=with_cursor)],
+            "cursor": params.cursor,
+            "truncated": False,
+            "hasMore": False,
+            "nextPollMs": TASK_UPDATES_POLL_MS,
         }
 
     async def stream(self, call: Call) -> Outcome:
@@ -556,12 +596,14 @@ def webhook_methods(
     routing: Routing | None = None,
     peers: Peers | None = None,
     on_throttled: Callable[[], None] = lambda: None,
+    on_too_large: Callable[[], None] = lambda: None,
     tasks: TaskLookup | None = None,
 ) -> WebhookMethods:
     """Webhook subscriptions over ``sources``; delivery only when callers authenticate and a
     key seals the secrets at rest (:func:`webhook_sealer`). The deployment's client profile
     (:class:`~bridge.server.profile.EventsProfile`) sets the loops' envelopes and bodies;
-    ``tasks`` reads the outcomes it puts inline (here, or at the task's owner)."""
+    ``tasks`` reads the outcomes it puts inline (here, or at the task's owner);
+    ``on_too_large`` counts the events whose body stays over the profile's bound (never sent)."""
     by_name = {source.name: source for source in sources}
     profile = EventsProfile.of(settings)
     sealer = webhook_sealer(settings) if settings.auth.mode != "none" else None
@@ -573,16 +615,16 @@ def webhook_methods(
             control_envelopes=profile.control_envelopes,
             max_body_bytes=profile.max_body_bytes,
         )
-        shape: Shape = as_is
-        if profile.max_body_bytes is not None:
-            outcomes = task_outcomes(tasks, routing=routing, peers=peers)
-            shape = FittedBodies(
-                profile.max_body_bytes,
-                f"{settings.own_types.prefix}.task.updated",
-                outcomes if profile.inline_outcomes else None,
-            )
         service = WebhookService(
-            settings, poll, sealer, on_throttled=on_throttled, policy=policy, shape=shape
+            settings,
+            poll,
+            sealer,
+            on_throttled=on_throttled,
+            on_too_large=on_too_large,
+            policy=policy,
+            shape=fitted_bodies(
+                settings, profile, task_outcomes(tasks, routing=routing, peers=peers)
+            ),
         )
     return WebhookMethods(settings, by_name, service, profile=profile)
 
@@ -590,6 +632,24 @@ def webhook_methods(
 #: Reads the outcome (``{"result": …}`` or ``{"error": …}``) of a task for a principal, or None
 #: when it cannot be had now (the delivery then carries the request that fetches it).
 Outcomes = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+
+#: How long a delivery waits for a task's outcome before it sends the request that fetches it
+#: instead: an owner that does not answer must not hold up every later event (the peers'
+#: own timeout is 30 s).
+OUTCOME_WAIT_S = 1.5
+
+
+def fitted_bodies(settings: Settings, profile: EventsProfile, outcomes: Outcomes) -> Shape:
+    """The delivery loops' :class:`~bridge.mcpevents.delivery.Shape` the profile asks for:
+    bodies as they are, or :class:`FittedBodies` when it bounds them or inlines outcomes
+    (each decided on its own)."""
+    if profile.max_body_bytes is None and not profile.inline_outcomes:
+        return as_is
+    return FittedBodies(
+        profile.max_body_bytes,
+        f"{settings.own_types.prefix}.task.updated",
+        outcomes if profile.inline_outcomes else None,
+    )
 
 
 def task_outcomes(
@@ -620,6 +680,11 @@ def task_outcomes(
 
 
 def _outcome_of(task: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The task's result or error, None when there is none or it is a stand-in for one no
+    longer retained (the request it carries instead then says so when followed)."""
+    meta = task.get("_meta")
+    if isinstance(meta, Mapping) and meta.get(RESULT_RETAINED_META) is False:
+        return None
     for key in ("result", "error"):
         if key in task:
             return {key: task[key]}
@@ -627,26 +692,40 @@ def _outcome_of(task: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 class FittedBodies:
-    """Webhook bodies of at most ``limit`` bytes, the envelope included, each one an event a
-    model can act on without a second call where it fits (a :class:`~bridge.mcpevents.delivery.
-    Shape`, for the ``chatgpt`` profile):
+    """Webhook bodies a client can act on without a second call where possible, and of at most
+    ``limit`` bytes, the envelope included (a :class:`~bridge.mcpevents.delivery.Shape`, for
+    the ``chatgpt`` profile):
 
     * a ``task.updated`` (``updates``, the type's name) delivery of a completed or failed task
       carries the task's ``result`` (or ``error``) in ``data`` instead of the ``resultRequest``
-      that fetches it, when the body with it still fits (``outcomes``; None: never inline);
+      that fetches it, when the body with it still fits (``outcomes``; None: never inline).
+      The read waits at most :data:`OUTCOME_WAIT_S`; a result no longer retained is not
+      inlined (the request stays);
     * any body that does not fit is sent with its ``data`` replaced by
-      ``{"omitted": "too_large", "bytes": n, "resultRequest": …}``: a ``task.updated``
-      occurrence's own ``resultRequest``, else the ``events/poll`` that reads this occurrence
-      alone (from the cursor before it, ``maxEvents`` 1).
+      ``{"omitted": "too_large", "bytes": n, "resultRequest": …}`` (a ``task.updated``
+      stub keeps ``taskId``, ``seq`` and ``status``): a ``task.updated`` occurrence's own
+      ``resultRequest``, else the ``events/poll`` that reads this occurrence alone, named by
+      its ``eventId`` (:data:`EVENT_ID_META`, from the cursor before it, ``maxEvents`` 1).
 
     Only ``task.updated`` data is the bridge's own: a pipeline record's value may hold a
     ``resultRequest`` of any producer's making, which is never acted on nor passed on as ours.
     """
 
-    def __init__(self, limit: int, updates: str, outcomes: Outcomes | None) -> None:
+    #: The small fields of a ``task.updated`` occurrence its stub keeps (the bridge's own).
+    KEPT = ("taskId", "seq", "status")
+
+    def __init__(
+        self,
+        limit: int | None,
+        updates: str,
+        outcomes: Outcomes | None,
+        *,
+        wait_s: float = OUTCOME_WAIT_S,
+    ) -> None:
         self.limit = limit
         self.updates = updates
         self.outcomes = outcomes
+        self.wait_s = wait_s
 
     async def __call__(
         self, sub: Subscription, occurrence: Occurrence, before: str | None
@@ -657,21 +736,25 @@ class FittedBodies:
             return inline
         if self._fits(message):
             return message
-        request = self._own_request(occurrence)
-        if request is None:
-            request = {
-                "method": "events/poll",
-                "params": {
-                    "name": sub.name,
-                    "arguments": sub.arguments,
-                    "cursor": before,
-                    "maxEvents": 1,
-                },
-            }
-        size = len(_encoded(message))
+        own = self._own_request(occurrence)
+        stub: dict[str, Any] = {"omitted": "too_large", "bytes": len(_encoded(message))}
+        if own is not None:
+            stub.update({k: occurrence.data[k] for k in self.KEPT if k in occurrence.data})
+        stub["resultRequest"] = own if own is not None else self._read_one(sub, occurrence, before)
+        return {**message, "data": stub}
+
+    @staticmethod
+    def _read_one(sub: Subscription, occurrence: Occurrence, before: str | None) -> dict[str, Any]:
+        """The ``events/poll`` that reads ``occurrence`` and nothing else."""
         return {
-            **message,
-            "data": {"omitted": "too_large", "bytes": size, "resultRequest": request},
+            "method": "events/poll",
+            "params": {
+                "name": sub.name,
+                "arguments": sub.arguments,
+                "cursor": before,
+                "maxEvents": 1,
+                "_meta": {EVENT_ID_META: occurrence.event_id},
+            },
         }
 
     def _own_request(self, occurrence: Occurrence) -> dict[str, Any] | None:
@@ -688,14 +771,19 @@ class FittedBodies:
         task_id = occurrence.data.get("taskId")
         if not isinstance(task_id, str):
             return None
-        outcome = await self.outcomes(sub.principal, task_id)
+        try:
+            async with asyncio.timeout(self.wait_s):
+                outcome = await self.outcomes(sub.principal, task_id)
+        except TimeoutError:
+            log.info("task outcome not read within %.1f s for a delivery", self.wait_s)
+            return None
         if outcome is None:
             return None
         data = {k: v for k, v in occurrence.data.items() if k != "resultRequest"}
         return {**occurrence.wire(with_cursor=True), "data": {**data, **outcome}}
 
     def _fits(self, message: dict[str, Any]) -> bool:
-        return len(_encoded(message)) <= self.limit
+        return self.limit is None or len(_encoded(message)) <= self.limit
 
 
 def _encoded(message: dict[str, Any]) -> bytes:
@@ -785,6 +873,7 @@ class WebhookMethods:
         *,
         now_ms: Callable[[], int] = _now_ms,
         profile: EventsProfile | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sources = sources
         self.service = service
@@ -792,6 +881,8 @@ class WebhookMethods:
         self.profile = profile or EventsProfile.of(settings)
         self.auth_mode = settings.auth.mode
         self.now_ms = now_ms
+        #: Measures the profile's deadline on events/subscribe (seconds, monotonic).
+        self.clock = clock
         self.ttl = TtlPolicy(
             settings.webhook_ttl_default_ms,
             settings.webhook_ttl_min_ms,
@@ -835,14 +926,42 @@ class WebhookMethods:
             raise _not_found(name)
         return source
 
-    async def _restored(self, service: WebhookService) -> None:
+    async def _restored(self, service: WebhookService, wait_s: float = RESTORE_WAIT_S) -> None:
         try:
-            async with asyncio.timeout(RESTORE_WAIT_S):
+            async with asyncio.timeout(wait_s):
                 await service.registry.restored.wait()
         except TimeoutError:
             raise RpcError(INTERNAL_ERROR, "webhook subscriptions are not available yet") from None
 
+    def _deadline(self) -> float | None:
+        """When (on :attr:`clock`) this events/subscribe must have stored, or None."""
+        bound = self.profile.answer_within_s
+        return None if bound is None else self.clock() + bound
+
+    def _in_time(self, deadline: float | None) -> None:
+        """A retriable refusal, before anything is stored, once the profile's deadline passed:
+        the client has given up waiting, and its retry runs afresh (a new challenge, within
+        the throttle; the registry restored by then)."""
+        if deadline is not None and self.clock() >= deadline:
+            raise RpcError(
+                INTERNAL_ERROR,
+                "events/subscribe could not finish in time; nothing was stored: retry",
+                {"reason": "deadline", "retryAfterMs": RETRY_AFTER_MS},
+                http_status=503,
+            )
+
+    def _expiry(self, call: Call, now: int, granted_ms: int) -> int:
+        """The subscription's expiry: the TTL granted, but never past the credential the
+        caller subscribed with (a subscription outlives no credential: its deliveries carry
+        results, which need one to read). A refresh with a newer credential extends it."""
+        expires = now + granted_ms
+        credential = call.caller.expires
+        if credential is not None:
+            expires = min(expires, int(credential * 1000))
+        return expires
+
     async def subscribe(self, call: Call) -> Outcome:
+        deadline = self._deadline()
         service = self._running()
         webhook_mode(call.params)
         params = EventsSubscribeParams.model_validate(call.params)
@@ -852,7 +971,12 @@ class WebhookMethods:
             secret = check_secret(params.delivery.secret)
         except InvalidSecret as exc:
             raise RpcError(INVALID_PARAMS, f"delivery.secret: {exc}") from None
-        await self._restored(service)
+        wait_s = RESTORE_WAIT_S if deadline is None else max(deadline - self.clock(), 0.0)
+        try:
+            await self._restored(service, min(wait_s, RESTORE_WAIT_S))
+        except RpcError:
+            self._in_time(deadline)  # the wait took the profile's deadline: retriable
+            raise
         arguments = params.arguments or {}
         with _mapped():
             sid = subscription_id(call.principal, url, params.name, arguments)
@@ -868,7 +992,8 @@ class WebhookMethods:
         if existing is None:
             self._within_limit(service, call.principal, now)
         await self._verify(service, call.principal, url, sid, secret)
-        expires = now + self.ttl.grant(params.ttl_ms, given=params.ttl_given)
+        expires = self._expiry(call, now, self.ttl.grant(params.ttl_ms, given=params.ttl_given))
+        self._in_time(deadline)
         if existing is not None:
             await service.put(existing.refreshed(secret, expires, now, self.grace_ms))
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ from bridge.server.wire import (
     LEGACY_VERSIONS,
     MAX_SEQ,
     METHOD_NOT_FOUND,
+    RESULT_RETAINED_META,
     SERVER_INFO_META,
     SUPPORTED_VERSIONS,
     TASKS_EXTENSION,
@@ -424,6 +426,7 @@ class MethodHandlers:
         self, call: Call, task_id: str, start: Callable[[], Awaitable[Any]], token: Any
     ) -> AsyncIterator[dict[str, Any]]:
         timeout = self.settings.direct_result_timeout_s
+        rising = _RisingProgress()
         with self.service.watch(task_id) as sub:
             await start()
             # The job is queued from here on: every way out but its result cancels it first,
@@ -435,7 +438,8 @@ class MethodHandlers:
                         await self.service.next_events(sub)
                         took = _Took(self.settings, task_id, sub, token)
                         for message in took.progress:
-                            yield message
+                            if rising.admit(message):
+                                yield message
                         if took.changed:
                             view = await self._reread(call, task_id, took.status)
             except TimeoutError:
@@ -579,6 +583,28 @@ class MethodHandlers:
         return {}
 
 
+class _RisingProgress:
+    """A direct call's progress notifications, passed only while their value increases.
+
+    MCP: the progress value MUST increase with each notification. A job that runs again (its
+    worker crashed, or it was re-delivered) restarts its progress, and any writer of the events
+    topic may write any number: what does not increase, or is not a finite number, is dropped.
+    """
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def admit(self, notification: dict[str, Any]) -> bool:
+        """True when ``notification`` may be sent (and it becomes the value to beat)."""
+        value = notification["params"].get("progress")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if not math.isfinite(value) or (self.last is not None and value <= self.last):
+            return False
+        self.last = value
+        return True
+
+
 class _Took:
     """What one wake of a direct call's subscription brought: its progress notifications
     (sent only with a progress token), whether the task's status changed, and the status the
@@ -612,6 +638,8 @@ def detailed_task(view: TaskView) -> dict[str, Any]:
         result["error"] = view.error or {"code": INTERNAL_ERROR, "message": "the job failed"}
     elif view.status == "input_required":
         result["inputRequests"] = view.input_requests or {}
+    if not view.retained:
+        result["_meta"] = {RESULT_RETAINED_META: False}
     return result
 
 

@@ -29,7 +29,7 @@ from bridge.server.cursor import decode_cursor
 from bridge.server.errors import WireError, retry_after, wire_error
 from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.hops import REFUSED_HEADER, HopRefused, PeerIdentity, from_peer_listener
-from bridge.server.peers import Peers, routed_task_id
+from bridge.server.peers import OwnerSuspected, Peers, routed_task_id
 from bridge.server.routing import (
     Routing,
     owner_unavailable_error,
@@ -459,7 +459,8 @@ class McpHttp:
             )
         except Exception as exc:
             self.metrics.forward(method, "unavailable", None)
-            log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
+            if not isinstance(exc, OwnerSuspected):  # that one was logged once, when suspected
+                log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
             return self._json(error_response(request_id, owner_unavailable_error()), 503)
         self.metrics.forward(
             method, "ok" if answer.status < 500 else "error", time.perf_counter() - started

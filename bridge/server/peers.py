@@ -26,7 +26,8 @@ import asyncio
 import base64
 import logging
 import ssl
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ __all__ = [
     "FORWARDED_HEADERS",
     "PEER_HEALTH_PATH",
     "OwnerRefusedHop",
+    "OwnerSuspected",
     "Peers",
     "client_tls",
     "routed_task_id",
@@ -83,6 +85,14 @@ def routed_task_id(method: str, params: Mapping[str, Any]) -> str | None:
     else:
         return None
     return value if isinstance(value, str) and value else None
+
+
+class OwnerSuspected(Exception):
+    """The owner could not be connected to a moment ago: not tried again yet (the client gets
+    ``owner_unavailable`` at once)."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(f"the replica at {owner} was unreachable a moment ago")
 
 
 class OwnerRefusedHop(Exception):
@@ -161,6 +171,11 @@ class Peers:
     ``max_streams`` bounds the forwarding pool (a replica serves at most that many streams, so
     it forwards at most that many); ``keep_alive_s`` is the peer listeners' keep-alive: an idle
     connection is dropped here before the owner would close it, never reused as it closes.
+
+    An owner that could not be connected to (refused, or no answer within ``connect_s``) is
+    *suspected* for ``suspect_s``: until then a request for it fails at once
+    (:class:`OwnerSuspected`) instead of each one waiting on a dead peer, until the group moves
+    its partitions.
     """
 
     def __init__(
@@ -171,6 +186,9 @@ class Peers:
         *,
         max_streams: int = 10_000,
         keep_alive_s: float = 5.0,
+        connect_s: float = 2.0,
+        suspect_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
@@ -178,12 +196,16 @@ class Peers:
         self.auth = auth
         self._transport = transport
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
-        self._call_timeout = httpx.Timeout(timeout_s)
+        self._call_timeout = httpx.Timeout(timeout_s, connect=connect_s)
         idle_s = max(0.5, keep_alive_s - 1.0)
+        self._suspect_s = suspect_s
+        self._clock = clock
+        #: Owner URL -> until when it is suspected (bounded by the replicas in the group).
+        self._suspects: dict[str, float] = {}
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
         self._client = self._pool(
-            httpx.Timeout(timeout_s, read=None),
+            httpx.Timeout(timeout_s, read=None, connect=connect_s),
             httpx.Limits(
                 max_connections=max_streams, max_keepalive_connections=64, keepalive_expiry=idle_s
             ),
@@ -218,6 +240,22 @@ class Peers:
         await self._client.aclose()
         await self._calls.aclose()
 
+    def _check_reachable(self, base_url: str) -> None:
+        """Raise :class:`OwnerSuspected` while ``base_url`` is suspected."""
+        until = self._suspects.get(base_url)
+        if until is None:
+            return
+        if self._clock() < until:
+            raise OwnerSuspected(base_url)
+        del self._suspects[base_url]  # try it again
+
+    def _unreachable(self, base_url: str, exc: BaseException) -> None:
+        """Suspect ``base_url`` when ``exc`` says it could not be connected to."""
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) and self._suspect_s > 0:
+            if base_url not in self._suspects:
+                log.warning("suspecting %s for %g s: %s", base_url, self._suspect_s, exc)
+            self._suspects[base_url] = self._clock() + self._suspect_s
+
     def _spare(self, base_url: str) -> None:
         """Open a kept-alive connection to ``base_url`` off the critical path, after a
         forwarded stream's connection was dropped.
@@ -243,6 +281,7 @@ class Peers:
         try:
             await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
         except Exception as exc:  # a spare is an optimisation: the next hop connects itself
+            self._unreachable(base_url, exc)
             log.debug("no spare connection to %s: %s", base_url, type(exc).__name__)
 
     async def forward(
@@ -257,12 +296,17 @@ class Peers:
         """Send the request to the owner's peer listener at ``base_url`` (at ``path``:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
         back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop."""
+        self._check_reachable(base_url)
         sent = {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         request = self._client.build_request(
             method, f"{base_url}{path}", headers=sent, content=body
         )
-        response = await self._client.send(request, stream=True)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            self._unreachable(base_url, exc)
+            raise
         refused = _hop_refusal(response)
         if refused is not None:  # never the client's answer: http.py maps it once
             await response.aclose()
@@ -312,7 +356,15 @@ class Peers:
         headers = _request_headers(method, sent)
         headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
         try:
-            reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
+            self._check_reachable(base_url)
+        except OwnerSuspected:
+            raise _unavailable(method, base_url, "unreachable a moment ago") from None
+        try:
+            try:
+                reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
+            except httpx.HTTPError as exc:
+                self._unreachable(base_url, exc)
+                raise
             if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
             message = reply.json()

@@ -20,7 +20,9 @@ Where it sits: built once at composition (:meth:`EventsProfile.of`), consulted b
 (:mod:`bridge.server.handlers` for capabilities and the legacy methods, :mod:`bridge.server.events`
 for errors and results) and handed to the delivery loops as plain values
 (:class:`~bridge.mcpevents.delivery.DeliveryPolicy`). Nothing else reads the setting: no module
-asks which profile is on, each asks the profile what to do.
+asks which profile is on, each asks the profile what to do. The settings check
+(:meth:`EventsProfile.problems`, run when the settings load) is the profile's too: the settings
+a profile cannot work without are refused at start, naming them.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.config import Settings
+from bridge.config import Settings, env_name
 from bridge.server.wire import CALLBACK_ENDPOINT_ERROR, CHATGPT_CALLBACK_ENDPOINT_ERROR
 
 __all__ = [
     "CHATGPT",
+    "CHATGPT_ANSWER_WITHIN_S",
     "CHATGPT_MAX_BODY_BYTES",
     "CHATGPT_TIMEOUT_S",
     "EVENTS_EXTENSION",
@@ -53,6 +56,9 @@ CHATGPT_MAX_BODY_BYTES = 256 * 1024
 #: own deadline (``webhook_timeout_s``) must leave room for the answer (a settings check holds
 #: it below 8 s under this profile).
 CHATGPT_TIMEOUT_S = 10.0
+#: The bridge answers ChatGPT's ``events/subscribe`` within this (or refuses it, retriable,
+#: storing nothing), leaving the rest of :data:`CHATGPT_TIMEOUT_S` to the network.
+CHATGPT_ANSWER_WITHIN_S = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +85,44 @@ class EventsProfile:
     #: ``task.updated`` deliveries of completed and failed tasks carry the result (or the
     #: error) inline when the body still fits, instead of only the request that fetches it.
     inline_outcomes: bool
+    #: ``events/subscribe`` answers within this many seconds, the verification challenge
+    #: included, or refuses (retriable) without storing anything (None: no deadline).
+    answer_within_s: float | None = None
+    #: The client subscribes by webhook only: the settings must offer webhooks (an
+    #: authenticating auth mode and a key that seals secrets at rest).
+    needs_webhooks: bool = False
 
     @staticmethod
     def of(settings: Settings) -> EventsProfile:
         """The profile the settings choose."""
         return CHATGPT if settings.events.profile == "chatgpt" else SEP_3415
+
+    def problems(self, settings: Settings) -> list[str]:
+        """What in ``settings`` this profile cannot work with, each naming the settings to
+        change (empty: none). Run when the settings load, so a deployment that would advertise
+        events to a client it can never deliver to does not start."""
+        found: list[str] = []
+        named = f"{env_name('events', 'profile')}={self.name}"
+        bound = self.answer_within_s
+        if bound is not None and settings.webhook_timeout_s >= bound:
+            found.append(
+                f"{named} needs webhook_timeout_s below {bound:g} s "
+                f"({env_name('webhook_timeout_s')}): the client waits about "
+                f"{CHATGPT_TIMEOUT_S:g} s for events/subscribe, which runs the verification "
+                "challenge inside it"
+            )
+        if self.needs_webhooks and settings.auth.mode == "none":
+            found.append(
+                f"{named} needs an authenticating auth mode ({env_name('auth', 'mode')}): "
+                "the client subscribes by webhook only, and webhooks need a principal"
+            )
+        if self.needs_webhooks and settings.webhook_keys.file is None:
+            found.append(
+                f"{named} needs a key that seals webhook secrets at rest "
+                f"({env_name('webhook_keys', 'file')}): without it webhooks are off, and the "
+                "client subscribes by webhook only"
+            )
+        return found
 
     def capabilities(self, extensions: Collection[str]) -> dict[str, Any]:
         """The top-level capability keys to add for the extensions served (``{}`` or
@@ -115,4 +154,6 @@ CHATGPT = EventsProfile(
     control_envelopes=False,
     max_body_bytes=CHATGPT_MAX_BODY_BYTES,
     inline_outcomes=True,
+    answer_within_s=CHATGPT_ANSWER_WITHIN_S,
+    needs_webhooks=True,
 )

@@ -64,6 +64,7 @@ __all__ = [
     "PROTOCOL_VERSION_META",
     "RELATED_TASK_META",
     "RESOURCE_EXHAUSTED",
+    "RESULT_RETAINED_META",
     "SERVER_INFO_META",
     "SUBSCRIPTION_ID_META",
     "SUPPORTED_VERSIONS",
@@ -118,6 +119,9 @@ PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPS_META = "io.modelcontextprotocol/clientCapabilities"
 CLIENT_INFO_META = "io.modelcontextprotocol/clientInfo"
 SERVER_INFO_META = "io.modelcontextprotocol/serverInfo"
+#: ``_meta`` of a tasks/get answer whose result (or error) is a stand-in: the task's status event
+#: is no longer retained, so what it held cannot be shown (``false``; absent otherwise).
+RESULT_RETAINED_META = "io.mcpbridge/resultRetained"
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
 
 

@@ -73,6 +73,9 @@ class JobRequest(_Message):
     #: Where the task's ``task.created`` event is: the task's events partition and offset.
     partition: int
     offset: int
+    #: The task's TTL (its ``task.created`` says the same; None: unlimited): past
+    #: ``created_ms + ttl_ms`` nobody can read the task, and a worker stops its job.
+    ttl_ms: int | None = Field(default=None, alias="ttlMs")
 
 
 class ControlMessage(_Message):

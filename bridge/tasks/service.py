@@ -104,6 +104,8 @@ class TaskView:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     input_requests: dict[str, Any] | None = None
+    #: False when the status event is no longer retained: ``result``/``error`` are stand-ins.
+    retained: bool = True
 
     @property
     def terminal(self) -> bool:
@@ -257,7 +259,7 @@ class TaskService:
         clock: Clock = SYSTEM_CLOCK,
         entropy: Entropy = SYSTEM_ENTROPY,
     ) -> None:
-        """``log``: where jobs and control messages are written (the cluster of ``settings``
+        """``log``: where jobs, control messages and the bridge's own events are written (the cluster of ``settings``
         when None). ``clock`` and ``entropy``: creation times and task ids (a simulation's
         replay)."""
         self.settings = settings
@@ -269,7 +271,7 @@ class TaskService:
         #: Events of one task from now on (shared with the stream hub when the app builds both).
         self.fanout = fanout or Fanout(indexer)
         self.tools = tools
-        self.publisher = TaskEventPublisher(settings)
+        self.publisher = TaskEventPublisher(settings, log=self._log)
         self._producer: Producer | None = None
         self._types = settings.own_types
         self._status_cache: _LRU[tuple[str, int], TaskEvent] = _LRU(20_000)
@@ -469,6 +471,7 @@ class TaskService:
             created_ms=now,
             partition=where.partition,
             offset=where.offset,
+            ttl_ms=tool.ttl_ms,
         )
         producer = self._started_producer()
         try:
@@ -550,7 +553,9 @@ class TaskService:
             event = await self._status_event(task_id, partition, entry.status_offset)
             if event is not None:
                 self._apply_status(view, event)
-            elif view.status == "completed":
+                return view
+            view.retained = False
+            if view.status == "completed":
                 view.result = {"content": []}
                 view.status_message = "the result is no longer retained"
         return view

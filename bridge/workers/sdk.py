@@ -33,7 +33,7 @@ from bridge import tracing
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
-from bridge.events import METHOD_NOT_FOUND, StatusPayload, error_object
+from bridge.events import StatusPayload, error_object
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import KafkaError
 from bridge.kafka.port import GroupTail, Log, LogError, LogRecord, Producer, Tail, TopicPart
@@ -183,9 +183,9 @@ class Worker(Component):
         self.topics = {
             tool: (job_topics or {}).get(tool) or settings.topics.jobs(tool) for tool in handlers
         }
-        self.publisher = TaskEventPublisher(settings)
         #: Where jobs, control messages and outcomes are read and written.
         self._log: Log = log if log is not None else KafkaLog(settings, pool_size=1)
+        self.publisher = TaskEventPublisher(settings, log=self._log)
         self._jobs: GroupTail | None = None
         self._control_tail: Tail | None = None
         self._producer: Producer | None = None
@@ -436,7 +436,9 @@ class Worker(Component):
             return
         handler = self.handlers.get(job.tool)
         if handler is None:
-            outcome = StatusPayload.failed(f"no handler for tool {job.tool}", code=METHOD_NOT_FOUND)
+            # -32603, not -32601: the client's tools/call exists and the bridge listed the tool;
+            # a worker group without its handler is the deployment's fault (docs/workers.md).
+            outcome = StatusPayload.failed(f"no handler for tool {job.tool}")
         elif control.cancelled:
             outcome = StatusPayload(
                 status="cancelled", status_message="cancelled before it started"

@@ -16,12 +16,13 @@
 * ``finish``: ``tasks/cancel`` for ``cancelled`` (or any outcome); for ``completed`` and
   ``failed`` the terminal status event a worker writes when its job ends (with a result, or an
   error), then the control messages that make the worker drop the job without a second status;
-* ``delete_before``: Kafka ``DeleteRecords`` on the task's events partition, at the offset of the
+* ``delete_before``: ``DeleteRecords`` on the task's events partition, at the offset of the
   task's record with that seq (the bridge's seq of a record is the number of earlier committed
   records with the same key in the partition, so the offset is found by counting).
 
-Against a bridge the suite did not start (``--server-url``), the Kafka settings come from the
-environment (``BRIDGE_KAFKA_BOOTSTRAP_SERVERS``, ``BRIDGE_TOPICS__PREFIX``, …) as for the bridge.
+Records are written and read through the log port: the in-memory log of the bridge the suite
+started (its ``details["log"]``), else Kafka. Against a bridge the suite did not start
+(``--server-url``), the Kafka settings come from the environment (``BRIDGE_KAFKA_BOOTSTRAP_SERVERS``, ``BRIDGE_TOPICS__PREFIX``, …) as for the bridge.
 """
 
 from __future__ import annotations
@@ -35,13 +36,9 @@ from support.waits import wait_until
 
 from bridge.config import Settings, load_settings
 from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
-from bridge.kafka.admin import delete_records_before
-from bridge.kafka.clients import (
-    TopicPartition,
-    committed_consumer,
-    idempotent_producer,
-    partition_for_key,
-)
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.clients import partition_for_key
+from bridge.kafka.port import Log, TopicPart
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.messages import ControlMessage
 
@@ -88,7 +85,11 @@ class BridgeHooks(Hooks):
         settings = server.details.get("settings")
         self.settings: Settings = settings if isinstance(settings, Settings) else load_settings()
         self.client = McpClient(server.url, server.auth_token, bound=BOUND)
-        self.publisher = TaskEventPublisher(self.settings)
+        # The suite's own in-memory bridge hands its log over; else the cluster of the settings.
+        given = server.details.get("log")
+        self._own_log = given is None
+        self.log: Log = given if given is not None else KafkaLog(self.settings, pool_size=1)
+        self.publisher = TaskEventPublisher(self.settings, log=self.log)
         self._emitted: dict[str, int] = defaultdict(int)
         self._partition: dict[str, int] = {}
         #: per task: (seq, offset) of the first record kept by the last delete_before
@@ -101,6 +102,8 @@ class BridgeHooks(Hooks):
     async def close(self) -> None:
         await self.publisher.stop()
         await self.client.aclose()
+        if self._own_log and isinstance(self.log, KafkaLog):
+            await self.log.close()
 
     async def _create(self, tool: str, arguments: dict[str, Any]) -> str:
         created = await self.client.result("tools/call", {"name": tool, "arguments": arguments})
@@ -143,20 +146,20 @@ class BridgeHooks(Hooks):
     async def _produce(
         self, topic: str, task_id: str, records: Sequence[tuple[bytes, Headers]]
     ) -> None:
-        """Write the records in order with a plain producer, as kcat or a pipeline would."""
-        producer = idempotent_producer(self.settings, role="conformance-raw")
+        """Write the records in order with a plain producer, as kcat or a pipeline would: sent
+        together, so they land together (one batch), as a burst does."""
+        producer = self.log.producer("conformance-raw")
+        key = task_id.encode()
         async with asyncio.timeout(BOUND):
             await producer.start()
             try:
-                sent = [
-                    await producer.send(topic, key=task_id.encode(), value=value, headers=list(h))
-                    for value, h in records
-                ]
-                for where in await asyncio.gather(*sent):
-                    if topic == self.settings.topics.events:
-                        self._partition[task_id] = where.partition
+                sent = await asyncio.gather(
+                    *(producer.send(topic, value, key=key, headers=h) for value, h in records)
+                )
+                if sent and topic == self.settings.topics.events:
+                    self._partition[task_id] = sent[-1].partition
             finally:
-                await producer.stop()
+                await producer.close()
 
     async def emit_careless(self, task_id: str) -> None:
         await self._produce(self.settings.topics.events, task_id, CARELESS_RECORDS)
@@ -190,40 +193,31 @@ class BridgeHooks(Hooks):
         partition = self._partition.get(task_id)
         if partition is None:
             partition = partition_for_key(task_id.encode(), self.settings.topics.partitions)
-        tp = TopicPartition(self.settings.topics.events, partition)
+        part = TopicPart(self.settings.topics.events, partition)
         async with asyncio.timeout(BOUND):
-            cut = await self._offset_of(task_id, tp, seq)
-            await delete_records_before(self.settings, tp, cut[1])
+            cut = await self._offset_of(task_id, part, seq)
+            await self.log.delete_records_before(part, cut[1])
         self._cut[task_id] = cut
 
-    async def _offset_of(self, task_id: str, tp: TopicPartition, seq: int) -> tuple[int, int]:
+    async def _offset_of(self, task_id: str, part: TopicPart, seq: int) -> tuple[int, int]:
         """(seq, offset) of the task's record with ``seq``, or (next seq, last offset + 1)."""
         key = task_id.encode()
-        consumer = committed_consumer(self.settings, role="conformance-hooks")
-        await consumer.start()
-        try:
-            consumer.assign([tp])
-            begin = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
-            count, start = self._cut.get(task_id, (0, begin))
-            start = max(start, begin)
-            consumer.seek(tp, start)
-            after_last = start
-            position = start
-            while position < end:
-                batches = await consumer.getmany(tp, timeout_ms=1000)
-                for record in batches.get(tp, []):
-                    if record.offset >= end:
-                        break
-                    if record.key == key:
-                        if count == seq:
-                            return count, record.offset
-                        count += 1
-                        after_last = record.offset + 1
-                position = await consumer.position(tp)
-            return count, after_last
-        finally:
-            await consumer.stop()
+        begin = (await self.log.log_starts([part]))[part]
+        end = (await self.log.log_ends([part]))[part]
+        count, start = self._cut.get(task_id, (0, begin))
+        position = after_last = max(start, begin)
+        while position < end:
+            fetched = await self.log.fetch(part, position)
+            for record in fetched.records:
+                if record.offset >= end:
+                    break
+                if record.key == key:
+                    if count == seq:
+                        return count, record.offset
+                    count += 1
+                    after_last = record.offset + 1
+            position = fetched.next_offset
+        return count, after_last
 
 
 def make_hooks(server: ServerUnderTest) -> BridgeHooks:

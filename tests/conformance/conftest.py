@@ -2,15 +2,18 @@
 
 Options (give them with ``pytest tests/conformance …``, where this conftest is loaded first)::
 
-    --server-url URL        the MCP endpoint to test; absent: start our bridge on the test Kafka
+    --server-url URL        the MCP endpoint to test; absent: start our bridge (in process)
+    --on-kafka              start our bridge as `bridge serve` + `bridge workers` on the test Kafka
     --hooks MODULE          hooks module (see hooks.py); default: conformance.bridge_hooks
     --auth-token TOKEN      bearer token of the principal the suite acts as
     --other-auth-token T    bearer token of a second principal (authorization tests)
 
-Without ``--server-url`` the suite starts ``bridge workers`` + ``bridge serve`` on topics of its
-own, with bearer auth, two principals and small limits it then checks (:data:`SUITE_LIMITS`),
+Without ``--server-url`` the suite starts our bridge with bearer auth, two principals and small
+limits it then checks (:data:`SUITE_LIMITS`): the whole app in process over the in-memory log,
+served on a loopback port (tests/support/inmemory.py), so the suite needs no broker; with
+``--on-kafka``, ``bridge workers`` + ``bridge serve`` on topics of their own on the test Kafka,
 and every test is marked ``kafka`` (under CI=1 a missing broker fails the run rather than
-skipping it).
+skipping it). tests/test_conformance_official.py keeps the end-to-end run on the broker.
 
 The clause report: a clause PASSES only when every one of its tests passed; one skipped, failed
 or deselected test is enough for it not to (the worst outcome is shown, see :data:`_RANK`).
@@ -73,6 +76,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="MCP endpoint to test (default: start our bridge on the test Kafka)",
     )
     group.addoption(
+        "--on-kafka",
+        dest="conformance_on_kafka",
+        action="store_true",
+        default=False,
+        help="start our bridge as subprocesses on the test Kafka (default: in process, in memory)",
+    )
+    group.addoption(
         "--hooks",
         dest="conformance_hooks",
         default=None,
@@ -117,14 +127,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if _in_suite(item)]
     if not ours:
         return
-    own_bridge = _option(config, "conformance_server_url") is None
+    on_kafka = _option(config, "conformance_server_url") is None and _on_kafka(config)
     failures = known_failures(_hooks_module(config))
     for item in ours:
-        if own_bridge:
+        if on_kafka:
             item.add_marker(pytest.mark.kafka)
         reason = failures.get(item.originalname if isinstance(item, pytest.Function) else "")
         if reason:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+
+
+def _on_kafka(config: pytest.Config) -> bool:
+    return bool(_option(config, "conformance_on_kafka"))
 
 
 # --- the server under test ------------------------------------------------------------------
@@ -154,26 +168,39 @@ def server_under_test(
             other_auth_token=_option(config, "conformance_other_auth_token"),
         )
         return
-    # Our bridge, on the test Kafka, with bearer auth and two principals.
+    # Our bridge, with bearer auth and two principals: in process, or on the test Kafka.
     from support.layout import fresh_prefix, make_settings  # tests/support
-    from support.procs import running_bridge
 
-    bootstrap = request.getfixturevalue("kafka_bootstrap")
     root = tmp_path_factory.mktemp("conformance")
     tokens = root / "tokens.json"
     tokens.write_text(json.dumps(_TOKENS))
+    token_a, token_b = list(_TOKENS)
+
+    def under_test(url: str, details: dict[str, Any]) -> ServerUnderTest:
+        return ServerUnderTest(
+            url=url,
+            auth_token=_option(config, "conformance_auth_token") or token_a,
+            other_auth_token=_option(config, "conformance_other_auth_token") or token_b,
+            started_by_suite=True,
+            details=details,
+        )
+
+    if not _on_kafka(config):
+        from support.inmemory import NO_BROKER, memory_bridge
+
+        auth = {"mode": "bearer", "tokens_file": str(tokens)}
+        settings = make_settings(NO_BROKER, fresh_prefix("c"), auth=auth, **SUITE_LIMITS)
+        with memory_bridge(settings) as running:
+            yield under_test(running.url, {"settings": settings, "log": running.log})
+        return
+    from support.procs import running_bridge
+
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
     settings = make_settings(bootstrap, fresh_prefix("c"), **SUITE_LIMITS)
     env = {"BRIDGE_AUTH__MODE": "bearer", "BRIDGE_AUTH__TOKENS_FILE": str(tokens)}
     env.update({f"BRIDGE_{name.upper()}": str(value) for name, value in SUITE_LIMITS.items()})
     with running_bridge(settings, root, workers=1, **env) as bridge:
-        token_a, token_b = list(_TOKENS)
-        yield ServerUnderTest(
-            url=bridge.url,
-            auth_token=_option(config, "conformance_auth_token") or token_a,
-            other_auth_token=_option(config, "conformance_other_auth_token") or token_b,
-            started_by_suite=True,
-            details={"settings": settings, "bridge": bridge},
-        )
+        yield under_test(bridge.url, {"settings": settings, "bridge": bridge})
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")

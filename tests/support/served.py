@@ -1,5 +1,6 @@
 """A bridge served as production serves it: :func:`~bridge.server.app.create_app` under uvicorn on
-a real socket, in the test's event loop, yielded once its lifespan has started every component."""
+a real socket, in the test's event loop, yielded once its lifespan has started every component;
+on the broker, or on a log given (the in-memory one of :func:`support.inmemory.memory_log`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from bridge.config import Settings
+from bridge.kafka.port import Log
 from bridge.server.app import Components, create_app
 from support.layout import create_served_topics
 from support.waits import BOUND, wait_until
@@ -26,13 +28,19 @@ class Served:
     base: str
     components: Components
     app: Starlette
+    #: The log it runs on, when one was given (else the broker of its settings).
+    log: Log | None = None
 
 
 @asynccontextmanager
-async def serving(settings: Settings, sock: socket.socket | None = None) -> AsyncIterator[Served]:
-    """The bridge's app under uvicorn in this event loop, once it is ready (lifespan run)."""
-    create_served_topics(settings)
-    app = create_app(settings)
+async def serving(
+    settings: Settings, sock: socket.socket | None = None, *, log: Log | None = None
+) -> AsyncIterator[Served]:
+    """The bridge's app under uvicorn in this event loop, once it is ready (lifespan run);
+    on ``log`` when given (its topics made already), else on the broker of ``settings``."""
+    if log is None:
+        create_served_topics(settings)
+    app = create_app(settings, log=log)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
     sock = sock or socket.create_server(("127.0.0.1", 0))
     running = asyncio.create_task(server.serve(sockets=[sock]))
@@ -42,7 +50,7 @@ async def serving(settings: Settings, sock: socket.socket | None = None) -> Asyn
         )
         assert not running.done(), "the bridge did not start"
         base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        yield Served(settings, base, app.state.components, app)
+        yield Served(settings, base, app.state.components, app, log)
     finally:
         server.should_exit = True
         async with asyncio.timeout(BOUND):

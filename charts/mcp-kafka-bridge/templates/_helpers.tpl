@@ -246,6 +246,12 @@ and statefulset.yaml include this, so `helm install` with the defaults refuses t
 {{- if not (has $profile (list "sep-3415" "chatgpt")) -}}
 {{- fail (printf "webhooks.profile must be sep-3415 or chatgpt, not %q" $profile) -}}
 {{- end -}}
+{{- if and (eq $profile "chatgpt") (not .Values.webhooks.existingSecret) -}}
+{{- fail "webhooks.profile=chatgpt needs webhooks.existingSecret: ChatGPT subscribes by webhook only, and webhooks are off without the key that seals their secrets" -}}
+{{- end -}}
+{{- if and (eq $profile "chatgpt") (eq (.Values.auth.mode | default "none") "none") -}}
+{{- fail "webhooks.profile=chatgpt needs auth.mode bearer or jwt: ChatGPT subscribes by webhook only, and webhooks need a principal" -}}
+{{- end -}}
 {{- if ne $profile "sep-3415" -}}{{ $profile }}{{- end -}}
 {{- end -}}
 

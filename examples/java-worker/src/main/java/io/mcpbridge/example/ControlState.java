@@ -7,6 +7,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
@@ -22,29 +23,37 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  *
  * <p>Read from every partition without a consumer group (a cancel or an answer may concern a job
  * this worker has not taken yet), read_committed, starting {@code controlLookbackMs} ago.
+ *
+ * <p>Nothing is forgotten by age: a job may wait in its topic for hours behind others, and its
+ * cancel or {@code finished} mark must still be known when it starts. Memory is bounded by
+ * count instead: beyond {@code controlMaxTasks} tasks the one heard of least recently goes.
  */
 final class ControlState implements AutoCloseable {
 
     /** Everything known of one task from the control topic. */
     static final class Task {
         boolean cancelled;
-        String cancelReason;
         boolean finished;
         final Map<String, JsonNode> answers = new HashMap<>();
-        long lastSeenMs;
     }
 
     private final KafkaConsumer<byte[], byte[]> consumer;
     private final ObjectMapper json;
     private final long lookbackMs;
     private final String controlTopic;
-    private long prunedAtMs;
-    private final Map<String, Task> tasks = new HashMap<>();
+    private final Map<String, Task> tasks;
 
     ControlState(WorkerConfig config, ObjectMapper json) {
         this.json = json;
         this.lookbackMs = config.controlLookbackMs();
         this.controlTopic = config.controlTopic();
+        int max = config.controlMaxTasks();
+        this.tasks = new LinkedHashMap<>(1024, 0.75f, true) {
+            @Override
+            protected boolean removeEldestEntry(Map.Entry<String, Task> eldest) {
+                return size() > max;
+            }
+        };
         Properties props = new Properties();
         props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, config.bootstrapServers());
         props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
@@ -97,7 +106,6 @@ final class ControlState implements AutoCloseable {
         for (ConsumerRecord<byte[], byte[]> record : consumer.poll(timeout)) {
             apply(record);
         }
-        prune();
     }
 
     /** What is known of {@code taskId}; an empty state when nothing is. */
@@ -129,11 +137,7 @@ final class ControlState implements AutoCloseable {
         switch (type) {
             case "cancel" -> {
                 task = tasks.computeIfAbsent(taskId, k -> new Task());
-                task.cancelled = true;
-                JsonNode reason = message.get("statusMessage");
-                if (reason != null && reason.isTextual()) {
-                    task.cancelReason = reason.asText();
-                }
+                task.cancelled = true; // any statusMessage is ignored: the wording is the contract's
             }
             case "finished" -> {
                 task = tasks.computeIfAbsent(taskId, k -> new Task());
@@ -154,19 +158,7 @@ final class ControlState implements AutoCloseable {
                 return; // an unknown type: readers ignore what they do not know
             }
         }
-        task.lastSeenMs = System.currentTimeMillis();
         Log.info("control: " + type + " for task " + Log.id(taskId));
-    }
-
-    /** Forgets tasks nothing was heard of for longer than the lookback window: memory stays bounded. */
-    private void prune() {
-        long now = System.currentTimeMillis();
-        if (now - prunedAtMs < 60_000) {
-            return;
-        }
-        prunedAtMs = now;
-        long before = now - lookbackMs;
-        tasks.values().removeIf(task -> task.lastSeenMs < before);
     }
 
     @Override

@@ -15,7 +15,10 @@ final class CountJob {
 
     static final String INPUT_KEY = "confirm";
     static final int MAX_COUNT = 10_000;
+    /** The wording of docs/workers.md, the same as the Python SDK's. */
     static final String CANCELLED = "cancelled at the client's request";
+    static final String CANCELLED_BEFORE_START = "cancelled before it started";
+    static final String EXPIRED = "the task expired before its job ended";
 
     private final CountWorker worker;
     private final ConsumerRecord<byte[], byte[]> record;
@@ -23,13 +26,17 @@ final class CountJob {
     private final int count;
     private final boolean confirm;
     private final long stepMs;
+    /** createdMs + ttlMs: past it nobody can read the task (Long.MAX_VALUE: no TTL given). */
+    private final long expiresAtMs;
     private int n;
     private long nextStepAtMs;
     private boolean waiting;
     private String confirmation;
 
-    private CountJob(CountWorker worker, ConsumerRecord<byte[], byte[]> record, String taskId, int count, boolean confirm) {
+    private CountJob(CountWorker worker, ConsumerRecord<byte[], byte[]> record, String taskId, int count, boolean confirm,
+            long expiresAtMs) {
         this.worker = worker;
+        this.expiresAtMs = expiresAtMs;
         this.record = record;
         this.taskId = taskId;
         this.count = count;
@@ -51,25 +58,38 @@ final class CountJob {
             }
             return null;
         }
-        String taskId = request.path("taskId").asText(key == null ? "" : key);
-        if (taskId.isEmpty()) {
-            Log.info("a job request without a task id at offset " + record.offset() + " is skipped");
-            worker.finish("(no task id)", null, record);
+        JsonNode taskIdNode = request.path("taskId");
+        if (key == null || key.isEmpty() || !taskIdNode.isTextual() || !taskIdNode.asText().equals(key)) {
+            // The contract: taskId is a string equal to the key. Anything else is a job request
+            // that cannot be read; its key's task (when it has one) ends failed, never working.
+            if (key == null || key.isEmpty()) {
+                Log.info("a job request without a key at offset " + record.offset() + " is skipped");
+                worker.finish("(no key)", null, record);
+            } else {
+                worker.finish(key, failed(worker, -32603, "the job request could not be read"), record);
+            }
             return null;
         }
+        String taskId = key;
         ControlState.Task known = worker.control().of(taskId);
         if (known.finished) {
             Log.info("task " + Log.id(taskId) + ": already finished, the job is skipped");
             worker.finish(taskId, null, record);
             return null;
         }
-        if (known.cancelled) {
-            worker.finish(taskId, cancelled(worker, known), record);
-            return null;
-        }
         String tool = request.path("tool").asText("");
         if (!tool.equals(worker.config().tool())) {
-            worker.finish(taskId, failed(worker, -32603, "this worker does not run the tool '" + tool + "'"), record);
+            worker.finish(taskId, failed(worker, -32603, "no handler for tool " + tool), record);
+            return null;
+        }
+        if (known.cancelled) {
+            worker.finish(taskId, cancelled(worker, CANCELLED_BEFORE_START), record);
+            return null;
+        }
+        long expiresAtMs = expiry(request);
+        if (System.currentTimeMillis() >= expiresAtMs) {
+            Log.info("task " + Log.id(taskId) + ": expired before its job started");
+            worker.finish(taskId, failed(worker, -32603, EXPIRED), record);
             return null;
         }
         JsonNode arguments = request.path("arguments");
@@ -81,7 +101,19 @@ final class CountJob {
         }
         boolean confirm = arguments.path("confirm").asBoolean(false);
         Log.info("task " + Log.id(taskId) + ": counting to " + countNode.asInt() + (confirm ? ", confirming halfway" : ""));
-        return new CountJob(worker, record, taskId, countNode.asInt(), confirm);
+        return new CountJob(worker, record, taskId, countNode.asInt(), confirm, expiresAtMs);
+    }
+
+    /** createdMs + ttlMs of the job request, when it gives both (an addition to contract v1). */
+    private static long expiry(JsonNode request) {
+        JsonNode created = request.path("createdMs");
+        JsonNode ttl = request.path("ttlMs");
+        if (!created.isIntegralNumber() || !ttl.isIntegralNumber() || !created.canConvertToLong()
+                || !ttl.canConvertToLong() || ttl.asLong() < 1) {
+            return Long.MAX_VALUE;
+        }
+        long sum = created.asLong() + ttl.asLong();
+        return sum < created.asLong() ? Long.MAX_VALUE : sum; // an overflow means: never
     }
 
     String taskId() {
@@ -97,7 +129,8 @@ final class CountJob {
     }
 
     long millisToNextStep() {
-        return waiting ? Long.MAX_VALUE : nextStepAtMs - System.currentTimeMillis();
+        long next = waiting ? expiresAtMs : Math.min(nextStepAtMs, expiresAtMs);
+        return next == Long.MAX_VALUE ? Long.MAX_VALUE : next - System.currentTimeMillis();
     }
 
     /** Does what is due now; true once the job has ended (or stopped). */
@@ -109,7 +142,14 @@ final class CountJob {
             return true;
         }
         if (known.cancelled) {
-            worker.finish(taskId, cancelled(worker, known), record);
+            worker.finish(taskId, cancelled(worker, CANCELLED), record);
+            return true;
+        }
+        if (System.currentTimeMillis() >= expiresAtMs) {
+            // Nobody can read the task any more (a client that left an input request open, a
+            // job longer than its TTL): stop, so that it holds no slot for ever.
+            Log.info("task " + Log.id(taskId) + ": expired, the job stops");
+            worker.finish(taskId, failed(worker, -32603, EXPIRED), record);
             return true;
         }
         if (waiting) {
@@ -199,10 +239,14 @@ final class CountJob {
         return status;
     }
 
-    private static ObjectNode cancelled(CountWorker worker, ControlState.Task known) {
+    /**
+     * The cancelled status, in the contract's fixed wording: a {@code statusMessage} on the
+     * cancel message is ignored, since any writer of the control topic could put words there.
+     */
+    private static ObjectNode cancelled(CountWorker worker, String wording) {
         return worker.json().createObjectNode()
                 .put("status", "cancelled")
-                .put("statusMessage", known.cancelReason != null ? known.cancelReason : CANCELLED);
+                .put("statusMessage", wording);
     }
 
     private static ObjectNode failed(CountWorker worker, int code, String message) {

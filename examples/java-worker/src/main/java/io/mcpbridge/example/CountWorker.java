@@ -5,11 +5,15 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayDeque;
+import java.util.ArrayList;
 import java.util.Collection;
 import java.util.Deque;
 import java.util.HashMap;
-import java.util.Map;
+import java.util.IdentityHashMap;
+import java.util.Iterator;
 import java.util.List;
+import java.util.Map;
+import java.util.TreeSet;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
@@ -17,6 +21,7 @@ import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.CooperativeStickyAssignor;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.RoundRobinAssignor;
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.WakeupException;
@@ -27,22 +32,36 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * {@code arguments.count}, one progress and one {@code com.example.count.tick} event a step,
  * asks to confirm halfway when {@code arguments.confirm} is true, and honours cancel.
  *
- * <p>One thread, one job at a time: the loop polls the control topic, polls the job topic (its
- * partitions paused while a job is held, so the member stays in the group however long a job
- * waits for input), and advances the job by at most one step.
+ * <p>One thread runs up to {@code WORKER_CONCURRENCY} jobs at once: the loop polls the control
+ * topic, polls the job topic (its partitions paused while the worker holds as many jobs as it
+ * may run, so the member stays in the group however long a job waits for input), and advances
+ * every job that is due. A job waiting for input holds one slot, never the others. Each outcome
+ * commits the lowest offset of its partition whose job has not ended, so a job that ends early
+ * never commits past one still running.
  */
 public final class CountWorker {
 
     private static final Duration IDLE_POLL = Duration.ofMillis(50);
+    private static final long RETRY_FIRST_MS = 250;
+    private static final long RETRY_MAX_MS = 30_000;
 
     private final WorkerConfig config;
     private final ObjectMapper json = new ObjectMapper();
     private final ControlState control;
     private final TaskWriter writer;
     private final KafkaConsumer<byte[], byte[]> jobs;
-    private final Deque<ConsumerRecord<byte[], byte[]>> pending = new ArrayDeque<>();
-    private CountJob current;
-    private volatile boolean running = true;
+    /** Jobs read and not started yet (a free slot, or their retry time, is awaited). */
+    private final Deque<Held> pending = new ArrayDeque<>();
+    private final List<CountJob> running = new ArrayList<>();
+    /** Per partition: the offsets read whose jobs have not ended, and the offset after the last read. */
+    private final Map<TopicPartition, TreeSet<Long>> unfinished = new HashMap<>();
+    private final Map<TopicPartition, Long> readUpTo = new HashMap<>();
+    /** How often each held job failed on a write (identity of the record), for the backoff. */
+    private final Map<ConsumerRecord<byte[], byte[]>, Integer> failures = new IdentityHashMap<>();
+    private volatile boolean live = true;
+
+    /** A job read and not started: {@code notBeforeMs} delays a retry after a failed write. */
+    private record Held(ConsumerRecord<byte[], byte[]> record, long notBeforeMs) {}
 
     CountWorker(WorkerConfig config) {
         this.config = config;
@@ -62,9 +81,14 @@ public final class CountWorker {
         props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
-        props.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "1");
+        props.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, Integer.toString(config.concurrency()));
         props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, Integer.toString(config.sessionTimeoutMs()));
-        props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, CooperativeStickyAssignor.class.getName());
+        // Every member of one group must share an assignment protocol. The Python SDK (aiokafka)
+        // speaks only "roundrobin", so it is listed too: with SDK members in the group the group
+        // picks it; the cooperative one is preferred when every member offers it. With both
+        // listed the client rebalances eagerly (every partition is revoked, then reassigned).
+        props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG,
+                CooperativeStickyAssignor.class.getName() + "," + RoundRobinAssignor.class.getName());
         return props;
     }
 
@@ -76,7 +100,7 @@ public final class CountWorker {
         CountDownLatch stopped = new CountDownLatch(1);
         Thread main = Thread.currentThread();
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
-            worker.running = false;
+            worker.live = false;
             worker.jobs.wakeup();
             try {
                 stopped.await();
@@ -97,14 +121,16 @@ public final class CountWorker {
             control.catchUp(Duration.ofSeconds(60));
             Log.info("control topic read to its end in " + (System.currentTimeMillis() - began) + " ms");
             jobs.subscribe(List.of(config.jobTopic()), new Rebalance());
-            Log.info("serving tool " + config.tool() + " from " + config.jobTopic() + " in group " + config.groupId());
-            while (running) {
+            Log.info("serving tool " + config.tool() + " from " + config.jobTopic() + " in group " + config.groupId()
+                    + ", up to " + config.concurrency() + " jobs at once");
+            while (live) {
                 control.poll(Duration.ZERO);
                 for (ConsumerRecord<byte[], byte[]> record : jobs.poll(pollTimeout())) {
-                    pending.add(record);
+                    take(record);
                 }
-                step();
-                pauseWhileBusy();
+                startDue();
+                advanceAll();
+                pauseWhenFull();
             }
         } catch (WakeupException e) {
             // shutting down
@@ -112,66 +138,108 @@ public final class CountWorker {
         Log.info("stopped");
     }
 
-    /** Starts the next job or advances the current one; an event that cannot be written puts it back. */
-    private void step() {
-        ConsumerRecord<byte[], byte[]> next = current == null ? pending.poll() : null;
-        try {
-            if (next != null) {
-                current = CountJob.start(next, this);
+    private void take(ConsumerRecord<byte[], byte[]> record) {
+        TopicPartition tp = new TopicPartition(record.topic(), record.partition());
+        unfinished.computeIfAbsent(tp, k -> new TreeSet<>()).add(record.offset());
+        readUpTo.merge(tp, record.offset() + 1, Math::max);
+        pending.add(new Held(record, 0));
+    }
+
+    /** Starts held jobs whose time has come while a slot is free. */
+    private void startDue() {
+        long now = System.currentTimeMillis();
+        for (Iterator<Held> it = pending.iterator(); it.hasNext() && running.size() < config.concurrency(); ) {
+            Held held = it.next();
+            if (held.notBeforeMs() > now) {
+                continue;
             }
-            if (current != null && current.advance()) {
-                current = null;
+            it.remove();
+            try {
+                CountJob job = CountJob.start(held.record(), this);
+                if (job != null) {
+                    running.add(job);
+                }
+            } catch (IllegalStateException e) {
+                retryLater(held.record(), e);
             }
-        } catch (IllegalStateException e) {
-            ConsumerRecord<byte[], byte[]> job = current != null ? current.record() : next;
-            Log.info("a job stops on an error (" + e + "); it will be read again");
-            current = null;
-            pending.addFirst(job);
-            rewind();
         }
     }
 
-    /** Puts every held job back: each partition is read again from its first held job. */
-    private void rewind() {
-        Map<TopicPartition, Long> first = new HashMap<>();
-        for (ConsumerRecord<byte[], byte[]> r : pending) {
-            first.merge(new TopicPartition(r.topic(), r.partition()), r.offset(), Math::min);
-        }
-        pending.clear();
-        first.forEach((tp, offset) -> {
-            if (jobs.assignment().contains(tp)) {
-                jobs.seek(tp, offset);
+    /** Advances every running job by what is due; one that fails on a write is held for a retry. */
+    private void advanceAll() {
+        for (CountJob job : List.copyOf(running)) {
+            try {
+                if (job.advance()) {
+                    running.remove(job);
+                }
+            } catch (IllegalStateException e) {
+                running.remove(job);
+                retryLater(job.record(), e);
             }
-        });
+        }
+    }
+
+    /**
+     * A job that could not write is run again from its start after a backoff (its events may
+     * repeat: at least once); an error that no retry can cure stops the worker.
+     */
+    private void retryLater(ConsumerRecord<byte[], byte[]> record, IllegalStateException e) {
+        if (e.getCause() instanceof KafkaException cause && isFatal(cause)) {
+            throw cause;
+        }
+        int n = failures.merge(record, 1, Integer::sum);
+        long delay = Math.min(RETRY_MAX_MS, RETRY_FIRST_MS << Math.min(n - 1, 16));
+        Log.info("a job stops on an error (" + e + "); it runs again in " + delay + " ms");
+        pending.addFirst(new Held(record, System.currentTimeMillis() + delay));
     }
 
     private Duration pollTimeout() {
-        if (current == null) {
-            return pending.isEmpty() ? IDLE_POLL : Duration.ZERO;
+        long now = System.currentTimeMillis();
+        long wait = IDLE_POLL.toMillis();
+        for (CountJob job : running) {
+            wait = Math.min(wait, job.millisToNextStep());
         }
-        long wait = current.millisToNextStep();
-        return Duration.ofMillis(Math.max(0, Math.min(wait, IDLE_POLL.toMillis())));
+        if (running.size() < config.concurrency()) {
+            for (Held held : pending) {
+                wait = Math.min(wait, held.notBeforeMs() - now);
+            }
+        }
+        return Duration.ofMillis(Math.max(0, wait));
     }
 
-    /** Held jobs keep their partitions paused: the member goes on polling, nothing more comes. */
-    private void pauseWhileBusy() {
-        var assigned = jobs.assignment();
-        if (current != null || !pending.isEmpty()) {
-            jobs.pause(assigned);
+    /** A full worker keeps its partitions paused: the member goes on polling, nothing more comes. */
+    private void pauseWhenFull() {
+        if (running.size() + pending.size() >= config.concurrency()) {
+            jobs.pause(jobs.assignment());
         } else if (!jobs.paused().isEmpty()) {
             jobs.resume(jobs.paused());
         }
+    }
+
+    /** The offset to commit once the job at {@code offset} has ended: the lowest one still running. */
+    private long commitOffsetAfter(TopicPartition tp, long offset) {
+        TreeSet<Long> open = unfinished.getOrDefault(tp, new TreeSet<>());
+        Long lowestOther = open.stream().filter(o -> o != offset).findFirst().orElse(null);
+        return lowestOther != null ? lowestOther : readUpTo.getOrDefault(tp, offset + 1);
     }
 
     /** Jobs read from partitions that moved away are dropped: their new owner runs them. */
     private final class Rebalance implements ConsumerRebalanceListener {
         @Override
         public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
-            pending.removeIf(r -> partitions.contains(new TopicPartition(r.topic(), r.partition())));
-            if (current != null && partitions.contains(current.partition())) {
-                Log.info("task " + Log.id(current.taskId()) + ": its partition moved away, the job stops here");
-                current = null;
+            pending.removeIf(h -> partitions.contains(partitionOf(h.record())));
+            for (Iterator<CountJob> it = running.iterator(); it.hasNext(); ) {
+                CountJob job = it.next();
+                if (partitions.contains(job.partition())) {
+                    Log.info("task " + Log.id(job.taskId()) + ": its partition moved away, the job stops here");
+                    it.remove();
+                }
             }
+            failures.keySet().removeIf(r -> partitions.contains(partitionOf(r)));
+            partitions.forEach(tp -> {
+                unfinished.remove(tp);
+                readUpTo.remove(tp);
+            });
         }
 
         @Override
@@ -185,6 +253,10 @@ public final class CountWorker {
         public void onPartitionsLost(Collection<TopicPartition> partitions) {
             onPartitionsRevoked(partitions);
         }
+    }
+
+    private static TopicPartition partitionOf(ConsumerRecord<byte[], byte[]> record) {
+        return new TopicPartition(record.topic(), record.partition());
     }
 
     // What CountJob needs of its worker.
@@ -201,20 +273,27 @@ public final class CountWorker {
         return control;
     }
 
-    /** Writes the job's outcome; a failed commit puts the job back to be read again. */
+    /**
+     * Writes the job's outcome with the partition's next offset to commit. A commit that fails
+     * throws {@link IllegalStateException} (the job is held for a retry), or the Kafka error
+     * itself when no retry can cure it.
+     */
     void finish(String taskId, ObjectNode status, ConsumerRecord<byte[], byte[]> job) {
-        TopicPartition tp = new TopicPartition(job.topic(), job.partition());
+        TopicPartition tp = partitionOf(job);
         try {
-            writer.outcome(taskId, status, tp, job.offset() + 1, jobs.groupMetadata());
-            Log.info("task " + Log.id(taskId) + ": " + (status == null ? "skipped" : status.path("status").asText()));
+            writer.outcome(taskId, status, tp, commitOffsetAfter(tp, job.offset()), jobs.groupMetadata());
         } catch (KafkaException e) {
-            Log.info("task " + Log.id(taskId) + ": the outcome was not committed (" + e + "); the job will be read again");
-            pending.addFirst(job);
-            rewind();
             if (isFatal(e)) {
                 throw e;
             }
+            throw new IllegalStateException("the outcome of task " + Log.id(taskId) + " was not committed", e);
         }
+        TreeSet<Long> open = unfinished.get(tp);
+        if (open != null) {
+            open.remove(job.offset());
+        }
+        failures.remove(job);
+        Log.info("task " + Log.id(taskId) + ": " + (status == null ? "skipped" : status.path("status").asText()));
     }
 
     private static boolean isFatal(KafkaException e) {

@@ -84,11 +84,24 @@ final class TaskWriter implements AutoCloseable {
                 outcomes.send(record(config.controlTopic(), taskId, finished));
             }
             outcomes.sendOffsetsToTransaction(Map.of(job, new OffsetAndMetadata(nextOffset)), group);
+            if (config.testHaltInOutcome() && status != null && "completed".equals(status.path("status").asText())) {
+                haltInsideTheTransaction();
+            }
             outcomes.commitTransaction();
         } catch (RuntimeException e) {
             abortQuietly();
             throw e;
         }
+    }
+
+    /**
+     * Tests only (WORKER_TEST_HALT_IN_OUTCOME=1): the status, the mark and the offset are sent
+     * and flushed, the transaction is open, and the process dies as a SIGKILL would leave it.
+     */
+    private void haltInsideTheTransaction() {
+        outcomes.flush();
+        Log.info("test: halting inside the outcome transaction");
+        Runtime.getRuntime().halt(137);
     }
 
     private void abortQuietly() {

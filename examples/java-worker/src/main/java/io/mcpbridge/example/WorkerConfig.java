@@ -13,7 +13,10 @@ record WorkerConfig(
         String instanceId,
         long controlLookbackMs,
         long stepMs,
-        int sessionTimeoutMs) {
+        int sessionTimeoutMs,
+        int concurrency,
+        int controlMaxTasks,
+        boolean testHaltInOutcome) {
 
     /** Reads every WORKER_* variable (docs/workers.md, "The Java reference worker"). */
     static WorkerConfig fromEnvironment(Map<String, String> env) {
@@ -30,7 +33,11 @@ record WorkerConfig(
                 instance == null || instance.isBlank() ? null : instance,
                 positive(env, "WORKER_CONTROL_LOOKBACK_MS", 3_600_000L),
                 positive(env, "WORKER_STEP_MS", 200L),
-                (int) positive(env, "WORKER_SESSION_TIMEOUT_MS", 10_000L));
+                (int) positive(env, "WORKER_SESSION_TIMEOUT_MS", 10_000L),
+                (int) Math.min(positive(env, "WORKER_CONCURRENCY", 4L), 1_000L),
+                (int) Math.min(positive(env, "WORKER_CONTROL_MAX_TASKS", 200_000L), 10_000_000L),
+                // Tests only: the process halts inside its first completed outcome's transaction.
+                "1".equals(env.get("WORKER_TEST_HALT_IN_OUTCOME")));
     }
 
     private static long positive(Map<String, String> env, String name, long fallback) {
