@@ -1077,17 +1077,6 @@ class Settings(BaseSettings):
             )
         return self
 
-    @model_validator(mode="after")
-    def _events_profile_can_work(self) -> Self:
-        # What a profile needs is the profile's to say (bridge/server/profile.py); imported
-        # here, late, because that module reads these settings.
-        from bridge.server.profile import EventsProfile
-
-        problems = EventsProfile.of(self).problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
     @property
     def type_rule(self) -> EventTypeRule:
         """The rule for vendor-prefixed event types, with ``accepted_event_prefixes``."""

@@ -30,7 +30,7 @@ from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge
 from support.waits import BOUND, wait_until
 
-from bridge.config import Settings
+from bridge.config import EventsSettings, Settings
 from bridge.kafka.admin import kafka_admin
 from bridge.kafka.clients import plain_producer
 from bridge.log.publisher import TaskEventPublisher
@@ -47,7 +47,7 @@ from bridge.server.events import (
     task_outcomes,
 )
 from bridge.server.handlers import Call, MethodHandlers
-from bridge.server.profile import CHATGPT, CHATGPT_TIMEOUT_S, SEP_3415, EventsProfile
+from bridge.server.profile import CHATGPT, CHATGPT_TIMEOUT_S, SEP_3415, EventsProfile, check_profile
 from bridge.server.wire import JsonRpcRequest, RpcError
 
 kafka = pytest.mark.kafka
@@ -106,9 +106,10 @@ def test_the_chatgpt_profile_refuses_a_challenge_deadline_that_leaves_no_time_to
     Settings.model_validate({**chatgpt, "webhook_timeout_s": 5})
     bound = CHATGPT.answer_within_s
     assert bound is not None and bound < CHATGPT_TIMEOUT_S  # the profile's own figure
-    with pytest.raises(ValidationError, match=f"webhook_timeout_s below {bound:g} s"):
-        Settings.model_validate({**chatgpt, "webhook_timeout_s": bound})
-    Settings.model_validate({"webhook_timeout_s": 9})  # the default profile has no such bound
+    check_profile(Settings.model_validate({**chatgpt, "webhook_timeout_s": 5}))
+    with pytest.raises(ValueError, match=f"webhook_timeout_s below {bound:g} s"):
+        check_profile(Settings.model_validate({**chatgpt, "webhook_timeout_s": bound}))
+    check_profile(Settings.model_validate({"webhook_timeout_s": 9}))  # no such bound by default
 
 
 @pytest.mark.parametrize(
@@ -123,9 +124,9 @@ def test_the_chatgpt_profile_refuses_to_start_without_webhooks(
     changed: dict[str, Any], named: str
 ) -> None:
     settings = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON, **changed}
-    with pytest.raises(ValidationError, match=f"BRIDGE_EVENTS__PROFILE=chatgpt needs .*{named}"):
-        Settings.model_validate(settings)
-    Settings.model_validate({**settings, "events": {"profile": "sep-3415"}})  # others may
+    with pytest.raises(ValueError, match=f"BRIDGE_EVENTS__PROFILE=chatgpt needs .*{named}"):
+        check_profile(Settings.model_validate(settings))
+    check_profile(Settings.model_validate({**settings, "events": {"profile": "sep-3415"}}))
 
 
 class _Events:
@@ -881,3 +882,13 @@ async def test_chatgpt_on_the_initialize_path_sees_the_capability_and_the_events
     assert updated(gbridge.settings) in {e["name"] for e in listed["result"]["events"]}
     assert unsubscribed["result"] == {}
     assert polled["error"]["code"] == -32601  # ChatGPT neither polls nor streams: not offered here
+
+
+def test_the_app_refuses_to_be_built_with_a_profile_that_cannot_work() -> None:
+    from bridge.server.app import create_app
+
+    settings = make_settings("unused:9092", fresh_prefix()).model_copy(
+        update={"events": EventsSettings(profile="chatgpt")}
+    )
+    with pytest.raises(ValueError, match="BRIDGE_EVENTS__PROFILE=chatgpt needs"):
+        create_app(settings)

@@ -48,6 +48,7 @@ from bridge.server.hops import PeerAuth, mark_peer_listener
 from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.listen import Listen, PeerTasks
 from bridge.server.peers import PEER_HEALTH_PATH, Peers, client_tls
+from bridge.server.profile import check_profile
 from bridge.server.routing import Routing
 from bridge.server.streams import StreamHub
 from bridge.tasks.service import TaskService
@@ -199,6 +200,7 @@ def create_app(
     metrics = Metrics()
     Authenticator(settings.auth)  # refuse bad auth settings now, not at the first request
     check_exposure(settings)  # no unauthenticated listener beyond loopback unless opted in
+    check_profile(settings)  # the Events client profile has what it needs
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -43,6 +43,7 @@ __all__ = [
     "EVENTS_METHODS",
     "SEP_3415",
     "EventsProfile",
+    "check_profile",
 ]
 
 #: The identifier of the Events extension (its key under ``capabilities.extensions``).
@@ -99,8 +100,9 @@ class EventsProfile:
 
     def problems(self, settings: Settings) -> list[str]:
         """What in ``settings`` this profile cannot work with, each naming the settings to
-        change (empty: none). Run when the settings load, so a deployment that would advertise
-        events to a client it can never deliver to does not start."""
+        change (empty: none). :func:`check_profile` runs it when the app is built, so a
+        deployment that would advertise events to a client it can never deliver to does not
+        start."""
         found: list[str] = []
         named = f"{env_name('events', 'profile')}={self.name}"
         bound = self.answer_within_s
@@ -157,3 +159,12 @@ CHATGPT = EventsProfile(
     answer_within_s=CHATGPT_ANSWER_WITHIN_S,
     needs_webhooks=True,
 )
+
+
+def check_profile(settings: Settings) -> None:
+    """Refuse (``ValueError``, naming the settings to change) settings the chosen Events
+    profile cannot work with: called where the app is composed, beside the exposure check
+    (not by the settings model: this module reads the settings)."""
+    problems = EventsProfile.of(settings).problems(settings)
+    if problems:
+        raise ValueError("; ".join(problems))
