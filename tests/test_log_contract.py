@@ -317,9 +317,17 @@ class Member:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     errors: list[LogError] = field(default_factory=list)
+    #: Offsets to commit from the revoke callback (the worker SDK commits its finished jobs
+    #: there): Kafka accepts a commit of the current generation while a rebalance prepares.
+    commit_on_revoke: dict[TopicPart, int] = field(default_factory=dict)
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
         self.events.append(("revoked", parts, b""))
+        if parts and self.commit_on_revoke:  # what an eager consumer does before it rejoins
+            try:
+                await self.tail.commit(self.commit_on_revoke)
+            except LogError as exc:
+                self.errors.append(exc)
         self.owned = frozenset()
         self._changed()
 
@@ -530,6 +538,25 @@ async def test_a_member_commits_offsets_the_group_keeps(
             await producer.send(group.topic, b"x", partition=0)
         await a.tail.commit({part: 1})
         assert await a.tail.committed(part) == 1
+
+
+async def test_a_commit_made_while_the_partitions_are_revoked_is_kept(
+    env: Env, request: pytest.FixtureRequest
+) -> None:
+    flaky_on_the_broker(env, request)
+    async with members(env, partitions=1) as group:
+        a = await group.join()
+        part = TopicPart(group.topic, 0)
+        await a.until(lambda: a.owned == {part})
+        async with env.log.producer() as producer:
+            await producer.send(group.topic, b"x", partition=0)
+            await producer.send(group.topic, b"y", partition=0)
+        a.commit_on_revoke = {part: 2}
+        b = await group.join()  # a round: a's partition is revoked first (eager)
+        await a.until(lambda: a.count("revoked") >= 2 or bool(a.errors))
+        await b.until(lambda: b.count("assigned") >= 1)
+        assert a.errors == []
+        assert await b.tail.committed(part) == 2
 
 
 # --- the model only: what the broker does not show on demand --------------------------------

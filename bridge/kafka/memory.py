@@ -777,8 +777,13 @@ class MemoryGroupTail(MemoryTail):
 
     async def commit(self, offsets: Mapping[TopicPart, int]) -> None:
         member = self._joined()
-        if self._group.round is not None or any(p not in member.share.parts for p in offsets):
-            raise LogError("commit refused: the group is rebalancing")
+        # As Kafka's coordinator: a commit of the current generation is kept while a rebalance
+        # prepares (an eager consumer commits from its revoke callback, before it rejoins);
+        # one of an older generation is refused. (The model has no "completing" phase: a
+        # round completes at once when the last member rejoins.)
+        stale = self._generation != self._group.generation
+        if stale or any(p not in member.share.parts for p in offsets):
+            raise LogError("commit refused: the group has rebalanced since this member's share")
         self._group.committed.update(offsets)
 
     async def committed(self, part: TopicPart) -> int | None:
