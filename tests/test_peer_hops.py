@@ -29,6 +29,7 @@ from bridge.config import Settings, load_settings
 from bridge.metrics import HOP_REFUSAL_REASONS, Metrics
 from bridge.server.app import peer_app
 from bridge.server.auth import Authenticator
+from bridge.server.cursor import encode_cursor
 from bridge.server.handlers import MethodHandlers
 from bridge.server.hops import (
     HopRefused,
@@ -395,7 +396,12 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
         routing=OwnerAt(),  # type: ignore[arg-type]
         peers=peers,
     )
-    public = Starlette(routes=[Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"])])
+    public = Starlette(
+        routes=[
+            Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"]),
+            Route("/mcp", RawEndpoint(endpoint.get), methods=["GET"]),
+        ]
+    )
     headers, body = tasks_get()
     client = {**headers, "authorization": f"Bearer {next(iter(TOKENS))}"}
     first = await post(public, client, body)
@@ -409,6 +415,12 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
     )
     assert message["id"] == json.loads(body)["id"], "the answer is to the client's request"
     assert message["id"] is not None
+    # A transport-level resume names its request in the cursor: the 503 answers that id too.
+    resume = {**client, "last-event-id": encode_cursor("req-7", "t1", 0)}
+    transport = httpx.ASGITransport(app=public)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        resumed = await http.get("/mcp", headers=resume)
+    assert resumed.status_code == 503 and answer_of(resumed)["id"] == "req-7"
     with pytest.raises(RpcError) as called:
         await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
     assert called.value.data["reason"] == "owner_unavailable"
@@ -778,3 +790,60 @@ def test_the_hop_pools_connect_within_the_peer_setting() -> None:
     peers = Peers(PeerAuth(SECRET, HERE), connect_s=settings.peers.connect_timeout_s)
     assert peers._client.timeout.connect == peers._calls.timeout.connect == 0.5
     assert peers._calls.timeout.read == 30.0 and peers._client.timeout.read is None
+
+
+async def test_an_owner_that_accepts_and_never_answers_is_bounded_and_suspected() -> None:
+    """Review: the forwarding pool has no read timeout (a stream may be quiet for long), so the
+    owner's first answer needs its own bound; a frozen owner still completes TCP connects."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # holds the connection, answers nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    clock = Clock()
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5, suspect_s=2.0, clock=clock)
+    headers, body = tasks_get()
+    try:
+        async with asyncio.timeout(10):
+            with pytest.raises(TimeoutError):
+                await peers.forward(url, "POST", headers, body, ALICE)
+        with pytest.raises(OwnerSuspected):
+            await peers.forward(url, "POST", headers, body, ALICE)
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_failure_of_a_request_begun_before_the_owner_last_answered_suspects_no_one() -> (
+    None
+):
+    clock = Clock()
+    begun, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("mcp-method") == "slow":
+            begun.set()
+            await release.wait()
+            raise httpx.ConnectTimeout("slow connect", request=request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}})
+
+    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=2.0, clock=clock)
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    headers, body = tasks_get()
+    slow_headers = {**headers, "mcp-method": "slow"}
+    slow = asyncio.create_task(peers.forward(HERE, "POST", slow_headers, body, ALICE))
+    await begun.wait()  # the slow request has begun (at the clock's now)
+    clock.now += 1.0
+    answered = await peers.forward(HERE, "POST", headers, body, ALICE)  # the owner is alive
+    assert answered.status == 200
+    release.set()
+    with pytest.raises(httpx.ConnectTimeout):
+        await slow
+    again = await peers.forward(HERE, "POST", headers, body, ALICE)  # not suspected
+    assert again.status == 200
+    await peers.close()

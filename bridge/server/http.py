@@ -542,5 +542,5 @@ class McpHttp:
         except Exception as exc:  # the table of every endpoint, with the transport's statuses
             return self._refuse_transport(request_id, wire_error(exc, task_id))
         if owner is not None:
-            return await self._forward(request, b"", caller, owner, "tasks/stream")
+            return await self._forward(request, b"", caller, owner, "tasks/stream", request_id)
         return SseResponse(outcome, request_id, expires=caller.expires)

@@ -199,13 +199,18 @@ class Peers:
         self._call_timeout = httpx.Timeout(timeout_s, connect=connect_s)
         idle_s = max(0.5, keep_alive_s - 1.0)
         self._suspect_s = suspect_s
+        self._first_answer_s = timeout_s
         self._clock = clock
+        #: Owner URL -> when it last answered: a failure of a request begun before that
+        #: suspects no one (the owner was seen alive since).
+        self._answered: dict[str, float] = {}
         #: Owner URL -> until when it is suspected (bounded by the replicas in the group).
         self._suspects: dict[str, float] = {}
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
         self._client = self._pool(
-            httpx.Timeout(timeout_s, read=None, connect=connect_s),
+            # A full pool fails fast (the retriable answer), never a 30 s wait for a slot.
+            httpx.Timeout(timeout_s, read=None, connect=connect_s, pool=connect_s),
             httpx.Limits(
                 max_connections=max_streams, max_keepalive_connections=64, keepalive_expiry=idle_s
             ),
@@ -249,9 +254,15 @@ class Peers:
             raise OwnerSuspected(base_url)
         del self._suspects[base_url]  # try it again
 
-    def _unreachable(self, base_url: str, exc: BaseException) -> None:
-        """Suspect ``base_url`` when ``exc`` says it could not be connected to."""
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) and self._suspect_s > 0:
+    def _unreachable(self, base_url: str, exc: BaseException, started: float) -> None:
+        """Suspect ``base_url`` when ``exc`` says it could not be connected to, or accepted
+        the connection and never answered (a request begun at ``started``, unless the owner
+        has answered another request since)."""
+        silent = isinstance(exc, TimeoutError)
+        refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+        if started < self._answered.get(base_url, float("-inf")):
+            return
+        if (refused or silent) and self._suspect_s > 0:
             if base_url not in self._suspects:
                 log.warning("suspecting %s for %g s: %s", base_url, self._suspect_s, exc)
             self._suspects[base_url] = self._clock() + self._suspect_s
@@ -278,10 +289,11 @@ class Peers:
         await asyncio.gather(*self._warming.values(), return_exceptions=True)
 
     async def _open_spare(self, base_url: str) -> None:
+        started = self._clock()
         try:
             await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
         except Exception as exc:  # a spare is an optimisation: the next hop connects itself
-            self._unreachable(base_url, exc)
+            self._unreachable(base_url, exc, started)
             log.debug("no spare connection to %s: %s", base_url, type(exc).__name__)
 
     async def forward(
@@ -302,11 +314,16 @@ class Peers:
         request = self._client.build_request(
             method, f"{base_url}{path}", headers=sent, content=body
         )
+        started = self._clock()
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            self._unreachable(base_url, exc)
+            # The owner's first answer (the head of a stream) is bounded: read=None only
+            # lets a stream stay quiet between its keep-alives once it has begun.
+            async with asyncio.timeout(self._first_answer_s):
+                response = await self._client.send(request, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            self._unreachable(base_url, exc, started)
             raise
+        self._answered[base_url] = self._clock()
         refused = _hop_refusal(response)
         if refused is not None:  # never the client's answer: http.py maps it once
             await response.aclose()
@@ -353,18 +370,20 @@ class Peers:
         meta[PROTOCOL_VERSION_META] = LATEST_VERSION
         sent = {**params, "_meta": meta}
         body = dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": sent}).encode()
-        headers = _request_headers(method, sent)
-        headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
         try:
             self._check_reachable(base_url)
         except OwnerSuspected:
-            raise _unavailable(method, base_url, "unreachable a moment ago") from None
+            raise owner_unavailable_error() from None  # logged once, when suspected
+        headers = _request_headers(method, sent)
+        headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
+        started = self._clock()
         try:
             try:
                 reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
             except httpx.HTTPError as exc:
-                self._unreachable(base_url, exc)
+                self._unreachable(base_url, exc, started)
                 raise
+            self._answered[base_url] = self._clock()
             if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
             message = reply.json()
