@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiokafka.admin import NewTopic
+from support.waits import wait_until
 
 from bridge.config import Settings
 from bridge.kafka.adapter import KafkaLog
@@ -64,8 +65,15 @@ class Env:
 
 
 async def _kafka_topic(settings: Settings, name: str, partitions: int) -> None:
+    """Create the topic and wait until the broker's metadata lists it: a group member that
+    subscribes before then gets no partitions until its next metadata refresh (minutes)."""
     async with kafka_admin(settings) as admin:
         await admin.create_topics([NewTopic(name, partitions, 1)])
+
+        async def listed() -> bool:
+            return name in await admin.list_topics()
+
+        await wait_until(listed, BOUND_S, what=f"topic {name} in the broker's metadata")
 
 
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
@@ -81,16 +89,6 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
         yield Env(kafka, lambda name, n: _kafka_topic(settings, name, n))
     finally:
         await kafka.close()
-
-
-def flaky_on_the_broker(env: Env, request: pytest.FixtureRequest) -> None:
-    """Seen failing now and then on the shared broker, cause not yet found (in the group
-    cases a remaining member that never sees the next round; once, offsets for times):
-    xfail, not strict, on the broker only. The model's run stays strict."""
-    if env.clock is None:
-        request.node.add_marker(
-            pytest.mark.xfail(reason="intermittent on the real broker (issue 28)", strict=False)
-        )
 
 
 async def read_all(log: Log, part: TopicPart, start: int = 0) -> list[LogRecord]:
@@ -191,9 +189,8 @@ async def test_delete_records_moves_the_log_start_and_a_read_below_it_is_out_of_
 
 
 async def test_offsets_for_times_finds_the_first_record_at_or_after_each_time(
-    env: Env, request: pytest.FixtureRequest
+    env: Env,
 ) -> None:
-    flaky_on_the_broker(env, request)
     topic = await env.topic()
     part = TopicPart(topic, 0)
     async with env.log.producer() as producer:
@@ -307,14 +304,26 @@ async def test_a_newer_writer_fences_the_older_one_and_aborts_its_open_transacti
 # --- consumer groups ----------------------------------------------------------------------
 
 
+class Changes:
+    """Wakes every waiter of a group's members when any member's callbacks ran: a condition
+    may name several members (a wait on one member's own changes missed the other's)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def notify(self) -> None:
+        self.event.set()
+        self.event = asyncio.Event()
+
+
 @dataclass
 class Member:
     """A group member polling in the background, recording its callbacks."""
 
     tail: GroupTail
+    changes: Changes = field(default_factory=Changes)
     events: list[tuple[str, frozenset[TopicPart], bytes]] = field(default_factory=list)
     owned: frozenset[TopicPart] = frozenset()
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     errors: list[LogError] = field(default_factory=list)
     #: Offsets to commit from the revoke callback (the worker SDK commits its finished jobs
@@ -337,8 +346,7 @@ class Member:
         self._changed()
 
     def _changed(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self.changes.notify()
 
     def last_data(self) -> bytes | None:
         """The user data of the last assignment, if any."""
@@ -352,7 +360,7 @@ class Member:
         try:
             async with asyncio.timeout(BOUND_S):
                 while not done():
-                    await self.changed.wait()
+                    await self.changes.event.wait()
         except TimeoutError:
             raise AssertionError(
                 f"not reached; events {self.events}, errors {self.errors}"
@@ -376,9 +384,10 @@ class Members:
         self.topic = topic
         self.group = f"{topic}.g"
         self.all: list[Member] = []
+        self.changes = Changes()
 
     async def join(self, instance_id: str | None = None, assignor: object = None) -> Member:
-        member = Member(tail=None)  # type: ignore[arg-type]
+        member = Member(tail=None, changes=self.changes)  # type: ignore[arg-type]
         member.tail = self.env.log.group_tail(
             self.group,
             [self.topic],
@@ -421,9 +430,8 @@ def parts_of(topic: str, *ps: int) -> frozenset[TopicPart]:
 
 
 async def test_every_rebalance_revokes_every_members_partitions_first(
-    env: Env, request: pytest.FixtureRequest
+    env: Env,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join()
         await a.until(lambda: a.owned == parts_of(group.topic, 0, 1))
@@ -436,9 +444,7 @@ async def test_every_rebalance_revokes_every_members_partitions_first(
 
 async def test_a_dynamic_member_leaves_on_close_and_the_others_take_its_partitions(
     env: Env,
-    request: pytest.FixtureRequest,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join()
         b = await group.join()
@@ -449,9 +455,7 @@ async def test_a_dynamic_member_leaves_on_close_and_the_others_take_its_partitio
 
 async def test_a_static_member_keeps_its_partitions_after_close_until_its_session_expires(
     env: Env,
-    request: pytest.FixtureRequest,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join("a")
         b = await group.join("b")
@@ -465,9 +469,7 @@ async def test_a_static_member_keeps_its_partitions_after_close_until_its_sessio
 
 async def test_a_static_member_rejoining_gets_its_share_back_without_a_rebalance(
     env: Env,
-    request: pytest.FixtureRequest,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join("a")
         b = await group.join("b")
@@ -500,9 +502,7 @@ class Tagged:
 
 async def test_the_assignor_sees_each_members_metadata_and_every_member_its_user_data(
     env: Env,
-    request: pytest.FixtureRequest,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env) as group:
         a = await group.join(assignor=Tagged(b"url-a"))
         b = await group.join(assignor=Tagged(b"url-b"))
@@ -511,9 +511,8 @@ async def test_the_assignor_sees_each_members_metadata_and_every_member_its_user
 
 
 async def test_a_member_rejoining_with_changed_metadata_starts_a_rebalance(
-    env: Env, request: pytest.FixtureRequest
+    env: Env,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env) as group:
         tag = Tagged(b"url-a")
         a = await group.join(assignor=tag)
@@ -527,9 +526,8 @@ async def test_a_member_rejoining_with_changed_metadata_starts_a_rebalance(
 
 
 async def test_a_member_commits_offsets_the_group_keeps(
-    env: Env, request: pytest.FixtureRequest
+    env: Env,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env, partitions=1) as group:
         a = await group.join()
         part = TopicPart(group.topic, 0)
@@ -541,9 +539,8 @@ async def test_a_member_commits_offsets_the_group_keeps(
 
 
 async def test_a_commit_made_while_the_partitions_are_revoked_is_kept(
-    env: Env, request: pytest.FixtureRequest
+    env: Env,
 ) -> None:
-    flaky_on_the_broker(env, request)
     async with members(env, partitions=1) as group:
         a = await group.join()
         part = TopicPart(group.topic, 0)
