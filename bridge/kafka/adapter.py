@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -45,6 +45,7 @@ from bridge.kafka.clients import (
 from bridge.kafka.pool import ConsumerPool
 from bridge.kafka.port import (
     Assignor,
+    Closable,
     Fetched,
     GroupListener,
     Header,
@@ -211,29 +212,7 @@ class KafkaLog:
         return KafkaWriter(transactional_producer(self.settings, transactional_id))
 
 
-class _Client:
-    """``async with`` over ``start`` and ``close``."""
-
-    async def start(self) -> None:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
-class KafkaTail(_Client):
+class KafkaTail(Closable):
     """A live reader over one aiokafka consumer."""
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
@@ -389,7 +368,7 @@ def _assignment(share: Share) -> ConsumerProtocolMemberAssignment:
     return ConsumerProtocolMemberAssignment(0, sorted(by_topic.items()), share.user_data)
 
 
-class KafkaProducer(_Client):
+class KafkaProducer(Closable):
     """An idempotent producer (acks=all); each send waits for its acknowledgement."""
 
     def __init__(self, producer: AIOKafkaProducer) -> None:
@@ -425,7 +404,7 @@ class KafkaProducer(_Client):
         return Sent(sent.partition, sent.offset)
 
 
-class KafkaWriter(_Client):
+class KafkaWriter(Closable):
     """A transactional producer (``start`` runs InitProducerId: the older writer is fenced).
 
     Once fenced it stays fenced: aiokafka's producer is then in a fatal state, and every later

@@ -30,11 +30,12 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol
 
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.port import (
     Assignor,
+    Closable,
     Fetched,
     GroupListener,
     Header,
@@ -407,29 +408,7 @@ class MemoryLog:
         return self._groups[name]
 
 
-class _Closable:
-    """An async context manager over ``start`` and ``close``."""
-
-    async def start(self) -> None:
-        """Nothing to connect in memory."""
-
-    async def close(self) -> None:
-        """Nothing to release in memory."""
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
-class MemoryProducer(_Closable):
+class MemoryProducer(Closable):
     """An idempotent producer: each send lands once, at once."""
 
     def __init__(self, log: MemoryLog) -> None:
@@ -448,7 +427,7 @@ class MemoryProducer(_Closable):
         return self._log._append(topic, value, key, partition, headers, None, timestamp_ms)
 
 
-class MemoryWriter(_Closable):
+class MemoryWriter(Closable):
     """A fenced transactional writer."""
 
     def __init__(self, log: MemoryLog, transactional_id: str) -> None:
@@ -523,7 +502,7 @@ class _Transaction:
 # --- tails ----------------------------------------------------------------------------------
 
 
-class MemoryTail(_Closable):
+class MemoryTail(Closable):
     """A live read_committed reader of assigned partitions."""
 
     def __init__(self, log: MemoryLog) -> None:

@@ -35,6 +35,7 @@ from typing import Literal, Protocol, Self
 
 __all__ = [
     "Assignor",
+    "Closable",
     "Fetched",
     "GroupListener",
     "GroupTail",
@@ -170,6 +171,29 @@ class WriterFenced(LogError):
 
 class UnknownTopic(LogError):
     """The topic does not exist."""
+
+
+class Closable:
+    """An async context manager over ``start`` and ``close``: the base of every client of a
+    log (each implementation overrides what it has to connect and release)."""
+
+    async def start(self) -> None:
+        """Connect; nothing by default."""
+
+    async def close(self) -> None:
+        """Release everything; nothing by default."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
 
 
 class Tail(Protocol):
