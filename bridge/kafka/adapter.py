@@ -38,6 +38,7 @@ from bridge.kafka.clients import (
     ProducerFenced,
     TopicPartition,
     committed_consumer,
+    fence_timeout_s,
     idempotent_producer,
     retriable,
     transactional_producer,
@@ -209,7 +210,11 @@ class KafkaLog:
         return KafkaProducer(idempotent_producer(self.settings, role=role))
 
     def transactional_writer(self, transactional_id: str) -> KafkaWriter:
-        return KafkaWriter(transactional_producer(self.settings, transactional_id))
+        return KafkaWriter(
+            transactional_producer(self.settings, transactional_id),
+            transactional_id=transactional_id,
+            fence_s=fence_timeout_s(self.settings),
+        )
 
 
 class KafkaTail(Closable):
@@ -411,12 +416,31 @@ class KafkaWriter(Closable):
     transaction is refused with :class:`~bridge.kafka.port.WriterFenced` here.
     """
 
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, *, transactional_id: str, fence_s: float
+    ) -> None:
         self._producer = producer
         self._fenced: WriterFenced | None = None
+        self._id = transactional_id
+        self._fence_s = fence_s
 
     async def start(self) -> None:
-        await _mapped(self._producer.start())
+        # aiokafka retries InitProducerId for ever while the coordinator answers
+        # CONCURRENT_TRANSACTIONS, which it does until the older writer's open transaction is
+        # aborted: never, while a partition that transaction wrote has no leader. Bounded here,
+        # so a replica starting then fails saying why instead of hanging.
+        try:
+            async with asyncio.timeout(self._fence_s):
+                await _mapped(self._producer.start())
+        except TimeoutError:
+            await self.close()
+            raise LogError(
+                f"could not become the writer of transactional id {self._id!r} within "
+                f"{self._fence_s:g} s: the previous writer's transaction did not complete (a "
+                "partition it wrote may have no leader)",
+                retriable=True,
+                kind="FenceTimeout",
+            ) from None
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

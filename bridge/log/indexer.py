@@ -430,7 +430,16 @@ class Indexer(Component):
         if self.persist:
             # Fence first: the old owner's open transaction is aborted, so the restore below
             # reads a cut that no zombie can still extend.
-            await asyncio.gather(*(self._open_writer(p) for p in parts))
+            try:
+                await asyncio.gather(*(self._open_writer(p) for p in parts))
+            except LogError as exc:
+                raise IndexerError(
+                    f"could not fence the previous index writer of events partitions "
+                    f"{sorted(parts)} ({exc}): its open transaction must complete first, which "
+                    f"needs every partition it wrote (of the index topic "
+                    f"{self.settings.topics.index!r} and the updates topic) to have a leader; "
+                    "nothing is served until then"
+                ) from exc
         started = time.perf_counter()
         try:
             restored = await load_index(self.settings, parts, log=self._log)
