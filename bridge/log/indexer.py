@@ -430,9 +430,16 @@ class Indexer(Component):
         if self.persist:
             # Fence first: the old owner's open transaction is aborted, so the restore below
             # reads a cut that no zombie can still extend.
-            try:
-                await asyncio.gather(*(self._open_writer(p) for p in parts))
-            except LogError as exc:
+            # Every fence runs to its end (each is bounded) before a failure is raised, so no
+            # writer opens after the caller has closed the ones it knows.
+            opened = await asyncio.gather(
+                *(self._open_writer(p) for p in parts), return_exceptions=True
+            )
+            failed = [exc for exc in opened if isinstance(exc, BaseException)]
+            if failed:
+                exc = failed[0]
+                if not isinstance(exc, LogError):
+                    raise exc
                 raise IndexerError(
                     f"could not fence the previous index writer of events partitions "
                     f"{sorted(parts)} ({exc}): its open transaction must complete first, which "
