@@ -136,8 +136,6 @@ NOT_YET_ON_THE_PORT: dict[str, tuple[int, int]] = {
     "mcpevents/kafkalog.py": (18, 3),
     "mcpevents/registry.py": (17, 2),
     "mcpevents/offsets.py": (0, 3),
-    "server/errors.py": (0, 3),
-    "cli.py": (0, 5),
 }
 
 

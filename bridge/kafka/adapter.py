@@ -62,7 +62,7 @@ from bridge.kafka.port import (
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 
-__all__ = ["KafkaLog", "PortAssignor"]
+__all__ = ["CLIENT_ERRORS", "KafkaLog", "PortAssignor", "as_log_error"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,18 @@ def _out_of_range(exc: OffsetOutOfRangeError, fallback: Iterable[TopicPart]) -> 
     named = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
     parts = [_part(tp) for tp in named] or list(fallback)
     return OffsetOutOfRange(parts)
+
+
+#: The Kafka client's own errors, for the edges that call the Kafka layer's admin helpers
+#: directly (the command line, the wire's error table): :func:`as_log_error` translates them.
+CLIENT_ERRORS: tuple[type[Exception], ...] = (KafkaError,)
+
+
+def as_log_error(exc: Exception) -> LogError:
+    """One of :data:`CLIENT_ERRORS` as the port's error (its kind and whether to retry)."""
+    if not isinstance(exc, KafkaError):
+        raise TypeError(f"not a Kafka client error: {exc!r}")
+    return _log_error(exc)
 
 
 def _log_error(exc: KafkaError) -> LogError:
