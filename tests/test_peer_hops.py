@@ -10,6 +10,7 @@ real peer listener (uvicorn, certificates made for the test) and sends through `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 from pathlib import Path
@@ -40,7 +41,7 @@ from bridge.server.hops import (
     canonical,
 )
 from bridge.server.http import McpHttp, RawEndpoint
-from bridge.server.peers import OwnerSuspected, Peers, client_tls
+from bridge.server.peers import MAX_REMEMBERED_OWNERS, OwnerSuspected, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.runner import peer_listener
 from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
@@ -847,3 +848,46 @@ async def test_a_failure_of_a_request_begun_before_the_owner_last_answered_suspe
     again = await peers.forward(HERE, "POST", headers, body, ALICE)  # not suspected
     assert again.status == 200
     await peers.close()
+
+
+async def test_owners_that_came_and_went_are_forgotten() -> None:
+    """A replica restarted with a new URL is a new owner: what was known of the old ones is
+    forgotten once it no longer matters, so the memory stays bounded however many come."""
+    clock = Clock()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.host.endswith(".down"):
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}})
+
+    peers = Peers(PeerAuth(SECRET, HERE), timeout_s=30.0, suspect_s=2.0, clock=clock)
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    remembered = []
+    for i in range(1000):
+        state = "down" if i % 3 == 0 else "up"
+        with pytest.raises(RpcError) if state == "down" else contextlib.nullcontext():
+            await peers.call(
+                f"http://replica-{i}.{state}:8081", "tasks/get", {"taskId": "t1"}, ALICE
+            )
+        remembered.append(len(peers._answered) + len(peers._suspects))
+        clock.now += 1.0
+    assert max(remembered) <= MAX_REMEMBERED_OWNERS + 1
+    assert "http://replica-998.up:8081" in peers._answered  # the latest is kept
+    await peers.close()
+
+
+async def test_no_spare_connection_is_opened_once_the_pool_is_closing() -> None:
+    held = asyncio.Event()
+
+    async def healthz(request: httpx.Request) -> httpx.Response:
+        await held.wait()  # a spare in flight when the pool closes
+        return httpx.Response(200)
+
+    peers = Peers(PeerAuth(SECRET, HERE))
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(healthz))
+    peers._spare("http://a:8081")
+    closing = asyncio.create_task(peers.close())
+    await asyncio.sleep(0)  # a yield: close() now waits for the cancelled spare
+    peers._spare("http://b:8081")  # e.g. a forwarded stream ending as the replica stops
+    assert "http://b:8081" not in peers._warming
+    await closing
