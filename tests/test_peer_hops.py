@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import ssl
 from pathlib import Path
@@ -27,6 +29,7 @@ from support.procs import free_port
 from test_listen import FakeStreams, FakeTasks
 
 from bridge.config import Settings, load_settings
+from bridge.keyring import PurposeKey
 from bridge.metrics import HOP_REFUSAL_REASONS, Metrics
 from bridge.server.app import peer_app
 from bridge.server.auth import Authenticator
@@ -891,3 +894,17 @@ async def test_no_spare_connection_is_opened_once_the_pool_is_closing() -> None:
     peers._spare("http://b:8081")  # e.g. a forwarded stream ending as the replica stops
     assert "http://b:8081" not in peers._warming
     await closing
+
+
+def test_hops_and_view_tokens_share_one_signer_whose_derivation_is_a_wire_format() -> None:
+    """Replicas of two versions check each other's hops and view tokens during a rolling
+    update: the key derivation is pinned here (SHA-256 of purpose, NUL, secret; then HMAC)."""
+    secret, message = b"s" * 32, b"claims"
+    for purpose in (b"mcp-kafka-bridge peer hop v2", b"mcp-kafka-bridge view token"):
+        derived = hashlib.sha256(purpose + b"\0" + secret).digest()
+        expected = hmac.digest(derived, message, "sha256")
+        key = PurposeKey(secret, purpose)
+        assert key.mac(message) == expected and key.verifies(message, expected)
+        assert "s" * 8 not in repr(key)
+    hop, view = (PurposeKey(secret, p) for p in (b"a", b"b"))
+    assert hop.mac(message) != view.mac(message)  # one secret, two purposes, two keys

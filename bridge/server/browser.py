@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import json
 import logging
@@ -40,6 +39,7 @@ from starlette.routing import Route
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskEventTypes
+from bridge.keyring import PurposeKey
 from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.errors import wire_error
 from bridge.server.handlers import Streamed, detailed_task
@@ -125,7 +125,7 @@ class ViewTokens:
     def __init__(self, key: bytes, ttl_s: int, clock: Callable[[], float] = time.time) -> None:
         # Domain separation: the same secret may key other MACs (the peer hop); a view token
         # must never verify as anything else, nor anything else as a view token.
-        self._key = hashlib.sha256(b"mcp-kafka-bridge view token\0" + key).digest()
+        self._key = PurposeKey(key, b"mcp-kafka-bridge view token")
         self.ttl_s = ttl_s
         self._clock = clock
 
@@ -141,7 +141,7 @@ class ViewTokens:
         return cls(key, settings.view_token_ttl_s)
 
     def _mac(self, claims: str) -> str:
-        digest = hmac.new(self._key, claims.encode("ascii"), hashlib.sha256).digest()
+        digest = self._key.mac(claims.encode("ascii"))
         return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
 
     def mint(self, principal: str, task_id: str) -> tuple[str, int]:
