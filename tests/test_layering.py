@@ -6,6 +6,7 @@ CLI imports its commands lazily), so a cycle hidden from start-up time still sho
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +115,36 @@ def test_only_the_tracing_module_imports_opentelemetry():
         "bridge.tracing imports opentelemetry: the scan must see it"
     )
     assert sorted(importers - {"bridge.tracing"}) == []
+
+
+#: Issue 28's count: a Kafka client call or an aiokafka name (a fixed pattern over our source).
+KAFKA_CALLS = re.compile(
+    r"getmany\(|\.seek\(|\.position\(|ConsumerRecord|TopicPartition|begin_transaction"
+    r"|send_and_wait|AIOKafka"
+)
+#: Where Kafka may be spoken: its layer and the development tooling.
+SPEAKS_KAFKA = (KAFKA_LAYER, BRIDGE / "devkafka", BRIDGE / "demo")
+#: Modules that still call a Kafka client themselves (a ratchet: it only ever shrinks, and
+#: issue 28 wants it empty).
+NOT_YET_ON_THE_PORT = {"mcpevents/kafkalog.py"}
+
+
+def kafka_call_lines() -> dict[str, int]:
+    """Lines matching :data:`KAFKA_CALLS` per module of bridge/ (relative path)."""
+    counts: dict[str, int] = {}
+    for path in sorted(BRIDGE.rglob("*.py")):
+        hits = sum(1 for line in path.read_text().splitlines() if KAFKA_CALLS.search(line))
+        if hits:
+            counts[path.relative_to(BRIDGE).as_posix()] = hits
+    return counts
+
+
+def test_outside_the_kafka_layer_no_module_calls_a_kafka_client_but_those_not_yet_moved():
+    counts = kafka_call_lines()
+    assert counts.get("kafka/adapter.py"), "the adapter calls aiokafka: the scan must see it"
+    outside = {
+        name
+        for name in counts
+        if not any((BRIDGE / name).is_relative_to(root) for root in SPEAKS_KAFKA)
+    }
+    assert sorted(outside - NOT_YET_ON_THE_PORT) == []
