@@ -134,7 +134,6 @@ DEV_TOOLING = ("devkafka", "demo")
 #: ratchet that only goes down.
 NOT_YET_ON_THE_PORT: dict[str, tuple[int, int]] = {
     "mcpevents/kafkalog.py": (18, 3),
-    "mcpevents/registry.py": (17, 2),
     "mcpevents/offsets.py": (0, 3),
 }
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.layout import create_served_topics, create_topics, fresh_prefix, make_settings
+from support.inmemory import NO_BROKER, memory_log
+from support.layout import create_topics, fresh_prefix, make_settings
 from support.topics import TopicRecord, replay_records, topic_records
 from support.upgrade_8fd441c import dump, load_fixture, replay
 from test_upgrade_8fd441c import TOOL, serving, upgrade_settings
@@ -299,17 +300,14 @@ def test_after_a_loss_a_task_created_stamped_far_from_its_created_time_is_a_copy
 # --- subscriptions (F7) ----------------------------------------------------------------------
 
 
-@pytest.mark.kafka
-async def test_subscriptions_are_written_in_clear_and_not_resealed_during_the_upgrade(
-    kafka_bootstrap: str,
-) -> None:
+async def test_subscriptions_are_written_in_clear_and_not_resealed_during_the_upgrade() -> None:
     stored = [
         TopicRecord.from_json(r) for r in json.loads((SUBSCRIPTIONS / "records.json").read_text())
     ]
-    settings = rolling(make_settings(kafka_bootstrap, fresh_prefix("uroll")))
-    create_served_topics(settings)
-    await replay_records(settings, settings.topics.subscriptions, stored)
-    registry = SubscriptionRegistry(settings, Sealer(KeyRing("k1", {"k1": b"k" * 32})))
+    settings = rolling(make_settings(NO_BROKER, fresh_prefix("uroll")))
+    log = memory_log(settings)
+    await replay_records(settings, settings.topics.subscriptions, stored, log=log)
+    registry = SubscriptionRegistry(settings, Sealer(KeyRing("k1", {"k1": b"k" * 32})), log=log)
     async with registry:
         async with asyncio.timeout(BOUND):
             await registry.restored.wait()
@@ -322,7 +320,7 @@ async def test_subscriptions_are_written_in_clear_and_not_resealed_during_the_up
             sub, refreshed_ms=sub.refreshed_ms + 1, expires_ms=sub.expires_ms + 1
         )
         await registry.put(refreshed)
-    latest = {r.key: r.value for r in await topic_records(settings)}
+    latest = {r.key: r.value for r in await topic_records(settings, log=log)}
     assert len(latest) == len({r.key for r in stored})
     for value in latest.values():
         assert value is not None and json.loads(value)["v"] == 1  # what 8fd441c reads

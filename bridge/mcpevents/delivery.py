@@ -39,6 +39,7 @@ import httpx
 
 from bridge.component import Component, cancel_and_wait
 from bridge.config import Settings
+from bridge.kafka.port import Log
 from bridge.mcpevents.occurrences import Occurrence, PollBatch
 from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry
 from bridge.mcpevents.subscriptions import DeliveryStatus, Subscription
@@ -455,9 +456,11 @@ class WebhookService(Component):
         on_too_large: Callable[[], None] = lambda: None,
         policy: DeliveryPolicy | None = None,
         shape: Shape = as_is,
+        log: Log | None = None,
     ):
         """``policy``: the loops' (from the settings when None); ``shape``: each event's body;
-        ``on_too_large``: counts events never sent for their size."""
+        ``on_too_large``: counts events never sent for their size; ``log``: the log the
+        subscriptions topic is on (None: the Kafka cluster of ``settings``)."""
         self.settings = settings
         self.poll = poll
         self.now_ms = now_ms
@@ -477,11 +480,11 @@ class WebhookService(Component):
         )
         self.on_throttled = on_throttled
         self.on_too_large = on_too_large
-        self.registry = SubscriptionRegistry(settings, sealer)
+        self.registry = SubscriptionRegistry(settings, sealer, log=log)
         self.deliveries = WebhookDeliveries(self._delivery, self.registry)
         self.registry.on_change = self.deliveries.changed
         self.ownership = PartitionOwnership(
-            settings, assigned=self.deliveries.assigned, revoked=self.deliveries.revoked
+            settings, assigned=self.deliveries.assigned, revoked=self.deliveries.revoked, log=log
         )
 
     def current(self, sub_id: str) -> Subscription | None:

@@ -3,8 +3,15 @@
 ``<prefix>.event-subscriptions`` is compacted; key = subscription id, value = the subscription
 (:mod:`bridge.mcpevents.subscriptions`), a tombstone when it ends.
 
+Where it sits: above the log port (:class:`~bridge.kafka.port.Log`, the broker's or the
+in-memory one, given by the composition), below the webhook service
+(:mod:`bridge.mcpevents.delivery`). Everything Kafka-shaped is the port's: the writes its
+idempotent producer, the restore :func:`bridge.log.restore.read_to_end`, the live view a port
+:class:`~bridge.kafka.port.Tail`, the delivery group a port group member.
+
 * :class:`SubscriptionRegistry`: every replica reads the whole (small) topic from the beginning
-  and keeps tailing it into a :class:`~bridge.mcpevents.subscriptions.SubscriptionTable`, so any
+  (the restore, up to the ends taken at start) and then tails it from there into a
+  :class:`~bridge.mcpevents.subscriptions.SubscriptionTable`, so any
   replica can answer ``events/subscribe`` (idempotent upsert, per-principal limits, the
   verification cache) and a write is answered only once the writer's own view has applied it.
 * :class:`PartitionOwnership`: a consumer group (``<prefix>.webhooks``) over the same topic, used
@@ -35,24 +42,26 @@ No HTTP and no JSON-RPC here; the record contents (secrets) are never logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from bridge.component import Component, NotStarted, cancel_and_wait
 from bridge.config import Settings
 from bridge.kafka.acls import webhook_group
-from bridge.kafka.clients import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    TopicPartition,
-    committed_consumer,
-    idempotent_producer,
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import (
+    GroupTail,
+    Log,
+    LogError,
+    LogRecord,
+    OffsetOutOfRange,
+    Producer,
+    Tail,
+    TopicPart,
 )
-from bridge.kafka.topics import topic_partition_ids
+from bridge.log.restore import read_to_end
 from bridge.mcpevents.subscriptions import (
     BadRecord,
     NotCanonical,
@@ -65,18 +74,24 @@ from bridge.mcpevents.subscriptions import (
 )
 from bridge.sealing import Sealer, SealError
 
-__all__ = ["PartitionOwnership", "SubscriptionRegistry"]
+__all__ = ["PartitionOwnership", "SubscriptionRegistry", "clear_record"]
 
 log = logging.getLogger(__name__)
 
 #: How long a write may wait for the writer's own view to apply it.
 APPLY_TIMEOUT_S = 30.0
 
+#: How long one poll of the view's tail, or of the delivery group, waits for something.
+POLL_S = 1.0
+
 
 class SubscriptionRegistry(Component):
-    """The subscriptions topic as a table that every replica holds (see the module docstring)."""
+    """The subscriptions topic as a table that every replica holds (see the module docstring).
 
-    def __init__(self, settings: Settings, sealer: Sealer) -> None:
+    ``log``: the log the topic is on (None: the Kafka cluster of ``settings``, opened at
+    start and closed at stop)."""
+
+    def __init__(self, settings: Settings, sealer: Sealer, *, log: Log | None = None) -> None:
         self.settings = settings
         self.sealer = sealer
         self.topic = settings.topics.subscriptions
@@ -87,32 +102,39 @@ class SubscriptionRegistry(Component):
         self.restored = asyncio.Event()
         #: Called with a subscription id whenever its state changed (added, updated, deleted).
         self.on_change: Callable[[str], None] = lambda sub_id: None
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._tail: asyncio.Task[None] | None = None
+        self._log = log
+        self._own_log: KafkaLog | None = None
+        self._producer: Producer | None = None
+        self._view: asyncio.Task[None] | None = None
+        #: The view's position in each partition (-1 until restored): what it has applied.
         self._positions: dict[int, int] = {}
+        #: Why the view stopped (stopped, or failed), once it has: writers then wait no more.
+        self._ended: str | None = None
         self._progress = asyncio.Condition()
 
     async def start(self) -> None:
-        partitions = await topic_partition_ids(self.settings, self.topic)
-        self._producer = idempotent_producer(self.settings, role="webhooks")
-        await self._producer.start()
-        self._consumer = committed_consumer(self.settings, role="webhooks-view")
-        await self._consumer.start()
-        tps = [TopicPartition(self.topic, p) for p in partitions]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_beginning(*tps)
+        if self._log is None:
+            self._own_log = KafkaLog(self.settings, pool_size=1, role="webhooks-view")
+            self._log = self._own_log
+        partitions = await self._log.partitions(self.topic)
+        producer = self._log.producer(role="webhooks")
+        await producer.start()
+        self._producer = producer
         self._positions = {p: -1 for p in partitions}
-        self._tail = asyncio.create_task(self._run(tps), name="webhook-subscriptions-view")
-        self._tail.add_done_callback(_log_crash)
+        self._ended = None
+        self._view = asyncio.create_task(
+            self._run(self._log, partitions), name="webhook-subscriptions-view"
+        )
+        self._view.add_done_callback(_log_crash)
 
     async def stop(self) -> None:
-        if self._tail is not None:
-            await cancel_and_wait(self._tail)
-        for client in (self._consumer, self._producer):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.stop()
+        await cancel_and_wait(self._view)
+        if self._producer is not None:
+            await self._producer.close()
+            self._producer = None
+        if self._own_log is not None:
+            await self._own_log.close()
+            self._own_log = self._log = None
 
     async def put(self, sub: Subscription) -> None:
         """Write ``sub``, its secrets sealed, and return once this replica's view applied it.
@@ -149,43 +171,83 @@ class SubscriptionRegistry(Component):
     async def _write(self, key: str, value: bytes | None) -> None:
         if self._producer is None:
             raise NotStarted("the subscription registry")
-        sent = await self._producer.send_and_wait(self.topic, value, key=key.encode())
+        sent = await self._producer.send(self.topic, value, key=key.encode())
         await self._reached({sent.partition: sent.offset + 1})
 
     async def caught_up(self, partitions: Iterable[int]) -> None:
         """Return once the view has read ``partitions`` up to their current end."""
-        if self._consumer is None:
+        if self._log is None:
             raise NotStarted("the subscription registry")
-        tps = [TopicPartition(self.topic, p) for p in partitions]
-        ends = await self._consumer.end_offsets(tps)
-        await self._reached({tp.partition: end for tp, end in ends.items()})
+        ends = await self._log.log_ends(self._parts(partitions))
+        await self._reached({part.partition: end for part, end in ends.items()})
 
-    async def _reached(self, targets: dict[int, int]) -> None:
+    async def _reached(self, targets: Mapping[int, int]) -> None:
+        """Wait (bounded) until the view has applied ``targets``; a view that stopped or
+        failed meanwhile ends the wait with a retriable :class:`LogError`."""
+
         def done() -> bool:
+            if self._ended is not None:
+                raise LogError(f"the webhook subscriptions view {self._ended}", retriable=True)
             return all(self._positions.get(p, -1) >= end for p, end in targets.items())
 
         async with asyncio.timeout(APPLY_TIMEOUT_S), self._progress:
             await self._progress.wait_for(done)
 
-    async def _run(self, tps: list[TopicPartition]) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        ends = await consumer.end_offsets(tps)
-        restore = {tp.partition: end for tp, end in ends.items()}
-        while True:
-            batches = await consumer.getmany(timeout_ms=500)
-            for tp, records in batches.items():
-                for record in records:
-                    await self._apply(tp.partition, record.offset, record.key, record.value)
-            positions = {tp.partition: await consumer.position(tp) for tp in tps}
+    def _parts(self, partitions: Iterable[int]) -> list[TopicPart]:
+        return [TopicPart(self.topic, p) for p in sorted(set(partitions))]
+
+    async def _run(self, port: Log, partitions: list[int]) -> None:
+        """The view: the topic restored up to its end at start, then tailed from there."""
+        ended = "stopped"
+        try:
+            positions = await self._restore(port, self._parts(partitions))
+            async with port.tail("webhooks-view") as tail:
+                tail.assign(positions)
+                await self._tail(port, tail)
+        except Exception:
+            ended = "failed"
+            raise
+        finally:
+            # Writers waiting for the view are told now, not at their timeout.
+            self._ended = ended
             async with self._progress:
-                self._positions = positions
                 self._progress.notify_all()
-            if not self.restored.is_set() and all(positions[p] >= e for p, e in restore.items()):
-                self.restored.set()
-                log.info(
-                    "webhook subscriptions restored: %d", len(self.table.in_partitions(positions))
-                )
+
+    async def _restore(self, port: Log, parts: list[TopicPart]) -> dict[TopicPart, int]:
+        """Apply every record up to the ends taken now (the one compacted-topic restore),
+        in offset order within each partition; the positions the tail goes on from."""
+        ends = await port.log_ends(parts)
+        records: list[LogRecord] = []
+        await read_to_end(port, parts, records.append, role="webhooks-view")
+        for record in records:
+            # The restore may read past the ends taken here: the tail reads those again.
+            if record.offset < ends[TopicPart(record.topic, record.partition)]:
+                await self._apply(record.partition, record.offset, record.key, record.value)
+        await self._advance({part.partition: end for part, end in ends.items()})
+        self.restored.set()
+        held = self.table.in_partitions(part.partition for part in parts)
+        log.info("webhook subscriptions restored: %d", len(held))
+        return ends
+
+    async def _tail(self, port: Log, tail: Tail) -> None:
+        while True:
+            try:
+                polled = await tail.poll(POLL_S)
+            except OffsetOutOfRange as gone:  # the log start passed the view: read on from it
+                starts = await port.log_starts(gone.parts)
+                log.warning("subscriptions topic: the view reads on from the log start %s", starts)
+                for part, start in starts.items():
+                    tail.reposition(part, start)
+                continue
+            for part, records in polled.records.items():
+                for record in records:
+                    await self._apply(part.partition, record.offset, record.key, record.value)
+            await self._advance({part.partition: at for part, at in polled.positions.items()})
+
+    async def _advance(self, positions: Mapping[int, int]) -> None:
+        async with self._progress:
+            self._positions.update(positions)
+            self._progress.notify_all()
 
     async def _apply(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -252,7 +314,7 @@ def clear_record(sub: Subscription) -> bytes:
 
 def _log_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("webhook subscriptions view stopped", exc_info=task.exception())
+        log.error("%s stopped", task.get_name(), exc_info=task.exception())
 
 
 Partitions = Callable[[list[int]], Awaitable[None]]
@@ -260,57 +322,76 @@ Partitions = Callable[[list[int]], Awaitable[None]]
 
 class PartitionOwnership(Component):
     """Membership of the webhook delivery group: ``assigned`` and ``revoked`` are told which
-    partitions of the subscriptions topic this replica delivers (see the module docstring)."""
+    partitions of the subscriptions topic this replica delivers (see the module docstring).
 
-    def __init__(self, settings: Settings, *, assigned: Partitions, revoked: Partitions) -> None:
+    A member of the port's group (:meth:`~bridge.kafka.port.Log.group_tail`), as the indexer
+    and the workers are. ``log``: as for :class:`SubscriptionRegistry`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        assigned: Partitions,
+        revoked: Partitions,
+        log: Log | None = None,
+    ) -> None:
         self.settings = settings
         self.assigned = assigned
         self.revoked = revoked
-        self._consumer: AIOKafkaConsumer | None = None
+        self._log = log
+        self._own_log: KafkaLog | None = None
+        self._member: GroupTail | None = None
         self._loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        # The records are read by the view: this consumer only drives the group protocol, so
-        # it never commits and starts at the end (it reads nothing; its partitions are paused).
-        self._consumer = committed_consumer(
-            self.settings,
+        if self._log is None:
+            self._own_log = KafkaLog(self.settings, pool_size=1, role="webhooks")
+            self._log = self._own_log
+        topics = self.settings.topics
+        # The records are read by the view: this member only takes part in the group, so it
+        # never commits and starts at the end (it reads nothing; its partitions are paused).
+        member = self._log.group_tail(
+            webhook_group(topics),
+            [topics.subscriptions],
+            _Listener(self),
+            reset="latest",
             role="webhooks",
-            group_id=webhook_group(self.settings.topics),
-            auto_offset_reset="latest",
-            enable_auto_commit=False,
         )
-        self._consumer.subscribe([self.settings.topics.subscriptions], listener=_Listener(self))
-        await self._consumer.start()
-        self._loop = asyncio.create_task(self._run(), name="webhook-ownership")
+        self._member = member  # before joining: the listener pauses what it is assigned
+        await member.start()
+        self._loop = asyncio.create_task(self._run(member), name="webhook-ownership")
         self._loop.add_done_callback(_log_crash)
 
     async def stop(self) -> None:
-        if self._loop is not None:
-            await cancel_and_wait(self._loop)
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.stop()  # leaves the group: the others take over at once
+        await cancel_and_wait(self._loop)
+        if self._member is not None:
+            await self._member.close()  # leaves the group: the others take over at once
+            self._member = None
+        if self._own_log is not None:
+            await self._own_log.close()
+            self._own_log = self._log = None
 
-    async def _run(self) -> None:
-        assert self._consumer is not None
+    async def _run(self, member: GroupTail) -> None:
         while True:
-            await self._consumer.getmany(timeout_ms=1000)  # heartbeats, rebalances
+            await member.poll(POLL_S)  # heartbeats and rebalances: the listener runs inside
 
-    async def _on_assigned(self, tps: list[TopicPartition]) -> None:
-        if self._consumer is not None and tps:
-            self._consumer.pause(*tps)
-        await self.assigned(sorted(tp.partition for tp in tps))
+    async def _on_assigned(self, parts: frozenset[TopicPart]) -> None:
+        if self._member is not None and parts:
+            self._member.pause(*parts)
+        await self.assigned(sorted(part.partition for part in parts))
 
-    async def _on_revoked(self, tps: list[TopicPartition]) -> None:
-        await self.revoked(sorted(tp.partition for tp in tps))
+    async def _on_revoked(self, parts: frozenset[TopicPart]) -> None:
+        await self.revoked(sorted(part.partition for part in parts))
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Listener:
+    """The delivery group's callbacks (a port :class:`~bridge.kafka.port.GroupListener`)."""
+
     def __init__(self, owner: PartitionOwnership) -> None:
         self.owner = owner
 
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.owner._on_revoked(list(revoked))
+    async def revoked(self, parts: frozenset[TopicPart]) -> None:
+        await self.owner._on_revoked(parts)
 
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.owner._on_assigned(list(assigned))
+    async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
+        await self.owner._on_assigned(parts)

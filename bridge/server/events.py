@@ -45,6 +45,7 @@ import httpx
 
 from bridge.config import Settings, env_name, task_cursor_version
 from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
+from bridge.kafka.port import Log
 from bridge.log.indexer import NotOwner
 from bridge.mcpevents import (
     BadCursor,
@@ -215,13 +216,15 @@ def events_extension(
     on_throttled: Callable[[], None] = lambda: None,
     on_too_large: Callable[[], None] = lambda: None,
     catch_up: Callable[[], Awaitable[None]] | None = None,
+    port: Log | None = None,
 ) -> EventsMethods:
     """The extension with the bridge's event sources (what :mod:`bridge.server.app` wires);
     ``streams`` admits each push stream (the stream hub); ``routing`` and ``peers`` when
     replicas divide the partitions; ``on_throttled`` counts webhook verifications refused by
     the throttle, ``on_too_large`` webhook events whose body stays over the profile's bound;
     ``catch_up`` catches the index up with the log before a task event cursor
-    past the head is refused."""
+    past the head is refused; ``port`` is the log port the webhook subscriptions topic is on
+    (None: the Kafka cluster of ``settings``)."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
         tasks,
@@ -244,6 +247,7 @@ def events_extension(
         on_throttled=on_throttled,
         on_too_large=on_too_large,
         tasks=tasks,
+        port=port,
     )
     return EventsMethods(
         sources,
@@ -598,12 +602,14 @@ def webhook_methods(
     on_throttled: Callable[[], None] = lambda: None,
     on_too_large: Callable[[], None] = lambda: None,
     tasks: TaskLookup | None = None,
+    port: Log | None = None,
 ) -> WebhookMethods:
     """Webhook subscriptions over ``sources``; delivery only when callers authenticate and a
     key seals the secrets at rest (:func:`webhook_sealer`). The deployment's client profile
     (:class:`~bridge.server.profile.EventsProfile`) sets the loops' envelopes and bodies;
     ``tasks`` reads the outcomes it puts inline (here, or at the task's owner);
-    ``on_too_large`` counts the events whose body stays over the profile's bound (never sent)."""
+    ``on_too_large`` counts the events whose body stays over the profile's bound (never sent);
+    ``port``: the log the subscriptions topic is on (None: the Kafka cluster of ``settings``)."""
     by_name = {source.name: source for source in sources}
     profile = EventsProfile.of(settings)
     sealer = webhook_sealer(settings) if settings.auth.mode != "none" else None
@@ -625,6 +631,7 @@ def webhook_methods(
             shape=fitted_bodies(
                 settings, profile, task_outcomes(tasks, routing=routing, peers=peers)
             ),
+            log=port,
         )
     return WebhookMethods(settings, by_name, service, profile=profile)
 

@@ -29,7 +29,9 @@ def serving(
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ca.issue_cert(*names).configure_cert(context)
         server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for the loop's next look at its flag (0.5 s by default,
+    # which every test using a receiver paid at its teardown).
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield int(server.server_address[1])

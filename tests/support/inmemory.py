@@ -11,8 +11,9 @@ The log lives on the server's loop: test code reaches it with :meth:`MemoryBridg
 (a coroutine run there, its result returned here) or through :attr:`MemoryBridge.log`, a
 :class:`LoopLog` that does so for every port call a producer or a reader makes.
 
-What it does not cover: the Events extension's topic sources and the webhook registry read
-Kafka themselves still; tests of those stay on the broker tier.
+What it does not cover: the Events extension's topic sources read Kafka themselves still
+(a webhook subscription to one of them is delivered only on the broker); tests of those stay
+on the broker tier.
 """
 
 from __future__ import annotations
@@ -268,19 +269,25 @@ def _logged_to(path: Path | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def memory_bridge(
-    settings: Settings, *, workers: bool = True, log_path: Path | None = None
+    settings: Settings,
+    *,
+    workers: bool = True,
+    log_path: Path | None = None,
+    memory: MemoryLog | None = None,
 ) -> Iterator[MemoryBridge]:
     """The bridge of ``settings`` served in this process over a fresh memory log, with the
     packs' workers when ``workers``; yielded once it is ready (its lifespan has run).
-    ``log_path``: where its log lines go (else uvicorn logs warnings only, as it does)."""
-    with _logged_to(log_path), _serving(settings, workers) as running:
+    ``log_path``: where its log lines go (else uvicorn logs warnings only, as it does).
+    ``memory``: the log to serve instead of a fresh one (what an earlier bridge, or the test,
+    wrote to it; a restart is a new bridge on the same log, once the earlier one stopped)."""
+    with _logged_to(log_path), _serving(settings, workers, memory) as running:
         running.log_path = log_path
         yield running
 
 
 @contextlib.contextmanager
-def _serving(settings: Settings, workers: bool) -> Iterator[MemoryBridge]:
-    memory = memory_log(settings)
+def _serving(settings: Settings, workers: bool, memory: MemoryLog | None) -> Iterator[MemoryBridge]:
+    memory = memory if memory is not None else memory_log(settings)
     companions = [_companion(memory)] if workers else []
     app = create_app(settings, companions=companions, log=memory)
     config = uvicorn.Config(

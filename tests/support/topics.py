@@ -14,7 +14,9 @@ from typing import Any
 
 from bridge.config import Settings
 from bridge.kafka.clients import TopicPartition, committed_consumer, idempotent_producer
+from bridge.kafka.port import Log, LogRecord, TopicPart
 from bridge.kafka.topics import topic_partition_ids
+from bridge.log.restore import read_to_end
 
 __all__ = ["TopicRecord", "replay_records", "topic_records"]
 
@@ -58,10 +60,14 @@ def _unb64(text: str | None) -> bytes | None:
     return None if text is None else base64.b64decode(text, validate=True)
 
 
-async def topic_records(settings: Settings, topic: str | None = None) -> list[TopicRecord]:
+async def topic_records(
+    settings: Settings, topic: str | None = None, *, log: Log | None = None
+) -> list[TopicRecord]:
     """Every record of ``topic`` (the subscriptions topic by default) up to its current end,
-    in partition then offset order."""
+    in partition then offset order; from ``log`` when given (else the broker of ``settings``)."""
     name = topic or settings.topics.subscriptions
+    if log is not None:
+        return await _port_records(log, name)
     partitions = [TopicPartition(name, p) for p in await topic_partition_ids(settings, name)]
     consumer = committed_consumer(settings, auto_offset_reset="earliest")
     await consumer.start()
@@ -82,8 +88,37 @@ async def topic_records(settings: Settings, topic: str | None = None) -> list[To
         await consumer.stop()
 
 
-async def replay_records(settings: Settings, topic: str, records: Iterable[TopicRecord]) -> None:
-    """Write ``records`` to ``topic`` in their own partitions, in the given order."""
+async def _port_records(log: Log, topic: str) -> list[TopicRecord]:
+    records: list[TopicRecord] = []
+
+    def keep(r: LogRecord) -> None:
+        records.append(TopicRecord(r.partition, r.offset, r.key, r.value, tuple(r.headers)))
+
+    parts = [TopicPart(topic, p) for p in await log.partitions(topic)]
+    await read_to_end(log, parts, keep, role="test")
+    return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+async def replay_records(
+    settings: Settings, topic: str, records: Iterable[TopicRecord], *, log: Log | None = None
+) -> None:
+    """Write ``records`` to ``topic`` in their own partitions, in the given order; to ``log``
+    when given (else the broker of ``settings``)."""
+    if log is not None:
+        writer = log.producer()
+        await writer.start()
+        try:
+            for record in records:
+                await writer.send(
+                    topic,
+                    record.value,
+                    key=record.key,
+                    partition=record.partition,
+                    headers=record.headers,
+                )
+        finally:
+            await writer.close()
+        return
     producer = idempotent_producer(settings)
     await producer.start()
     try:
