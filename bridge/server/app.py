@@ -100,8 +100,9 @@ async def start_components(
     the indexer has caught up with the log (bounded), so the replica is ready.
 
     ``log``: the log the indexer, the reader and the task service use (None: the Kafka
-    cluster of ``settings``; tests give the in-memory log). The Events extension's topic
-    sources and the webhook registry still read Kafka themselves.
+    cluster of ``settings``; tests give the in-memory log), and the Events extension's topic
+    sources (None: a log of their own, see :func:`~bridge.server.events.offset_sources`). The
+    webhook registry still reads Kafka itself.
 
     Kafka refusing an ACL on the way is raised as :class:`~bridge.kafka.acls.AccessDenied`,
     whose one line (logged here) names the ACL; the replica then never turns ready.
@@ -149,6 +150,7 @@ async def start_components(
                 on_throttled=metrics.webhook_verifications_throttled.inc,
                 on_too_large=metrics.webhook_bodies_too_large.inc,
                 catch_up=indexer.catch_up,
+                topics_log=log,
             )
             await events.start()  # webhook delivery, when offered
             stack.push_async_callback(events.stop)
