@@ -235,6 +235,12 @@ class _Tail:
         at = await self.owner.log.log_ends(parts)
         async with self.owner.log.tail("event-sources-tail") as tail:
             tail.assign(at)
+            # Where it starts, said as an empty chunk per partition: a subscriber that read the
+            # log only up to an earlier end (the tail started after it subscribed, or restarted)
+            # sees a hole there and reads the log again, instead of waiting for records the
+            # tail will never offer.
+            for part, start in at.items():
+                self._offer(Chunk(part.partition, start, start))
             while True:
                 self._offer_polled(await tail.poll(TAIL_POLL_S), at)
 

@@ -418,7 +418,7 @@ class _Push:
                 if at is None or chunk.end <= at:
                     continue
                 if chunk.start > at:
-                    return  # a hole (the tail restarted): read from Kafka
+                    return  # a hole (the tail started past us, or restarted): read Kafka
                 for record in chunk.records:
                     if record.offset < at:
                         continue
