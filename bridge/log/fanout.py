@@ -18,6 +18,9 @@ of other types undecoded (:class:`~bridge.log.indexer.IndexedEvent` decodes on f
 an event is decoded only when a subscriber reads it, and most tasks have no subscriber.
 
 The stream hub and the task service both subscribe here; this module knows nothing of either.
+The buffer itself, :class:`LiveBuffer`, is the bridge's one bounded live buffer: the Events
+topic tail (:mod:`bridge.mcpevents.kafkalog`) offers its chunks to the same class, weighed by
+their records.
 """
 
 from __future__ import annotations
