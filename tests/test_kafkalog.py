@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from support.imports import BRIDGE
 from support.waits import BOUND, wait_until
 
 from bridge.kafka.memory import MemoryLog
@@ -269,3 +271,19 @@ async def test_a_push_stream_delivers_what_is_written_as_it_opens_and_ends_on_cl
 def _waits(events: Everything) -> bool:
     tail = events.live._tails.get(TOPIC)
     return tail is not None and any(feed.waiter is not None for feed in tail.feeds)
+
+
+# --- the seam --------------------------------------------------------------------------------
+
+#: Issue 28's count of Kafka client calls and aiokafka types outside bridge/kafka/.
+KAFKA_CALLS = re.compile(
+    r"getmany\(|\.seek\(|\.position\(|ConsumerRecord|TopicPartition|begin_transaction"
+    r"|send_and_wait|AIOKafka"
+)
+
+
+@pytest.mark.parametrize("module", ["kafkalog.py", "offsets.py"])
+def test_the_events_log_reader_goes_through_the_port_only(module: str) -> None:
+    source = (BRIDGE / "mcpevents" / module).read_text()
+    assert [line for line in source.splitlines() if KAFKA_CALLS.search(line)] == []
+    assert "bridge.kafka.clients" not in source and "aiokafka" not in source

@@ -2,7 +2,7 @@
 
 Where it sits: between the log port (:mod:`bridge.kafka.port`) and the offset sources
 (:mod:`bridge.mcpevents.offsets`). Two readers, both of committed records only, both on a
-:class:`~bridge.kafka.port.Log` given by the composition (the aiokafka adapter in production,
+:class:`~bridge.kafka.port.Log` given by the composition (the Kafka adapter in production,
 the in-memory log in tests and the simulation):
 
 * :class:`TopicReader`: history. "The records of partition p from offset o" through
