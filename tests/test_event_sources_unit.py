@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from bridge.config import EventSourceSpec, Settings
-from bridge.kafka.clients import OffsetOutOfRangeError
+from bridge.kafka.port import OffsetOutOfRange
 from bridge.mcpevents.configured import ConfiguredSource, NotPermitted, input_schema
 from bridge.mcpevents.cursor import (
     BadCursor,
@@ -96,7 +96,7 @@ class FakeTopic:
     async def fetch(self, topic: str, partition: int, offset: int) -> Chunk:
         self.fetches += 1
         if offset < self.begins.get(partition, 0):
-            raise OffsetOutOfRangeError({})
+            raise OffsetOutOfRange(())
         records = self.records[partition][offset : offset + self.per_fetch]
         return Chunk(partition, offset, offset + len(records), records)
 
@@ -107,11 +107,11 @@ class FakeTopic:
 class WatchedFeed(Feed):
     """A feed that says when its stream waits on it (the stream is then in its live phase)."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
+    def __init__(self, topic: str, limit: int) -> None:
+        super().__init__(topic, limit)
         self.waiting = asyncio.Event()
 
-    async def wait(self, idle_s: float) -> bool:
+    async def wait(self, idle_s: float | None = None) -> bool:
         self.waiting.set()
         return await super().wait(idle_s)
 
@@ -134,7 +134,7 @@ class FakeLive:
 
     @contextlib.asynccontextmanager
     async def subscribe(self, topic: str, limit: int) -> AsyncIterator[Feed]:
-        self._feed = WatchedFeed(limit)
+        self._feed = WatchedFeed(topic, limit)
         yield self._feed
 
     async def close(self) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from bridge.config import Settings, task_cursor_version
 from bridge.envelope import TaskEvent
-from bridge.kafka.clients import OffsetOutOfRangeError
+from bridge.kafka.port import OffsetOutOfRange
 from bridge.log.reader import NotRetained
 from bridge.mcpevents import TaskEvents
 from bridge.mcpevents.configured import NotPermitted
@@ -196,7 +196,7 @@ class SlowTopic:
 
     async def fetch(self, topic: str, partition: int, offset: int) -> Chunk:
         if offset < 0:
-            raise OffsetOutOfRangeError({})
+            raise OffsetOutOfRange(())
         self.clock.now += 1.0
         got = self.records[offset : offset + 2]
         return Chunk(partition, offset, offset + len(got), got)
@@ -210,7 +210,7 @@ class QuietTail:
 
     @contextlib.asynccontextmanager
     async def subscribe(self, topic: str, limit: int) -> AsyncIterator[Feed]:
-        yield Feed(limit)
+        yield Feed(topic, limit)
 
     async def close(self) -> None:
         pass

@@ -130,12 +130,6 @@ KAFKA_NAMES = re.compile(
 )
 #: Development tooling that drives a broker itself (a local broker, a cluster, the demo).
 DEV_TOOLING = ("devkafka", "demo")
-#: Modules not yet moved onto the port, and how many lines of each rule they still have: a
-#: ratchet that only goes down.
-NOT_YET_ON_THE_PORT: dict[str, tuple[int, int]] = {
-    "mcpevents/kafkalog.py": (18, 3),
-    "mcpevents/offsets.py": (0, 3),
-}
 
 
 def _outside_the_kafka_layer() -> Iterator[tuple[str, str]]:
@@ -158,7 +152,4 @@ def test_no_module_outside_the_kafka_layer_calls_a_kafka_client_or_names_its_typ
         )
         if counts != (0, 0):
             found[rel] = counts
-    for rel, counts in found.items():
-        allowed = NOT_YET_ON_THE_PORT.get(rel, (0, 0))
-        assert counts[0] <= allowed[0] and counts[1] <= allowed[1], (rel, counts)
-    assert sorted(found) == sorted(NOT_YET_ON_THE_PORT), "lower the ratchet: " + repr(found)
+    assert found == {}, "speak to the log port (bridge/kafka/port.py) instead"

@@ -18,6 +18,9 @@ of other types undecoded (:class:`~bridge.log.indexer.IndexedEvent` decodes on f
 an event is decoded only when a subscriber reads it, and most tasks have no subscriber.
 
 The stream hub and the task service both subscribe here; this module knows nothing of either.
+The buffer itself, :class:`LiveBuffer`, is the bridge's one bounded live buffer: the Events
+topic tail (:mod:`bridge.mcpevents.kafkalog`) offers its chunks to the same class, weighed by
+their records.
 """
 
 from __future__ import annotations
@@ -26,10 +29,21 @@ import asyncio
 import contextlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from bridge.log.indexer import IndexedEvent, Indexer
 
-__all__ = ["CANCELLED", "DRAINING", "MOVED", "Fanout", "Subscription", "SubscriptionClosed"]
+__all__ = [
+    "CANCELLED",
+    "DRAINING",
+    "MOVED",
+    "Fanout",
+    "LiveBuffer",
+    "Subscription",
+    "SubscriptionClosed",
+]
+
+T = TypeVar("T")
 
 #: Why a subscription was closed (:attr:`SubscriptionClosed.reason`).
 MOVED = "moved"
@@ -57,48 +71,84 @@ class SubscriptionClosed(Exception):
         return f"the live events of task {self.task_id} ended here ({self.reason})"
 
 
-class Subscription:
-    """One subscriber's place in the fan-out: a bounded buffer the tail appends to."""
+class LiveBuffer(Generic[T]):
+    """One subscriber's bounded buffer of live items, closed explicitly: the one bounded live
+    buffer of the bridge (a task's events here, a topic's chunks in
+    :mod:`bridge.mcpevents.kafkalog`).
 
-    __slots__ = ("buffer", "closed", "limit", "overflowed", "reason", "task_id", "waiter")
+    ``limit`` bounds the total ``weigh`` of what it holds (each item weighs 1 when ``weigh``
+    is None). Past it, it drops everything and says ``overflowed``: the owner reads the log
+    again instead of the producer waiting for it; nothing more is buffered until
+    :meth:`reset`. ``name`` is what it follows (a task id, a topic), named by
+    :class:`SubscriptionClosed`.
+    """
 
-    def __init__(self, task_id: str, limit: int) -> None:
-        self.task_id = task_id
+    __slots__ = (
+        "buffer",
+        "closed",
+        "limit",
+        "name",
+        "overflowed",
+        "reason",
+        "size",
+        "waiter",
+        "weigh",
+    )
+
+    def __init__(self, name: str, limit: int, weigh: Callable[[T], int] | None = None) -> None:
+        self.name = name
         self.limit = limit
+        self.weigh = weigh
         #: Made by the first offer: a deque allocates a 64-slot block (~600 B) at once, and most
         #: subscriptions (idle streams) never hold an event.
-        self.buffer: deque[IndexedEvent] | None = None
+        self.buffer: deque[T] | None = None
+        #: The weight held (the number of items when ``weigh`` is None).
+        self.size = 0
         self.overflowed = False
         self.closed = False
         #: Why it was closed (:data:`MOVED`, :data:`DRAINING`, :data:`CANCELLED`), once it is.
         self.reason: str | None = None
         self.waiter: asyncio.Future[bool] | None = None
 
-    def offer(self, indexed: IndexedEvent) -> bool:
-        """Buffer a live event; False (and overflowed) when the subscriber is too far behind."""
+    def offer(self, item: T) -> bool:
+        """Buffer a live item; False (and overflowed) when the subscriber is too far behind."""
+        if self.overflowed:
+            return False
+        weight = 1 if self.weigh is None else self.weigh(item)
+        if self.size + weight > self.limit:
+            self.lose()
+            return False
         if self.buffer is None:
             self.buffer = deque()
-        if len(self.buffer) >= self.limit:
-            self.overflowed = True
-            self.buffer.clear()
-        else:
-            self.buffer.append(indexed)
+        self.buffer.append(item)
+        self.size += weight
         self._wake()
-        return not self.overflowed
+        return True
 
-    def take(self) -> list[IndexedEvent]:
+    def lose(self) -> None:
+        """Drop what is buffered and say ``overflowed`` (what was offered, or is about to be,
+        cannot be trusted: the owner reads the log again); wakes the waiter."""
+        self.overflowed = True
+        self._clear()
+        self._wake()
+
+    def take(self) -> list[T]:
         """Everything buffered, oldest first; the buffer is empty afterwards."""
         if not self.buffer:
             return []
         taken = list(self.buffer)
-        self.buffer.clear()
+        self._clear()
         return taken
 
     def reset(self) -> None:
         """Forget the buffer and the overflow (the owner is about to re-read from Kafka)."""
         self.overflowed = False
+        self._clear()
+
+    def _clear(self) -> None:
         if self.buffer is not None:
             self.buffer.clear()
+        self.size = 0
 
     def close(self, reason: str = CANCELLED) -> None:
         """End the subscription from outside (a move, a drain, a cancellation): its waiter
@@ -113,7 +163,7 @@ class Subscription:
 
     async def wait(self, idle_s: float | None = None) -> bool:
         """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
-        idle that long. Once the subscription is closed: True while it still holds events to
+        idle that long. Once the subscription is closed: True while it still holds items to
         :meth:`take` (what arrived before the close is delivered, not lost), then
         :class:`SubscriptionClosed`, at once, without suspending: a loop around it that takes
         what it is given ends instead of spinning."""
@@ -141,8 +191,22 @@ class Subscription:
         if self.closed:
             if self.buffer and not self.overflowed:
                 return True
-            raise SubscriptionClosed(self.task_id, self.reason or CANCELLED)
+            raise SubscriptionClosed(self.name, self.reason or CANCELLED)
         return bool(self.buffer) or self.overflowed
+
+
+class Subscription(LiveBuffer[IndexedEvent]):
+    """One subscriber's place in the fan-out: a bounded buffer of one task's events."""
+
+    __slots__ = ()
+
+    def __init__(self, task_id: str, limit: int) -> None:
+        super().__init__(task_id, limit)
+
+    @property
+    def task_id(self) -> str:
+        """The task whose events it holds."""
+        return self.name
 
 
 def _idle(waiter: asyncio.Future[bool]) -> None:

@@ -33,7 +33,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.kafka.clients import OffsetOutOfRangeError
+from bridge.kafka.port import OffsetOutOfRange
+from bridge.log.fanout import SubscriptionClosed
 from bridge.mcpevents.kafkalog import Chunk, Feed, LiveTopics, Record, TopicReader
 from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
 from bridge.mcpevents.pacing import Waiting, paced
@@ -222,7 +223,7 @@ class OffsetSource:
                             else:
                                 chunk = answer
                     assert chunk is not None, "a fetch answers or raises"
-                except OffsetOutOfRangeError:
+                except OffsetOutOfRange:
                     begins, _ = await self.reader.bounds(self.topic, [p])
                     if begins[p] <= positions[p]:
                         raise
@@ -293,7 +294,7 @@ class OffsetSource:
             return None
         try:
             chunk = await self.reader.fetch(self.topic, partition, offset)
-        except OffsetOutOfRangeError:
+        except OffsetOutOfRange:
             return None
         record = next((r for r in chunk.records if r.offset == offset), None)
         found = None if record is None else selection.match(record)
@@ -396,8 +397,11 @@ class _Push:
                         if self.ended:
                             return
                 self.floor = -(2**63)  # maxAgeMs bounds the replay only: live is young
-                async for item in self._live(feed):
-                    yield item
+                try:
+                    async for item in self._live(feed):
+                        yield item
+                except SubscriptionClosed:
+                    return  # the live tails closed: the process is stopping
                 if self.ended:
                     return
 
@@ -414,7 +418,7 @@ class _Push:
                 if at is None or chunk.end <= at:
                     continue
                 if chunk.start > at:
-                    return  # a hole (the tail restarted): read from Kafka
+                    return  # a hole (the tail started past us, or restarted): read Kafka
                 for record in chunk.records:
                     if record.offset < at:
                         continue

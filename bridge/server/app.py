@@ -100,8 +100,9 @@ async def start_components(
     the indexer has caught up with the log (bounded), so the replica is ready.
 
     ``log``: the log the indexer, the reader and the task service use (None: the Kafka
-    cluster of ``settings``; tests give the in-memory log), and so does the webhook
-    registry. The Events extension's topic sources still read Kafka themselves.
+    cluster of ``settings``; tests give the in-memory log), and so do the Events extension's
+    topic sources (None: a log of their own, see :func:`~bridge.server.events.offset_sources`)
+    and its webhook registry.
 
     Kafka refusing an ACL on the way is raised as :class:`~bridge.kafka.acls.AccessDenied`,
     whose one line (logged here) names the ACL; the replica then never turns ready.

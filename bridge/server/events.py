@@ -45,6 +45,7 @@ import httpx
 
 from bridge.config import Settings, env_name, task_cursor_version
 from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
+from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import Log
 from bridge.log.indexer import NotOwner
 from bridge.mcpevents import (
@@ -223,8 +224,9 @@ def events_extension(
     replicas divide the partitions; ``on_throttled`` counts webhook verifications refused by
     the throttle, ``on_too_large`` webhook events whose body stays over the profile's bound;
     ``catch_up`` catches the index up with the log before a task event cursor
-    past the head is refused; ``port`` is the log port the webhook subscriptions topic is on
-    (None: the Kafka cluster of ``settings``)."""
+    past the head is refused; ``port`` is the log the Events extension reads and writes: the
+    topic sources (None: a Kafka log of their own, see :func:`offset_sources`) and the
+    webhook subscriptions topic (None: the Kafka cluster of ``settings``)."""
     task_events = TaskEvents(
         f"{settings.own_types.prefix}.task.event",
         tasks,
@@ -238,7 +240,10 @@ def events_extension(
         catch_up_s=settings.cursor_catch_up_s,
         bind_cursors=task_cursor_version(settings) == 2,
     )
-    sources: list[EventSource] = [task_events, *offset_sources(settings, tasks, stopping)]
+    sources: list[EventSource] = [
+        task_events,
+        *offset_sources(settings, tasks, stopping, port),
+    ]
     webhooks = webhook_methods(
         settings,
         sources,
@@ -259,17 +264,30 @@ def events_extension(
 
 
 def offset_sources(
-    settings: Settings, tasks: TaskLookup, stopping: asyncio.Event
+    settings: Settings,
+    tasks: TaskLookup,
+    stopping: asyncio.Event,
+    log: Log | None = None,
 ) -> list[EventSource]:
     """``<prefix>.task.updated`` and the configured sources, in the settings' order; they share
-    one pool of history readers and one live tail per topic."""
-    reader = TopicReader(settings)
+    one history reader and one live tail per topic, on ``log``.
+
+    ``log`` None: a log of their own on the Kafka cluster of ``settings`` (closed with the
+    sources), whose pool of fetching consumers (role ``event-sources``) is apart from the task
+    streams' reader: a poll over a busy pipeline topic may fetch up to its scan budget, and
+    should not make a task stream's catch-up queue behind it."""
+    if log is None:
+        kafka = KafkaLog(settings, role="event-sources")
+        reader = TopicReader(kafka, on_close=kafka.close)
+        log = kafka
+    else:
+        reader = TopicReader(log)
     common: dict[str, Any] = {
         "queue_size": settings.stream_queue_size,
         "heartbeat_s": settings.stream_keepalive_s,
         "stopping": stopping,
     }
-    live = LiveTopics(settings, reader)
+    live = LiveTopics(log, reader)
     updates = TaskUpdates(
         f"{settings.own_types.prefix}.task.updated",
         settings.topics.updates,
