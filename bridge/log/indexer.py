@@ -93,6 +93,7 @@ class Indexer(Component):
         self.flush_interval_s = flush_interval_s
         self.group = settings.ownership == "group"
         self.assignor: OwnershipAssignor | None = None
+        self._owned = OwnedPartitions()
         #: Events in a partition their task id does not map to (``on_misrouted`` counts each).
         self.misrouted = MisroutedEvents(self.partition_of, on_misrouted)
         #: Verifies the signature of every ``task.created`` record.
@@ -103,8 +104,7 @@ class Indexer(Component):
         #: The tail of the owned partitions (the group's member in ``group`` mode).
         self._reader: Tail | GroupTail | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._owned = OwnedPartitions()
-        self._writer = IndexWriter(settings, self._log, self._owned.partitions, group=self.group)
+        self._writer = IndexWriter(settings, self._log, self._owned, group=self.group)
         self._seq = SeqTail(
             settings,
             self._owned,

@@ -26,6 +26,7 @@ from bridge.config import Settings
 from bridge.kafka.acls import index_writer_id
 from bridge.kafka.port import Log, LogError, TransactionalWriter, WriterFenced
 from bridge.log.indexrestore import IndexerError
+from bridge.log.owned import OwnedPartitions
 from bridge.log.seqindex import PartitionIndex, marker_key, task_key
 from bridge.log.updates import TaskUpdate
 
@@ -41,12 +42,11 @@ class IndexWriter:
     """The index writers of the owned partitions, what each must write next, and the flush."""
 
     def __init__(
-        self, settings: Settings, log_: Log, partitions: dict[int, PartitionIndex], *, group: bool
+        self, settings: Settings, log_: Log, owned: OwnedPartitions, *, group: bool
     ) -> None:
-        """``partitions``: the owned partitions' state (shared with the tail, never copied)."""
         self.settings = settings
         self._log = log_
-        self._partitions = partitions
+        self._partitions = owned.partitions  # one dict for the process's life
         self._group = group
         #: The open writer of each partition this process persists.
         self.writers: dict[int, TransactionalWriter] = {}
