@@ -139,23 +139,14 @@ def _check_credentials(settings: Settings) -> None:
 
 async def _topic_names(settings: Settings) -> set[str]:
     """The cluster's topics: proves the clients can connect with the settings and get metadata."""
-    from bridge.kafka.admin import kafka_admin
-    from bridge.kafka.clients import KafkaError
+    from bridge.kafka.admin import topic_names
+    from bridge.kafka.port import LogError
 
     protocol = settings.kafka_security_protocol
     try:
         with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
-            async with asyncio.timeout(KAFKA_METADATA_TIMEOUT_S), kafka_admin(settings) as admin:
-                while True:
-                    try:
-                        return set(await admin.list_topics())
-                    except KafkaError as exc:
-                        # The admin client asks a random known broker: one that just died is
-                        # still listed until the controller fences it; ask another.
-                        if not exc.retriable:
-                            raise
-                    await asyncio.sleep(0.2)  # the retry's backoff
-    except (KafkaError, TimeoutError) as exc:
+            return await topic_names(settings, KAFKA_METADATA_TIMEOUT_S)
+    except (LogError, TimeoutError) as exc:
         reason = str(exc) or f"no metadata within {KAFKA_METADATA_TIMEOUT_S:g} s"
         raise KafkaUnavailable(
             f"Kafka at {settings.kafka_bootstrap_servers} answers, but its metadata could not "
@@ -297,7 +288,7 @@ def layout_topics(settings: Settings) -> list[str]:
 
 async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[TopicReport]:
     """Create/check the topic layout with ``job_topics``; refusals become a :class:`UserError`."""
-    from bridge.kafka.clients import KafkaError
+    from bridge.kafka.adapter import CLIENT_ERRORS
     from bridge.kafka.topics import TopicLayoutError, create_layout
 
     try:
@@ -305,7 +296,7 @@ async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[T
             return await create_layout(settings, job_topics)
     except TopicLayoutError as exc:
         raise UserError(str(exc)) from None
-    except KafkaError as exc:  # e.g. a replication factor above the number of brokers
+    except CLIENT_ERRORS as exc:  # e.g. a replication factor above the number of brokers
         from bridge.kafka.acls import DOC, is_refusal
 
         if is_refusal(exc):

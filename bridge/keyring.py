@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import os
 import re
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["IDENTITY_HEADER", "Keyring", "KeyringError", "new_keyring_text", "parse_keyring"]
+__all__ = [
+    "IDENTITY_HEADER",
+    "Keyring",
+    "KeyringError",
+    "PurposeKey",
+    "new_keyring_text",
+    "parse_keyring",
+]
 
 _VERSION = "v1"
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
@@ -91,6 +99,31 @@ class Keyring:
             if name == IDENTITY_HEADER:
                 found = value
         return self.verify(message, found)
+
+
+class PurposeKey:
+    """HMAC-SHA256 under a key derived from a secret for one purpose: the one signer of the
+    peer hops and the view tokens. The same secret may key both; domain separation (the
+    purpose is hashed in) means a MAC of one purpose never verifies as the other's. The
+    derivation (SHA-256 of purpose, NUL, secret) is a wire format: replicas of different
+    versions check each other's MACs during a rolling update. Holds key material: no repr of it.
+    """
+
+    __slots__ = ("_key", "purpose")
+
+    def __init__(self, secret: bytes, purpose: bytes) -> None:
+        self.purpose = purpose
+        self._key = hashlib.sha256(purpose + b"\0" + secret).digest()
+
+    def __repr__(self) -> str:
+        return f"PurposeKey(<secret>, purpose={self.purpose!r})"
+
+    def mac(self, message: bytes) -> bytes:
+        return hmac.digest(self._key, message, "sha256")
+
+    def verifies(self, message: bytes, tag: bytes) -> bool:
+        """True when ``tag`` is the MAC of ``message`` (compared in constant time)."""
+        return hmac.compare_digest(self.mac(message), tag)
 
 
 def parse_keyring(text: str) -> Keyring:

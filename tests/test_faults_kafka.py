@@ -38,8 +38,16 @@ from support.waits import wait_until
 from bridge.client import MemoryCursorStore, StreamError, TaskStreamClient
 from bridge.config import Settings
 from bridge.devkafka import LocalCluster
+from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.admin import kafka_admin
-from bridge.kafka.clients import KafkaError, TopicPartition, admin_client, committed_consumer
+from bridge.kafka.clients import (
+    KafkaError,
+    TopicPartition,
+    admin_client,
+    committed_consumer,
+    transactional_producer,
+)
+from bridge.kafka.port import LogError
 from bridge.kafka.topics import topic_layout
 from bridge.log.checker import CheckReport, Recording, check, ground_truth
 
@@ -559,7 +567,9 @@ async def test_a_bridge_started_while_its_index_topic_is_unavailable_is_not_read
                 print(f"\n[fault] index down: readyz {set(seen)}, exited in {exit_s:.1f} s\n{said}")
                 # Never ready; it exits saying why (a supervisor starts it again).
                 assert 200 not in seen
-                assert f"from the index topic {settings.topics.index!r}" in said, said
+                # Either the restore or, when the index writer's last transaction was still
+                # completing as the broker died, the fence of that writer names the topic.
+                assert f"the index topic {settings.topics.index!r}" in said, said
                 await asyncio.to_thread(index_node.start, HEAL_BOUND_S)
                 back = time.monotonic()
                 proc.start()
@@ -579,3 +589,47 @@ async def test_a_bridge_started_while_its_index_topic_is_unavailable_is_not_read
         f"[fault] index back: ready in {ready_s:.1f} s (gave up in {exit_s:.1f} s)\n{report.summary()}"
     )
     assert report.ok and report.finished_streams == 3, report.summary()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.timeout(FAULT_TIMEOUT_S)
+async def test_a_writer_cannot_fence_one_whose_transaction_cannot_complete_and_says_so_in_bounded_time(
+    kafka_cluster: LocalCluster,
+) -> None:
+    # The older writer's open transaction wrote a partition whose one replica then dies: the
+    # coordinator cannot abort it, and answers a newer writer CONCURRENT_TRANSACTIONS until it
+    # can (aiokafka would retry for ever; the bridge's replica would hang in its start).
+    settings = cluster_settings(kafka_cluster, fresh_prefix())
+    direct = direct_settings(kafka_cluster, settings)
+    node = kafka_cluster.node(3)
+    topic = f"{settings.topics.prefix}.one-replica"
+    async with kafka_admin(direct) as admin:
+        await admin.create_topics(
+            [NewTopic(topic, -1, -1, replica_assignments={0: [node.node_id]})], 30_000
+        )
+    writer_id = f"{settings.topics.prefix}.writer"
+    older = transactional_producer(direct, writer_id)
+    await older.start()
+    async with healed(kafka_cluster, direct):
+        try:
+            await older.begin_transaction()
+            await older.send_and_wait(topic, b"never committed", partition=0)
+            node.kill()
+            await wait_until(
+                lambda: leaderless(direct, topic), RECOVERY_BOUND_S, what=f"{topic} has no leader"
+            )
+            short = settings.model_copy(update={"kafka_request_timeout_ms": 2_000})
+            newer = KafkaLog(short).transactional_writer(writer_id)
+            async with asyncio.timeout(60):  # without the bound, start() never returns
+                with pytest.raises(LogError, match="could not become the writer") as refused:
+                    await newer.start()
+            assert refused.value.retriable
+            assert writer_id in str(refused.value)
+        finally:
+            with contextlib.suppress(Exception):
+                await older.stop()
+
+
+async def leaderless(settings: Settings, topic: str) -> bool:
+    return all(p["leader"] == -1 for p in await partitions_of(settings, [topic]))

@@ -700,6 +700,8 @@ def test_the_events_profile_is_set_only_when_it_is_not_the_default(
     ("sets", "message"),
     [
         (["server.replicas=7"], "exceeds topics.partitions"),
+        (["server.groupSessionTimeoutMs=1800000"], "groupSessionTimeoutMs must be 6000..300000"),
+        (["server.groupSessionTimeoutMs=3000"], "groupSessionTimeoutMs must be 6000..300000"),
         (["autoscaling.enabled=true", "autoscaling.maxReplicas=12"], "exceeds topics.partitions"),
         (["auth.existingSecret="], "auth.existingSecret: the Secret holding jwks.json"),
         (["auth.mode=bearer", "auth.existingSecret="], "the Secret holding tokens.json"),

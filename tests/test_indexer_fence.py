@@ -1,41 +1,56 @@
-"""The indexer over the in-memory log when a gained partition's previous index writer cannot
-be fenced (no broker)."""
+"""A replica that cannot fence the previous index writer does not start, and says why
+(the fence itself is bounded in the adapter: tests/test_faults_kafka.py shows it on a cluster)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from support.inmemory import NO_BROKER, memory_log
+from support.inmemory import memory_log
 from support.layout import fresh_prefix, make_settings
 
-from bridge.kafka.memory import MemoryWriter
+from bridge.kafka.acls import index_writer_id
+from bridge.kafka.memory import MemoryLog, MemoryWriter
 from bridge.kafka.port import LogError
 from bridge.log.indexer import Indexer, IndexerError
 
 
-class Unfenceable(MemoryWriter):
-    """A writer whose start fails as a transactional producer's does while the previous
-    writer's transaction cannot end (a partition it wrote has no leader)."""
+class _Writer(MemoryWriter):
+    """Partition 0's writer cannot fence; the others fence after partition 0 gave up."""
+
+    def __init__(self, log: MemoryLog, transactional_id: str, stuck: str, seen: list[str]):
+        super().__init__(log, transactional_id)
+        self.stuck, self.seen = stuck, seen
 
     async def start(self) -> None:
-        raise LogError("CONCURRENT_TRANSACTIONS: the previous transaction is still ending")
+        if self.transactional_id == self.stuck:
+            raise LogError("FenceTimeout: the previous writer's transaction did not complete")
+        for _ in range(100):  # a fence takes round trips: it ends after the failed one
+            await asyncio.sleep(0)
+        await super().start()
+        self.seen.append(f"open {self.transactional_id}")
+
+    async def close(self) -> None:
+        self.seen.append(f"close {self.transactional_id}")
+        await super().close()
 
 
-async def test_a_writer_that_cannot_fence_its_predecessor_stops_the_indexer_naming_the_partitions(
+async def test_a_replica_that_cannot_fence_the_previous_index_writer_refuses_to_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = make_settings(NO_BROKER, fresh_prefix("fence"))
+    settings = make_settings("127.0.0.1:9", fresh_prefix())
     log = memory_log(settings)
-    monkeypatch.setattr(log, "transactional_writer", lambda tid: Unfenceable(log, tid))
+    stuck = index_writer_id(settings.topics, 0)
+    seen: list[str] = []
+    monkeypatch.setattr(log, "transactional_writer", lambda tid: _Writer(log, tid, stuck, seen))
     indexer = Indexer(settings, persist=True, log=log)
-    fence = r"could not fence the previous index writer of events partitions \[0, 1, 2\]"
-    with pytest.raises(IndexerError, match=fence) as raised:
+    with pytest.raises(IndexerError) as refused:
         await indexer.start()
-    assert isinstance(raised.value.__cause__, LogError)
-    assert indexer.partitions == {}  # nothing restored, so nothing served
-
-
-async def test_a_writer_that_fences_lets_the_same_indexer_start() -> None:
-    settings = make_settings(NO_BROKER, fresh_prefix("fence"))
-    async with Indexer(settings, persist=True, log=memory_log(settings)) as indexer:
-        assert sorted(indexer.partitions) == [0, 1, 2]
-        assert indexer.fenced == set()
+    said = str(refused.value)
+    assert "could not fence the previous index writer of events partitions [0, 1, 2]" in said
+    assert f"the index topic {settings.topics.index!r}" in said
+    assert "FenceTimeout" in said
+    assert not indexer.partitions  # nothing is served
+    # The fences that succeeded are closed: no writer outlives the failed start.
+    others = [index_writer_id(settings.topics, p) for p in (1, 2)]
+    assert sorted(seen) == sorted([f"open {t}" for t in others] + [f"close {t}" for t in others])

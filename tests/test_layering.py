@@ -6,6 +6,7 @@ CLI imports its commands lazily), so a cycle hidden from start-up time still sho
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,3 +115,51 @@ def test_only_the_tracing_module_imports_opentelemetry():
         "bridge.tracing imports opentelemetry: the scan must see it"
     )
     assert sorted(importers - {"bridge.tracing"}) == []
+
+
+#: A Kafka client's calls and aiokafka's types, as issue 28 counts them (outside the Kafka layer
+#: and the development tooling there must be none: the domain speaks to the log port).
+KAFKA_CALLS = re.compile(
+    r"getmany\(|\.seek\(|\.position\(|ConsumerRecord|TopicPartition|begin_transaction"
+    r"|send_and_wait|AIOKafka"
+)
+#: aiokafka's errors and result types: code outside the layer catches the port's errors.
+KAFKA_NAMES = re.compile(
+    r"\bKafkaError\b|OffsetOutOfRangeError|ProducerFenced|RecordMetadata|RecordsToDelete"
+    r"|ConsumerRebalanceListener|KafkaTimeoutError"
+)
+#: Development tooling that drives a broker itself (a local broker, a cluster, the demo).
+DEV_TOOLING = ("devkafka", "demo")
+#: Modules not yet moved onto the port, and how many lines of each rule they still have: a
+#: ratchet that only goes down.
+NOT_YET_ON_THE_PORT: dict[str, tuple[int, int]] = {
+    "mcpevents/kafkalog.py": (18, 3),
+    "mcpevents/registry.py": (17, 2),
+    "mcpevents/offsets.py": (0, 3),
+}
+
+
+def _outside_the_kafka_layer() -> Iterator[tuple[str, str]]:
+    for path in sorted(BRIDGE.rglob("*.py")):
+        rel = path.relative_to(BRIDGE).as_posix()
+        if path.is_relative_to(KAFKA_LAYER) or rel.split("/")[0] in DEV_TOOLING:
+            continue
+        yield rel, path.read_text(encoding="utf-8")
+
+
+def test_no_module_outside_the_kafka_layer_calls_a_kafka_client_or_names_its_types():
+    inside = (KAFKA_LAYER / "adapter.py").read_text(encoding="utf-8")
+    assert KAFKA_CALLS.search(inside) and KAFKA_NAMES.search(inside), "the rules must see them"
+    found = {}
+    for rel, text in _outside_the_kafka_layer():
+        lines = text.splitlines()
+        counts = (
+            sum(1 for line in lines if KAFKA_CALLS.search(line)),
+            sum(1 for line in lines if KAFKA_NAMES.search(line)),
+        )
+        if counts != (0, 0):
+            found[rel] = counts
+    for rel, counts in found.items():
+        allowed = NOT_YET_ON_THE_PORT.get(rel, (0, 0))
+        assert counts[0] <= allowed[0] and counts[1] <= allowed[1], (rel, counts)
+    assert sorted(found) == sorted(NOT_YET_ON_THE_PORT), "lower the ratchet: " + repr(found)

@@ -10,6 +10,9 @@ real peer listener (uvicorn, certificates made for the test) and sends through `
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import hmac
 import json
 import ssl
 from pathlib import Path
@@ -26,6 +29,7 @@ from support.procs import free_port
 from test_listen import FakeStreams, FakeTasks
 
 from bridge.config import Settings, load_settings
+from bridge.keyring import PurposeKey
 from bridge.metrics import HOP_REFUSAL_REASONS, Metrics
 from bridge.server.app import peer_app
 from bridge.server.auth import Authenticator
@@ -40,7 +44,7 @@ from bridge.server.hops import (
     canonical,
 )
 from bridge.server.http import McpHttp, RawEndpoint
-from bridge.server.peers import OwnerSuspected, Peers, client_tls
+from bridge.server.peers import MAX_REMEMBERED_OWNERS, OwnerSuspected, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.runner import peer_listener
 from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
@@ -847,3 +851,60 @@ async def test_a_failure_of_a_request_begun_before_the_owner_last_answered_suspe
     again = await peers.forward(HERE, "POST", headers, body, ALICE)  # not suspected
     assert again.status == 200
     await peers.close()
+
+
+async def test_owners_that_came_and_went_are_forgotten() -> None:
+    """A replica restarted with a new URL is a new owner: what was known of the old ones is
+    forgotten once it no longer matters, so the memory stays bounded however many come."""
+    clock = Clock()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.host.endswith(".down"):
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}})
+
+    peers = Peers(PeerAuth(SECRET, HERE), timeout_s=30.0, suspect_s=2.0, clock=clock)
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    remembered = []
+    for i in range(1000):
+        state = "down" if i % 3 == 0 else "up"
+        with pytest.raises(RpcError) if state == "down" else contextlib.nullcontext():
+            await peers.call(
+                f"http://replica-{i}.{state}:8081", "tasks/get", {"taskId": "t1"}, ALICE
+            )
+        remembered.append(len(peers._answered) + len(peers._suspects))
+        clock.now += 1.0
+    assert max(remembered) <= MAX_REMEMBERED_OWNERS + 1
+    assert "http://replica-998.up:8081" in peers._answered  # the latest is kept
+    await peers.close()
+
+
+async def test_no_spare_connection_is_opened_once_the_pool_is_closing() -> None:
+    held = asyncio.Event()
+
+    async def healthz(request: httpx.Request) -> httpx.Response:
+        await held.wait()  # a spare in flight when the pool closes
+        return httpx.Response(200)
+
+    peers = Peers(PeerAuth(SECRET, HERE))
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(healthz))
+    peers._spare("http://a:8081")
+    closing = asyncio.create_task(peers.close())
+    await asyncio.sleep(0)  # a yield: close() now waits for the cancelled spare
+    peers._spare("http://b:8081")  # e.g. a forwarded stream ending as the replica stops
+    assert "http://b:8081" not in peers._warming
+    await closing
+
+
+def test_hops_and_view_tokens_share_one_signer_whose_derivation_is_a_wire_format() -> None:
+    """Replicas of two versions check each other's hops and view tokens during a rolling
+    update: the key derivation is pinned here (SHA-256 of purpose, NUL, secret; then HMAC)."""
+    secret, message = b"s" * 32, b"claims"
+    for purpose in (b"mcp-kafka-bridge peer hop v2", b"mcp-kafka-bridge view token"):
+        derived = hashlib.sha256(purpose + b"\0" + secret).digest()
+        expected = hmac.digest(derived, message, "sha256")
+        key = PurposeKey(secret, purpose)
+        assert key.mac(message) == expected and key.verifies(message, expected)
+        assert "s" * 8 not in repr(key)
+    hop, view = (PurposeKey(secret, p) for p in (b"a", b"b"))
+    assert hop.mac(message) != view.mac(message)  # one secret, two purposes, two keys

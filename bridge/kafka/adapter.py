@@ -38,6 +38,7 @@ from bridge.kafka.clients import (
     ProducerFenced,
     TopicPartition,
     committed_consumer,
+    fence_timeout_s,
     idempotent_producer,
     retriable,
     transactional_producer,
@@ -61,7 +62,7 @@ from bridge.kafka.port import (
 )
 from bridge.kafka.topics import TopicLayoutError, topic_partition_ids
 
-__all__ = ["KafkaLog", "PortAssignor"]
+__all__ = ["CLIENT_ERRORS", "KafkaLog", "PortAssignor", "as_log_error"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,18 @@ def _out_of_range(exc: OffsetOutOfRangeError, fallback: Iterable[TopicPart]) -> 
     named = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
     parts = [_part(tp) for tp in named] or list(fallback)
     return OffsetOutOfRange(parts)
+
+
+#: The Kafka client's own errors, for the edges that call the Kafka layer's admin helpers
+#: directly (the command line, the wire's error table): :func:`as_log_error` translates them.
+CLIENT_ERRORS: tuple[type[Exception], ...] = (KafkaError,)
+
+
+def as_log_error(exc: Exception) -> LogError:
+    """One of :data:`CLIENT_ERRORS` as the port's error (its kind and whether to retry)."""
+    if not isinstance(exc, KafkaError):
+        raise TypeError(f"not a Kafka client error: {exc!r}")
+    return _log_error(exc)
 
 
 def _log_error(exc: KafkaError) -> LogError:
@@ -209,7 +222,11 @@ class KafkaLog:
         return KafkaProducer(idempotent_producer(self.settings, role=role))
 
     def transactional_writer(self, transactional_id: str) -> KafkaWriter:
-        return KafkaWriter(transactional_producer(self.settings, transactional_id))
+        return KafkaWriter(
+            transactional_producer(self.settings, transactional_id),
+            transactional_id=transactional_id,
+            fence_s=fence_timeout_s(self.settings),
+        )
 
 
 class KafkaTail(Closable):
@@ -411,12 +428,31 @@ class KafkaWriter(Closable):
     transaction is refused with :class:`~bridge.kafka.port.WriterFenced` here.
     """
 
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, *, transactional_id: str, fence_s: float
+    ) -> None:
         self._producer = producer
         self._fenced: WriterFenced | None = None
+        self._id = transactional_id
+        self._fence_s = fence_s
 
     async def start(self) -> None:
-        await _mapped(self._producer.start())
+        # aiokafka retries InitProducerId for ever while the coordinator answers
+        # CONCURRENT_TRANSACTIONS, which it does until the older writer's open transaction is
+        # aborted: never, while a partition that transaction wrote has no leader. Bounded here,
+        # so a replica starting then fails saying why instead of hanging.
+        try:
+            async with asyncio.timeout(self._fence_s):
+                await _mapped(self._producer.start())
+        except TimeoutError:
+            await self.close()
+            raise LogError(
+                f"could not become the writer of transactional id {self._id!r} within "
+                f"{self._fence_s:g} s: the previous writer's transaction did not complete (a "
+                "partition it wrote may have no leader)",
+                retriable=True,
+                kind="FenceTimeout",
+            ) from None
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -43,6 +43,7 @@ __all__ = [
     "bootstrap",
     "check_credentials",
     "committed_consumer",
+    "fence_timeout_s",
     "idempotent_producer",
     "partition_for_key",
     "plain_producer",
@@ -78,6 +79,12 @@ DEFAULT_REQUEST_TIMEOUT_MS = 40_000
 def request_timeout_s(settings: Settings) -> float:
     """Seconds a client waits for a broker's answer (the setting, or aiokafka's default)."""
     return (settings.kafka_request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+
+
+def fence_timeout_s(settings: Settings) -> float:
+    """Seconds a new transactional writer waits to fence the older one (InitProducerId): two
+    request timeouts, time for the coordinator to abort the older writer's open transaction."""
+    return 2 * request_timeout_s(settings)
 
 
 def _common(settings: Settings, role: str) -> dict[str, Any]:

@@ -282,6 +282,15 @@ class Producer(Protocol):
 
     async def close(self) -> None: ...
 
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
     async def send(
         self,
         topic: str,
@@ -303,6 +312,15 @@ class TransactionalWriter(Protocol):
         """Register the id: older writers are fenced and their open transaction aborted."""
 
     async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
     def transaction(self) -> TransactionScope:
         """``async with writer.transaction():`` commits on exit, aborts on an exception."""

@@ -443,7 +443,7 @@ class LogStarts:
     may predate the caller, so a caller arriving during one waits for the next): every caller
     sees retention as it was when it asked, exactly as with a request of its own, and any
     number of callers cost one request per round trip. (A remembered value, refreshed on
-    OffsetOutOfRangeError, was tried: a stream opened right after deleteRecords then served
+    an out-of-range fetch, was tried: a stream opened right after deleteRecords then served
     events the deletion had removed, from a consumer's buffer or a recent chunk.)
     """
 

@@ -61,14 +61,21 @@ class IndexWriter:
     async def open(self, parts: set[int]) -> None:
         """Start the writers of ``parts``: each fences its previous writer (whose open
         transaction is aborted) or this raises :class:`IndexerError`."""
-        try:
-            await asyncio.gather(*(self._open(p) for p in parts))
-        except LogError as exc:
+        # Every fence runs to its end (each is bounded) before a failure is raised, so no
+        # writer opens after the caller has closed the ones it knows.
+        opened = await asyncio.gather(*(self._open(p) for p in parts), return_exceptions=True)
+        failed = [exc for exc in opened if isinstance(exc, BaseException)]
+        if failed:
+            exc = failed[0]
+            if not isinstance(exc, LogError):
+                raise exc
             # Without fencing, a zombie could still extend the cut the restore reads.
             raise IndexerError(
-                f"could not fence the previous index writer of events partitions {sorted(parts)} "
-                f"({exc!r}): its open transaction must end first, and every partition it wrote "
-                "needs a leader that answers; nothing is served from them until then"
+                f"could not fence the previous index writer of events partitions "
+                f"{sorted(parts)} ({exc}): its open transaction must complete first, which "
+                f"needs every partition it wrote (of the index topic "
+                f"{self.settings.topics.index!r} and the updates topic) to have a leader; "
+                "nothing is served until then"
             ) from exc
 
     async def _open(self, partition: int) -> None:

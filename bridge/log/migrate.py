@@ -29,7 +29,7 @@ from bridge.config import Settings
 from bridge.kafka.acls import index_writer_id, indexer_transactional_id
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.admin import add_partitions, kafka_admin
-from bridge.kafka.clients import transactional_producer
+from bridge.kafka.port import Log
 from bridge.log.indexrestore import topic_partitions
 from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
@@ -66,7 +66,22 @@ async def migrate_index(
         report.partitions_added = events - len(index)
         progress(f"index topic: {len(index)} -> {events} partitions")
         index = await topic_partitions(settings, topics.index)
-    latest = await _read_index(settings, index)
+    kafka = KafkaLog(settings, pool_size=1, role="index-migrate")
+    try:
+        await _migrate(kafka, settings, index, report, progress)
+    finally:
+        await kafka.close()
+    return report
+
+
+async def _migrate(
+    kafka: Log,
+    settings: Settings,
+    index: list[int],
+    report: MigrationReport,
+    progress: Callable[[str], None],
+) -> None:
+    latest = await latest_by_key(kafka, settings.topics.index, index, role="index-migrate")
     report.records_read = len(latest)
     progress(f"read {len(latest)} index records from {len(index)} partitions")
     writes: dict[int, list[tuple[int, bytes, bytes | None]]] = defaultdict(list)
@@ -85,12 +100,11 @@ async def migrate_index(
         if slice_ != target:
             writes[target].append((slice_, key, None))
             report.tombstoned += 1
-    await _fence_the_single_writer(settings)
+    await _fence_the_single_writer(kafka, settings)
     for target in sorted(writes):
-        await _write(settings, target, writes[target])
+        await _write(kafka, settings, target, writes[target])
         report.partitions_written.append(target)
         progress(f"events partition {target}: {len(writes[target])} index records written")
-    return report
 
 
 def _reencoded(record: object, value: bytes) -> bytes:
@@ -100,36 +114,24 @@ def _reencoded(record: object, value: bytes) -> bytes:
     return bytes([2]) + value[1:]
 
 
-async def _read_index(
-    settings: Settings, partitions: list[int]
-) -> dict[tuple[int, bytes], bytes | None]:
-    """The latest record of each key in each index partition (a key moved by an earlier run
-    has a tombstone where it was and its record where it belongs)."""
-    kafka = KafkaLog(settings, pool_size=1)
-    try:
-        return await latest_by_key(kafka, settings.topics.index, partitions, role="index-migrate")
-    finally:
-        await kafka.close()
-
-
-async def _fence_the_single_writer(settings: Settings) -> None:
+async def _fence_the_single_writer(kafka: Log, settings: Settings) -> None:
     """Abort any open transaction of the old single writer (best effort: a principal without
     WRITE on its id could never have written with it)."""
-    old = transactional_producer(settings, indexer_transactional_id(settings.topics))
+    old = kafka.transactional_writer(indexer_transactional_id(settings.topics))
     with contextlib.suppress(Exception):
         await old.start()
-    with contextlib.suppress(Exception):
-        await old.stop()
+    await old.close()
 
 
 async def _write(
-    settings: Settings, events_partition: int, records: list[tuple[int, bytes, bytes | None]]
+    kafka: Log,
+    settings: Settings,
+    events_partition: int,
+    records: list[tuple[int, bytes, bytes | None]],
 ) -> None:
-    writer = transactional_producer(settings, index_writer_id(settings.topics, events_partition))
-    await writer.start()
-    try:
-        async with writer.transaction():
-            for partition, key, value in records:
-                await writer.send(settings.topics.index, key=key, value=value, partition=partition)
-    finally:
-        await writer.stop()
+    async with (
+        kafka.transactional_writer(index_writer_id(settings.topics, events_partition)) as writer,
+        writer.transaction(),
+    ):
+        for partition, key, value in records:
+            await writer.send(settings.topics.index, value, key=key, partition=partition)

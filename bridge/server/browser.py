@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import json
 import logging
@@ -40,12 +39,12 @@ from starlette.routing import Route
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskEventTypes
+from bridge.keyring import PurposeKey
 from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.errors import wire_error
 from bridge.server.handlers import Streamed, detailed_task
 from bridge.server.hops import PeerIdentity, from_peer_listener
-from bridge.server.http import McpHttp, SseResponse
-from bridge.server.peers import OwnerSuspected
+from bridge.server.http import McpHttp, SseResponse, relay
 from bridge.server.routing import owner_unavailable_error, partition_moving_error
 from bridge.server.streams import StreamHub
 from bridge.server.wire import (
@@ -126,7 +125,7 @@ class ViewTokens:
     def __init__(self, key: bytes, ttl_s: int, clock: Callable[[], float] = time.time) -> None:
         # Domain separation: the same secret may key other MACs (the peer hop); a view token
         # must never verify as anything else, nor anything else as a view token.
-        self._key = hashlib.sha256(b"mcp-kafka-bridge view token\0" + key).digest()
+        self._key = PurposeKey(key, b"mcp-kafka-bridge view token")
         self.ttl_s = ttl_s
         self._clock = clock
 
@@ -142,7 +141,7 @@ class ViewTokens:
         return cls(key, settings.view_token_ttl_s)
 
     def _mac(self, claims: str) -> str:
-        digest = hmac.new(self._key, claims.encode("ascii"), hashlib.sha256).digest()
+        digest = self._key.mac(claims.encode("ascii"))
         return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
 
     def mint(self, principal: str, task_id: str) -> tuple[str, int]:
@@ -424,38 +423,22 @@ class BrowserView:
             return None
         if hop or endpoint.peers is None:  # a hop is never forwarded again
             return _refused(partition_moving_error(task_id), task_id)
-        identity = PeerIdentity(caller.principal, caller.client)
-        started = time.perf_counter()
-        try:
-            answer = await endpoint.peers.forward(
-                owner, "GET", request.headers, b"", identity, path=path
-            )
-        except Exception as exc:
-            endpoint.metrics.forward("view", "unavailable", None)
-            if not isinstance(exc, OwnerSuspected):  # logged once, when suspected
-                log.warning("forwarding a view request to %s failed: %s", owner, type(exc).__name__)
-            return _refused(owner_unavailable_error(), task_id)
-        # Counted with the MCP endpoint's hops (method label "other": not an MCP method).
-        outcome = "ok" if answer.status < 500 else "error"
-        endpoint.metrics.forward("view", outcome, time.perf_counter() - started)
-        headers = {**answer.headers, **SECURITY_HEADERS}
-        if answer.content is not None:
-            return Response(answer.content, status_code=answer.status, headers=headers)
-
-        async def body_of() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.body:
-                    yield chunk
-            except Exception as exc:
-                # The owner went away mid-stream: end this one too; the EventSource resumes.
-                log.warning("a forwarded view stream broke off: %s", type(exc).__name__)
-            finally:
-                await answer.close()
-
-        # The token is checked here, not at the owner: its expiry ends the stream here.
-        return self._sse(
-            body_of(), None, caller.expires, status_code=answer.status, headers=headers
+        # Counted with the MCP endpoint's hops under the label "view". The token is checked
+        # here, not at the owner: its expiry ends the forwarded stream here.
+        answer = await relay(
+            endpoint.peers,
+            endpoint.metrics,
+            owner,
+            "view",
+            "GET",
+            request.headers,
+            b"",
+            caller,
+            path=path,
+            extra_headers=SECURITY_HEADERS,
+            expired_chunk=_EXPIRED_EVENT,
         )
+        return _refused(owner_unavailable_error(), task_id) if answer is None else answer
 
     # --- state ---------------------------------------------------------------------------
 

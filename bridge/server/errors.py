@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.kafka.clients import KafkaError, retriable
+from bridge.kafka.adapter import CLIENT_ERRORS, as_log_error
 from bridge.kafka.port import LogError
 from bridge.log.fanout import CANCELLED, DRAINING, SubscriptionClosed
 from bridge.log.indexer import NotOwner
@@ -125,8 +125,9 @@ def _kafka_unavailable(exc: KafkaUnavailable, task_id: str) -> RpcError:
     return _retriable(str(exc), "kafka_unavailable", exc.task_id)
 
 
-def _kafka_error(exc: KafkaError, task_id: str) -> RpcError:
-    return _kafka_failed(exc, type(exc).__name__, retriable(exc), task_id)
+def _client_error(exc: Exception, task_id: str) -> RpcError:
+    """The Kafka client's own error, met outside the log port: as the port's would be."""
+    return _log_error(as_log_error(exc), task_id)
 
 
 def _log_error(exc: LogError, task_id: str) -> RpcError:
@@ -162,7 +163,7 @@ _TABLE: tuple[tuple[type[BaseException], Callable[[Any, str], RpcError], int | N
     (NotOwner, _moving, 503),
     (SubscriptionClosed, _closed, 503),
     (KafkaUnavailable, _kafka_unavailable, 503),
-    (KafkaError, _kafka_error, None),
+    *((kind, _client_error, None) for kind in CLIENT_ERRORS),
     (LogError, _log_error, None),
     (TooManyTasks, _too_many_tasks, 429),
 )

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 from urllib.parse import quote, unquote
 
+from bridge.keyring import PurposeKey
+
 __all__ = [
     "HOP_HEADERS",
     "REFUSED_HEADER",
@@ -185,7 +187,7 @@ class PeerAuth:
         max_nonces: int = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._key = hashlib.sha256(_DOMAIN + b"\0" + secret.encode()).digest()
+        self._key = PurposeKey(secret.encode(), _DOMAIN)
         self.own_origin = own_origin
         self.max_age_s = max_age_s
         self._nonces = SeenNonces(max_nonces)
@@ -215,7 +217,7 @@ class PeerAuth:
             stamp.encode("ascii"),
             nonce,
         ]
-        return hmac.new(self._key, canonical(fields), hashlib.sha256).hexdigest()
+        return self._key.mac(canonical(fields)).hex()
 
     def sign(
         self,

@@ -279,6 +279,64 @@ def _sse_error(request_id: str | int | None, error: RpcError) -> bytes:
     return _utf8(_sse_frame(Frame(error_response(request_id, error))))
 
 
+async def relay(
+    peers: Peers,
+    metrics: Metrics,
+    owner: str,
+    label: str,
+    method: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    caller: Caller,
+    *,
+    path: str = "/mcp",
+    extra_headers: Mapping[str, str] | None = None,
+    expired_chunk: bytes = CREDENTIAL_EXPIRED,
+) -> Response | None:
+    """The one way a request is forwarded to its task's owner (the MCP endpoint's and the
+    browser view's): one signed hop to ``owner``'s peer listener at ``path``, counted under
+    ``label``, and its answer passed back as it comes; None when the owner could not be asked
+    (the caller answers its own retriable refusal).
+
+    A streamed answer is an :class:`SseResponse`, so the caller's credential ends the
+    forwarded stream here (``expired_chunk`` then): the owner knows only the principal the
+    hop vouches for. An owner that goes away mid-stream ends this stream too, without a
+    result, so the client resumes with its cursor.
+    """
+    started = time.perf_counter()
+    identity = PeerIdentity(caller.principal, caller.client)
+    try:
+        answer = await peers.forward(owner, method, headers, body, identity, path=path)
+    except Exception as exc:
+        metrics.forward(label, "unavailable", None)
+        if not isinstance(exc, OwnerSuspected):  # that one was logged once, when suspected
+            log.warning("forwarding %s to %s failed: %s", label, owner, type(exc).__name__)
+        return None
+    outcome = "ok" if answer.status < 500 else "error"
+    metrics.forward(label, outcome, time.perf_counter() - started)
+    passed = {**answer.headers, **(extra_headers or {})}
+    if answer.content is not None:
+        return Response(answer.content, status_code=answer.status, headers=passed)
+
+    async def body_of() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in answer.body:
+                yield chunk
+        except Exception as exc:
+            log.warning("the owner's answer to %s broke off: %s", label, type(exc).__name__)
+        finally:
+            await answer.close()
+
+    return SseResponse(
+        Streamed(body_of()),
+        None,
+        passed,
+        expires=caller.expires,
+        expired_chunk=expired_chunk,
+        status_code=answer.status,
+    )
+
+
 class McpHttp:
     """Serves ``/mcp``: one instance per app."""
 
@@ -451,44 +509,12 @@ class McpHttp:
         the owner cannot be asked, the retriable error answers ``request_id``."""
         if self.peers is None:  # the app builds routing that divides only with peers
             raise RuntimeError("a request to forward, but no peer client")
-        started = time.perf_counter()
-        identity = PeerIdentity(caller.principal, caller.client)
-        try:
-            answer = await self.peers.forward(
-                owner, request.method, request.headers, body, identity
-            )
-        except Exception as exc:
-            self.metrics.forward(method, "unavailable", None)
-            if not isinstance(exc, OwnerSuspected):  # that one was logged once, when suspected
-                log.warning("forwarding %s to %s failed: %s", method, owner, type(exc).__name__)
+        answer = await relay(
+            self.peers, self.metrics, owner, method, request.method, request.headers, body, caller
+        )
+        if answer is None:
             return self._json(error_response(request_id, owner_unavailable_error()), 503)
-        self.metrics.forward(
-            method, "ok" if answer.status < 500 else "error", time.perf_counter() - started
-        )
-
-        if answer.content is not None:
-            return Response(answer.content, status_code=answer.status, headers=answer.headers)
-
-        async def body_of() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.body:
-                    yield chunk
-            except Exception as exc:
-                # The owner went away mid-answer (a stream's replica died): end this response
-                # too, without a result, so the client resumes with its cursor.
-                log.warning("the owner's answer to %s broke off: %s", method, type(exc).__name__)
-            finally:
-                await answer.close()
-
-        # An SseResponse, so the caller's credential ends the forwarded stream too: the owner
-        # knows only the principal the hop vouches for.
-        return SseResponse(
-            Streamed(body_of()),
-            None,
-            answer.headers,
-            expires=caller.expires,
-            status_code=answer.status,
-        )
+        return answer
 
     def _refuse(
         self, method: str, request_id: str | int | None, error: RpcError, started: float

@@ -163,6 +163,11 @@ def server_tls(settings: PeerSettings) -> dict[str, Any]:
     }
 
 
+#: Owners remembered (when each last answered, until when each is suspected) before what
+#: no longer matters is forgotten.
+MAX_REMEMBERED_OWNERS = 64
+
+
 class Peers:
     """The HTTP clients of the hops (per process): one pool for forwarded requests, whose
     streams hold a connection each for as long as they run, and one for this replica's own
@@ -221,6 +226,7 @@ class Peers:
         )
         #: Owners a spare connection is being opened to (at most one at a time each).
         self._warming: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
 
     def _pool(
         self, timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
@@ -239,6 +245,7 @@ class Peers:
         return client
 
     async def close(self) -> None:
+        self._closing = True  # no spare is started from here on
         for task in list(self._warming.values()):
             task.cancel()
         await asyncio.gather(*self._warming.values(), return_exceptions=True)
@@ -266,6 +273,21 @@ class Peers:
             if base_url not in self._suspects:
                 log.warning("suspecting %s for %g s: %s", base_url, self._suspect_s, exc)
             self._suspects[base_url] = self._clock() + self._suspect_s
+            self._forget_stale()
+
+    def _seen_alive(self, base_url: str) -> None:
+        """``base_url`` answered now. Owners come and go (a restarted pod may get a new URL),
+        so what no longer matters is forgotten: an answer older than any request that can
+        still fail (each is bounded by the first-answer bound), a suspicion that expired."""
+        self._answered[base_url] = self._clock()
+        self._forget_stale()
+
+    def _forget_stale(self) -> None:
+        now = self._clock()
+        if len(self._answered) + len(self._suspects) > MAX_REMEMBERED_OWNERS:
+            horizon = now - self._first_answer_s
+            self._answered = {u: t for u, t in self._answered.items() if t >= horizon}
+            self._suspects = {u: t for u, t in self._suspects.items() if t > now}
 
     def _spare(self, base_url: str) -> None:
         """Open a kept-alive connection to ``base_url`` off the critical path, after a
@@ -278,7 +300,7 @@ class Peers:
         ``/healthz`` leaves a connection in the pool for the next hop instead. At most one is
         in flight per owner; failures are ignored (the next hop connects as before).
         """
-        if base_url in self._warming or self._client.is_closed:
+        if base_url in self._warming or self._closing:
             return
         task = asyncio.create_task(self._open_spare(base_url), name=f"peer-spare {base_url}")
         self._warming[base_url] = task
@@ -323,7 +345,7 @@ class Peers:
         except (httpx.HTTPError, TimeoutError) as exc:
             self._unreachable(base_url, exc, started)
             raise
-        self._answered[base_url] = self._clock()
+        self._seen_alive(base_url)
         refused = _hop_refusal(response)
         if refused is not None:  # never the client's answer: http.py maps it once
             await response.aclose()
@@ -383,7 +405,7 @@ class Peers:
             except httpx.HTTPError as exc:
                 self._unreachable(base_url, exc, started)
                 raise
-            self._answered[base_url] = self._clock()
+            self._seen_alive(base_url)
             if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
             message = reply.json()

@@ -35,7 +35,6 @@ from bridge.component import Component, NotStarted
 from bridge.config import Settings
 from bridge.events import StatusPayload, error_object
 from bridge.kafka.adapter import KafkaLog
-from bridge.kafka.clients import KafkaError
 from bridge.kafka.port import GroupTail, Log, LogError, LogRecord, Producer, Tail, TopicPart
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest
@@ -477,7 +476,7 @@ class Worker(Component):
                     self.settings.topics.control, finished.to_bytes(), key=task_id.encode()
                 )
                 return
-            except (KafkaError, LogError) as exc:  # the publisher's, the producer's
+            except LogError as exc:  # the publisher's, the producer's (the port maps every error)
                 log.warning("task %s: could not write the outcome (%s); retrying", task_id, exc)
             await asyncio.sleep(delay)  # backoff before retrying a failed write
             delay = min(delay * 2, 30.0)

@@ -361,3 +361,15 @@ seccompProfile:
       {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The group session timeout: at least what brokers accept by default (group.min.session.timeout.ms,
+6 s), at most the bridge setting's maximum (BRIDGE_GROUP_SESSION_TIMEOUT_MS, 300 s).
+*/}}
+{{- define "bridge.sessionTimeoutMs" -}}
+{{- $ms := int .Values.server.groupSessionTimeoutMs -}}
+{{- if or (lt $ms 6000) (gt $ms 300000) -}}
+{{- fail (printf "server.groupSessionTimeoutMs must be 6000..300000 (the brokers' default minimum, the bridge's maximum), not %d" $ms) -}}
+{{- end -}}
+{{- $ms -}}
+{{- end -}}
