@@ -58,7 +58,7 @@ from typing import Any
 from bridge.config import Settings
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import Log, LogRecord, TopicPart
-from bridge.log.indexer import load_index, topic_partitions
+from bridge.log.indexrestore import load_index, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.restore import read_to_end
 from bridge.log.seqindex import PartitionIndex
@@ -208,7 +208,7 @@ async def ground_truth(
     where to read (the simulation's in-memory log); the cluster of ``settings`` when None.
 
     When a partition's log start is above 0 (retention deleted records), the seq of a task's
-    first retained record comes from the persisted index (:func:`bridge.log.indexer.load_index`,
+    first retained record comes from the persisted index (:func:`bridge.log.indexrestore.load_index`,
     read before the log): see :func:`_base_from_index`. A task whose base the index cannot
     prove (it never counted the deleted records, or marks the task untrusted) gets
     ``first_seq`` None, and :func:`check` reports it unverifiable. So read the truth while the

@@ -3,7 +3,7 @@
 Versions before per-partition ownership wrote every index record wherever its key hashed, with
 record version 1, through one writer. This version keeps each events partition's records in
 the index partition of the same number (version 2) and refuses to restore from anything else
-(:func:`bridge.log.indexer.index_layout_error`). The migration, run once with every bridge
+(:func:`bridge.log.indexrestore.index_layout_error`). The migration, run once with every bridge
 process stopped:
 
 1. gives the index topic as many partitions as the events topic, if it has fewer (Kafka only
@@ -30,7 +30,7 @@ from bridge.kafka.acls import index_writer_id, indexer_transactional_id
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.admin import add_partitions, kafka_admin
 from bridge.kafka.port import Log
-from bridge.log.indexer import topic_partitions
+from bridge.log.indexrestore import topic_partitions
 from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
     IndexRecordError,

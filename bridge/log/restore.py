@@ -1,7 +1,7 @@
 """Partitions read from their log start to their current end, over the log port: the one
 restore of a compacted topic's state.
 
-Where it sits: below the seq index's restore (:func:`bridge.log.indexer.load_index`), the index
+Where it sits: below the seq index's restore (:func:`bridge.log.indexrestore.load_index`), the index
 migration and the offline checkers, above any :class:`~bridge.kafka.port.Log` (the broker's or
 the in-memory one). The end is the last stable offset taken before reading, so a restore is a
 consistent committed cut of a topic written in transactions. It knows nothing of what the

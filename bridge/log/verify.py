@@ -18,10 +18,11 @@ from bridge.config import Settings
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import Log, LogRecord, TopicPart
 from bridge.log.identity import is_signed, load_keyring
-from bridge.log.indexer import load_index, out_of_place, topic_partitions
+from bridge.log.indexrestore import load_index, topic_partitions
 from bridge.log.records import RecordDecoder, task_id_of
 from bridge.log.restore import read_to_end
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_prefix
+from bridge.log.seqtail import out_of_place
 
 __all__ = ["VerifyReport", "verify_index"]
 

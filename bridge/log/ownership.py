@@ -1,0 +1,178 @@
+"""Which events partitions the indexer owns, and what gaining or losing one does.
+
+Where it sits: between the port's tail (the group's member in ``group`` mode, whose assignment
+callbacks arrive here; see :mod:`bridge.kafka.ownership` for the assignor that deals the
+partitions) and the indexer's other parts. A partition gained has its previous index writer
+fenced (:mod:`bridge.log.indexwriter`), its slice of the index restored
+(:mod:`bridge.log.indexrestore`) and reconciled with the log (:mod:`bridge.log.reconcile`),
+and the tail sought to it; a partition lost is flushed and dropped, and the ownership listeners
+are told (streams on it end so that clients resume on its owner). It applies no record
+(:mod:`bridge.log.seqtail`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from bridge.config import Settings
+from bridge.kafka.ownership import OwnershipAssignor
+from bridge.kafka.port import Log, LogError, Tail, TopicPart
+from bridge.log.indexrestore import IndexerError, load_index
+from bridge.log.indexwriter import IndexWriter
+from bridge.log.owned import OwnedPartitions
+from bridge.log.reconcile import decide, mark_lost
+
+__all__ = ["GroupCallbacks", "Ownership", "OwnershipListener"]
+
+log = logging.getLogger(__name__)
+
+#: Called with the partitions gained and lost at each assignment (both may be empty).
+OwnershipListener = Callable[[set[int], set[int]], None]
+
+
+class Ownership:
+    """Gains and loses partitions for the indexer, one assignment at a time."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        owned: OwnedPartitions,
+        writer: IndexWriter,
+        started_tail: Callable[[], Tail],
+        *,
+        log_: Log,
+        persist: bool,
+    ) -> None:
+        """``started_tail``: the indexer's tail, or :class:`~bridge.component.NotStarted`."""
+        self.settings = settings
+        self.persist = persist
+        #: Set once the first assignment (or, ``all``, every partition) is owned.
+        self.assigned = asyncio.Event()
+        self.listeners: list[OwnershipListener] = []
+        self.rebalances = 0
+        self.moved = {"gained": 0, "lost": 0}
+        #: How long the last restore of gained partitions took.
+        self.restore_seconds = 0.0
+        #: ``task.created`` records refused by partitions no longer owned.
+        self.refused_before = 0
+        self._owned = owned
+        self._writer = writer
+        self._started_tail = started_tail
+        self._log = log_
+        self._rebalanced = asyncio.Event()
+        self._moving = asyncio.Lock()
+
+    async def next_rebalance(self) -> None:
+        """Return after the next assignment has been applied."""
+        await self._rebalanced.wait()
+
+    async def gain(self, parts: set[int]) -> None:
+        """Own ``parts``: fence their previous writers, restore their slices, seek to them."""
+        if not parts:
+            return
+        tail = self._started_tail()
+        topic = self.settings.topics.events
+        if self.persist:
+            # Fence first: the old owner's open transaction is aborted, so the restore below
+            # reads a cut that no zombie can still extend.
+            await self._writer.open(parts)
+        started = time.perf_counter()
+        try:
+            restored = await load_index(self.settings, parts, log=self._log)
+        except LogError as exc:
+            # Without its index a partition's seq cannot be known: nothing is served from it.
+            raise IndexerError(
+                f"could not read the seq index of events partitions {sorted(parts)} from the "
+                f"index topic {self.settings.topics.index!r} ({exc!r}): every partition of it "
+                "needs a leader that answers; nothing is served until it can be read"
+            ) from exc
+        self.restore_seconds = time.perf_counter() - started
+        tps = [TopicPart(topic, p) for p in sorted(parts)]
+        begins = await self._log.log_starts(tps)
+        ends = await self._log.log_ends(tps)
+        legacy = self.settings.upgrade.legacy
+        for tp in tps:
+            idx = restored[tp.partition]
+            idx.track_dirty = self.persist
+            if idx.through < begins[tp]:
+                mark_lost(idx, begins[tp])
+            self._owned.partitions[tp.partition] = idx
+            upgraded = decide(idx, begins[tp], ends[tp], persist=self.persist, legacy=legacy)
+            self._writer.took(idx, upgraded)
+            tail.reposition(tp, idx.through)
+        log.info(
+            "owning events partitions %s: restored %d tasks in %.2fs",
+            sorted(parts),
+            sum(len(restored[p]) for p in parts),
+            self.restore_seconds,
+        )
+
+    async def lose(self, parts: set[int]) -> None:
+        """Give up ``parts``: persist what they have (if still allowed) and drop their state."""
+        if not parts:
+            return
+        for p in parts & set(self._writer.writers):
+            with contextlib.suppress(Exception):
+                await self._writer.flush_partition(p)
+        await self._writer.close(parts)
+        for p in parts:
+            gone = self._owned.partitions.pop(p, None)
+            self.refused_before += gone.refused if gone is not None else 0
+            self._writer.drop(p)
+        log.info("no longer owning events partitions %s", sorted(parts))
+
+    async def assigned_now(self, assigned: set[int]) -> None:
+        """The group's new assignment: lose, gain, and re-seek what is kept."""
+        async with self._moving:
+            owned = set(self._owned.partitions)
+            lost, gained, kept = owned - assigned, assigned - owned, owned & assigned
+            await self.lose(lost)
+            await self.gain(gained)
+            tail = self._started_tail()
+            for p in kept:
+                tail.reposition(
+                    TopicPart(self.settings.topics.events, p), self._owned.partitions[p].through
+                )
+            self.rebalances += 1
+            self.moved["gained"] += len(gained)
+            self.moved["lost"] += len(lost)
+            self.assigned.set()
+        self._owned.notify_progress()  # waiters re-check: their partition may have moved
+        self._rebalanced.set()
+        self._rebalanced = asyncio.Event()
+        for listener in self.listeners:
+            try:
+                listener(gained, lost)
+            except Exception:
+                log.exception("ownership listener failed")
+
+
+class GroupCallbacks:
+    """The group's callbacks (a port GroupListener): flush before giving partitions back, then
+    apply the new share."""
+
+    def __init__(
+        self, ownership: Ownership, writer: IndexWriter, assignor: OwnershipAssignor | None
+    ) -> None:
+        self.ownership = ownership
+        self.writer = writer
+        self.assignor = assignor
+
+    async def revoked(self, parts: frozenset[TopicPart]) -> None:
+        # Eager rebalancing revokes everything before the new round: persist now, so whoever
+        # gets a partition restores its latest counts (partitions kept lose nothing).
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await self.writer.flush()
+
+    async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
+        if self.assignor is not None:
+            self.assignor.on_assignment(parts, user_data)
+        try:
+            await self.ownership.assigned_now({p.partition for p in parts})
+        except Exception:
+            log.exception("could not take the assigned partitions")
