@@ -55,7 +55,7 @@ def with_kafka(settings: Settings) -> Settings:
     """``settings`` with bootstrap servers filled from the running local broker if unset."""
     if settings.kafka_bootstrap_servers:
         return settings
-    from bridge.devkafka import local_status
+    from bridgedev.kafka import local_status
 
     info = local_status(settings)
     if info is None:
@@ -63,7 +63,7 @@ def with_kafka(settings: Settings) -> Settings:
             "no Kafka configured and no local broker running: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS "
             "or run `bridge kafka start` first"
         )
-    from bridge.devkafka import SecureBrokerInfo
+    from bridgedev.kafka import SecureBrokerInfo
 
     if isinstance(info, SecureBrokerInfo):
         raise UserError(
@@ -104,7 +104,7 @@ def _first_few(names: Sequence[str], few: int = 3) -> str:
 
 
 def _check_answers(settings: Settings) -> None:
-    from bridge.devkafka import KafkaProviderError, check_bootstrap
+    from bridge.kafka.probe import KafkaProviderError, check_bootstrap
 
     assert settings.kafka_bootstrap_servers is not None, "with_kafka filled it"
     try:
@@ -212,7 +212,7 @@ def _quiet(logger_name: str) -> Iterator[None]:
 def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from bridge import devkafka as broker
+    from bridgedev import kafka as broker
 
     if args.write_config and not (args.action == "start" and args.secure):
         raise UserError("--write-config goes with `bridge kafka start --secure`")
@@ -422,9 +422,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The reviewer demo (bridge/demo/): Kafka, topics, the bridge, a narrated walkthrough."""
-    from bridge.demo import DemoError, demo_command
-    from bridge.replay import ReplayError
+    """The reviewer demo (bridgedev/demo/): Kafka, topics, the bridge, a narrated walkthrough."""
+    from bridgedev.demo import DemoError, demo_command
+    from bridgedev.replay import ReplayError
 
     try:
         return demo_command(
@@ -443,7 +443,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from bridge.replay import ReplayError, replay_command
+    from bridgedev.replay import ReplayError, replay_command
 
     url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
     try:
@@ -747,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        from bridge.devkafka import KafkaProviderError
+        from bridge.kafka.probe import KafkaProviderError
 
         if isinstance(exc, KafkaProviderError):
             print(f"{prog}: {exc}", file=sys.stderr)

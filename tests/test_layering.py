@@ -74,10 +74,10 @@ def test_the_cycle_finder_names_every_module_of_a_cycle_and_nothing_else():
 
 def test_the_scan_resolves_relative_imports_and_imports_inside_functions():
     source = "from .narrator import Narrator\ndef f():\n    from bridge import cli\n"
-    names = imported_names(source, "bridge.demo.walkthrough", is_package=False)
-    assert {"bridge.demo.narrator", "bridge.cli"} <= names
-    names = imported_names("from . import walkthrough\n", "bridge.demo", is_package=True)
-    assert "bridge.demo.walkthrough" in names
+    names = imported_names(source, "bridgedev.demo.walkthrough", is_package=False)
+    assert {"bridgedev.demo.narrator", "bridge.cli"} <= names
+    names = imported_names("from . import walkthrough\n", "bridgedev.demo", is_package=True)
+    assert "bridgedev.demo.walkthrough" in names
 
 
 # --- the rules ---------------------------------------------------------------------------------
@@ -100,8 +100,10 @@ def test_only_the_kafka_client_layer_imports_aiokafka():
 def test_the_library_imports_no_application_and_the_applications_do_not_import_the_cli():
     modules = bridge_modules()
     graph = import_graph(modules)
-    demo = {name for name in modules if name == "bridge.demo" or name.startswith("bridge.demo.")}
-    applications = {"bridge.cli", "bridge.replay", *demo}
+    demo = {
+        name for name in modules if name == "bridgedev.demo" or name.startswith("bridgedev.demo.")
+    }
+    applications = {"bridge.cli", "bridgedev.replay", *demo}
     assert demo, "the scan must see the demo package"
     library = set(modules) - applications
     assert sorted(name for name in library if graph[name] & applications) == []

@@ -3,7 +3,7 @@
 Granularity: every ``.py`` file under ``bridge/`` except the ``__init__.py`` of a package, named
 in a row of the table either by its path (`` `bridge/log/reader.py` ``) or by its file name after
 the path of its directory in the same row (`` `bridge/log/` `` or any `` `bridge/log/x.py` ``,
-then `` `catchup.py` ``). One package is named as a whole: ``bridge/devkafka/``, development
+then `` `catchup.py` ``). One package is named as a whole: ``bridgedev/kafka/``, development
 Kafka that no runtime module imports, mapped file by file in docs/architecture.md. Every path the
 table names must exist too, so a renamed module cannot leave a stale name behind.
 """
@@ -15,7 +15,7 @@ from support.imports import BRIDGE
 README = BRIDGE.parent / "README.md"
 HEADING = "## Layout (along the data flow)"
 #: Packages the table names as a whole (see the module docstring).
-WHOLE = ("bridge/devkafka/",)
+WHOLE = ("bridgedev/kafka/",)
 
 
 def table_rows(readme: str) -> list[str]:

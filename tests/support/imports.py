@@ -22,7 +22,7 @@ BRIDGE = Path(bridge.__file__).parent
 
 
 def module_name(path: Path) -> str:
-    """``bridge/demo/__init__.py`` -> ``bridge.demo``; ``bridge/cli.py`` -> ``bridge.cli``."""
+    """``bridgedev/demo/__init__.py`` -> ``bridgedev.demo``; ``bridge/cli.py`` -> ``bridge.cli``."""
     parts = path.relative_to(BRIDGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

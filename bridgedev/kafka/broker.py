@@ -2,10 +2,10 @@
 one error, :class:`KafkaProviderError`; a secured broker's handle carries a
 :class:`SecureBrokerInfo`.
 
-Near the bottom of :mod:`bridge.devkafka`: it imports only the probe (whose error it re-exports)
+Near the bottom of :mod:`bridgedev.kafka`: it imports only the probe (whose error it re-exports)
 and starts nothing. Each handle that owns something to stop lives beside the code that starts it
-(:class:`~bridge.devkafka.local.LocalBroker`, :class:`~bridge.devkafka.docker.DockerBroker`,
-:class:`~bridge.devkafka.provider.ExternalBroker`). Also the default progress line and the
+(:class:`~bridgedev.kafka.local.LocalBroker`, :class:`~bridgedev.kafka.docker.DockerBroker`,
+:class:`~bridgedev.kafka.provider.ExternalBroker`). Also the default progress line and the
 one-line exception text the other modules put into their messages.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Literal, Self
 
 # The probe is the runtime's (the CLI's pre-flight asks it too): the one error and the one-line
 # exception text live there, and every provider shares them.
-from bridge.devkafka.probe import KafkaProviderError, _one_line
+from bridge.kafka.probe import KafkaProviderError, _one_line
 
 __all__ = [
     "Broker",
