@@ -77,4 +77,4 @@ test-fast: venv-test system-deps conformance-deps k8s-tools
 	$(BIN)/pytest -m "not kafka" -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info bridgedev/*.egg-info

@@ -48,6 +48,7 @@ def runtime_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     return zipfile.ZipFile(wheel)
 
 
+@pytest.mark.slow  # the wheel is built once for both (~5 s)
 def test_the_runtime_wheel_holds_bridge_and_no_development_tooling(
     runtime_wheel: zipfile.ZipFile,
 ) -> None:
@@ -60,6 +61,7 @@ def test_the_runtime_wheel_holds_bridge_and_no_development_tooling(
     assert [n for n in names if any(marker in n for marker in DEV_MARKERS)] == []
 
 
+@pytest.mark.slow  # the wheel is built once for both (~5 s)
 def test_the_runtime_wheel_does_not_require_trustme(runtime_wheel: zipfile.ZipFile) -> None:
     (metadata,) = [n for n in runtime_wheel.namelist() if n.endswith(".dist-info/METADATA")]
     requires = [
