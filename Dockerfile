@@ -43,6 +43,9 @@ ENV PATH=/opt/bridge/bin:$PATH \
     BRIDGE_HTTP_PORT=8080
 # Fail the build if the installed package cannot find its Avro schema.
 RUN python -c "from bridge.envelope import encode_event, TaskEvent; encode_event(TaskEvent('a.b.c', {}))"
+# The image is the runtime only: fail the build if development tooling got in (the development
+# package with the local Kafka, the demo and `bridge replay`, or trustme; docs/development.md).
+RUN python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ('bridgedev', 'trustme')))"
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080

@@ -14,11 +14,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# The runtime package and, beside it, the development package (bridgedev/: the local Kafka, the
+# demo, `bridge replay`, the log checker), both editable: the venv `make demo` and `make test`
+# use has every command. `pip install .` alone (and the Docker image) is the runtime only.
 venv: $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e . -e ./bridgedev
 
 venv-test: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' -e ./bridgedev
 
 # kcat is the "existing pipeline" of the tests (a non-Python Kafka producer); prometheus and
 # promtool check the alert rules and scrape a running bridge; chromium is the headless browser
@@ -60,8 +63,8 @@ demo: venv
 	$(BIN)/bridge demo
 
 lint: venv-test
-	$(BIN)/ruff check bridge simulation tests bench grafana
-	$(BIN)/ruff format --check bridge simulation tests bench grafana
+	$(BIN)/ruff check bridge bridgedev simulation tests bench grafana
+	$(BIN)/ruff format --check bridge bridgedev simulation tests bench grafana
 	$(BIN)/mypy
 	$(BIN)/mypy --strict grafana/check_dashboard.py
 
@@ -74,4 +77,4 @@ test-fast: venv-test system-deps conformance-deps k8s-tools
 	$(BIN)/pytest -m "not kafka" -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info bridgedev/*.egg-info

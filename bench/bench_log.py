@@ -7,7 +7,7 @@ Run::
     .venv/bin/python bench/bench_log.py --scale 0.5 --repeat 3 --json out.json
     .venv/bin/python bench/bench_log.py --only resume --listeners   # the tail with listeners
 
-The broker comes from ``bridge.devkafka.provide_broker``: the cluster named by
+The broker comes from ``bridgedev.kafka.provide_broker``: the cluster named by
 ``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` / ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Docker, else a
 throwaway local broker from the Maven jars. Every run uses fresh topic prefixes with one events
 partition, so nothing is shared with other runs or with the tests.
@@ -54,13 +54,13 @@ from common import (
 )
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import provide_broker
 from bridge.kafka.clients import committed_consumer
 from bridge.kafka.topics import create_layout
 from bridge.log.indexer import IndexedEvent, Indexer, load_index, topic_partitions
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader, ReadEvent
 from bridge.log.seqindex import PartitionIndex, decode_index_record, task_key
+from bridgedev.kafka import provide_broker
 
 # --- targets ------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ Run::
     .venv/bin/python bench/bench_open_questions.py --small    # smoke run, ~1 minute
     .venv/bin/python bench/bench_open_questions.py --only fanout --json out.json
 
-The broker comes from ``bridge.devkafka.provide_broker`` (the configured cluster, else Docker,
+The broker comes from ``bridgedev.kafka.provide_broker`` (the configured cluster, else Docker,
 else a throwaway local KRaft broker). One ``bridge serve`` on fresh topics
 (``bench-openq-<8 hex>.*``, one events partition, auth mode none: every request is the
 principal ``anonymous``); tasks are created by publishing their ``task.created``, and their
@@ -75,11 +75,11 @@ from bench_streams import (
 from common import Record, Results, bench_settings, environment, produce, report, say
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import provide_broker
 from bridge.kafka.admin import delete_records_before
 from bridge.kafka.topics import create_layout
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.mcpevents.cursor import decode_task, encode_task
+from bridgedev.kafka import provide_broker
 
 OPEN_CONCURRENCY = 100  # streams being opened at once
 QUEUE_SIZE = 32  # BRIDGE_STREAM_QUEUE_SIZE of the bridge under test

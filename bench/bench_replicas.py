@@ -6,7 +6,7 @@ Run::
     .venv/bin/python bench/bench_replicas.py --small    # smoke run, ~2 minutes
     .venv/bin/python bench/bench_replicas.py --only divide --only hop --json out.json
 
-The broker comes from ``bridge.devkafka.provide_broker`` (the configured cluster, else Docker,
+The broker comes from ``bridgedev.kafka.provide_broker`` (the configured cluster, else Docker,
 else a throwaway local KRaft broker). Every cluster runs on fresh topics
 (``bench-replicas-<N>-<8 hex>.*``) whose events topic has **six partitions**; each replica is
 a ``bridge serve`` subprocess with ``BRIDGE_OWNERSHIP=group``, its own instance id and
@@ -93,11 +93,11 @@ from common import (
 )
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import provide_broker
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.topics import create_layout
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.messages import new_task_id
+from bridgedev.kafka import provide_broker
 
 # --- targets ------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ Run::
     .venv/bin/python bench/bench_streams.py --only storm --only opens --json out.json
     .venv/bin/python bench/bench_streams.py --small --variants  # + hot and opens per loop/http
 
-The broker comes from ``bridge.devkafka.provide_broker`` (the configured cluster, else
+The broker comes from ``bridgedev.kafka.provide_broker`` (the configured cluster, else
 Docker, else a throwaway local KRaft broker from the Maven jars). One ``bridge serve``
 subprocess on fresh topics (``bench-streams-<8 hex>.*``, **one events partition**, auth mode
 none, so every stream belongs to the principal ``anonymous``) serves every part of the run;
@@ -89,7 +89,6 @@ from common import (
 )
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import provide_broker
 from bridge.envelope import decode_event
 from bridge.events import CreatedPayload
 from bridge.kafka.clients import committed_consumer
@@ -98,6 +97,7 @@ from bridge.log.identity import keyring_env
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.create import identity_header
 from bridge.tasks.messages import new_task_id, owner_digest
+from bridgedev.kafka import provide_broker
 
 # --- targets ------------------------------------------------------------------------------------
 

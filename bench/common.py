@@ -26,8 +26,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import Broker
 from bridge.kafka.clients import committed_consumer
+from bridgedev.kafka import Broker
 
 REPO = Path(__file__).resolve().parent.parent
 #: Libraries whose versions a result depends on.

@@ -89,13 +89,13 @@ from support.layout import fresh_prefix, make_settings
 from support.load import PIPELINE_EVENT, LoadHarness, LoadPlan
 
 from bridge.config import Settings, load_settings
-from bridge.devkafka import LocalCluster, start_cluster
-from bridge.devkafka.broker import Broker, BrokerInfo, KafkaProviderError
-from bridge.devkafka.provider import ExternalBroker
 from bridge.kafka.admin import kafka_admin
 from bridge.kafka.clients import KafkaError
 from bridge.kafka.topics import create_layout
 from bridge.tasks.tools import job_topics
+from bridgedev.kafka import LocalCluster, start_cluster
+from bridgedev.kafka.broker import Broker, BrokerInfo, KafkaProviderError
+from bridgedev.kafka.provider import ExternalBroker
 
 KAFKA_FAULTS = ("broker_kill", "broker_freeze", "net_cut", "net_slow")
 PROCESS_FAULTS = ("replica_kill", "worker_kill", "client_pause")

@@ -7,6 +7,10 @@ the clients accept the settings, the topics exist), so a wrong address, protocol
 one line within seconds rather than a client retrying for minutes.
 
 Logging is configured here and only here (:func:`configure_logging`), for every command.
+
+``bridge kafka``, ``bridge demo`` and ``bridge replay`` run the development package (bridgedev/,
+beside this one, not in the runtime wheel or the image); without it they say so in one line
+(:func:`development_tooling`).
 """
 
 from __future__ import annotations
@@ -51,11 +55,44 @@ def _progress(message: str) -> None:
     print(f"… {message}", file=sys.stderr, flush=True)
 
 
+#: How to get the commands of the development package (bridgedev/), which the runtime install
+#: (`pip install .`, the Docker image) leaves out.
+DEV_INSTALL = (
+    "the development install: `make venv` in a checkout of the repository "
+    "(or `pip install -e . -e ./bridgedev` there)"
+)
+
+
+def _is_dev_package(exc: ModuleNotFoundError) -> bool:
+    """Whether ``exc`` is the development package missing (not a module missing inside it)."""
+    return exc.name is not None and exc.name.split(".")[0] == "bridgedev"
+
+
+@contextlib.contextmanager
+def development_tooling(what: str) -> Iterator[None]:
+    """Imports of the development package in the block: missing, they become one
+    :class:`UserError` saying that ``what`` needs the development install and how to get it."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if not _is_dev_package(exc):
+            raise
+        raise UserError(f"{what} is development tooling and needs {DEV_INSTALL}") from None
+
+
 def with_kafka(settings: Settings) -> Settings:
     """``settings`` with bootstrap servers filled from the running local broker if unset."""
     if settings.kafka_bootstrap_servers:
         return settings
-    from bridge.devkafka import local_status
+    try:
+        from bridgedev.kafka import SecureBrokerInfo, local_status
+    except ModuleNotFoundError as exc:
+        if not _is_dev_package(exc):
+            raise
+        raise UserError(
+            "no Kafka configured: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS (a local broker, "
+            f"`bridge kafka start`, needs {DEV_INSTALL})"
+        ) from None
 
     info = local_status(settings)
     if info is None:
@@ -63,8 +100,6 @@ def with_kafka(settings: Settings) -> Settings:
             "no Kafka configured and no local broker running: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS "
             "or run `bridge kafka start` first"
         )
-    from bridge.devkafka import SecureBrokerInfo
-
     if isinstance(info, SecureBrokerInfo):
         raise UserError(
             "the local broker runs secured (SASL_SSL): pass its client settings with "
@@ -104,7 +139,7 @@ def _first_few(names: Sequence[str], few: int = 3) -> str:
 
 
 def _check_answers(settings: Settings) -> None:
-    from bridge.devkafka import KafkaProviderError, check_bootstrap
+    from bridge.kafka.probe import KafkaProviderError, check_bootstrap
 
     assert settings.kafka_bootstrap_servers is not None, "with_kafka filled it"
     try:
@@ -212,7 +247,8 @@ def _quiet(logger_name: str) -> Iterator[None]:
 def cmd_kafka(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from bridge import devkafka as broker
+    with development_tooling("the local Kafka broker (`bridge kafka`)"):
+        from bridgedev import kafka as broker
 
     if args.write_config and not (args.action == "start" and args.secure):
         raise UserError("--write-config goes with `bridge kafka start --secure`")
@@ -422,9 +458,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The reviewer demo (bridge/demo/): Kafka, topics, the bridge, a narrated walkthrough."""
-    from bridge.demo import DemoError, demo_command
-    from bridge.replay import ReplayError
+    """The reviewer demo (bridgedev/demo/): Kafka, topics, the bridge, a narrated walkthrough."""
+    with development_tooling("the demo (`bridge demo`)"):
+        from bridgedev.demo import DemoError, demo_command
+        from bridgedev.replay import ReplayError
 
     try:
         return demo_command(
@@ -443,7 +480,8 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from bridge.replay import ReplayError, replay_command
+    with development_tooling("loading a recorded session (`bridge replay`)"):
+        from bridgedev.replay import ReplayError, replay_command
 
     url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
     try:
@@ -618,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML settings file (else $BRIDGE_CONFIG_FILE)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    kafka = sub.add_parser("kafka", help="the embedded local Kafka broker")
+    kafka = sub.add_parser("kafka", help="the embedded local Kafka broker (development install)")
     kafka.add_argument("action", choices=["start", "stop", "status"])
     kafka.add_argument(
         "--secure",
@@ -671,7 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_p.add_argument("--port", type=int)
     serve_p.set_defaults(func=cmd_serve)
 
-    demo = sub.add_parser("demo", help="local Kafka + topics + server: the reviewer demo")
+    demo = sub.add_parser(
+        "demo", help="local Kafka + topics + server: the reviewer demo (development install)"
+    )
     demo.add_argument("--host")
     demo.add_argument("--port", type=int)
     demo.add_argument("--exit", action="store_true", help="exit after the walkthrough")
@@ -679,7 +719,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data", help="session file (default: data/agent-session.jsonl)")
     demo.set_defaults(func=cmd_demo)
 
-    replay = sub.add_parser("replay", help="load a recorded session into Kafka as a task's events")
+    replay = sub.add_parser(
+        "replay", help="load a recorded session into Kafka as a task's events (development install)"
+    )
     replay.add_argument("file", help="JSON lines {offset_ms, type, payload} (see data/README.md)")
     target = replay.add_mutually_exclusive_group()
     target.add_argument("--task-id", help="append to this existing, unfinished task")
@@ -747,7 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        from bridge.devkafka import KafkaProviderError
+        from bridge.kafka.probe import KafkaProviderError
 
         if isinstance(exc, KafkaProviderError):
             print(f"{prog}: {exc}", file=sys.stderr)

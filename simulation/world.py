@@ -33,7 +33,6 @@ from bridge.events import StatusPayload
 from bridge.kafka.memory import MemoryGroupTail, MemoryLog, MemoryWriter
 from bridge.kafka.port import Log, TopicPart, WriterFenced
 from bridge.keyring import Keyring
-from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.fanout import Fanout
 from bridge.log.identity import load_keyring
 from bridge.log.indexer import Indexer, NotOwner, load_index
@@ -48,6 +47,7 @@ from bridge.tasks.create import publish_created
 from bridge.tasks.messages import owner_digest
 from bridge.tasks.service import TaskService
 from bridge.workers.sdk import JobContext, Worker
+from bridgedev.checker import CheckReport, Recording, check, ground_truth
 from simulation import logs
 from simulation.loop import Spinning, Stuck, VirtualLoop, run
 

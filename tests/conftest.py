@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from bridge.config import load_settings, running_in_ci
-from bridge.devkafka import Broker, KafkaProviderError, provide_broker
+from bridgedev.kafka import Broker, KafkaProviderError, provide_broker
 
 # =============================================================================================
-# Kafka broker (bridge.devkafka)
+# Kafka broker (bridgedev.kafka)
 #
 # `kafka_broker` (session): the one broker of the test run, from `provide_broker` — the cluster
 # in BRIDGE_KAFKA_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS if set, else Docker, else a local
@@ -177,7 +177,7 @@ def memory_bridge_module() -> Iterator[MemoryBridge]:
 
 
 # =============================================================================================
-# Secured Kafka broker (bridge.devkafka.start_secure)
+# Secured Kafka broker (bridgedev.kafka.start_secure)
 #
 # `secure_kafka` (session): a throwaway local broker whose one client listener is SASL_SSL
 # (a CA made for the session), with the StandardAuthorizer and no ACL meaning no access. Its
@@ -189,7 +189,7 @@ def memory_bridge_module() -> Iterator[MemoryBridge]:
 # except under CI, where the tests needing it fail.
 # =============================================================================================
 
-from bridge.devkafka import SecureBroker, start_secure  # noqa: E402
+from bridgedev.kafka import SecureBroker, start_secure  # noqa: E402
 
 #: One user per role of docs/kafka-security.md, and one that no ACL names.
 SECURE_KAFKA_USERS = ("server", "index-writer", "worker", "pipeline", "nobody")
@@ -227,7 +227,7 @@ def secure_kafka(request: pytest.FixtureRequest) -> Iterator[SecureBroker]:
 
 
 # =============================================================================================
-# Three-broker Kafka cluster (bridge.devkafka.start_cluster)
+# Three-broker Kafka cluster (bridgedev.kafka.start_cluster)
 #
 # `kafka_cluster` (session): a throwaway cluster of three combined KRaft nodes from the Maven
 # jars (replication factor 3, min.insync.replicas 2) whose clients' listeners are advertised
@@ -243,9 +243,9 @@ import asyncio  # noqa: E402
 from aiokafka.admin import NewTopic  # noqa: E402
 from support.waits import wait_until  # noqa: E402
 
-from bridge.devkafka import LocalCluster, start_cluster  # noqa: E402
 from bridge.kafka.admin import kafka_admin  # noqa: E402
 from bridge.kafka.clients import KafkaError  # noqa: E402
+from bridgedev.kafka import LocalCluster, start_cluster  # noqa: E402
 
 #: Start-up of three JVMs on a shared 2-core machine, the first RF-3 topic included.
 CLUSTER_READY_BOUND_S = 120.0

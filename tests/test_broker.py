@@ -1,4 +1,4 @@
-"""The Kafka provider (bridge.devkafka) against real brokers and real processes."""
+"""The Kafka provider (bridgedev.kafka) against real brokers and real processes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from aiokafka.admin import NewTopic
 from support.waits import wait_until_sync
 
 from bridge.config import Settings, load_settings, running_in_ci
-from bridge.devkafka import (
+from bridge.kafka.admin import kafka_admin
+from bridgedev.kafka import (
     Broker,
     KafkaProviderError,
     LocalBroker,
@@ -32,7 +33,6 @@ from bridge.devkafka import (
     start_local_detached,
     stop_local_detached,
 )
-from bridge.kafka.admin import kafka_admin
 
 T = TypeVar("T")
 
@@ -216,7 +216,7 @@ def test_local_broker_stop_leaves_nothing_behind() -> None:
 _CHILD = """
 import json, os, signal, sys, time
 from bridge.config import load_settings
-from bridge.devkafka import provide_broker
+from bridgedev.kafka import provide_broker
 base = load_settings()
 settings = base.model_copy(update={"kafka_bootstrap_servers": None,
     "local_kafka": base.local_kafka.model_copy(update={"use_docker": False})})

@@ -1,4 +1,4 @@
-"""The checker (bridge/log/checker.py) on synthetic truths and recordings: each kind of
+"""The checker (bridgedev/checker.py) on synthetic truths and recordings: each kind of
 failure is found and named, a clean run passes, and equal JSON is an equal event."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bridge.log.checker import (
+from bridgedev.checker import (
     CATEGORIES,
     Recording,
     TaskTruth,

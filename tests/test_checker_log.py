@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from support.layout import create_topics, delete_events_before, make_settings
 
-from bridge.log.checker import Recording, check, event_digest, ground_truth
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher
+from bridgedev.checker import Recording, check, event_digest, ground_truth
 
 pytestmark = pytest.mark.kafka
 

@@ -1,4 +1,4 @@
-"""The three-broker cluster (bridge.devkafka.cluster) against itself and the bridge's clients:
+"""The three-broker cluster (bridgedev.kafka.cluster) against itself and the bridge's clients:
 an RF-3 layout, acks=all produce with brokers down, a restart that rejoins the ISR, a freeze,
 and the fault proxy cutting the clients off.
 
@@ -25,9 +25,6 @@ from support.layout import fresh_prefix, make_settings
 from support.waits import wait_until
 
 from bridge.config import Settings
-from bridge.devkafka import ClusterNode, LocalCluster
-from bridge.devkafka.local import _sweep_orphans
-from bridge.devkafka.probe import _api_versions
 from bridge.kafka.admin import kafka_admin
 from bridge.kafka.clients import (
     AIOKafkaProducer,
@@ -36,7 +33,10 @@ from bridge.kafka.clients import (
     committed_consumer,
     idempotent_producer,
 )
+from bridge.kafka.probe import _api_versions
 from bridge.kafka.topics import create_layout, describe_topic_configs
+from bridgedev.kafka import ClusterNode, LocalCluster
+from bridgedev.kafka.local import _sweep_orphans
 
 pytestmark = pytest.mark.slow
 

@@ -27,10 +27,10 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from bridge.client import StreamEvent, TaskStreamClient
-from bridge.demo import DEFAULT_SESSION
-from bridge.replay import REPLAY_TOOL, ReplayError, load_session
 from bridge.server.runner import AppServer
 from bridge.tasks.messages import owner_digest
+from bridgedev.demo import DEFAULT_SESSION
+from bridgedev.replay import REPLAY_TOOL, ReplayError, load_session
 
 BOUND = 120
 DATA = Path(__file__).resolve().parent.parent / "data" / "agent-session.jsonl"

@@ -1,4 +1,4 @@
-"""The shape of bridge.devkafka: its public surface, and who may import it (no broker needed).
+"""The shape of bridgedev.kafka: its public surface, and who may import it (no broker needed).
 
 The behaviour of the brokers it provides is tested in tests/test_broker.py.
 """
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import inspect
 
-from support.imports import BRIDGE, bridge_modules, imported_names, importers_of
+from support.imports import BRIDGEDEV, bridge_modules, imported_names, importers_of
 
-import bridge.devkafka as devkafka
+import bridgedev.kafka as devkafka
 
-DEVKAFKA = BRIDGE / "devkafka"
+DEVKAFKA = BRIDGEDEV / "kafka"
 #: The applications that start brokers for a developer; the runtime packages never do.
-DEVKAFKA_IMPORTERS = ("bridge.cli", "bridge.demo")
+DEVKAFKA_IMPORTERS = ("bridge.cli", "bridgedev.demo")
 KAFKA_CLIENT_LIBRARIES = ("aiokafka", "kafka")
 
 
@@ -32,10 +32,9 @@ def test_all_lists_exactly_the_public_names_of_the_package() -> None:
 
 
 def test_only_the_cli_and_the_demo_import_devkafka() -> None:
-    outside = {
-        name: path for name, path in bridge_modules().items() if not path.is_relative_to(DEVKAFKA)
-    }
-    importers = importers_of(["bridge.devkafka"], outside)
+    everything = {**bridge_modules(), **bridge_modules(BRIDGEDEV)}
+    outside = {name: path for name, path in everything.items() if not path.is_relative_to(DEVKAFKA)}
+    importers = importers_of(["bridgedev.kafka"], outside)
     assert importers, "the CLI at least starts brokers: the import scan found none"
     assert {name for name in importers if not _may_import_devkafka(name)} == set()
 
@@ -48,8 +47,10 @@ def test_devkafka_imports_no_kafka_client_library() -> None:
 
 def test_the_import_scan_resolves_relative_and_aliased_imports() -> None:
     """The scan the two rules above rely on must not miss an import written another way."""
-    source = "from ..devkafka import probe\nimport aiokafka.admin as admin\nfrom bridge import devkafka\n"
-    found = imported_names(source, "bridge.server.app", is_package=False)
-    assert {"bridge.devkafka.probe", "aiokafka.admin", "bridge.devkafka"} <= found
-    found = imported_names("from . import probe\n", "bridge.devkafka", is_package=True)
-    assert "bridge.devkafka.probe" in found
+    source = (
+        "from ..kafka import probe\nimport aiokafka.admin as admin\nfrom bridgedev import kafka\n"
+    )
+    found = imported_names(source, "bridgedev.demo.command", is_package=False)
+    assert {"bridgedev.kafka.probe", "aiokafka.admin", "bridgedev.kafka"} <= found
+    found = imported_names("from . import probe\n", "bridgedev.kafka", is_package=True)
+    assert "bridgedev.kafka.probe" in found

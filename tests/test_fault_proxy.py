@@ -1,4 +1,4 @@
-"""The fault proxy (bridge.devkafka.proxy) over real loopback sockets, in front of an echo server.
+"""The fault proxy (bridgedev.kafka.proxy) over real loopback sockets, in front of an echo server.
 
 Timing assertions are lower bounds only (a fault adds at least so much); how fast the proxy is
 belongs to no test.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.devkafka.proxy import CHUNK_BYTES, FaultProxy, Route
+from bridgedev.kafka.proxy import CHUNK_BYTES, FaultProxy, Route
 
 #: Bound of every socket operation expected to succeed.
 IO_TIMEOUT_S = 10.0

@@ -33,8 +33,8 @@ from support.waits import wait_until
 
 from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
 from bridge.config import Settings
-from bridge.devkafka import LocalCluster
-from bridge.log.checker import Recording, StreamKey, ground_truth
+from bridgedev.checker import Recording, StreamKey, ground_truth
+from bridgedev.kafka import LocalCluster
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -37,7 +37,6 @@ from support.waits import wait_until
 
 from bridge.client import MemoryCursorStore, StreamError, TaskStreamClient
 from bridge.config import Settings
-from bridge.devkafka import LocalCluster
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.admin import kafka_admin
 from bridge.kafka.clients import (
@@ -49,7 +48,8 @@ from bridge.kafka.clients import (
 )
 from bridge.kafka.port import LogError
 from bridge.kafka.topics import topic_layout
-from bridge.log.checker import CheckReport, Recording, check, ground_truth
+from bridgedev.checker import CheckReport, Recording, check, ground_truth
+from bridgedev.kafka import LocalCluster
 
 #: The bridge processes' Kafka request timeout in these tests (aiokafka's default is 40 s).
 REQUEST_TIMEOUT_MS = 10_000

@@ -40,7 +40,6 @@ from support.procs import Bridge, Proc, bridge_env, free_port
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
-from bridge.devkafka import SecureBroker
 from bridge.kafka.acls import (
     DOC,
     ROLE_NEEDS,
@@ -66,6 +65,7 @@ from bridge.kafka.acls import (
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.tools import job_topics
 from bridge.workers.sdk import Worker
+from bridgedev.kafka import SecureBroker
 
 DOCS = Path(__file__).resolve().parent.parent / DOC
 #: A misconfiguration or a missing ACL must be reported within this many seconds.

@@ -1,4 +1,4 @@
-"""The layering of bridge/: who may import what, read from the source (no broker needed).
+"""The layering of bridge/ (and of bridgedev/, the development package beside it): who may import what, read from the source (no broker needed).
 
 A small AST scan, not an import of the modules: it sees the imports inside functions too (the
 CLI imports its commands lazily), so a cycle hidden from start-up time still shows.
@@ -10,7 +10,14 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from support.imports import BRIDGE, bridge_modules, imported_names, importers_of, imports_of
+from support.imports import (
+    BRIDGE,
+    BRIDGEDEV,
+    bridge_modules,
+    imported_names,
+    importers_of,
+    imports_of,
+)
 
 #: The Kafka client layer: the only place that knows aiokafka.
 KAFKA_LAYER = BRIDGE / "kafka"
@@ -74,10 +81,10 @@ def test_the_cycle_finder_names_every_module_of_a_cycle_and_nothing_else():
 
 def test_the_scan_resolves_relative_imports_and_imports_inside_functions():
     source = "from .narrator import Narrator\ndef f():\n    from bridge import cli\n"
-    names = imported_names(source, "bridge.demo.walkthrough", is_package=False)
-    assert {"bridge.demo.narrator", "bridge.cli"} <= names
-    names = imported_names("from . import walkthrough\n", "bridge.demo", is_package=True)
-    assert "bridge.demo.walkthrough" in names
+    names = imported_names(source, "bridgedev.demo.walkthrough", is_package=False)
+    assert {"bridgedev.demo.narrator", "bridge.cli"} <= names
+    names = imported_names("from . import walkthrough\n", "bridgedev.demo", is_package=True)
+    assert "bridgedev.demo.walkthrough" in names
 
 
 # --- the rules ---------------------------------------------------------------------------------
@@ -98,14 +105,23 @@ def test_only_the_kafka_client_layer_imports_aiokafka():
 
 
 def test_the_library_imports_no_application_and_the_applications_do_not_import_the_cli():
-    modules = bridge_modules()
+    runtime = bridge_modules()
+    modules = {**runtime, **bridge_modules(BRIDGEDEV)}
     graph = import_graph(modules)
-    demo = {name for name in modules if name == "bridge.demo" or name.startswith("bridge.demo.")}
-    applications = {"bridge.cli", "bridge.replay", *demo}
+    demo = {
+        name for name in modules if name == "bridgedev.demo" or name.startswith("bridgedev.demo.")
+    }
+    applications = {"bridge.cli", "bridgedev.replay", *demo}
     assert demo, "the scan must see the demo package"
-    library = set(modules) - applications
+    library = set(runtime) - applications
     assert sorted(name for name in library if graph[name] & applications) == []
     assert sorted(name for name in applications if "bridge.cli" in graph.get(name, set())) == []
+
+
+def test_of_the_runtime_only_the_cli_imports_the_development_package():
+    """bridge/ is the runtime wheel and bridgedev/ is not in it: only the CLI's development
+    commands import it, each behind ``development_tooling`` (one line when it is missing)."""
+    assert importers_of(["bridgedev"], bridge_modules()) == {"bridge.cli"}
 
 
 def test_only_the_tracing_module_imports_opentelemetry():
@@ -118,7 +134,8 @@ def test_only_the_tracing_module_imports_opentelemetry():
 
 
 #: A Kafka client's calls and aiokafka's types, as issue 28 counts them (outside the Kafka layer
-#: and the development tooling there must be none: the domain speaks to the log port).
+#: there must be none: the domain speaks to the log port; the development tooling that drives a
+#: broker itself is in bridgedev/, not scanned).
 KAFKA_CALLS = re.compile(
     r"getmany\(|\.seek\(|\.position\(|ConsumerRecord|TopicPartition|begin_transaction"
     r"|send_and_wait|AIOKafka"
@@ -128,14 +145,12 @@ KAFKA_NAMES = re.compile(
     r"\bKafkaError\b|OffsetOutOfRangeError|ProducerFenced|RecordMetadata|RecordsToDelete"
     r"|ConsumerRebalanceListener|KafkaTimeoutError"
 )
-#: Development tooling that drives a broker itself (a local broker, a cluster, the demo).
-DEV_TOOLING = ("devkafka", "demo")
 
 
 def _outside_the_kafka_layer() -> Iterator[tuple[str, str]]:
     for path in sorted(BRIDGE.rglob("*.py")):
         rel = path.relative_to(BRIDGE).as_posix()
-        if path.is_relative_to(KAFKA_LAYER) or rel.split("/")[0] in DEV_TOOLING:
+        if path.is_relative_to(KAFKA_LAYER):
             continue
         yield rel, path.read_text(encoding="utf-8")
 

@@ -1,21 +1,24 @@
-"""The README's layout table names every module of ``bridge/`` (no broker, no import of them).
+"""The README's layout table names every module of ``bridge/`` and of ``bridgedev/`` (the
+development package beside it) (no broker, no import of them).
 
-Granularity: every ``.py`` file under ``bridge/`` except the ``__init__.py`` of a package, named
+Granularity: every ``.py`` file under ``bridge/`` or ``bridgedev/`` except the ``__init__.py`` of a package, named
 in a row of the table either by its path (`` `bridge/log/reader.py` ``) or by its file name after
 the path of its directory in the same row (`` `bridge/log/` `` or any `` `bridge/log/x.py` ``,
-then `` `catchup.py` ``). One package is named as a whole: ``bridge/devkafka/``, development
+then `` `catchup.py` ``). One package is named as a whole: ``bridgedev/kafka/``, development
 Kafka that no runtime module imports, mapped file by file in docs/architecture.md. Every path the
 table names must exist too, so a renamed module cannot leave a stale name behind.
 """
 
 from __future__ import annotations
 
-from support.imports import BRIDGE
+from support.imports import BRIDGE, BRIDGEDEV
 
 README = BRIDGE.parent / "README.md"
 HEADING = "## Layout (along the data flow)"
 #: Packages the table names as a whole (see the module docstring).
-WHOLE = ("bridge/devkafka/",)
+WHOLE = ("bridgedev/kafka/",)
+#: The spans that are paths of the two packages.
+PACKAGES = ("bridge/", "bridgedev/")
 
 
 def table_rows(readme: str) -> list[str]:
@@ -30,12 +33,12 @@ def code_spans(row: str) -> list[str]:
 
 
 def named_in(row: str) -> set[str]:
-    """The paths ``row`` names: ``bridge/...`` spans, and bare ``x.py`` spans read in the
-    directory of the last ``bridge/`` span before them."""
+    """The paths ``row`` names: ``bridge/...`` and ``bridgedev/...`` spans, and bare ``x.py``
+    spans read in the directory of the last such span before them."""
     named: set[str] = set()
     directory = None
     for span in code_spans(row):
-        if span.startswith("bridge/"):
+        if span.startswith(PACKAGES):
             directory = span if span.endswith("/") else span.rsplit("/", 1)[0] + "/"
             named.add(span)
         elif span.endswith(".py") and "/" not in span and directory is not None:
@@ -47,12 +50,13 @@ def modules() -> set[str]:
     root = BRIDGE.parent
     return {
         path.relative_to(root).as_posix()
-        for path in BRIDGE.rglob("*.py")
+        for package in (BRIDGE, BRIDGEDEV)
+        for path in package.rglob("*.py")
         if path.name != "__init__.py" and not path.relative_to(root).as_posix().startswith(WHOLE)
     }
 
 
-def test_the_layout_table_names_every_module_of_bridge() -> None:
+def test_the_layout_table_names_every_module_of_bridge_and_bridgedev() -> None:
     named = set().union(*map(named_in, table_rows(README.read_text(encoding="utf-8"))))
     missing = sorted(modules() - named)
     assert missing == [], f"README's layout table does not name: {missing}"

@@ -1,4 +1,4 @@
-"""The secured local broker (bridge.devkafka.start_secure and `bridge kafka start --secure`).
+"""The secured local broker (bridgedev.kafka.start_secure and `bridge kafka start --secure`).
 
 Its clients here are plain aiokafka with a TLS context built from the broker's CA file: what is
 under test is the broker (TLS, SASL users, the authorizer), not the bridge's client options;
@@ -31,9 +31,9 @@ from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 from support.waits import BOUND
 
 from bridge.config import load_settings, running_in_ci
-from bridge.devkafka import KafkaProviderError, SecureBroker, SecureBrokerInfo, check_bootstrap
-from bridge.devkafka.security import new_security, write_client_config
 from bridge.kafka.admin import kafka_admin
+from bridgedev.kafka import KafkaProviderError, SecureBroker, SecureBrokerInfo, check_bootstrap
+from bridgedev.kafka.security import new_security, write_client_config
 
 PASSWORD_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 

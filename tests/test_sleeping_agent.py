@@ -1,4 +1,4 @@
-"""The demo's sleeping agent (bridge/demo/sleeper.py, agent.py, receiver.py).
+"""The demo's sleeping agent (bridgedev/demo/sleeper.py, agent.py, receiver.py).
 
 In-process: the receiver's judgement of a POST (signature, challenge, wake-up once per
 ``webhook-id``), with bodies signed by the bridge's own signer. End to end: a real `bridge serve`
@@ -21,17 +21,17 @@ from support.layout import fresh_prefix, make_settings
 from support.procs import Bridge, running_bridge, webhook_keys_env
 
 from bridge.client import StreamError, TaskStreamClient
-from bridge.demo.agenthome import AgentConfig, AgentHome
-from bridge.demo.receiver import Answer, Wake, WebhookReceiver, throwaway_tls
-from bridge.demo.sleeper import SleepingAgent, SleepOutcome, new_webhook_secret
-from bridge.demo.walkthrough import (
+from bridge.events import NOT_FOUND
+from bridge.mcpevents.webhooks import signature_headers
+from bridgedev.demo.agenthome import AgentConfig, AgentHome
+from bridgedev.demo.receiver import Answer, Wake, WebhookReceiver, throwaway_tls
+from bridgedev.demo.sleeper import SleepingAgent, SleepOutcome, new_webhook_secret
+from bridgedev.demo.walkthrough import (
     AGENT_ARGUMENTS,
     AGENT_READS_BEFORE_SLEEP,
     AGENT_TOOL,
     AGENT_WAKE_BOUND_S,
 )
-from bridge.events import NOT_FOUND
-from bridge.mcpevents.webhooks import signature_headers
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 OTHER = "whsec_" + base64.b64encode(b"o" * 32).decode()

@@ -6,7 +6,7 @@ its :data:`~bridge.log.identity.IDENTITY_HEADER` carries a valid signature of th
 publisher's keyring (:mod:`bridge.log.identity`), and nothing written later changes them.
 Every way of creating a task writes it here, so they cannot drift apart:
 :meth:`bridge.tasks.service.TaskService.create` (tools/call, then a job for a worker),
-:mod:`bridge.replay` (a recorded session, whose events the caller publishes itself) and the
+:mod:`bridgedev.replay` (a recorded session, whose events the caller publishes itself) and the
 canary.
 
 This module queues no job and waits for no indexer; the callers do what comes next.

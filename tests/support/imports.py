@@ -1,4 +1,4 @@
-"""Who imports what in bridge/, read from the source with a small AST scan (no import of the
+"""Who imports what in bridge/ (and bridgedev/ beside it), read from the source with a small AST scan (no import of the
 modules): imports inside functions count too, and relative imports are resolved."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import bridge
 
 __all__ = [
     "BRIDGE",
+    "BRIDGEDEV",
     "bridge_modules",
     "imported_names",
     "importers_of",
@@ -19,10 +20,12 @@ __all__ = [
 ]
 
 BRIDGE = Path(bridge.__file__).parent
+#: The development package beside the runtime one (not in its wheel).
+BRIDGEDEV = BRIDGE.parent / "bridgedev"
 
 
 def module_name(path: Path) -> str:
-    """``bridge/demo/__init__.py`` -> ``bridge.demo``; ``bridge/cli.py`` -> ``bridge.cli``."""
+    """``bridgedev/demo/__init__.py`` -> ``bridgedev.demo``; ``bridge/cli.py`` -> ``bridge.cli``."""
     parts = path.relative_to(BRIDGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -6,7 +6,7 @@ the settings' cluster and topics, then makes load of two kinds:
 
 * **tool tasks**: ``tools/call`` of a long-running tool (``agent_run`` of the demo pack by
   default: a timeline of events at a steady pace), run by the workers;
-* **pipeline tasks**: created as :mod:`bridge.replay` creates a task (its ``task.created``),
+* **pipeline tasks**: created as :mod:`bridgedev.replay` creates a task (its ``task.created``),
   then fed by a raw producer exactly as an existing pipeline would (an envelope of
   :mod:`bridge.envelope`, key = task id), ending with a terminal status.
 
@@ -14,9 +14,9 @@ Every task gets ``streams_per_task`` stream clients (:class:`bridge.client.TaskS
 which resumes with its cursor and de-duplicates), spread over the replicas. A client keeps
 resuming across drops (and on another replica when one stops answering) until its task is
 terminal or the harness stops; every event it yields and every ``events_gone`` it is answered
-goes into a :class:`~bridge.log.checker.Recording`. :meth:`LoadHarness.stop` ends the writers
+goes into a :class:`~bridgedev.checker.Recording`. :meth:`LoadHarness.stop` ends the writers
 and waits (bounded) for the streams; :meth:`LoadHarness.check` then reads the ground truth and
-returns the :class:`~bridge.log.checker.CheckReport`.
+returns the :class:`~bridgedev.checker.CheckReport`.
 
 Faults are the caller's: :attr:`LoadHarness.replicas` and :attr:`LoadHarness.workers` are the
 processes (``kill()`` is SIGKILL, :meth:`Replica.restart` starts it again on its port), and
@@ -51,9 +51,9 @@ from bridge.kafka.clients import (
     idempotent_producer,
     plain_producer,
 )
-from bridge.log.checker import CheckReport, Recording, check, ground_truth
 from bridge.log.publisher import TaskEventPublisher
-from bridge.replay import create_task as create_replay_task
+from bridgedev.checker import CheckReport, Recording, check, ground_truth
+from bridgedev.replay import create_task as create_replay_task
 
 from .layout import create_served_topics
 from .mcp import create_task

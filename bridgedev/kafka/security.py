@@ -1,6 +1,6 @@
 """The security layer of a secured local broker: its users, its certificates, the listener and
 authorizer settings of ``server.properties``, the ``--add-scram`` arguments of the storage
-format, and the :class:`~bridge.devkafka.broker.SecureBrokerInfo` a client connects with.
+format, and the :class:`~bridgedev.kafka.broker.SecureBrokerInfo` a client connects with.
 
 One broker directory (``root``) holds it all: ``ca.pem`` (the CA clients trust),
 ``server.pem`` (the broker's PKCS#8 key and certificate chain, 0600) and ``users.json``
@@ -10,7 +10,7 @@ storage, so the passwords must outlive the process).
 
 Development only: the passwords sit in files beside the storage, and OAUTHBEARER accepts any
 unsigned token (Kafka's unsecured JWS validator). It starts no process and fetches nothing;
-:mod:`bridge.devkafka.kraft` writes what :meth:`BrokerSecurity.server_config` returns.
+:mod:`bridgedev.kafka.kraft` writes what :meth:`BrokerSecurity.server_config` returns.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge.devkafka.broker import KafkaProviderError, SecureBrokerInfo
-from bridge.devkafka.files import _write_atomic
+from bridgedev.kafka.broker import KafkaProviderError, SecureBrokerInfo
+from bridgedev.kafka.files import _write_atomic
 
 #: The super user: the broker itself (inter-broker and broker-to-controller) and the tests' admin.
 ADMIN_USER = "admin"

@@ -3,7 +3,8 @@ library), and the parsing of ``bootstrap_servers`` strings.
 
 :func:`check_bootstrap` is what the provider and the CLI ask of a configured cluster; the local
 and Docker brokers use :func:`_api_versions` to wait until they are ready. This module starts
-nothing and never authenticates: TLS listeners only get a TCP connect.
+nothing, never authenticates (TLS listeners only get a TCP connect) and imports no other module of
+the package: it holds the package's one error, :class:`KafkaProviderError`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import ssl
 import struct
 import time
 
-from bridge.devkafka.broker import KafkaProviderError, _one_line
+
+class KafkaProviderError(Exception):
+    """No broker could be provided or reached; the message says why and what to do next."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 
 #: Bound of the "does the external cluster answer" check of :func:`provide_broker`.
 EXTERNAL_PROBE_TIMEOUT_S = 5.0

@@ -1,8 +1,8 @@
 """The sleeping agent: a client process that starts a long task, goes away, and is woken later.
 
-Run as ``python -m bridge.demo.agent start|wake --home DIR`` (the demo's step 6 does, see
-:mod:`bridge.demo.sleeper`); nothing imports this module. Everything it keeps between runs is in
-its home directory (:mod:`bridge.demo.agenthome`): its configuration, its tasks/stream cursor,
+Run as ``python -m bridgedev.demo.agent start|wake --home DIR`` (the demo's step 6 does, see
+:mod:`bridgedev.demo.sleeper`); nothing imports this module. Everything it keeps between runs is in
+its home directory (:mod:`bridgedev.demo.agenthome`): its configuration, its tasks/stream cursor,
 the task it waits for, and a journal of its runs.
 
 ``start``: note where the caller's task updates are now (``events/poll``, cursor null), start
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bridge.client import StreamEvent, TaskStreamClient
-from bridge.demo.agenthome import AgentConfig, AgentHome
+from bridgedev.demo.agenthome import AgentConfig, AgentHome
 
 __all__ = ["main"]
 
@@ -133,7 +133,7 @@ def _result_text(view: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.demo.agent")
+    parser = argparse.ArgumentParser(prog="python -m bridgedev.demo.agent")
     parser.add_argument("run", choices=["start", "wake"])
     parser.add_argument("--home", required=True, type=Path)
     parser.add_argument("--task", help="wake: the task the webhook named")

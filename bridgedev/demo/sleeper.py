@@ -1,7 +1,7 @@
 """The sleeping agent, run end to end: the agent processes, the receiver, and what happened.
 
-:class:`SleepingAgent` sets up the agent's home (:mod:`bridge.demo.agent`), serves the webhook
-receiver (:mod:`bridge.demo.receiver`) on loopback, and starts the agent as a separate process.
+:class:`SleepingAgent` sets up the agent's home (:mod:`bridgedev.demo.agent`), serves the webhook
+receiver (:mod:`bridgedev.demo.receiver`) on loopback, and starts the agent as a separate process.
 The agent starts a long task, subscribes a webhook for its updates, processes a few events and
 exits; when the task ends the bridge POSTs the update to the receiver, which has the agent
 started again (after the previous run exited, never beside it). Then a forged copy of that
@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 
 from bridge.component import cancel_and_wait
-from bridge.demo.agenthome import AgentConfig, AgentHome
-from bridge.demo.receiver import Delivery, ReceiverTls, Wake, WebhookReceiver, serve_https
+from bridgedev.demo.agenthome import AgentConfig, AgentHome
+from bridgedev.demo.receiver import Delivery, ReceiverTls, Wake, WebhookReceiver, serve_https
 
 __all__ = ["AgentRun", "SleepOutcome", "SleepingAgent", "new_webhook_secret"]
 
@@ -160,8 +160,8 @@ class SleepingAgent:
             self._woke.set()
 
     async def _launch(self, kind: str, wake: Wake | None = None) -> AgentRun:
-        """Start ``python -m bridge.demo.agent kind`` once no other run is alive; wait for it."""
-        args = [sys.executable, "-m", "bridge.demo.agent", kind, "--home", str(self.home.path)]
+        """Start ``python -m bridgedev.demo.agent kind`` once no other run is alive; wait for it."""
+        args = [sys.executable, "-m", "bridgedev.demo.agent", kind, "--home", str(self.home.path)]
         if wake is not None:
             args += ["--task", wake.task_id, "--seq", str(wake.seq), "--status", wake.status]
         async with self._idle:

@@ -6,8 +6,8 @@
   the last event it fully processed);
 * ``task.json``: the task it is waiting for; ``runs.jsonl``: one line per run (what it read).
 
-Shared by the agent program (:mod:`bridge.demo.agent`, which writes the cursor, the task and the
-journal) and the demo that sets it up and reads the journal (:mod:`bridge.demo.sleeper`); a
+Shared by the agent program (:mod:`bridgedev.demo.agent`, which writes the cursor, the task and the
+journal) and the demo that sets it up and reads the journal (:mod:`bridgedev.demo.sleeper`); a
 module of its own so that importing it does not import the program.
 """
 

@@ -9,11 +9,11 @@
    resume from ``earliestSeq - 1``;
 6. the sleeping agent: an agent process starts a long task, subscribes a webhook for its
    updates, saves its cursor and exits; the task's end reaches a receiver by webhook, which
-   starts the agent again, and it resumes from its cursor (:mod:`bridge.demo.sleeper`).
+   starts the agent again, and it resumes from its cursor (:mod:`bridgedev.demo.sleeper`).
 
-The session is replayed with :mod:`bridge.replay`, read with :mod:`bridge.client`. A step
+The session is replayed with :mod:`bridgedev.replay`, read with :mod:`bridge.client`. A step
 returns its one-line summary or raises :class:`StepFailed`; it never prints PASS or FAIL itself
-(:mod:`bridge.demo` runs the steps, :mod:`bridge.demo.narrator` prints them).
+(:mod:`bridgedev.demo` runs the steps, :mod:`bridgedev.demo.narrator` prints them).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
-from bridge.demo.agenthome import AgentConfig
-from bridge.demo.narrator import INDENT, Narrator
-from bridge.demo.receiver import Delivery, ReceiverTls
-from bridge.demo.sleeper import SleepingAgent, SleepOutcome
 from bridge.log.publisher import Published, TaskEventPublisher
-from bridge.replay import (
+from bridgedev.demo.agenthome import AgentConfig
+from bridgedev.demo.narrator import INDENT, Narrator
+from bridgedev.demo.receiver import Delivery, ReceiverTls
+from bridgedev.demo.sleeper import SleepingAgent, SleepOutcome
+from bridgedev.replay import (
     ReplayResult,
     SessionEvent,
     completed_result,

@@ -1,7 +1,7 @@
 """A TCP fault proxy: forwards loopback ports to targets, and can cut, restore and slow them.
 
 Where it sits: between a client (the bridge, a test's Kafka client) and the brokers of
-:mod:`bridge.devkafka.cluster`, which advertise the proxy's ports so that every client
+:mod:`bridgedev.kafka.cluster`, which advertise the proxy's ports so that every client
 connection goes through it while the brokers talk to each other directly. It knows nothing of
 Kafka: it moves bytes. It runs an asyncio loop of its own in a daemon thread, so sync test code
 and benches drive it through plain method calls, each of which returns once the fault is in

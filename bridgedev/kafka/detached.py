@@ -1,12 +1,12 @@
 """The long-lived local broker of ``bridge kafka start|status|stop``.
 
-Same jars and configuration as the throwaway broker (:mod:`bridge.devkafka.kraft`), but its
+Same jars and configuration as the throwaway broker (:mod:`bridgedev.kafka.kraft`), but its
 data, config, log and ``state.json`` live in ``settings.local_kafka.state_dir``, it runs in a
 session of its own and outlives the CLI; its data persists across stop/start. A lock file in
 the state directory serialises the commands. Nothing here is used by the test fixtures'
-throwaway broker (:mod:`bridge.devkafka.local`).
+throwaway broker (:mod:`bridgedev.kafka.local`).
 
-``bridge kafka start --secure`` runs the secured broker of :mod:`bridge.devkafka.security`
+``bridge kafka start --secure`` runs the secured broker of :mod:`bridgedev.kafka.security`
 instead, from ``state_dir/secure`` (storage, users, certificates), and writes the client
 settings file its admin connects with; ``state.json`` says which of the two runs.
 """
@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import Settings
-from bridge.devkafka.broker import BrokerInfo, KafkaProviderError, Progress, _stderr_progress
-from bridge.devkafka.files import _abs, _file_size, _write_atomic
-from bridge.devkafka.jars import _java_command, ensure_kafka_jars
-from bridge.devkafka.kraft import (
+from bridge.kafka.probe import _api_versions
+from bridgedev.kafka.broker import BrokerInfo, KafkaProviderError, Progress, _stderr_progress
+from bridgedev.kafka.files import _abs, _file_size, _write_atomic
+from bridgedev.kafka.jars import _java_command, ensure_kafka_jars
+from bridgedev.kafka.kraft import (
     _broker_command,
     _format_storage,
     _free_port_pair,
@@ -34,8 +35,7 @@ from bridge.devkafka.kraft import (
     _wait_ready,
     _write_config,
 )
-from bridge.devkafka.probe import _api_versions
-from bridge.devkafka.process import (
+from bridgedev.kafka.process import (
     _cmdline,
     _file_lock,
     _pid_alive,
@@ -43,7 +43,7 @@ from bridge.devkafka.process import (
     _terminate_group,
     _try_lock,
 )
-from bridge.devkafka.security import (
+from bridgedev.kafka.security import (
     BrokerSecurity,
     load_security,
     new_security,
@@ -66,7 +66,7 @@ def start_local_detached(
     The broker runs in its own session, not as a child of this process, so it outlives the
     CLI. Its data (``state_dir/kraft``) persists across stop/start.
 
-    ``secure``: the broker of :mod:`bridge.devkafka.security` instead (SASL_SSL under ACLs),
+    ``secure``: the broker of :mod:`bridgedev.kafka.security` instead (SASL_SSL under ACLs),
     with its own data in ``state_dir/secure`` (a plaintext broker's storage has no SCRAM
     users); its info is a :class:`SecureBrokerInfo`, and a client settings file for its admin
     is written to ``client_config`` (default ``state_dir/secure-client.toml``). One local

@@ -2,10 +2,10 @@
 one error, :class:`KafkaProviderError`; a secured broker's handle carries a
 :class:`SecureBrokerInfo`.
 
-The bottom of :mod:`bridge.devkafka`: it imports none of the package's other modules and starts
-nothing. Each handle that owns something to stop lives beside the code that starts it
-(:class:`~bridge.devkafka.local.LocalBroker`, :class:`~bridge.devkafka.docker.DockerBroker`,
-:class:`~bridge.devkafka.provider.ExternalBroker`). Also the default progress line and the
+Near the bottom of :mod:`bridgedev.kafka`: it imports only the probe (whose error it re-exports)
+and starts nothing. Each handle that owns something to stop lives beside the code that starts it
+(:class:`~bridgedev.kafka.local.LocalBroker`, :class:`~bridgedev.kafka.docker.DockerBroker`,
+:class:`~bridgedev.kafka.provider.ExternalBroker`). Also the default progress line and the
 one-line exception text the other modules put into their messages.
 """
 
@@ -18,6 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
+
+# The probe is the runtime's (the CLI's pre-flight asks it too): the one error and the one-line
+# exception text live there, and every provider shares them.
+from bridge.kafka.probe import KafkaProviderError, _one_line
+
+__all__ = [
+    "Broker",
+    "BrokerInfo",
+    "KafkaProviderError",
+    "Progress",
+    "SecureBrokerInfo",
+    "_one_line",
+    "_stderr_progress",
+]
 
 Progress = Callable[[str], None]
 
@@ -55,10 +69,6 @@ class SecureBrokerInfo(BrokerInfo):
         }
 
 
-class KafkaProviderError(Exception):
-    """No broker could be provided; the message says why and what to do next."""
-
-
 class Broker(abc.ABC):
     """A running broker. :meth:`stop` is idempotent; also a context manager."""
 
@@ -92,8 +102,3 @@ class Broker(abc.ABC):
 
 def _stderr_progress(message: str) -> None:
     print(f"[kafka] {message}", file=sys.stderr, flush=True)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,7 +1,7 @@
 """``bridge demo`` itself: Kafka, topics, the bridge in this process, the steps, the exit status.
 
-Imported by :func:`bridge.demo.demo_command` only when the demo runs (it loads the whole
-bridge); see :mod:`bridge.demo` for what the demo shows.
+Imported by :func:`bridgedev.demo.demo_command` only when the demo runs (it loads the whole
+bridge); see :mod:`bridgedev.demo` for what the demo shows.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 
 from bridge.component import cancel_and_wait, stop_signal
 from bridge.config import AuthSettings, Settings, WebhookKeySettings
-from bridge.demo.common import DEFAULT_SESSION, DemoError
-from bridge.demo.narrator import Narrator
-from bridge.demo.receiver import LOOPBACK, ReceiverTls, throwaway_tls
-from bridge.demo.walkthrough import STEP_BOUND_S, Step, StepFailed, Walkthrough
 from bridge.log.publisher import TaskEventPublisher
-from bridge.replay import SessionEvent, load_session
 from bridge.server.runner import AppServer, ServerExited, bridge_server
 from bridge.workers.inprocess import run_workers_in_process
+from bridgedev.demo.common import DEFAULT_SESSION, DemoError
+from bridgedev.demo.narrator import Narrator
+from bridgedev.demo.receiver import LOOPBACK, ReceiverTls, throwaway_tls
+from bridgedev.demo.walkthrough import STEP_BOUND_S, Step, StepFailed, Walkthrough
+from bridgedev.replay import SessionEvent, load_session
 
 __all__ = ["demo_command"]
 
@@ -87,7 +87,7 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
             f"unset BRIDGE_AUTH__MODE (it is {settings.auth.mode!r})"
         )
     if not settings.kafka_bootstrap_servers:
-        from bridge.devkafka import start_local_detached
+        from bridgedev.kafka import start_local_detached
 
         progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
         info = start_local_detached(settings, progress=progress)

@@ -2,7 +2,7 @@
 
 Step headers, one line per event (streamed ``message.delta`` text written inline, as a chat UI
 would), commands to copy, and each step's PASS or FAIL. It only prints: the steps
-(:mod:`bridge.demo.walkthrough`) decide what to say and check the outcomes.
+(:mod:`bridgedev.demo.walkthrough`) decide what to say and check the outcomes.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 temporary directory, owned by this Python process.
 
 :func:`start_local` hands out a :class:`LocalBroker`, :func:`start_secure` a
-:class:`SecureBroker` (SASL_SSL under ACLs, :mod:`bridge.devkafka.security`); stopping it (or this process exiting, or
+:class:`SecureBroker` (SASL_SSL under ACLs, :mod:`bridgedev.kafka.security`); stopping it (or this process exiting, or
 dying) kills the broker's process group and deletes its directory, and a later start sweeps
 what a killed owner left. The long-lived broker of ``bridge kafka start`` is
-:mod:`bridge.devkafka.detached`; choosing between providers is :mod:`bridge.devkafka.provider`.
+:mod:`bridgedev.kafka.detached`; choosing between providers is :mod:`bridgedev.kafka.provider`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bridge.config import Settings
-from bridge.devkafka.broker import (
+from bridgedev.kafka.broker import (
     Broker,
     BrokerInfo,
     KafkaProviderError,
@@ -31,9 +31,9 @@ from bridge.devkafka.broker import (
     SecureBrokerInfo,
     _stderr_progress,
 )
-from bridge.devkafka.files import _file_size, _write_atomic
-from bridge.devkafka.jars import _java_command, ensure_kafka_jars
-from bridge.devkafka.kraft import (
+from bridgedev.kafka.files import _file_size, _write_atomic
+from bridgedev.kafka.jars import _java_command, ensure_kafka_jars
+from bridgedev.kafka.kraft import (
     _broker_command,
     _format_storage,
     _free_port_pair,
@@ -42,8 +42,8 @@ from bridge.devkafka.kraft import (
     _wait_ready,
     _write_config,
 )
-from bridge.devkafka.process import _cmdline, _pdeathsig_preexec, _pid_alive, _terminate_group
-from bridge.devkafka.security import BrokerSecurity, new_security
+from bridgedev.kafka.process import _cmdline, _pdeathsig_preexec, _pid_alive, _terminate_group
+from bridgedev.kafka.security import BrokerSecurity, new_security
 
 #: Grace between SIGTERM and SIGKILL when stopping an in-process (throwaway) broker.
 EPHEMERAL_STOP_GRACE_S = 10.0
@@ -86,7 +86,7 @@ class LocalBroker(Broker):
             _LIVE_BROKERS.discard(self)
 
 
-#: Throwaway brokers (and clusters, bridge.devkafka.cluster) to stop at interpreter exit.
+#: Throwaway brokers (and clusters, bridgedev.kafka.cluster) to stop at interpreter exit.
 _LIVE_BROKERS: set[Broker] = set()
 
 
@@ -126,7 +126,7 @@ class SecureBroker(LocalBroker):
 def start_secure(
     settings: Settings, *, progress: Progress | None = None, users: Iterable[str] = ()
 ) -> SecureBroker:
-    """Start a throwaway broker secured as :mod:`bridge.devkafka.security` describes.
+    """Start a throwaway broker secured as :mod:`bridgedev.kafka.security` describes.
 
     ``users``: names to create beside ``admin``, with random passwords (in ``info.users``).
     SCRAM users can only be created with the storage (the Kafka client layer has no call to
@@ -232,7 +232,7 @@ def _sweep_orphans() -> None:
         try:
             owner = json.loads((root / "owner.json").read_text(encoding="utf-8"))
             owner_pid = int(owner["owner_pid"])
-            # a cluster (bridge.devkafka.cluster) lists the JVMs of all its nodes
+            # a cluster (bridgedev.kafka.cluster) lists the JVMs of all its nodes
             java_pids = [int(pid) for pid in owner.get("java_pids", [owner.get("java_pid", 0)])]
         except (OSError, ValueError, KeyError, TypeError):
             continue

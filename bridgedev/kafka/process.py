@@ -1,7 +1,7 @@
 """Processes and locks for the local brokers: pid checks, process-group termination, a child
 that dies with its parent (``PR_SET_PDEATHSIG``), a detached launch, ``fcntl`` file locks.
 
-Knows nothing of Kafka: :mod:`bridge.devkafka.local` and :mod:`bridge.devkafka.detached` say
+Knows nothing of Kafka: :mod:`bridgedev.kafka.local` and :mod:`bridgedev.kafka.detached` say
 what to run; this module only starts, watches and stops it.
 """
 
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bridge.devkafka.broker import KafkaProviderError, Progress
-from bridge.devkafka.files import _tail_text
+from bridgedev.kafka.broker import KafkaProviderError, Progress
+from bridgedev.kafka.files import _tail_text
 
 
 def _pid_alive(pid: int) -> bool:

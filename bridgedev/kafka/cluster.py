@@ -7,10 +7,10 @@ together; it returns once each node answers ApiVersions. Whether the cluster als
 (creates an RF-3 topic, elects leaders) needs a Kafka client, which this package does not use:
 the caller checks that. Each node has three listeners: clients (``PLAINTEXT``), the other
 brokers (``BROKER``) and the controller quorum (``CONTROLLER``). With ``proxied=True`` the
-client listener is advertised at a :class:`~bridge.devkafka.proxy.FaultProxy` port, so cutting
+client listener is advertised at a :class:`~bridgedev.kafka.proxy.FaultProxy` port, so cutting
 the proxy isolates the clients from every broker without partitioning the cluster.
 
-Same life cycle as :func:`~bridge.devkafka.local.start_local`: one temporary directory (a
+Same life cycle as :func:`~bridgedev.kafka.local.start_local`: one temporary directory (a
 sub-directory per node), removed on :meth:`LocalCluster.stop` or interpreter exit; a later
 start sweeps what a killed owner left, every node's JVM included. The single broker stays the
 default everywhere else; nothing here changes it.
@@ -31,15 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bridge.config import Settings
-from bridge.devkafka.broker import (
+from bridgedev.kafka.broker import (
     Broker,
     BrokerInfo,
     KafkaProviderError,
     Progress,
     _stderr_progress,
 )
-from bridge.devkafka.files import _file_size, _write_atomic
-from bridge.devkafka.kraft import (
+from bridgedev.kafka.files import _file_size, _write_atomic
+from bridgedev.kafka.kraft import (
     _cluster_id,
     _format_storage,
     _free_ports,
@@ -49,9 +49,9 @@ from bridge.devkafka.kraft import (
     _wait_ready,
     _write_node_files,
 )
-from bridge.devkafka.local import _LIVE_BROKERS, _java_and_jars, _spawn_child, _temp_root
-from bridge.devkafka.process import _pid_alive, _process_state, _terminate_group
-from bridge.devkafka.proxy import FaultProxy
+from bridgedev.kafka.local import _LIVE_BROKERS, _java_and_jars, _spawn_child, _temp_root
+from bridgedev.kafka.process import _pid_alive, _process_state, _terminate_group
+from bridgedev.kafka.proxy import FaultProxy
 
 __all__ = ["ClusterNode", "LocalCluster", "start_cluster"]
 

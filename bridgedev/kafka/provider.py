@@ -5,11 +5,11 @@
 1. the cluster named by ``settings.kafka_bootstrap_servers`` (checked with an ApiVersions
    request; :meth:`Broker.stop` leaves it alone),
 2. a Docker engine, if ``settings.local_kafka.use_docker`` and one answers within ~1.5 s
-   (testcontainers' ``KafkaContainer`` in KRaft mode, :mod:`bridge.devkafka.docker`),
+   (testcontainers' ``KafkaContainer`` in KRaft mode, :mod:`bridgedev.kafka.docker`),
 3. a single-node KRaft broker run from the Maven Central jars of
    ``org.apache.kafka:kafka_2.13:<settings.local_kafka.version>`` in a fresh temporary
    directory, killed (process group) on :meth:`Broker.stop` and at interpreter exit
-   (:mod:`bridge.devkafka.local`).
+   (:mod:`bridgedev.kafka.local`).
 
 This module only chooses; how each broker is started lives in the module named above.
 """
@@ -17,16 +17,16 @@ This module only chooses; how each broker is started lives in the module named a
 from __future__ import annotations
 
 from bridge.config import Settings
-from bridge.devkafka.broker import (
+from bridge.kafka.probe import EXTERNAL_PROBE_TIMEOUT_S, check_bootstrap
+from bridgedev.kafka.broker import (
     Broker,
     BrokerInfo,
     KafkaProviderError,
     Progress,
     _stderr_progress,
 )
-from bridge.devkafka.docker import _start_docker, detect_docker
-from bridge.devkafka.local import start_local
-from bridge.devkafka.probe import EXTERNAL_PROBE_TIMEOUT_S, check_bootstrap
+from bridgedev.kafka.docker import _start_docker, detect_docker
+from bridgedev.kafka.local import start_local
 
 
 class ExternalBroker(Broker):

@@ -2,7 +2,7 @@
 whether a Docker engine answers at all.
 
 ``docker`` and ``testcontainers`` are imported only when asked for, so the package works
-without them. Whether to use Docker is the provider's choice (:mod:`bridge.devkafka.provider`).
+without them. Whether to use Docker is the provider's choice (:mod:`bridgedev.kafka.provider`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.config import Settings
-from bridge.devkafka.broker import Broker, BrokerInfo, KafkaProviderError, Progress, _one_line
-from bridge.devkafka.kraft import _SINGLE_NODE_CONFIG
-from bridge.devkafka.probe import _api_versions, _parse_bootstrap
+from bridge.kafka.probe import _api_versions, _parse_bootstrap
+from bridgedev.kafka.broker import Broker, BrokerInfo, KafkaProviderError, Progress, _one_line
+from bridgedev.kafka.kraft import _SINGLE_NODE_CONFIG
 
 #: Image for the Docker provider. Confluent Platform 7.9 is Kafka 3.9; testcontainers'
 #: ``KafkaContainer.with_kraft()`` does not work with the 8.x (Kafka 4) images.

@@ -9,7 +9,7 @@
 * :func:`finish_task` writes the terminal ``completed`` status that ends the task's streams.
 * :func:`replay_command` is the command: those four steps, with progress lines.
 
-The demo (:mod:`bridge.demo`) replays through the same functions. This module starts no server
+The demo (:mod:`bridgedev.demo`) replays through the same functions. This module starts no server
 and no Kafka: it writes to the configured cluster, and asks a running bridge only when told to
 append to an existing task.
 """
