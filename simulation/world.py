@@ -49,7 +49,7 @@ from bridge.tasks.create import publish_created
 from bridge.tasks.messages import owner_digest
 from bridge.tasks.service import TaskService
 from bridge.workers.sdk import JobContext, Worker
-from simulation import logs
+from simulation import http, logs
 from simulation.loop import Spinning, Stuck, VirtualLoop, run
 
 __all__ = ["Outcome", "Plan", "run_seed"]
@@ -62,6 +62,8 @@ CLOCK = LoopClock(EPOCH)
 PARTITIONS = 4
 WORKERS = 2
 SESSION_MS = 3_000
+#: The share of stream clients that stream over HTTP (simulation/http.py).
+HTTP_SHARE = 0.25
 #: Virtual seconds the end of a run may take to settle (owners, caught up).
 SETTLE_S = 60
 #: Draws allowed for one fault slot before the run counts it as a failure.
@@ -138,6 +140,8 @@ def settings_of(name: str) -> Settings:
         stream_queue_size=16,
         stream_keepalive_s=2.0,
         cursor_catch_up_s=1.0,
+        auth={"mode": "bearer", "tokens": http.TOKENS},
+        allowed_hosts=[f"r{i}.sim" for i in range(10)],
     )
 
 
@@ -187,6 +191,8 @@ class Replica:
             clock=CLOCK,
             entropy=SeededEntropy(world.rng.getrandbits(64)),
         )
+        #: Its ``POST /mcp`` (for the clients that stream over HTTP).
+        self.app = http.endpoint(self)
         self.up = False
         #: The streams open here (a dict as an ordered set: a crash cuts them in a replayable
         #: order).
@@ -261,6 +267,8 @@ class World:
     #: Tasks a stream was refused as untrusted (retention deleted their records unindexed).
     untrusted: set[str] = field(default_factory=set)
     clients: dict[str, TaskPlan] = field(default_factory=dict)
+    #: Tasks a stream was refused as not found (over HTTP): the index must bind them to no one.
+    denied: set[str] = field(default_factory=set)
     #: The streams handed their task's result.
     ended: set[tuple[str, str]] = field(default_factory=set)
     trace: list[str] = field(default_factory=list)
@@ -305,8 +313,24 @@ class World:
         if reason == "seq_untrusted":
             self.untrusted.add(task.task_id)  # judged at the end: the index must agree
             raise _Untrusted
+        if reason is None and "not found" in exc.message:
+            # Over HTTP: a task owned by no one (the raced one; one whose task.created
+            # retention deleted unindexed) is no one's to stream (judged at the end against
+            # the persisted index); else the owner has not indexed it yet: ask again.
+            if self.unowned(task):
+                self.denied.add(task.task_id)
+                raise _Denied
+            return after
         self.problems.append(f"{client_id}: refused {reason}: {exc.message}")
         return after
+
+    def unowned(self, task: TaskPlan) -> bool:
+        """Whether the task's owner indexed it as owned by no one."""
+        partition = _partition(self, task)
+        owner = self.owner_of(partition)
+        idx = owner.indexer.partitions.get(partition) if owner is not None else None
+        entry = idx.get(task.task_id) if idx is not None else None
+        return entry is not None and entry.owner == 0
 
     def last_seq(self, client_id: str, task_id: str) -> int | None:
         """The highest seq ``client_id`` was handed of ``task_id`` (its cursor)."""
@@ -353,7 +377,7 @@ async def run_job(world: World, ctx: JobContext) -> dict[str, Any]:
 
 async def produce_task(world: World, task: TaskPlan, publisher: TaskEventPublisher) -> None:
     types = publisher.settings.own_types
-    created_ms = int(world.now() * 1000)
+    created_ms = int(CLOCK.wall() * 1000)
     if task.race:
         await forge_created(world, task.task_id, publisher)
     await publish_created(publisher, types, TOOL, task.principal, task.task_id, created_ms)
@@ -439,6 +463,10 @@ class _Abort(Exception):
     pass
 
 
+class _Denied(Exception):
+    """The task is not the client's (the raced task, owned by no one): its streams end."""
+
+
 class _Untrusted(Exception):
     """The task's seq cannot be trusted any more: its streams end here."""
 
@@ -448,14 +476,16 @@ async def forge_created(world: World, task_id: str, publisher: TaskEventPublishe
     forger = TaskEventPublisher(publisher.settings, keyring=FORGER, log=cast(Log, world.log))
     await forger.start()
     types = publisher.settings.own_types
-    await publish_created(forger, types, TOOL, "mallory", task_id, int(world.now() * 1000))
+    await publish_created(forger, types, TOOL, "mallory", task_id, int(CLOCK.wall() * 1000))
     world.note(f"forged task.created {task_id}")
 
 
 # --- clients --------------------------------------------------------------------------------
 
 
-async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) -> None:
+async def client(
+    world: World, client_id: str, task: TaskPlan, *, slow: bool, over_http: bool = False
+) -> None:
     """Stream ``task`` to its end, resuming with the cursor whenever a stream ends early."""
     await task.created.wait()  # a client learns the task id from tools/call's answer
     after: int | None = None
@@ -472,7 +502,9 @@ async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) ->
             if replica is None:
                 await world.sleep(0.1, 0.5)
         attempt = asyncio.get_running_loop().create_task(
-            stream_once(world, replica, client_id, task, caller, after, slow)
+            http.stream_http(world, replica, client_id, task, after, slow)
+            if over_http
+            else stream_once(world, replica, client_id, task, caller, after, slow)
         )
         replica.attempts[attempt] = None
         try:
@@ -483,6 +515,10 @@ async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) ->
             finished, after = False, world.last_seq(client_id, task.task_id)
         except _Untrusted:
             world.note(f"untrusted {client_id}")
+            return
+        except _Denied:
+            world.note(f"denied {client_id}")
+            world.ended.add((client_id, task.task_id))
             return
         finally:
             replica.attempts.pop(attempt, None)
@@ -767,12 +803,9 @@ async def _run(world: World, drawn: list[str]) -> Outcome:
         work.append(world.spawn(_delayed(rng.uniform(0, 5), produce), f"produce-{i}"))
         for c in (2 * i, 2 * i + 1):
             world.clients[f"c{c}"] = task
-            slow = rng.random() < 0.2
-            work.append(
-                world.spawn(
-                    _delayed(rng.uniform(0, 8), client(world, f"c{c}", task, slow=slow)), f"c{c}"
-                )
-            )
+            slow, over_http = rng.random() < 0.2, rng.random() < HTTP_SHARE
+            stream = client(world, f"c{c}", task, slow=slow, over_http=over_http)
+            work.append(world.spawn(_delayed(rng.uniform(0, 8), stream), f"c{c}"))
     work.append(world.spawn(transaction(world, rng.choice(world.tasks), abort=False), "txn"))
     for kind in drawn:
         work.append(world.spawn(inject(world, kind, rng.uniform(1.0, 14.0)), f"fault-{kind}"))
@@ -894,6 +927,9 @@ def _check_bindings(world: World, index: dict[int, PartitionIndex]) -> None:
     it, in the persisted index and in every replica's view; a task whose first record was a
     forged ``task.created`` (a raced pipeline) is owned by no one."""
     for task in world.tasks:
+        entry = index[_partition(world, task)].get(task.task_id)
+        if task.task_id in world.denied and (entry is None or entry.owner != 0):
+            world.problems.append(f"task {task.task_id} refused to its owner as not found")
         want = 0 if task.race else owner_key(owner_digest(task.principal))
         views = [idx.get(task.task_id) for idx in index.values()]
         views += [
