@@ -595,6 +595,7 @@ async def inject(world: World, first: str, at: float) -> None:
             world.effective.append(took)
             return
         world.note(f"fault {kind} cannot apply")
+        world.stats["fault redrawn"] += 1
         await world.sleep(0.2, 1.0)
         kind = world.rng.choice(FAULT_KINDS)
     world.problems.append(f"no fault took effect in {MAX_DRAWS} draws")
