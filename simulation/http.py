@@ -17,7 +17,6 @@ that ends with neither is a stream cut short (moved, drained, crashed): the clie
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,6 @@ _META = {
         "extensions": {"io.modelcontextprotocol/tasks": {}}
     },
 }
-_ids = itertools.count(1)
 
 
 def token_of(principal: str) -> str:
@@ -102,7 +100,12 @@ async def stream_http(
     params: dict[str, Any] = {"taskId": task.task_id, "_meta": _META}
     if after is not None:
         params["after"] = after
-    body = {"jsonrpc": "2.0", "id": next(_ids), "method": "tasks/stream", "params": params}
+    body = {
+        "jsonrpc": "2.0",
+        "id": next(world.request_ids),
+        "method": "tasks/stream",
+        "params": params,
+    }
     headers = {
         "Authorization": f"Bearer {token_of(task.principal)}",
         "Accept": "application/json, text/event-stream",

@@ -21,9 +21,10 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import itertools
 import random
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -269,6 +270,8 @@ class World:
     clients: dict[str, TaskPlan] = field(default_factory=dict)
     #: Tasks a stream was refused as not found (over HTTP): the index must bind them to no one.
     denied: set[str] = field(default_factory=set)
+    #: JSON-RPC ids of the HTTP clients' requests (per run: a seed replays alone or in a range).
+    request_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     #: The streams handed their task's result.
     ended: set[tuple[str, str]] = field(default_factory=set)
     trace: list[str] = field(default_factory=list)
