@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -47,6 +48,8 @@ class Tally:
     deliveries: int = 0
     cpu_s: float = 0.0
     faults: Counter[str] = field(default_factory=Counter)
+    #: What the faults reached (fenced writes, OffsetOutOfRange met, cuts past the index...).
+    reached: Counter[str] = field(default_factory=Counter)
 
 
 def _run(seeds: range) -> Tally:
@@ -61,7 +64,9 @@ def _run(seeds: range) -> Tally:
         tally.seeds += 1
         tally.virtual_s += outcome.virtual_s
         tally.deliveries += outcome.deliveries
-        tally.faults.update(outcome.faults)
+        tally.faults.update(f.split("(")[0] for f in outcome.faults)  # "zombie(fenced 1)"
+        for what, count in outcome.stats.items():
+            tally.reached[re.sub(r" r\d+$", "", what)] += count  # "fenced write r0": per replica
         if not outcome.ok:
             tally.failed.append(f"{outcome.summary()}\nreplay: {replay_command(seed)}")
     tally.cpu_s = time.process_time() - started
@@ -95,6 +100,7 @@ def main() -> int:
         total.deliveries += t.deliveries
         total.cpu_s += t.cpu_s
         total.faults.update(t.faults)
+        total.reached.update(t.reached)
     for failure in total.failed:
         print(failure)
     per_seed_wall = wall * len(chunks) / max(1, total.seeds)
@@ -110,6 +116,7 @@ def main() -> int:
         f"{total.deliveries:,} deliveries; faults: "
         + ", ".join(f"{k} {n}" for k, n in sorted(total.faults.items()))
     )
+    print("they reached: " + ", ".join(f"{k} {n}" for k, n in sorted(total.reached.items())))
     rows = [
         ("every seed passes", f"{len(total.failed)} failed of {total.seeds}", not total.failed),
         (

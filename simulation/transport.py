@@ -15,7 +15,6 @@ receivers with no socket: :class:`bridge.server.peers.Peers` and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -95,8 +94,6 @@ class _Exchange(httpx.AsyncByteStream):
         finally:
             if not self._head.done():
                 self._head.set_exception(RuntimeError("the app sent no response"))
-            with contextlib.suppress(asyncio.QueueFull):
-                self._chunks.put_nowait(_END)
 
     async def _receive(self) -> Message:
         if not self._sent_request:
@@ -119,10 +116,27 @@ class _Exchange(httpx.AsyncByteStream):
                 await self._chunks.put(_END)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        while (chunk := await self._chunks.get()) != _END:
+        while (chunk := await self._next()) != _END:
             yield chunk
         if self._task.done() and not self._task.cancelled() and self._task.exception():
             raise httpx.ReadError("the app failed mid-response") from self._task.exception()
+
+    async def _next(self) -> bytes:
+        """The next chunk, or the end: the app's last message, or the app's run ending
+        (failed, say) with nothing left queued. The end is never queued by the run itself: a
+        full queue would have no room for it, and the reader would wait for ever."""
+        while True:
+            if not self._chunks.empty():
+                return self._chunks.get_nowait()
+            if self._task.done():
+                return _END
+            getter = asyncio.ensure_future(self._chunks.get())
+            try:
+                await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                getter.cancel()  # an item it had not yet taken stays queued
+            if getter.done() and not getter.cancelled():
+                return getter.result()
 
     async def aclose(self) -> None:
         """The reader is done: the app sees ``http.disconnect``, then has a moment to end."""

@@ -21,16 +21,18 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import itertools
 import random
-from collections.abc import Callable, Coroutine
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from bridge.clock import LoopClock, SeededEntropy
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent, encode_event
-from bridge.events import StatusPayload
-from bridge.kafka.memory import MemoryGroupTail, MemoryLog, MemoryWriter
+from bridge.events import StatusPayload, TaskStatus
+from bridge.kafka.memory import MemoryLog, MemoryWriter
 from bridge.kafka.port import Log, TopicPart, WriterFenced
 from bridge.keyring import Keyring
 from bridge.log.fanout import Fanout
@@ -38,7 +40,7 @@ from bridge.log.identity import load_keyring
 from bridge.log.indexer import Indexer, NotOwner, load_index
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import Reader, UnknownTask
-from bridge.log.seqindex import owner_key
+from bridge.log.seqindex import PartitionIndex, owner_key
 from bridge.metrics import StreamMetrics
 from bridge.server.admission import Caller
 from bridge.server.streams import StreamHub
@@ -48,7 +50,7 @@ from bridge.tasks.messages import owner_digest
 from bridge.tasks.service import TaskService
 from bridge.workers.sdk import JobContext, Worker
 from bridgedev.checker import CheckReport, Recording, check, ground_truth
-from simulation import logs
+from simulation import http, logs
 from simulation.loop import Spinning, Stuck, VirtualLoop, run
 
 __all__ = ["Outcome", "Plan", "run_seed"]
@@ -61,6 +63,12 @@ CLOCK = LoopClock(EPOCH)
 PARTITIONS = 4
 WORKERS = 2
 SESSION_MS = 3_000
+#: The share of stream clients that stream over HTTP (simulation/http.py).
+HTTP_SHARE = 0.25
+#: Virtual seconds the end of a run may take to settle (owners, caught up).
+SETTLE_S = 60
+#: Draws allowed for one fault slot before the run counts it as a failure.
+MAX_DRAWS = 12
 FAULT_KINDS = (
     "crash_restart",
     "join_leave",
@@ -97,6 +105,8 @@ class Outcome:
     faults: list[str]
     virtual_s: float
     deliveries: int
+    #: What took effect (fenced writes, OffsetOutOfRange met, cuts past the index...).
+    stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -107,6 +117,7 @@ class Outcome:
         lines = [
             f"seed {self.seed}: {state}; faults {', '.join(self.faults)}; "
             f"{self.deliveries} deliveries in {self.virtual_s:.1f} virtual s; "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(self.stats.items()) if v)}; "
             f"trace {self.digest}"
         ]
         if not self.report.ok:
@@ -130,6 +141,8 @@ def settings_of(name: str) -> Settings:
         stream_queue_size=16,
         stream_keepalive_s=2.0,
         cursor_catch_up_s=1.0,
+        auth={"mode": "bearer", "tokens": http.TOKENS},
+        allowed_hosts=[f"r{i}.sim" for i in range(10)],
     )
 
 
@@ -154,7 +167,9 @@ class Replica:
         self.world = world
         self.name = name
         self.settings = settings_of(name)
-        self.log = logs.ReplicaLog(world.log, name, world.commits)
+        self.log = logs.ReplicaLog(
+            world.log, name, self.settings.topics, world.problems, world.stats
+        )
         self.indexer = Indexer(
             self.settings,
             persist=True,
@@ -162,7 +177,7 @@ class Replica:
             keyring=KEYRING,
             log=cast(Log, self.log),
         )
-        self.reader = Reader(self.settings, self.indexer, log=cast(Log, self.log))
+        self.reader = Reader(self.settings, self.indexer, log=cast(Log, self.log), clock=CLOCK)
         self.fanout = Fanout(self.indexer)
         self.hub = StreamHub(
             self.settings, self.indexer, self.reader, self.fanout, StreamMetrics(), CLOCK
@@ -177,6 +192,8 @@ class Replica:
             clock=CLOCK,
             entropy=SeededEntropy(world.rng.getrandbits(64)),
         )
+        #: Its ``POST /mcp`` (for the clients that stream over HTTP).
+        self.app = http.endpoint(self)
         self.up = False
         #: The streams open here (a dict as an ordered set: a crash cuts them in a replayable
         #: order).
@@ -190,24 +207,22 @@ class Replica:
     def owns(self, partition: int) -> bool:
         return self.up and self.indexer.owns(partition)
 
-    def _group_tail(self) -> MemoryGroupTail | None:
-        tail = self.indexer._reader
-        return tail if isinstance(tail, MemoryGroupTail) else None
-
     async def crash(self, *, zombie: bool = False) -> None:
-        """Die at once: no flush, no LeaveGroup; streams cut. ``zombie``: the index writers
-        (the persist loop) go on writing until fenced, as a half-dead process's would."""
+        """Die at once: no flush, no LeaveGroup; streams cut. ``zombie``: cut off from the
+        group's coordinator only: its session expires and others take its partitions, while it
+        goes on fetching, indexing and flushing its index until a newer writer fences it, as a
+        half-dead process does (:meth:`simulation.logs.SimGroupTail.zombie`)."""
         self.up = False
-        tail = self._group_tail()
+        tail = self.log.member
         if tail is not None:
-            tail.crash()
+            if zombie:
+                tail.zombie()
+            else:
+                tail.crash()
         for attempt in list(self.attempts):
             attempt.cancel()
-        keep = [t for t in self.indexer._tasks if zombie and t.get_name() == "indexer-persist"]
-        for task in self.indexer._tasks:
-            if task not in keep:
-                task.cancel()
-        self.indexer._tasks = keep
+        if not zombie:
+            await self.kill_zombie()
         await asyncio.gather(*self.attempts, return_exceptions=True)
 
     async def kill_zombie(self) -> None:
@@ -233,6 +248,10 @@ class TaskPlan:
     events: int
     fmt: str  # "worker" (tools/call, then the worker SDK), "sdk-avro", "sdk-json", "raw-json"
     hostile: str | None = None  # "forged", "garbage" or "keyless", written mid-task
+    #: A forged task.created of this task written before the pipeline's own (its seq 0).
+    race: bool = False
+    #: A stale status ("working") written after the task's terminal one.
+    after_terminal: bool = False
     created: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -243,7 +262,18 @@ class World:
     log: MemoryLog
     recording: Recording = field(default_factory=Recording)
     replicas: dict[str, Replica] = field(default_factory=dict)
-    commits: logs.Commits = field(default_factory=dict)
+    stats: logs.Stats = field(default_factory=Counter)
+    #: The faults that took effect, as the outcome names them.
+    effective: list[str] = field(default_factory=list)
+    #: Tasks a stream was refused as untrusted (retention deleted their records unindexed).
+    untrusted: set[str] = field(default_factory=set)
+    clients: dict[str, TaskPlan] = field(default_factory=dict)
+    #: Tasks a stream was refused as not found (over HTTP): the index must bind them to no one.
+    denied: set[str] = field(default_factory=set)
+    #: JSON-RPC ids of the HTTP clients' requests (per run: a seed replays alone or in a range).
+    request_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    #: The streams handed their task's result.
+    ended: set[tuple[str, str]] = field(default_factory=set)
     trace: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tasks: list[TaskPlan] = field(default_factory=list)
@@ -283,8 +313,27 @@ class World:
             return earliest - 1
         if reason == "cursor_ahead":
             return after
+        if reason == "seq_untrusted":
+            self.untrusted.add(task.task_id)  # judged at the end: the index must agree
+            raise _Untrusted
+        if reason is None and "not found" in exc.message:
+            # Over HTTP: a task owned by no one (the raced one; one whose task.created
+            # retention deleted unindexed) is no one's to stream (judged at the end against
+            # the persisted index); else the owner has not indexed it yet: ask again.
+            if self.unowned(task):
+                self.denied.add(task.task_id)
+                raise _Denied
+            return after
         self.problems.append(f"{client_id}: refused {reason}: {exc.message}")
         return after
+
+    def unowned(self, task: TaskPlan) -> bool:
+        """Whether the task's owner indexed it as owned by no one."""
+        partition = _partition(self, task)
+        owner = self.owner_of(partition)
+        idx = owner.indexer.partitions.get(partition) if owner is not None else None
+        entry = idx.get(task.task_id) if idx is not None else None
+        return entry is not None and entry.owner == 0
 
     def last_seq(self, client_id: str, task_id: str) -> int | None:
         """The highest seq ``client_id`` was handed of ``task_id`` (its cursor)."""
@@ -331,7 +380,9 @@ async def run_job(world: World, ctx: JobContext) -> dict[str, Any]:
 
 async def produce_task(world: World, task: TaskPlan, publisher: TaskEventPublisher) -> None:
     types = publisher.settings.own_types
-    created_ms = int(world.now() * 1000)
+    created_ms = int(CLOCK.wall() * 1000)
+    if task.race:
+        await forge_created(world, task.task_id, publisher)
     await publish_created(publisher, types, TOOL, task.principal, task.task_id, created_ms)
     task.created.set()
     raw = world.log.producer()
@@ -351,6 +402,14 @@ async def produce_task(world: World, task: TaskPlan, publisher: TaskEventPublish
             await publisher.publish(task.task_id, event_type, payload)
     done = StatusPayload(status="completed", result={"n": task.events}).payload()
     await publisher.publish(task.task_id, types.status, done)
+    if task.after_terminal:
+        # A pipeline restarted from a stale checkpoint: the terminal status must stay.
+        await world.sleep(0.0, 0.5)
+        stale = StatusPayload(status="working").payload()
+        value, headers = encode_event(TaskEvent(types.status, stale), fmt="json")
+        topic = publisher.settings.topics.events
+        await raw.send(topic, value, key=task.task_id.encode(), headers=headers)
+        world.note(f"status after terminal {task.task_id}")
     world.note(f"produced {task.task_id}")
 
 
@@ -363,16 +422,7 @@ async def hostile(
     raw = world.log.producer()
     world.note(f"hostile {kind} {task_id}")
     if kind == "forged":
-        forger = TaskEventPublisher(publisher.settings, keyring=FORGER, log=cast(Log, world.log))
-        await forger.start()
-        await publish_created(
-            forger,
-            publisher.settings.own_types,
-            TOOL,
-            "mallory",
-            task_id,
-            int(world.now() * 1000),
-        )
+        await forge_created(world, task_id, publisher)
     elif kind == "garbage":
         await raw.send(topic, b"\x00\xffnot an envelope", key=task_id.encode())
     else:
@@ -416,10 +466,29 @@ class _Abort(Exception):
     pass
 
 
+class _Denied(Exception):
+    """The task is not the client's (the raced task, owned by no one): its streams end."""
+
+
+class _Untrusted(Exception):
+    """The task's seq cannot be trusted any more: its streams end here."""
+
+
+async def forge_created(world: World, task_id: str, publisher: TaskEventPublisher) -> None:
+    """A ``task.created`` of ``task_id`` for "mallory", signed with a key not the bridge's."""
+    forger = TaskEventPublisher(publisher.settings, keyring=FORGER, log=cast(Log, world.log))
+    await forger.start()
+    types = publisher.settings.own_types
+    await publish_created(forger, types, TOOL, "mallory", task_id, int(CLOCK.wall() * 1000))
+    world.note(f"forged task.created {task_id}")
+
+
 # --- clients --------------------------------------------------------------------------------
 
 
-async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) -> None:
+async def client(
+    world: World, client_id: str, task: TaskPlan, *, slow: bool, over_http: bool = False
+) -> None:
     """Stream ``task`` to its end, resuming with the cursor whenever a stream ends early."""
     await task.created.wait()  # a client learns the task id from tools/call's answer
     after: int | None = None
@@ -436,7 +505,9 @@ async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) ->
             if replica is None:
                 await world.sleep(0.1, 0.5)
         attempt = asyncio.get_running_loop().create_task(
-            stream_once(world, replica, client_id, task, caller, after, slow)
+            http.stream_http(world, replica, client_id, task, after, slow)
+            if over_http
+            else stream_once(world, replica, client_id, task, caller, after, slow)
         )
         replica.attempts[attempt] = None
         try:
@@ -445,10 +516,21 @@ async def client(world: World, client_id: str, task: TaskPlan, *, slow: bool) ->
             if not attempt.cancelled():
                 raise
             finished, after = False, world.last_seq(client_id, task.task_id)
+        except _Untrusted:
+            world.note(f"untrusted {client_id}")
+            return
+        except _Denied:
+            world.note(f"denied {client_id}")
+            world.ended.add((client_id, task.task_id))
+            return
         finally:
             replica.attempts.pop(attempt, None)
         if finished:
-            world.recording.finished(client_id, task.task_id)
+            world.ended.add((client_id, task.task_id))
+            if not task.after_terminal:
+                # (A stream ends at the terminal status: a record written after it is never
+                # handed, and the checker would count it lost; the seqs before it are judged.)
+                world.recording.finished(client_id, task.task_id)
             world.note(f"finished {client_id}")
             return
         await world.sleep(0.05, 0.5)
@@ -504,36 +586,86 @@ async def stream_once(
 # --- faults ---------------------------------------------------------------------------------
 
 
-async def fault(world: World, kind: str, at: float) -> None:
+async def inject(world: World, first: str, at: float) -> None:
+    """One fault that takes effect: ``first``, or, while the one drawn cannot apply (one
+    replica left, no partition with one owner, no stream left to stall), another drawn."""
     await asyncio.sleep(at)
+    kind = first
+    for _ in range(MAX_DRAWS):
+        world.note(f"fault {kind}")
+        took = await fault(world, kind)
+        if took is not None:
+            world.effective.append(took)
+            return
+        world.note(f"fault {kind} cannot apply")
+        world.stats["fault redrawn"] += 1
+        await world.sleep(0.2, 1.0)
+        kind = world.rng.choice(FAULT_KINDS)
+    world.problems.append(f"no fault took effect in {MAX_DRAWS} draws")
+
+
+async def fault(world: World, kind: str) -> str | None:
+    """Inject ``kind``; what took effect, or None when it cannot apply now."""
     rng = world.rng
     live = [r for r in world.replicas.values() if r.up]
-    world.note(f"fault {kind}")
-    if kind in ("crash_restart", "zombie", "graceful_restart") and len(live) > 1:
+    if kind in ("crash_restart", "zombie", "graceful_restart"):
+        if len(live) < 2:
+            return None
         victim = rng.choice(live)
         if kind == "graceful_restart":
             await victim.stop()
+            await world.sleep(0.5, 2.5 * SESSION_MS / 1000)
+        elif kind == "crash_restart":
+            await victim.crash()
+            await world.sleep(0.5, 2.5 * SESSION_MS / 1000)
         else:
-            await victim.crash(zombie=kind == "zombie")
-        await world.sleep(0.5, 2.5 * SESSION_MS / 1000)
-        if kind == "zombie":
-            await victim.kill_zombie()
+            return await zombie(world, victim)
         await restart(world, victim.name)
-    elif kind == "join_leave":
+        return kind
+    if kind == "join_leave":
         name = f"r{len(world.replicas)}"
         await restart(world, name)
         await world.sleep(2.0, 10.0)
         await world.replicas[name].crash()
-    elif kind == "retention":
-        await retention(world)
-    elif kind == "stall_client":
-        world.stalled.add(f"c{rng.randrange(2 * world.plan.tasks)}")
-        await world.sleep(5.0, 20.0)
-        world.stalled.clear()
-    elif kind == "worker_restart":
-        await restart_worker(world)
-    elif kind == "abort_txn":
-        await transaction(world, rng.choice(world.tasks), abort=True)
+        return kind
+    if kind == "retention":
+        return await retention(world)
+    if kind == "stall_client":
+        return await stall_client(world)
+    if kind == "worker_restart":
+        return await restart_worker(world)
+    await transaction(world, rng.choice(world.tasks), abort=True)
+    return kind
+
+
+async def zombie(world: World, victim: Replica) -> str:
+    """The victim goes on indexing and flushing past its session's expiry, so past the new
+    owners' takeover: its index writes must meet their fencing."""
+    before = world.stats[f"fenced write {victim.name}"]
+    await victim.crash(zombie=True)
+    await world.sleep(SESSION_MS / 1000 + 1.5, SESSION_MS / 1000 + 6.0)
+    await victim.kill_zombie()
+    fenced = world.stats[f"fenced write {victim.name}"] - before
+    world.stats["zombie fenced" if fenced else "zombie not fenced"] += 1
+    await restart(world, victim.name)
+    return f"zombie(fenced {fenced})"
+
+
+async def stall_client(world: World) -> str | None:
+    """A client stops reading for a while (its stream's queue fills, its replica must cope)."""
+    running = [
+        c
+        for c, task in sorted(world.clients.items())
+        if task.task_id
+        and (c, task.task_id) not in world.ended
+        and task.task_id not in world.untrusted
+    ]
+    if not running:
+        return None
+    world.stalled.add(world.rng.choice(running))
+    await world.sleep(5.0, 20.0)
+    world.stalled.clear()
+    return "stall_client"
 
 
 async def start_worker(world: World, name: str) -> None:
@@ -554,11 +686,11 @@ async def start_worker(world: World, name: str) -> None:
     world.note(f"started worker {name}")
 
 
-async def restart_worker(world: World) -> None:
+async def restart_worker(world: World) -> str | None:
     """Stop a worker (its jobs in flight go to the others, run again from the start) and
     start another."""
     if len(world.workers) < 2:
-        return  # another restart has one down already: keep one running
+        return None  # another restart has one down already: keep one running
     name = world.rng.choice(sorted(world.workers))
     worker, running = world.workers.pop(name)
     running.cancel()
@@ -567,6 +699,7 @@ async def restart_worker(world: World) -> None:
     world.note(f"stopped worker {name}")
     await world.sleep(0.5, 3.0)
     await start_worker(world, f"{name}'")
+    return "worker_restart"
 
 
 async def restart(world: World, name: str) -> None:
@@ -576,20 +709,40 @@ async def restart(world: World, name: str) -> None:
     world.note(f"started {name}")
 
 
-async def retention(world: World) -> None:
-    """Delete a partition's records below what its owner has indexed (retention by time
-    moves under readers; it never waits for a stream)."""
+async def retention(world: World) -> str | None:
+    """Delete a partition's oldest records, as retention by time does: it never waits for a
+    stream, and (in one cut of three) not for the owner's indexer either: the owner is held
+    back (a pause, as under load) while producers write, and the cut passes what it indexed,
+    so its tail meets OffsetOutOfRange and marks the records lost before they were counted."""
     partition = world.rng.randrange(PARTITIONS)
     owner = world.owner_of(partition)
     if owner is None:
-        return
-    through = owner.indexer.partitions[partition].through
-    await owner.indexer.flush()
+        return None
     part = TopicPart(settings_of("r0").topics.events, partition)
-    start = (await world.log.log_starts([part]))[part]
-    cut = world.rng.randint(start, max(start, through))
-    await world.log.delete_records_before(part, cut)
-    world.note(f"retention p{partition} before {cut}")
+    past = world.rng.random() < 1 / 3
+    if past:
+        owner.indexer.pause()
+        await world.sleep(0.5, 3.0)
+    try:
+        if not owner.owns(partition):
+            return None  # moved while held back
+        through = owner.indexer.partitions[partition].through
+        await owner.indexer.flush()
+        start = (await world.log.log_starts([part]))[part]
+        end = (await world.log.log_ends([part]))[part]
+        high = end if past else max(start, through)
+        cut = world.rng.randint(min(high, through + 1) if past else start, high)
+        if cut <= start:
+            return None
+        await world.log.delete_records_before(part, cut)
+    finally:
+        if past:
+            with contextlib.suppress(Exception):
+                owner.indexer.resume()
+    unindexed = max(0, cut - through)
+    world.stats["retention past the index"] += unindexed > 0
+    world.note(f"retention p{partition} before {cut} ({unindexed} unindexed)")
+    return f"retention({unindexed} unindexed)" if unindexed else "retention"
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -620,13 +773,20 @@ async def _main(plan: Plan) -> Outcome:
     world.tasks = _task_plans(plan, rng)
     for task in rng.sample(world.tasks, 3):
         task.hostile = rng.choice(("forged", "garbage", "keyless"))
+    # Hostile pipelines (on tasks whose id a pipeline chooses): a forged task.created ahead of
+    # the pipeline's own, and a status after the terminal one.
+    pipelines = [t for t in world.tasks if t.fmt != "worker"] or world.tasks[:1]
+    for task in pipelines:
+        task.fmt = "sdk-json" if task.fmt == "worker" else task.fmt
+    rng.choice(pipelines).race = True
+    rng.choice(pipelines).after_terminal = True
     faults = [rng.choice(FAULT_KINDS) for _ in range(plan.faults)]
     for i in range(plan.replicas):
         await restart(world, f"r{i}")
     return await _run(world, faults)
 
 
-async def _run(world: World, faults: list[str]) -> Outcome:
+async def _run(world: World, drawn: list[str]) -> Outcome:
     plan, rng = world.plan, world.rng
     publisher = TaskEventPublisher(
         settings_of("r0"), keyring=KEYRING, fmt="avro", log=cast(Log, world.log)
@@ -646,15 +806,13 @@ async def _run(world: World, faults: list[str]) -> Outcome:
         )
         work.append(world.spawn(_delayed(rng.uniform(0, 5), produce), f"produce-{i}"))
         for c in (2 * i, 2 * i + 1):
-            slow = rng.random() < 0.2
-            work.append(
-                world.spawn(
-                    _delayed(rng.uniform(0, 8), client(world, f"c{c}", task, slow=slow)), f"c{c}"
-                )
-            )
+            world.clients[f"c{c}"] = task
+            slow, over_http = rng.random() < 0.2, rng.random() < HTTP_SHARE
+            stream = client(world, f"c{c}", task, slow=slow, over_http=over_http)
+            work.append(world.spawn(_delayed(rng.uniform(0, 8), stream), f"c{c}"))
     work.append(world.spawn(transaction(world, rng.choice(world.tasks), abort=False), "txn"))
-    for kind in faults:
-        work.append(world.spawn(fault(world, kind, rng.uniform(1.0, 14.0)), f"fault-{kind}"))
+    for kind in drawn:
+        work.append(world.spawn(inject(world, kind, rng.uniform(1.0, 14.0)), f"fault-{kind}"))
     started = world.now()
     _, pending = await asyncio.wait(work, timeout=plan.deadline_s)
     if pending:
@@ -668,7 +826,11 @@ async def _run(world: World, faults: list[str]) -> Outcome:
     for job in work:
         if not job.cancelled() and job.exception() is not None:
             world.problems.append(f"{job.get_name()} raised {job.exception()!r}")
+    if len(world.effective) < plan.faults:
+        world.problems.append(f"{len(world.effective)} faults took effect of {plan.faults}")
     virtual_s = world.now() - started
+    await _settle(world)
+    owners = {p: r for r in world.replicas.values() for p in range(PARTITIONS) if r.owns(p)}
     for worker, running in list(world.workers.values()):
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
@@ -678,7 +840,26 @@ async def _run(world: World, faults: list[str]) -> Outcome:
             await replica.stop()
         else:
             await replica.kill_zombie()
-    return await _judge(world, faults, virtual_s)
+    return await _judge(world, owners, virtual_s)
+
+
+async def _settle(world: World) -> None:
+    """Before the final checks: every partition owned again (a crashed replica's session
+    expires) and its owner caught up, so that each partition's index is judged."""
+    for _ in range(SETTLE_S * 2):
+        if all(world.owner_of(p) is not None for p in range(PARTITIONS)):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        world.problems.append(f"partitions still unowned {SETTLE_S} virtual s after the run")
+        return
+    for replica in world.replicas.values():
+        if replica.up:
+            try:
+                async with asyncio.timeout(SETTLE_S):
+                    await replica.indexer.catch_up()
+            except TimeoutError:
+                world.problems.append(f"{replica.name} did not catch up within {SETTLE_S} s")
 
 
 async def _delayed(delay: float, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -686,18 +867,21 @@ async def _delayed(delay: float, coro: Coroutine[Any, Any, Any]) -> Any:
     return await coro
 
 
-async def _judge(world: World, faults: list[str], virtual_s: float) -> Outcome:
+async def _judge(world: World, owners: dict[int, Replica], virtual_s: float) -> Outcome:
     settings = settings_of("r0")
+    index = await load_index(settings, range(PARTITIONS), log=world.log)
     truth = await ground_truth(settings, log=world.log)
-    report = check(truth, world.recording)
-    _check_bindings(world, await load_index(settings, range(PARTITIONS), log=world.log))
-    _check_writers(world)
+    excused = _excused(world, index)
+    report = check(truth, _without(world.recording, excused))
+    _check_bindings(world, index)
+    _check_statuses(world, index)
+    _check_persisted(world, index, owners)
     loop = asyncio.get_running_loop()
     if isinstance(loop, VirtualLoop):
         world.problems.extend(f"loop: {error}" for error in loop.errors)
-    for stream_key, stream in world.recording.streams.items():
-        if not stream.finished:
-            world.problems.append(f"stream {stream_key} never ended")
+    for client_id, task_id in world.recording.streams:
+        if (client_id, task_id) not in world.ended and task_id not in excused:
+            world.problems.append(f"stream {(client_id, task_id)} never ended")
     digest = hashlib.blake2b(digest_size=8)
     for (client_id, task_id), stream in sorted(world.recording.streams.items()):
         digest.update(f"{client_id}/{task_id}:{stream.seqs}:{stream.replicas}".encode())
@@ -708,17 +892,49 @@ async def _judge(world: World, faults: list[str], virtual_s: float) -> Outcome:
         report,
         world.problems,
         digest.hexdigest(),
-        faults,
+        world.effective,
         virtual_s,
         world.recording.deliveries,
+        dict(world.stats),
     )
 
 
-def _check_bindings(world: World, index: dict[int, Any]) -> None:
+def _excused(world: World, index: dict[int, PartitionIndex]) -> set[str]:
+    """Tasks whose seq the bridge may no longer trust: retention deleted records of their
+    partition before the owner indexed them (the "lost before indexed" rule), so streams are
+    refused with seq_untrusted and the checker has no base to judge them by. Only after a
+    cut that passed the index; a stream refused so elsewhere is a failure."""
+    untrusted = {
+        task_id
+        for idx in index.values()
+        if idx.lost_before >= 0
+        for task_id, entry in idx.items()
+        if not entry.trusted
+    }
+    if untrusted and not world.stats["retention past the index"]:
+        world.problems.append(f"tasks untrusted with no cut past the index: {sorted(untrusted)}")
+    for task_id in sorted(world.untrusted - untrusted):
+        world.problems.append(f"streams of {task_id} refused as untrusted; the index trusts it")
+    world.stats["tasks untrusted"] = len(untrusted)
+    return untrusted
+
+
+def _without(recording: Recording, tasks: set[str]) -> Recording:
+    kept = Recording()
+    kept.streams = {k: s for k, s in recording.streams.items() if k[1] not in tasks}
+    kept.deliveries = sum(len(s.seqs) for s in kept.streams.values())
+    return kept
+
+
+def _check_bindings(world: World, index: dict[int, PartitionIndex]) -> None:
     """No principal binding ever changes: every task is owned by the principal that created
-    it, in the persisted index and in every replica's view."""
+    it, in the persisted index and in every replica's view; a task whose first record was a
+    forged ``task.created`` (a raced pipeline) is owned by no one."""
     for task in world.tasks:
-        want = owner_key(owner_digest(task.principal))
+        entry = index[_partition(world, task)].get(task.task_id)
+        if task.task_id in world.denied and (entry is None or entry.owner != 0):
+            world.problems.append(f"task {task.task_id} refused to its owner as not found")
+        want = 0 if task.race else owner_key(owner_digest(task.principal))
         views = [idx.get(task.task_id) for idx in index.values()]
         views += [
             r.indexer.partitions[p].get(task.task_id)
@@ -726,18 +942,46 @@ def _check_bindings(world: World, index: dict[int, Any]) -> None:
             for p in r.indexer.partitions
         ]
         for entry in views:
-            if entry is not None and not entry.owned_by(want):
-                world.problems.append(
-                    f"task {task.task_id} bound to another owner: {entry.owner:x} != {want:x} {task.principal}"
-                )
-                return
+            if entry is None or entry.owner == want or entry.owned_by(want):
+                continue
+            if entry.owner == 0 and not entry.trusted:
+                continue  # its task.created was deleted unindexed: bound to no one, refused
+            world.problems.append(
+                f"task {task.task_id} bound to another owner: {entry.owner:x} != {want:x}"
+            )
+            return
 
 
-def _check_writers(world: World) -> None:
-    """At most one writer per partition and fencing epoch."""
-    for (txid, epoch), owners in sorted(world.commits.items()):
-        if len(owners) > 1:
-            world.problems.append(f"{txid} epoch {epoch} written by {sorted(owners)}")
+def _check_statuses(world: World, index: dict[int, PartitionIndex]) -> None:
+    """A terminal status stays: every task ended completed, whatever was written after."""
+    for task in world.tasks:
+        entry = index[_partition(world, task)].get(task.task_id)
+        if entry is not None and entry.trusted and entry.status != TaskStatus.COMPLETED:
+            world.problems.append(
+                f"task {task.task_id} ended {TaskStatus(entry.status).name}, not COMPLETED"
+            )
+
+
+def _partition(world: World, task: TaskPlan) -> int:
+    return next(iter(world.replicas.values())).indexer.partition_of(task.task_id)
+
+
+def _check_persisted(
+    world: World, index: dict[int, PartitionIndex], owners: dict[int, Replica]
+) -> None:
+    """What the index writers wrote: each partition's persisted index is its last owner's
+    (which flushed on its graceful stop), entry by entry."""
+    for p, owner in sorted(owners.items()):
+        mine = owner.indexer.partitions.get(p)
+        if mine is None:
+            continue
+        persisted, held = dict(index[p].items()), dict(mine.items())
+        wrong = sorted(t for t in persisted.keys() | held.keys() if persisted.get(t) != held.get(t))
+        if wrong or index[p].through != mine.through:
+            world.problems.append(
+                f"partition {p}: the persisted index differs from its owner {owner.name}'s: "
+                f"through {index[p].through} != {mine.through}; tasks {wrong[:3]}"
+            )
 
 
 def run_seed(seed: int, *, wall_limit_s: float = 10.0, **overrides: Any) -> Outcome:

@@ -97,3 +97,25 @@ async def test_a_whole_body_is_read_as_usual() -> None:
     async with httpx.AsyncClient(transport=StreamingASGITransport(hello)) as http:
         response = await http.get("http://r0.sim/")
     assert (response.status_code, response.content) == (201, b"hello")
+
+
+async def test_an_app_that_fails_with_the_buffer_full_ends_the_reader_with_its_error() -> None:
+    """The review's hang: with every slot of the buffer taken, the end had no room, and the
+    reader waited for ever after the chunks it had."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(2):  # fills the buffer of 2
+            await send({"type": "http.response.body", "body": b"x%d" % i, "more_body": True})
+        raise RuntimeError("the app fails mid-response")
+
+    got: list[bytes] = []
+    async with httpx.AsyncClient(transport=StreamingASGITransport(app, buffer=2)) as http:
+        async with asyncio.timeout(5):
+            async with http.stream("GET", "http://r0.sim/events") as response:
+                with pytest.raises(httpx.ReadError) as failed:
+                    async for chunk in response.aiter_raw():
+                        got.append(chunk)
+    assert got == [b"x0", b"x1"]
+    assert isinstance(failed.value.__cause__, RuntimeError)

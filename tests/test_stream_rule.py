@@ -61,7 +61,9 @@ class FakeLog:
 
     def lookup(self, task_id: str) -> tuple[int, Any]:
         entry = SimpleNamespace(
-            terminal=self.terminal_offset is not None, status_offset=self.terminal_offset
+            terminal=self.terminal_offset is not None,
+            status_offset=self.terminal_offset,
+            trusted=True,
         )
         return 0, entry
 

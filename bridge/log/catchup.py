@@ -47,11 +47,11 @@ import asyncio
 import bisect
 import contextlib
 import operator
-import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeAlias
 
+from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.kafka.port import LogRecord, TopicPart
 
 __all__ = ["Coalescer", "LogStarts", "Read"]
@@ -219,10 +219,14 @@ class Coalescer:
         recent_bytes: int = 4 << 20,
         on_scan: Callable[[int], None] | None = None,
         on_detach: Callable[[], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``on_scan`` is called with the number of reads a scan served, when it ends, and
-        ``on_detach`` when a read leaves its scan to read alone (metrics, given once)."""
+        ``on_detach`` when a read leaves its scan to read alone (metrics, given once).
+        ``clock``: what ages the recent fetches (a simulation's virtual one replays exactly:
+        a cache hit or miss changes the order tasks run in)."""
         self._kafka_fetch = fetch
+        self._clock = clock
         #: The last fetches of any partition, oldest first: at most ``recent_chunks`` of them
         #: and ``recent_bytes`` of record values, whatever the partitions (by count alone, 16
         #: fetches of 1 MiB held 16 MB for two seconds after a long replay passed by).
@@ -309,7 +313,7 @@ class Coalescer:
         on, up to its position): one read in the last ``recent_s`` seconds when one covers
         ``offset`` (the next scan of a storm reads the same range again), else a new fetch."""
         recent = self._recent
-        now = time.monotonic()
+        now = self._clock.monotonic()
         while recent and now - recent[0][1].at > self.recent_s:
             self._recent_size -= recent.popleft()[1].size
         for at, chunk in recent:
@@ -320,7 +324,7 @@ class Coalescer:
                 await asyncio.sleep(0)
                 return chunk
         records, position = await self._kafka_fetch(tp, offset)
-        fetched = _Chunk(offset, records, position, time.monotonic())
+        fetched = _Chunk(offset, records, position, self._clock.monotonic())
         if position > offset:
             recent = self._recent  # forget_before may have replaced it meanwhile
             recent.append((tp, fetched))

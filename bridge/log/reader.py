@@ -27,6 +27,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import overload
 
+from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.component import Component
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
@@ -196,11 +197,13 @@ class Reader(Component):
         on_detach: Callable[[], None] | None = None,
         on_lookup: Callable[[], None] | None = None,
         log: Log | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``on_scan``, ``on_detach`` and ``on_lookup`` report each shared scan (with the reads
         it served), each read that left its scan to read alone, and each log-start request:
         given once, by the composition that owns the metrics (bridge.log knows none).
-        ``log``: the log to read (the cluster of ``settings`` when None)."""
+        ``log``: the log to read (the cluster of ``settings`` when None); ``clock``: what ages
+        the catch-up's recent fetches."""
         self.settings = settings
         self.indexer = indexer
         # Reads decode every event they return, eagerly: a stream sends all of them (the tail
@@ -229,7 +232,11 @@ class Reader(Component):
         self.records_scanned = 0
         #: Shared scans; one of the pool's consumers stays free for everything else.
         self.catchup = Coalescer(
-            self._scan_fetch, member_limit=2 * chunk, on_scan=on_scan, on_detach=on_detach
+            self._scan_fetch,
+            member_limit=2 * chunk,
+            on_scan=on_scan,
+            on_detach=on_detach,
+            clock=clock,
         )
         self.log_start_cache = LogStarts(self._shared_log_starts, on_request=on_lookup)
 
