@@ -28,6 +28,7 @@ from bridge.kafka.port import (
     LogError,
     LogRecord,
     OffsetOutOfRange,
+    Reset,
     Share,
     Tail,
     TopicPart,
@@ -326,6 +327,9 @@ class Member:
     owned: frozenset[TopicPart] = frozenset()
     task: asyncio.Task[None] | None = None
     errors: list[LogError] = field(default_factory=list)
+    #: What its polls read, and the positions the last one reported.
+    records: list[LogRecord] = field(default_factory=list)
+    positions: dict[TopicPart, int] = field(default_factory=dict)
     #: Offsets to commit from the revoke callback (the worker SDK commits its finished jobs
     #: there): Kafka accepts a commit of the current generation while a rebalance prepares.
     commit_on_revoke: dict[TopicPart, int] = field(default_factory=dict)
@@ -369,11 +373,20 @@ class Member:
     async def run(self) -> None:
         while True:
             try:
-                await self.tail.poll(0.2)
+                polled = await self.tail.poll(0.2)
             except LogError as exc:
                 if "fenced" in str(exc):
                     raise
-                self.errors.append(exc)  # a retriable failure: polling goes on, as a client's
+                self.errors.append(exc)
+                self._changed()
+                if not exc.retriable:
+                    return  # asking again would fail again (and never wait)
+                continue  # a retriable failure: polling goes on, as a client's
+            if polled.records or polled.positions != self.positions:
+                for records in polled.records.values():
+                    self.records.extend(records)
+                self.positions = dict(polled.positions)
+                self._changed()
 
 
 class Members:
@@ -386,7 +399,9 @@ class Members:
         self.all: list[Member] = []
         self.changes = Changes()
 
-    async def join(self, instance_id: str | None = None, assignor: object = None) -> Member:
+    async def join(
+        self, instance_id: str | None = None, assignor: object = None, reset: Reset = "earliest"
+    ) -> Member:
         member = Member(tail=None, changes=self.changes)  # type: ignore[arg-type]
         member.tail = self.env.log.group_tail(
             self.group,
@@ -394,6 +409,7 @@ class Members:
             member,
             assignor=assignor,  # type: ignore[arg-type]
             instance_id=instance_id,
+            reset=reset,
             session_timeout_ms=SESSION_MS,
             # The rebalance timeout: a round waits this long at most for a member that is slow
             # to rejoin (aiokafka's default, 5 minutes, is longer than any wait here).
@@ -554,6 +570,31 @@ async def test_a_commit_made_while_the_partitions_are_revoked_is_kept(
         await b.until(lambda: b.count("assigned") >= 1)
         assert a.errors == []
         assert await b.tail.committed(part) == 2
+
+
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+async def test_a_member_whose_committed_offset_retention_passed_is_reset_without_an_error(
+    env: Env, reset: Reset
+) -> None:
+    async with members(env, partitions=1) as group:
+        part = TopicPart(group.topic, 0)
+        async with env.log.producer() as producer:
+            for i in range(10):
+                await producer.send(group.topic, b"%d" % i, partition=0)
+            first = await group.join()
+            await first.until(lambda: first.owned == {part})
+            await first.tail.commit({part: 3})
+            await group.close(first)
+            await env.log.delete_records_before(part, 8)  # retention passes the commit
+            later = await group.join(reset=reset)
+            await later.until(lambda: later.owned == {part})
+            assert await later.tail.committed(part) == 3
+            if reset == "latest":
+                await later.until(lambda: later.positions.get(part) == 10)
+                await producer.send(group.topic, b"new", partition=0)
+        expected = [8, 9] if reset == "earliest" else [10]
+        await later.until(lambda: len(later.records) >= len(expected) or bool(later.errors))
+        assert ([r.offset for r in later.records], later.errors) == (expected, [])
 
 
 # --- the model only: what the broker does not show on demand --------------------------------
