@@ -783,8 +783,13 @@ class MemoryGroupTail(MemoryTail):
     def _check_open(self) -> None:
         super()._check_open()
         if self.fenced:
-            # What aiokafka 0.14 raises for FENCED_INSTANCE_ID: a plain, unmapped error.
-            raise LogError(f"unexpected error in group {self._group.name!r} (fenced instance id)")
+            # What aiokafka 0.14 raises for FENCED_INSTANCE_ID, unmapped: a bare KafkaError
+            # (which the adapter calls retriable), from every poll while it tries to rejoin.
+            raise LogError(
+                f"KafkaError: UnknownError() in group {self._group.name!r} (fenced instance id)",
+                retriable=True,
+                kind="KafkaError",
+            )
 
     async def close(self) -> None:
         if self._closed:

@@ -24,7 +24,9 @@ The contract, in Kafka's words:
   A static member (``instance_id``) never leaves on close: its partitions stay assigned until
   the session timeout or until the same instance id rejoins (which replaces it without a
   rebalance). A member that asks to rejoin with changed metadata causes a rebalance. A member
-  fenced by a newer holder of its instance id gets a plain :class:`LogError` from ``poll``.
+  fenced by a newer holder of its instance id gets a plain :class:`LogError` from ``poll``
+  (retriable, of kind ``KafkaError``: aiokafka 0.14 does not know FENCED_INSTANCE_ID, and its
+  coordinator keeps trying to join), at every poll.
 
 What it does not do: create topics, ACLs or security (bridge.kafka.topics, acls, security).
 """
