@@ -26,7 +26,9 @@ The contract, in Kafka's words:
   rebalance). A member that asks to rejoin with changed metadata causes a rebalance. A member
   fenced by a newer holder of its instance id gets a plain :class:`LogError` from ``poll``
   (retriable, of kind ``KafkaError``: aiokafka 0.14 does not know FENCED_INSTANCE_ID, and its
-  coordinator keeps trying to join), at every poll.
+  coordinator keeps trying to join), at every poll; or, on Kafka, when a heartbeat of its is
+  answered UNKNOWN_MEMBER_ID instead, it rejoins and takes the id back (the two holders then
+  fence each other in turn). The in-memory log always takes the first way.
 
 What it does not do: create topics, ACLs or security (bridge.kafka.topics, acls, security).
 """
