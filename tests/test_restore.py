@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 from bridge.kafka.memory import ManualClock, MemoryLog
 from bridge.kafka.port import LogRecord, TopicPart
@@ -52,3 +53,27 @@ async def test_a_restore_starts_at_the_log_start() -> None:
     await log.delete_records_before(TopicPart("state", 0), 2)
     latest = await latest_by_key(log, "state", [0])
     assert latest == {(0, b"a"): None, (0, b"b"): b"b2"}
+
+
+class WrittenAfterTheCut(MemoryLog):
+    """A log written to right after a restore took its cut (before it reads a record)."""
+
+    late = 0
+
+    async def log_ends(self, parts: Iterable[TopicPart]) -> dict[TopicPart, int]:
+        ends = await super().log_ends(parts)
+        async with self.producer() as producer:
+            await producer.send("state", b"late", key=b"a", partition=0)
+        self.late += 1
+        return ends
+
+
+async def test_a_restore_hands_on_nothing_written_after_its_cut() -> None:
+    log = WrittenAfterTheCut(ManualClock())
+    log.create_topic("state", 1)
+    async with log.producer() as producer:
+        await producer.send("state", b"a1", key=b"a", partition=0)
+    seen: list[LogRecord] = []
+    await read_to_end(log, [TopicPart("state", 0)], seen.append)
+    assert [(r.offset, r.value) for r in seen] == [(0, b"a1")]
+    assert log.late == 1  # a record at offset 1, past the cut (1), was there to be read

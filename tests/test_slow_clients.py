@@ -2,8 +2,9 @@
 
 A connection that brings no request, a head or body sent a byte at a time and then left
 unfinished (slowloris), and an oversized head each end the connection; a request that has
-arrived whole keeps its (long) response. Each parser (httptools, h11) is checked. Waits are
-bounded; the deadline is short so that the server's close is what ends each wait.
+arrived whole keeps its (long) response. Each parser (httptools, h11) is checked, and the
+in-memory bridge of the fast tier is checked to run under the same runner. Waits are bounded;
+the deadline is short so that the server's close is what ends each wait.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from support.inmemory import NO_BROKER, memory_bridge
+from support.layout import fresh_prefix, make_settings
 
 from bridge.config import load_settings
 from bridge.server.runner import AppServer, bridge_server
@@ -134,3 +137,23 @@ def test_the_settings_reach_uvicorn() -> None:
     assert config.h11_max_incomplete_event_size == 20_000
     protocol = config.http_protocol_class
     assert (protocol.read_timeout_s, protocol.max_head_bytes) == (12.5, 20_000)  # type: ignore[attr-defined]
+
+
+async def test_the_in_memory_bridge_is_served_by_the_production_runner() -> None:
+    settings = make_settings(
+        NO_BROKER,
+        fresh_prefix("runner"),
+        server_read_timeout_s=READ_TIMEOUT_S,
+        server_max_head_bytes=MAX_HEAD,
+    )
+    with memory_bridge(settings, workers=False) as running:
+        silent_reader, silent = await _open(running.port)
+        assert (await _until_closed(silent_reader)).startswith(b"HTTP/1.1 408 ")
+        silent.close()
+        reader, writer = await _open(running.port)
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        for _ in range(4 * MAX_HEAD // 1024):
+            writer.write(b"x-filler: " + b"a" * 1014 + b"\r\n")
+        await writer.drain()
+        assert (await _until_closed(reader)).startswith(b"HTTP/1.1 431 ")
+        writer.close()

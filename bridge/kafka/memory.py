@@ -6,7 +6,8 @@ It models what makes Kafka hard, as the contract suite checks against the real b
 * transaction markers take an offset each; aborted records keep theirs and are never read;
   an open transaction holds every read_committed reader at its first offset (the LSO);
 * the log start moves under readers (:meth:`MemoryLog.delete_records_before`), and a read
-  below it, or past the end, raises :class:`~bridge.kafka.port.OffsetOutOfRange`;
+  below it, or past the end, raises :class:`~bridge.kafka.port.OffsetOutOfRange`, except a
+  group member's, which is reset by its ``reset`` policy (aiokafka's ``auto_offset_reset``);
 * a transactional writer is fenced when a newer one of its id starts (its open transaction
   aborted, its next send or commit refused);
 * consumer groups as aiokafka 0.14 runs them: eager (every member revokes everything before
@@ -543,11 +544,8 @@ class MemoryTail(Closable):
     def _take(self, max_records: int | None) -> Polled | None:
         """What can be read now without waiting, or None if nothing moved."""
         live = sorted(p for p in self._positions if p not in self._paused)
-        out_of_range = [p for p in live if self._out_of_range(p)]
-        if out_of_range:
-            raise OffsetOutOfRange(out_of_range)
+        moved = self._check_ranges(live)
         records: dict[TopicPart, Sequence[LogRecord]] = {}
-        moved = False
         for part in live:
             room = None if max_records is None else max_records - sum(map(len, records.values()))
             if room == 0:
@@ -560,6 +558,14 @@ class MemoryTail(Closable):
         if not moved:
             return None
         return Polled(records, {p: self._positions[p] for p in live})
+
+    def _check_ranges(self, live: Sequence[TopicPart]) -> bool:
+        """Raise :class:`OffsetOutOfRange` naming the partitions of ``live`` to seek (True
+        would say that a position moved)."""
+        out_of_range = [p for p in live if self._out_of_range(p)]
+        if out_of_range:
+            raise OffsetOutOfRange(out_of_range)
+        return False
 
     def _out_of_range(self, part: TopicPart) -> bool:
         stored = self._log._partition(part)
@@ -777,8 +783,13 @@ class MemoryGroupTail(MemoryTail):
     def _check_open(self) -> None:
         super()._check_open()
         if self.fenced:
-            # What aiokafka 0.14 raises for FENCED_INSTANCE_ID: a plain, unmapped error.
-            raise LogError(f"unexpected error in group {self._group.name!r} (fenced instance id)")
+            # What aiokafka 0.14 raises for FENCED_INSTANCE_ID, unmapped: a bare KafkaError
+            # (which the adapter calls retriable), from every poll while it tries to rejoin.
+            raise LogError(
+                f"KafkaError: UnknownError() in group {self._group.name!r} (fenced instance id)",
+                retriable=True,
+                kind="KafkaError",
+            )
 
     async def close(self) -> None:
         if self._closed:
@@ -822,11 +833,25 @@ class MemoryGroupTail(MemoryTail):
 
     async def _apply(self, member: _Member) -> None:
         self._generation = self._group.generation
-        starts = await self._log.log_starts(member.share.parts)
-        ends = {p: self._log._partition(p).end for p in member.share.parts}
+        # A committed offset out of range is reset at the first read (_check_ranges).
         self._positions = {
-            p: self._group.committed.get(p, starts[p] if self.reset == "earliest" else ends[p])
-            for p in member.share.parts
+            p: self._group.committed.get(p, self._reset_offset(p)) for p in member.share.parts
         }
         await self.listener.assigned(frozenset(member.share.parts), member.share.user_data)
         self._log.changed()
+
+    def _check_ranges(self, live: Sequence[TopicPart]) -> bool:
+        """A member never sees :class:`OffsetOutOfRange`: as aiokafka's fetcher does with an
+        ``auto_offset_reset``, a position out of range (a committed offset retention passed,
+        a seek, a log start moved under the reader) is reset by the member's policy. True if
+        one was (the poll then reports the positions, records or not)."""
+        reset = [p for p in live if self._out_of_range(p)]
+        for part in reset:
+            self._positions[part] = self._reset_offset(part)
+        return bool(reset)
+
+    def _reset_offset(self, part: TopicPart) -> int:
+        """Where ``reset`` puts a member without a valid position: the log start, or the
+        last stable offset (a read_committed ListOffsets for the latest)."""
+        stored = self._log._partition(part)
+        return stored.start if self.reset == "earliest" else stored.stable

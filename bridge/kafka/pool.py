@@ -23,6 +23,7 @@ from bridge.kafka.clients import (
     TopicPartition,
     committed_consumer,
 )
+from bridge.kafka.port import LogError
 
 __all__ = ["ConsumerPool"]
 
@@ -45,20 +46,28 @@ class ConsumerPool:
         self._created = 0
         #: Where each idle consumer stands: (partition, next offset); reused without a seek.
         self._at: dict[int, tuple[TopicPartition, int]] = {}
+        self._closed = False
 
     async def close(self) -> None:
-        """Stop every consumer (a read still holding one gets an error from it)."""
-        consumers, self._all, self._idle = self._all, [], []
-        self._created = 0
-        self._at.clear()
+        """Stop every consumer and refuse every read from now on: a read still holding one
+        gets an error from it, and a read waiting for one is woken with :class:`LogError`."""
+        async with self._free:
+            self._closed = True
+            consumers, self._all, self._idle = self._all, [], []
+            self._at.clear()
+            self._free.notify_all()
         for consumer in consumers:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await _stop(consumer)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogError(f"the {self.role} consumer pool is closed")
 
     async def _acquire(self, want: tuple[TopicPartition, int] | None) -> AIOKafkaConsumer:
         """An idle consumer, preferably one already positioned at ``want``."""
         async with self._free:
             while True:
+                self._check_open()
                 if self._idle:
                     for i, consumer in enumerate(self._idle):
                         if want is not None and self._at.get(id(consumer)) == want:
@@ -76,13 +85,19 @@ class ConsumerPool:
                 self._created -= 1
                 self._free.notify()
             raise
+        if self._closed:  # closed while it connected: the close did not see it
+            await _stop(consumer)
+            self._check_open()
         self._all.append(consumer)
         return consumer
 
     async def _release(self, consumer: AIOKafkaConsumer) -> None:
         async with self._free:
-            self._idle.append(consumer)
-            self._free.notify()
+            if not self._closed:
+                self._idle.append(consumer)
+                self._free.notify()
+                return
+        await _stop(consumer)  # lent when the pool closed: never lent again
 
     @contextlib.asynccontextmanager
     async def consumer(self) -> AsyncIterator[AIOKafkaConsumer]:
@@ -119,3 +134,8 @@ class ConsumerPool:
             return batches.get(tp, []), position
         finally:
             await self._release(consumer)
+
+
+async def _stop(consumer: AIOKafkaConsumer) -> None:
+    with contextlib.suppress(Exception):  # stopping is all that is left to do with it
+        await consumer.stop()

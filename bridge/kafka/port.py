@@ -12,7 +12,10 @@ The contract, in Kafka's words:
   reader's position without a record, so ``next_offset`` may pass offsets no record holds.
   Nothing at or past the last stable offset (the first offset of an open transaction) is read.
 * **The log start moves under a reader** (retention, :meth:`Log.delete_records_before`): an
-  offset below it, or past the end, raises :class:`OffsetOutOfRange`; nothing jumps silently.
+  offset below it, or past the end, raises :class:`OffsetOutOfRange`; nothing jumps silently,
+  except in a group member, whose ``reset`` policy (aiokafka's ``auto_offset_reset``) moves an
+  out-of-range position (a committed offset retention passed, a seek, a start moved under it)
+  to the log start ("earliest") or the last stable offset ("latest") without an error.
 * **A transactional writer is fenced** by a newer writer of the same id: starting the newer one
   aborts the older one's open transaction, and the older one's next send or commit raises
   :class:`WriterFenced`.
@@ -21,7 +24,11 @@ The contract, in Kafka's words:
   A static member (``instance_id``) never leaves on close: its partitions stay assigned until
   the session timeout or until the same instance id rejoins (which replaces it without a
   rebalance). A member that asks to rejoin with changed metadata causes a rebalance. A member
-  fenced by a newer holder of its instance id gets a plain :class:`LogError` from ``poll``.
+  fenced by a newer holder of its instance id gets a plain :class:`LogError` from ``poll``
+  (retriable, of kind ``KafkaError``: aiokafka 0.14 does not know FENCED_INSTANCE_ID, and its
+  coordinator keeps trying to join), at every poll; or, on Kafka, when a heartbeat of its is
+  answered UNKNOWN_MEMBER_ID instead, it rejoins and takes the id back (the two holders then
+  fence each other in turn). The in-memory log always takes the first way.
 
 What it does not do: create topics, ACLs or security (bridge.kafka.topics, acls, security).
 """
@@ -263,6 +270,8 @@ class GroupTail(Tail, Protocol):
     """A :class:`Tail` whose partitions a consumer group assigns (``assign`` is refused).
 
     ``start`` joins the group; each assignment arrives through the listener during ``poll``.
+    Its ``poll`` raises no :class:`OffsetOutOfRange`: the member's ``reset`` policy moves an
+    out-of-range position (see :meth:`Log.group_tail`).
     """
 
     def rejoin(self) -> None:
@@ -393,7 +402,9 @@ class Log(Protocol):
     ) -> GroupTail:
         """A member of consumer group ``group`` over ``topics``; call ``start`` to join.
 
-        ``heartbeat_interval_ms`` (default: a tenth of the session, at least 300 ms) and
+        ``reset``: where the member reads a partition from when it has no committed offset,
+        or its position is out of range (it never sees :class:`OffsetOutOfRange`): the log
+        start, or the last stable offset. ``heartbeat_interval_ms`` (default: a tenth of the session, at least 300 ms) and
         ``max_poll_interval_ms`` (the client's default when None) tune the client's liveness;
         the in-memory log counts a member alive until it is closed or crashes.
         """

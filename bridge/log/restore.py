@@ -27,8 +27,9 @@ async def read_to_end(
     *,
     role: str = "restore",
 ) -> None:
-    """Hand every committed record of ``parts``, from the log start to the current end, to
-    ``on_record``, in offset order within each partition."""
+    """Hand every committed record of ``parts``, from the log start to the current end (the
+    cut taken first), to ``on_record``, in offset order within each partition; nothing written
+    after the cut."""
     starts = await log.log_starts(parts)
     ends = await log.log_ends(parts)
     remaining = {p for p in parts if ends[p] > starts[p]}
@@ -38,9 +39,11 @@ async def read_to_end(
         tail.assign({p: starts[p] for p in sorted(remaining)})
         while remaining:
             polled = await tail.poll(POLL_S)
-            for records in polled.records.values():
+            for part, records in polled.records.items():
                 for record in records:
-                    on_record(record)
+                    # A poll may cross the cut: what was written after it is not handed on.
+                    if record.offset < ends[part]:
+                        on_record(record)
             done = {p for p, at in polled.positions.items() if p in remaining and at >= ends[p]}
             if done:
                 tail.pause(*done)  # read no further than the cut

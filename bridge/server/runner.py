@@ -39,6 +39,7 @@ from starlette.types import ASGIApp
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
+from bridge.kafka.port import Log
 from bridge.server.app import Companion, PeerListener, create_app
 from bridge.server.peers import server_tls
 from bridge.server.protocols import protocol_class
@@ -68,7 +69,8 @@ class AppServer:
     (``auto`` takes uvloop and httptools when installed); the loop applies to :meth:`run` only,
     :meth:`start` serves in the running loop. ``read_timeout_s``, ``max_head_bytes`` and
     ``keep_alive_s``: what a slow or idle client may hold (bridge/server/protocols.py).
-    ``tls``: uvicorn's ``ssl_*`` options.
+    ``tls``: uvicorn's ``ssl_*`` options. ``configure_logging``: let uvicorn install its
+    logging configuration (False keeps the process's own, for a server inside a test process).
     """
 
     def __init__(
@@ -90,7 +92,11 @@ class AppServer:
         max_head_bytes: int = 64 * 1024,
         keep_alive_s: int = 5,
         tls: Mapping[str, Any] | None = None,
+        configure_logging: bool = True,
     ) -> None:
+        #: The app served.
+        self.app = app
+        logging_options: dict[str, Any] = {} if configure_logging else {"log_config": None}
         config = uvicorn.Config(
             app,
             host=host,
@@ -104,6 +110,7 @@ class AppServer:
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
             lifespan="on",
+            **logging_options,
             **(tls or {}),
         )
         self._server = _Uvicorn(config, self, handle_signals)
@@ -202,15 +209,22 @@ def bridge_server(
     sock: socket.socket | None = None,
     quiet: bool = False,
     handle_signals: bool = True,
+    log: Log | None = None,
+    configure_logging: bool = True,
 ) -> AppServer:
     """The bridge's app (:func:`~bridge.server.app.create_app`, with ``companions``) under
     uvicorn at the settings' host and port (or on ``sock``); its open streams are drained when
     it stops.
 
     ``quiet``: only uvicorn's warnings, no access log (the demo's narration is its output).
+    ``log``: the log the components run on (else the settings' Kafka cluster), e.g. the
+    in-memory log of a test. ``configure_logging``: as for :class:`AppServer`.
     """
     app = create_app(
-        settings, companions=companions, peer_listener=peer_listener(settings, quiet=quiet)
+        settings,
+        companions=companions,
+        peer_listener=peer_listener(settings, quiet=quiet, configure_logging=configure_logging),
+        log=log,
     )
 
     def drain_streams() -> None:
@@ -233,10 +247,13 @@ def bridge_server(
         read_timeout_s=settings.server_read_timeout_s,
         max_head_bytes=settings.server_max_head_bytes,
         keep_alive_s=settings.server_keep_alive_s,
+        configure_logging=configure_logging,
     )
 
 
-def peer_listener(settings: Settings, *, quiet: bool = False) -> PeerListener:
+def peer_listener(
+    settings: Settings, *, quiet: bool = False, configure_logging: bool = True
+) -> PeerListener:
     """Serves the peer listener's app at ``peers.host`` (else ``http_host``) and
     ``peers.port``, with TLS when configured, in the running loop; closed with the stack.
 
@@ -255,6 +272,7 @@ def peer_listener(settings: Settings, *, quiet: bool = False) -> PeerListener:
             max_head_bytes=settings.server_max_head_bytes,
             keep_alive_s=settings.server_keep_alive_s,
             tls=server_tls(settings.peers),
+            configure_logging=configure_logging,
         )
         await server.start()
         stack.push_async_callback(server.close)

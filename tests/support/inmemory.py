@@ -1,11 +1,13 @@
 """The whole bridge in the test process, over the in-memory log: no broker, real HTTP.
 
-:func:`memory_bridge` composes the app as ``bridge serve`` does (:func:`~bridge.server.app.
-create_app`, every component of :func:`~bridge.server.app.start_components`) with the worker
-SDK of the configured packs as a companion, all on one :class:`~bridge.kafka.memory.MemoryLog`
-holding the topic layout. uvicorn serves it on a real loopback port from a background thread
-with an event loop of its own, so a test talks to it over real HTTP (SSE streamed as written,
-never buffered by a transport) from sync or async code alike.
+:func:`memory_bridge` runs the bridge as ``bridge serve`` does: the production runner
+(:func:`~bridge.server.runner.bridge_server`: its read timeout, head bound, keep-alive, access
+log, drain of open streams on stop and peer listener) around the app of
+:func:`~bridge.server.app.create_app` and every component, with the worker SDK of the configured
+packs as a companion, all on one :class:`~bridge.kafka.memory.MemoryLog` holding the topic
+layout. It serves a real loopback port from a background thread with an event loop of its own,
+so a test talks to it over real HTTP (SSE streamed as written, never buffered by a transport)
+from sync or async code alike. Only the process's logging configuration is left as pytest set it.
 
 The log lives on the server's loop: test code reaches it with :meth:`MemoryBridge.call`
 (a coroutine run there, its result returned here) or through :attr:`MemoryBridge.log`, a
@@ -29,13 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-import uvicorn
-
 from bridge.config import Settings
 from bridge.kafka.memory import MemoryLog
 from bridge.kafka.port import Fetched, Log, Producer, Sent, TopicPart
 from bridge.kafka.topics import topic_layout
-from bridge.server.app import Components, create_app
+from bridge.server.app import Components
+from bridge.server.runner import bridge_server
 from bridge.tasks.tools import job_topics
 from bridge.workers.packs import pack_handlers
 from bridge.workers.sdk import Worker
@@ -243,28 +244,32 @@ def _companion(log: Log) -> Callable[[Settings, contextlib.AsyncExitStack], Any]
 
 #: The loggers a ``log_path`` collects: the access log and the bridge's own.
 LOGGERS = ("uvicorn.error", "uvicorn.access", "bridge")
+#: The loggers whose levels the runner sets (from the settings' log level): put back after.
+LEVELLED = (*LOGGERS, "uvicorn.asgi")
 
 
 @contextlib.contextmanager
 def _logged_to(path: Path | None) -> Iterator[None]:
-    """The server's log lines written to ``path`` (at INFO) while the block runs."""
-    if path is None:
-        yield
-        return
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
-    loggers = [logging.getLogger(name) for name in LOGGERS]
+    """The server's log lines written to ``path`` (at INFO) while the block runs; the levels
+    of the server's loggers as they were afterwards."""
+    loggers = [logging.getLogger(name) for name in LEVELLED]
     levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+    handler = None
+    if path is not None:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+        for logger in loggers[: len(LOGGERS)]:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
-            logger.removeHandler(handler)
             logger.setLevel(level)
-        handler.close()
+            if handler is not None:
+                logger.removeHandler(handler)
+        if handler is not None:
+            handler.close()
 
 
 @contextlib.contextmanager
@@ -277,7 +282,8 @@ def memory_bridge(
 ) -> Iterator[MemoryBridge]:
     """The bridge of ``settings`` served in this process over a fresh memory log, with the
     packs' workers when ``workers``; yielded once it is ready (its lifespan has run).
-    ``log_path``: where its log lines go (else uvicorn logs warnings only, as it does).
+    ``log_path``: where its log lines go (else they reach the test process's logging, at the
+    settings' log level while it runs).
     ``memory``: the log to serve instead of a fresh one (what an earlier bridge, or the test,
     wrote to it; a restart is a new bridge on the same log, once the earlier one stopped)."""
     with _logged_to(log_path), _serving(settings, workers, memory) as running:
@@ -288,24 +294,31 @@ def memory_bridge(
 @contextlib.contextmanager
 def _serving(settings: Settings, workers: bool, memory: MemoryLog | None) -> Iterator[MemoryBridge]:
     memory = memory if memory is not None else memory_log(settings)
-    companions = [_companion(memory)] if workers else []
-    app = create_app(settings, companions=companions, log=memory)
-    config = uvicorn.Config(
-        app,
-        lifespan="on",
-        log_config=None,  # the test process's logging stays as pytest set it
-        log_level=None,
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
     sock = socket.create_server(("127.0.0.1", 0))
+    # The production runner, as `bridge serve` has it (its read timeout, head bound, keep-alive,
+    # access log, drain on stop and peer listener), with the process's logging left as is.
+    server = bridge_server(
+        settings,
+        companions=[_companion(memory)] if workers else [],
+        sock=sock,
+        handle_signals=False,
+        log=memory,
+        configure_logging=False,
+    )
     loop = asyncio.new_event_loop()
+    ready = threading.Event()
     failed: list[BaseException] = []
+
+    async def serve_until_stopped() -> None:
+        await server.start()
+        ready.set()
+        assert server.task is not None
+        await server.task
 
     def serve() -> None:
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(server.serve(sockets=[sock]))
+            loop.run_until_complete(serve_until_stopped())
         except BaseException as exc:  # shown by the waiting test, not lost in the thread
             failed.append(exc)
         finally:
@@ -316,12 +329,14 @@ def _serving(settings: Settings, workers: bool, memory: MemoryLog | None) -> Ite
     thread.start()
     try:
         wait_until_sync(
-            lambda: server.started or not thread.is_alive(), BOUND_S, what="the bridge serves"
+            lambda: ready.is_set() or not thread.is_alive(), BOUND_S, what="the bridge serves"
         )
-        assert server.started, f"the in-memory bridge did not start: {failed!r}"
+        assert ready.is_set(), f"the in-memory bridge did not start: {failed!r}"
         port = int(sock.getsockname()[1])
-        yield MemoryBridge(settings, port, memory, loop, app.state.components)
+        components = server.app.state.components  # type: ignore[attr-defined]
+        yield MemoryBridge(settings, port, memory, loop, components)
     finally:
-        server.should_exit = True
+        if thread.is_alive():
+            loop.call_soon_threadsafe(server.stop)  # drains the open streams, as on SIGTERM
         thread.join(BOUND_S)
         sock.close()
