@@ -9,6 +9,7 @@ what the server-error middleware answers).
 from __future__ import annotations
 
 import traceback
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -47,3 +48,16 @@ async def test_other_requests_and_methods_still_go_through_the_router():
         assert (await http.put("/mcp")).status_code == 405
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         assert (await http.get("/readyz")).status_code == 503  # no components: not ready
+
+
+async def test_a_replica_whose_indexer_failed_is_not_ready_and_says_nothing_more() -> None:
+    app = create_app(load_settings(kafka_bootstrap_servers="127.0.0.1:1"))
+    indexer = SimpleNamespace(failed=None)
+    app.state.components = SimpleNamespace(indexer=indexer)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        assert (await http.get("/readyz")).status_code == 200
+        indexer.failed = RuntimeError("the index topic 'secret-prefix.task-index' has no leader")
+        answer = await http.get("/readyz")
+    assert answer.status_code == 503
+    assert answer.json() == {"status": "partitions unavailable"}  # no topic names

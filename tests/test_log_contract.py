@@ -680,6 +680,32 @@ async def test_a_member_whose_committed_offset_retention_passed_is_reset_without
         assert ([r.offset for r in later.records], later.errors) == (expected, [])
 
 
+async def test_a_member_without_a_reset_policy_is_told_which_positions_retention_passed(
+    env: Env,
+) -> None:
+    # The indexer's way: it must know what retention deleted before it counted it.
+    async with members(env, partitions=1) as group:
+        part = TopicPart(group.topic, 0)
+        async with env.log.producer() as producer:
+            for i in range(10):
+                await producer.send(group.topic, b"%d" % i, partition=0)
+        first = await group.join()
+        await first.until(lambda: first.owned == {part})
+        await first.tail.commit({part: 3})
+        await group.close(first)
+        await env.log.delete_records_before(part, 8)  # retention passes the commit
+        later = await group.join(reset="none")
+        await later.until(lambda: bool(later.errors))
+        gone = later.errors[0]
+        assert isinstance(gone, OffsetOutOfRange) and gone.parts == {part}, later.errors
+        assert later.records == []
+        later.tail.reposition(part, 8)  # the owner repositions, and reads on from there
+        later.errors.clear()
+        later.task = asyncio.create_task(later.run())
+        await later.until(lambda: len(later.records) >= 2 or bool(later.errors))
+        assert ([r.offset for r in later.records], later.errors) == ([8, 9], [])
+
+
 async def test_a_static_member_replaced_while_it_runs_is_fenced_or_made_to_rejoin(
     env: Env,
 ) -> None:

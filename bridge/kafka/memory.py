@@ -846,6 +846,8 @@ class MemoryGroupTail(MemoryTail):
         a seek, a log start moved under the reader) is reset by the member's policy. True if
         one was (the poll then reports the positions, records or not)."""
         reset = [p for p in live if self._out_of_range(p)]
+        if reset and self.reset == "none":
+            raise OffsetOutOfRange(reset)  # as aiokafka's getmany with auto_offset_reset none
         for part in reset:
             self._positions[part] = self._reset_offset(part)
         return bool(reset)
@@ -854,4 +856,6 @@ class MemoryGroupTail(MemoryTail):
         """Where ``reset`` puts a member without a valid position: the log start, or the
         last stable offset (a read_committed ListOffsets for the latest)."""
         stored = self._log._partition(part)
-        return stored.start if self.reset == "earliest" else stored.stable
+        # ``none`` with nothing committed: aiokafka would refuse to fetch until a seek; every
+        # member with that policy seeks on assignment, so the log start stands in.
+        return stored.stable if self.reset == "latest" else stored.start

@@ -64,7 +64,10 @@ __all__ = [
 ]
 
 Header = tuple[str, bytes]
-Reset = Literal["earliest", "latest"]
+#: What a group member does with a position out of range (a committed offset or a seek that
+#: retention passed): read from the log start, from the last stable offset, or (``none``) get
+#: :class:`OffsetOutOfRange` naming the partitions, which its owner repositions itself.
+Reset = Literal["earliest", "latest", "none"]
 
 
 @dataclass(frozen=True, slots=True, order=True)

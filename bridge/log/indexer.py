@@ -157,6 +157,12 @@ class Indexer(Component):
         return self._ownership.moved
 
     @property
+    def failed(self) -> BaseException | None:
+        """Why the group's latest assignment could not be taken (retried with back-off);
+        None while every assigned partition is owned."""
+        return self._ownership.failed
+
+    @property
     def restore_seconds(self) -> float:
         """How long the last restore of gained partitions took."""
         return self._ownership.restore_seconds
@@ -196,13 +202,26 @@ class Indexer(Component):
                 tail.assign({TopicPart(s.topics.events, p): 0 for p in parts})  # sought in gain()
                 await self._ownership.gain(set(parts))
                 self._ownership.assigned.set()
-                self._tasks.append(asyncio.create_task(self._seq.run(tail), name="indexer-tail"))
+                self._tasks.append(self._tailing(tail))
         except BaseException:
             await self.stop()
             raise
         if self.persist:
             persisting = self._writer.run(self.flush_interval_s)
             self._tasks.append(asyncio.create_task(persisting, name="indexer-persist"))
+
+    def _tailing(self, tail: Tail) -> asyncio.Task[None]:
+        """The seq tail's task; if it ends with an error, the indexer reports it as failed
+        (not ready: nothing more is indexed)."""
+        task = asyncio.create_task(self._seq.run(tail), name="indexer-tail")
+
+        def ended(done: asyncio.Task[None]) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                self._ownership.failed = done.exception()
+                log.error("the seq tail stopped: %r", done.exception())
+
+        task.add_done_callback(ended)
+        return task
 
     async def _join_group(self) -> None:
         s = self.settings
@@ -211,6 +230,8 @@ class Indexer(Component):
         self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events)
         # Positions come from the index (seek on assignment); a committed offset, when there
         # is one, is only ever at or below it, and records below ``through`` are skipped.
+        # Retention passing a position must surface (the seq tail marks what it lost and
+        # repositions): "earliest" would silently resume at the log start, seqs then wrong.
         tail = self._log.group_tail(
             bridge_group(s.topics),
             [s.topics.events],
@@ -218,19 +239,25 @@ class Indexer(Component):
             assignor=self.assignor,
             instance_id=s.instance_id,
             session_timeout_ms=s.group_session_timeout_ms,
-            reset="earliest",
+            reset="none",
             role="indexer",
         )
         self._reader = tail
         await tail.start()
-        self._tasks.append(asyncio.create_task(self._seq.run(tail), name="indexer-tail"))
+        self._tasks.append(self._tailing(tail))
         async with asyncio.timeout(max(60.0, 3 * s.group_session_timeout_ms / 1000)):
             await self._ownership.assigned.wait()
+        failed = self._ownership.failed
+        if failed is not None:  # the first share could not be taken: say why, do not serve
+            if isinstance(failed, IndexerError):
+                raise failed
+            raise IndexerError(f"could not take the assigned partitions: {failed!r}") from failed
 
     async def stop(self) -> None:
         """Stop tailing; a persisting indexer flushes what it has first."""
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
+        await self._ownership.stop()
         if self._writer.writers:
             with contextlib.suppress(Exception):
                 await self._writer.flush()

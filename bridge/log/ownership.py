@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.kafka.ownership import OwnershipAssignor
 from bridge.kafka.port import Log, LogError, Tail, TopicPart
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 #: Called with the partitions gained and lost at each assignment (both may be empty).
 OwnershipListener = Callable[[set[int], set[int]], None]
+
+
+#: Back-off of a failed gain's retries: the first wait and the longest.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
 
 
 class Ownership:
@@ -65,6 +71,12 @@ class Ownership:
         self._log = log_
         self._rebalanced = asyncio.Event()
         self._moving = asyncio.Lock()
+        #: Why the last assignment could not be taken (None once one was): a start fails on
+        #: it; later, the gain is retried (:meth:`retry_failed`) and readiness reports it.
+        self.failed: BaseException | None = None
+        #: The group's latest assignment (what a retry takes).
+        self._assignment: set[int] = set()
+        self._retrying: asyncio.Task[None] | None = None
 
     async def next_rebalance(self) -> None:
         """Return after the next assignment has been applied."""
@@ -126,29 +138,68 @@ class Ownership:
         log.info("no longer owning events partitions %s", sorted(parts))
 
     async def assigned_now(self, assigned: set[int]) -> None:
-        """The group's new assignment: lose, gain, and re-seek what is kept."""
+        """The group's new assignment: lose, gain, and re-seek what is kept.
+
+        A gain that fails (the previous writer cannot be fenced, the index slice cannot be
+        read) leaves those partitions unowned, their writers closed, and :attr:`failed` set;
+        the listeners still hear of what was lost and gained, and the gain is retried with
+        back-off until it succeeds or the group assigns otherwise. The error is raised.
+        """
+        self._assignment = set(assigned)
         async with self._moving:
             owned = set(self._owned.partitions)
             lost, gained, kept = owned - assigned, assigned - owned, owned & assigned
-            await self.lose(lost)
-            await self.gain(gained)
-            tail = self._started_tail()
-            for p in kept:
-                tail.reposition(
-                    TopicPart(self.settings.topics.events, p), self._owned.partitions[p].through
-                )
-            self.rebalances += 1
-            self.moved["gained"] += len(gained)
-            self.moved["lost"] += len(lost)
-            self.assigned.set()
-        self._owned.notify_progress()  # waiters re-check: their partition may have moved
-        self._rebalanced.set()
-        self._rebalanced = asyncio.Event()
-        for listener in self.listeners:
             try:
-                listener(gained, lost)
-            except Exception:
-                log.exception("ownership listener failed")
+                await self.lose(lost)
+                await self.gain(gained)
+            except Exception as exc:
+                await self._writer.close(gained - set(self._owned.partitions))
+                self.failed = exc
+                self._retry_later()
+                raise
+            else:
+                self.failed = None
+            finally:
+                taken = gained & set(self._owned.partitions)
+                tail = self._started_tail()
+                for p in kept:
+                    tail.reposition(
+                        TopicPart(self.settings.topics.events, p),
+                        self._owned.partitions[p].through,
+                    )
+                self.rebalances += 1
+                self.moved["gained"] += len(taken)
+                self.moved["lost"] += len(lost)
+                self.assigned.set()
+                self._owned.notify_progress()  # waiters re-check: their partition may have moved
+                self._rebalanced.set()
+                self._rebalanced = asyncio.Event()
+                for listener in self.listeners:
+                    try:
+                        listener(taken, lost)
+                    except Exception:
+                        log.exception("ownership listener failed")
+
+    def _retry_later(self) -> None:
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.create_task(self._retry(), name="indexer-retry-gain")
+
+    async def _retry(self) -> None:
+        delay = RETRY_FIRST_S
+        while self.failed is not None:
+            await asyncio.sleep(delay)  # back-off: the index topic's leader may come back
+            delay = min(delay * 2, RETRY_MAX_S)
+            try:
+                await self.assigned_now(set(self._assignment))
+            except Exception as exc:
+                log.warning(
+                    "still cannot take events partitions %s: %s", sorted(self._assignment), exc
+                )
+
+    async def stop(self) -> None:
+        """Stop retrying a failed gain."""
+        if self._retrying is not None:
+            await cancel_and_wait(self._retrying)
 
 
 class GroupCallbacks:

@@ -17,6 +17,7 @@ a copy there must define nothing.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from bridge.config import Settings
 from bridge.envelope import TaskEvent
 from bridge.events import TaskStatus
 from bridge.kafka.clients import partition_for_key
-from bridge.kafka.port import Log, LogRecord, OffsetOutOfRange, Tail
+from bridge.kafka.port import Log, LogError, LogRecord, OffsetOutOfRange, Tail
 from bridge.log.identity import Keyring, is_signed
 from bridge.log.indexwriter import IndexWriter
 from bridge.log.misrouted import MisroutedEvents
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The back-off before polling again after a retriable failure of a poll.
+POLL_RETRY_S = 0.1
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -163,6 +167,14 @@ class SeqTail:
             except OffsetOutOfRange:
                 topic = self.settings.topics.events
                 await reconcile_with_retention(self._log, tail, topic, partitions)
+                continue
+            except LogError as exc:
+                if not exc.retriable:
+                    raise  # the indexer reports it (not ready) and its owner restarts it
+                # e.g. a partition just assigned, not yet sought to its index (its gain seeks
+                # it): Kafka answers again in a moment.
+                log.debug("the seq tail's poll failed (%s); polling again", exc.kind)
+                await asyncio.sleep(POLL_RETRY_S)
                 continue
             for part, records in polled.records.items():
                 idx = partitions.get(part.partition)

@@ -258,8 +258,14 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> JSONResponse:
-        ready = request.app.state.components is not None
-        return JSONResponse({"status": "ready" if ready else "starting"}, 200 if ready else 503)
+        components: Components | None = request.app.state.components
+        if components is None:
+            return JSONResponse({"status": "starting"}, 503)
+        if components.indexer.failed is not None:
+            # Partitions the group gave this replica are not served (their gain is retried):
+            # no new traffic until they are. Never the error's text: it names topics.
+            return JSONResponse({"status": "partitions unavailable"}, 503)
+        return JSONResponse({"status": "ready"}, 200)
 
     direct = {"POST": RawEndpoint(mcp_post), "GET": RawEndpoint(mcp_get)}
     app = _BridgeApp(
