@@ -15,6 +15,7 @@ from bridge.config import Settings
 from bridge.kafka.acls import index_writer_id
 from bridge.kafka.memory import MemoryLog, MemoryWriter
 from bridge.kafka.port import LogError
+from bridge.log import migrate
 from bridge.log.indexer import Indexer, IndexerError
 
 
@@ -155,3 +156,29 @@ async def test_a_seq_tail_failing_for_good_is_reported_and_a_passing_failure_is_
         assert isinstance(indexer.failed, LogError) and indexer.failed.kind == "Denied"
     finally:
         await indexer.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "refused"), [("FenceTimeout", True), ("TransactionalIdAuthorizationFailed", False)]
+)
+async def test_the_index_migration_stops_when_the_old_writer_cannot_be_fenced(
+    monkeypatch: pytest.MonkeyPatch, kind: str, refused: bool
+) -> None:
+    settings = make_settings("127.0.0.1:9", fresh_prefix())
+    log = memory_log(settings)
+    closed: list[str] = []
+
+    class Old(MemoryWriter):
+        async def start(self) -> None:
+            raise LogError(kind, kind=kind)
+
+        async def close(self) -> None:
+            closed.append(self.transactional_id)
+
+    monkeypatch.setattr(log, "transactional_writer", lambda tid: Old(log, tid))
+    if refused:  # nothing may be written while the old writer's transaction may still end
+        with pytest.raises(LogError, match=kind):
+            await migrate._fence_the_single_writer(log, settings)
+    else:  # a principal without WRITE on the old id never wrote with it
+        await migrate._fence_the_single_writer(log, settings)
+    assert len(closed) == 1

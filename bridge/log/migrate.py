@@ -19,7 +19,6 @@ finds nothing to move. What it does not do: touch the events topic.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from bridge.config import Settings
 from bridge.kafka.acls import index_writer_id, indexer_transactional_id
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.admin import add_partitions, kafka_admin
-from bridge.kafka.port import Log
+from bridge.kafka.port import Log, LogError
 from bridge.log.indexrestore import topic_partitions
 from bridge.log.restore import latest_by_key
 from bridge.log.seqindex import (
@@ -118,9 +117,15 @@ async def _fence_the_single_writer(kafka: Log, settings: Settings) -> None:
     """Abort any open transaction of the old single writer (best effort: a principal without
     WRITE on its id could never have written with it)."""
     old = kafka.transactional_writer(indexer_transactional_id(settings.topics))
-    with contextlib.suppress(Exception):
+    try:
         await old.start()
-    await old.close()
+    except LogError as exc:
+        # Only a refusal of the id is expected; a fence that could not complete (its open
+        # transaction cannot end) must stop the migration before anything is written.
+        if "Authorization" not in (exc.kind or ""):
+            raise
+    finally:
+        await old.close()
 
 
 async def _write(
