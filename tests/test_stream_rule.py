@@ -24,6 +24,7 @@ from bridge.log.indexer import IndexedEvent
 from bridge.metrics import StreamMetrics
 from bridge.server.admission import Caller
 from bridge.server.streams import StreamHub
+from bridge.server.wire import RpcError
 
 TASK = "task-1"
 CONFIG = load_settings(
@@ -48,6 +49,7 @@ class FakeLog:
         self.listeners: list[Callable[[IndexedEvent], None]] = []
         self.chunks = chunks  # how many events the next history fetch returns
         self.partitions = {0: SimpleNamespace(next_seq_of=lambda task_id: len(self.events))}
+        self.trusted = True  # False once retention deleted records before they were counted
 
     # the indexer's side
     def add_listener(self, listener: Callable[[IndexedEvent], None]) -> None:
@@ -63,7 +65,7 @@ class FakeLog:
         entry = SimpleNamespace(
             terminal=self.terminal_offset is not None,
             status_offset=self.terminal_offset,
-            trusted=True,
+            trusted=self.trusted,
         )
         return 0, entry
 
@@ -178,3 +180,37 @@ def test_a_drain_ends_the_streams_but_not_the_calls_waiting_on_the_same_task() -
 
     delivered, call_closed = asyncio.run(scenario())
     assert delivered == [0] and not call_closed
+
+
+def test_a_live_stream_whose_task_became_untrusted_ends_with_seq_untrusted() -> None:
+    """Retention deleted records of the task's partition before they were counted while the
+    stream waited live: the seqs of what follows are not known (its terminal status may be
+    among the lost), so the stream ends with the error a new request would get."""
+    log = FakeLog(lambda: 5)
+    log.append()
+
+    async def scenario() -> tuple[list[int], BaseException | None]:
+        hub = StreamHub(CONFIG, log, log, Fanout(log), StreamMetrics())  # type: ignore[arg-type]
+        ticket = hub.admit(Caller("p", "p", None), TASK, 1)
+        delivered: list[int] = []
+        first = asyncio.Event()
+
+        async def consume() -> None:
+            async for batch in hub.events(ticket, None):
+                delivered.extend(seq for seq, _ in batch or [])
+                first.set()
+
+        stream = asyncio.create_task(consume())
+        async with asyncio.timeout(5):
+            await first.wait()  # live now, waiting for the next event
+            log.trusted = False
+            log.append()  # what it is woken by: never handed under an unknown seq
+            try:
+                await stream
+            except RpcError as exc:
+                return delivered, exc
+        return delivered, None
+
+    delivered, ended = asyncio.run(scenario())
+    assert delivered == [0]
+    assert isinstance(ended, RpcError) and ended.data["reason"] == "seq_untrusted", ended
