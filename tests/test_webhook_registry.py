@@ -25,8 +25,9 @@ from support.waits import BOUND, wait_until
 from bridge.config import Settings
 from bridge.kafka.acls import webhook_group
 from bridge.kafka.clients import partition_for_key
-from bridge.kafka.memory import MemoryLog
-from bridge.kafka.port import LogError, TopicPart
+from bridge.kafka.memory import MemoryLog, MemoryTail
+from bridge.kafka.port import LogError, Polled, TopicPart
+from bridge.mcpevents import registry as registry_module
 from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry, clear_record
 from bridge.mcpevents.subscriptions import Subscription, secrets_context, subscription_id
 from bridge.sealing import KeyRing, Sealed, Sealer
@@ -259,3 +260,80 @@ async def test_a_record_written_while_the_view_restores_is_read_by_its_tail() ->
             await registry.restored.wait()
         await registry.caught_up(_partitions(settings))
         assert registry.table.get(kept.id) is None and registry.table.get(later.id) == later
+
+
+class _Counted(Sealer):
+    """A sealer that notes, at each record it opens, how many records the view's polls had
+    handed over by then."""
+
+    def __init__(self, polled: list[int]) -> None:
+        super().__init__(KEYS)
+        self.polled = polled
+        self.seen: list[int] = []
+
+    async def open(self, sealed: Sealed, context: bytes) -> bytes:
+        self.seen.append(sum(self.polled))
+        return await super().open(sealed, context)
+
+
+async def test_the_restore_applies_each_poll_as_it_comes_and_an_unreadable_latest_keeps_the_older(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The topic's active segment is not compacted and every write-back adds a record: the
+    restore holds one poll beyond the table, not the topic's history."""
+    settings = _settings()
+    log = memory_log(settings)
+    versions = [_sub(1, refreshed_ms=100 + n) for n in range(30)]  # superseded, one key
+    for version in versions:
+        await _write(log, settings, version.id, await _sealed(version))
+    await _write(log, settings, versions[-1].id, b"not a record")  # the latest is unreadable
+    polled: list[int] = []
+    poll = MemoryTail.poll
+
+    async def counted(tail: MemoryTail, timeout_s: float, max_records: int | None = None) -> Polled:
+        got = await poll(tail, timeout_s, max_records)
+        polled.append(sum(map(len, got.records.values())))
+        return got
+
+    monkeypatch.setattr(MemoryTail, "poll", counted)
+    monkeypatch.setattr(registry_module, "VIEW_POLL_RECORDS", 4)
+    sealer = _Counted(polled)
+    async with SubscriptionRegistry(settings, sealer, log=log) as registry:
+        async with asyncio.timeout(BOUND):
+            await registry.restored.wait()
+        assert registry.table.get(versions[0].id) == versions[-1]  # the older copy is kept
+    assert len(sealer.seen) == len(versions) and max(polled) <= 4
+    assert sealer.seen[0] <= 4  # the first record was applied before the rest was read
+
+
+@pytest.mark.parametrize("retriable", [True, False])
+async def test_the_view_outlives_a_failed_poll(
+    monkeypatch: pytest.MonkeyPatch, retriable: bool
+) -> None:
+    """A retriable error: polled again; any other: the view restarts from what it applied.
+    Either way writes are answered after it and the view task goes on."""
+    settings = _settings()
+    log = memory_log(settings)
+    before = _sub(1)
+    await _write(log, settings, before.id, await _sealed(before))
+    poll, failed = MemoryTail.poll, asyncio.Event()
+
+    async def flaky(tail: MemoryTail, timeout_s: float, max_records: int | None = None) -> Polled:
+        if not failed.is_set():
+            failed.set()
+            raise LogError("a broker restarted", retriable=retriable)
+        return await poll(tail, timeout_s, max_records)
+
+    monkeypatch.setattr(MemoryTail, "poll", flaky)
+    registry = SubscriptionRegistry(settings, Sealer(KEYS), log=log)
+    registry.retry_s = 0.0
+    async with registry:
+        async with asyncio.timeout(BOUND):
+            await registry.restored.wait()
+        assert failed.is_set() and registry.table.get(before.id) == before
+        later = _sub(2)
+        await registry.put(later)  # answered: the view went on
+        await _write(log, settings, before.id, None)  # another replica's unsubscribe
+        await registry.caught_up(_partitions(settings))
+        assert registry.table.get(later.id) == later and registry.table.get(before.id) is None
+        assert registry._view is not None and not registry._view.done()

@@ -6,11 +6,12 @@
 Where it sits: above the log port (:class:`~bridge.kafka.port.Log`, the broker's or the
 in-memory one, given by the composition), below the webhook service
 (:mod:`bridge.mcpevents.delivery`). Everything Kafka-shaped is the port's: the writes its
-idempotent producer, the restore :func:`bridge.log.restore.read_to_end`, the live view a port
-:class:`~bridge.kafka.port.Tail`, the delivery group a port group member.
+idempotent producer, the view (restore and live) one port :class:`~bridge.kafka.port.Tail`,
+the delivery group a port group member.
 
 * :class:`SubscriptionRegistry`: every replica reads the whole (small) topic from the beginning
-  (the restore, up to the ends taken at start) and then tails it from there into a
+  (the restore, up to the ends taken at start, applied poll by poll: the topic's uncompacted
+  history is never held) and then tails it on into a
   :class:`~bridge.mcpevents.subscriptions.SubscriptionTable`, so any
   replica can answer ``events/subscribe`` (idempotent upsert, per-principal limits, the
   verification cache) and a write is answered only once the writer's own view has applied it.
@@ -55,13 +56,12 @@ from bridge.kafka.port import (
     GroupTail,
     Log,
     LogError,
-    LogRecord,
     OffsetOutOfRange,
+    Polled,
     Producer,
     Tail,
     TopicPart,
 )
-from bridge.log.restore import read_to_end
 from bridge.mcpevents.subscriptions import (
     BadRecord,
     NotCanonical,
@@ -83,6 +83,12 @@ APPLY_TIMEOUT_S = 30.0
 
 #: How long one poll of the view's tail, or of the delivery group, waits for something.
 POLL_S = 1.0
+
+#: The most records one poll of the view hands over (what the view holds beyond its table).
+VIEW_POLL_RECORDS = 500
+
+#: How long the view waits before it polls again after a failed poll, or restarts.
+RETRY_S = 1.0
 
 
 class SubscriptionRegistry(Component):
@@ -108,8 +114,12 @@ class SubscriptionRegistry(Component):
         self._view: asyncio.Task[None] | None = None
         #: The view's position in each partition (-1 until restored): what it has applied.
         self._positions: dict[int, int] = {}
-        #: Why the view stopped (stopped, or failed), once it has: writers then wait no more.
+        #: Why the view stopped, once it has: writers then wait no more.
         self._ended: str | None = None
+        #: The ends taken at start: the view is restored once it has applied up to them.
+        self._restore_ends: dict[int, int] | None = None
+        #: The view's retry cadence after a failed poll or restart (tests shorten it).
+        self.retry_s = RETRY_S
         self._progress = asyncio.Condition()
 
     async def start(self) -> None:
@@ -122,6 +132,7 @@ class SubscriptionRegistry(Component):
         self._producer = producer
         self._positions = {p: -1 for p in partitions}
         self._ended = None
+        self._restore_ends = None
         self._view = asyncio.create_task(
             self._run(self._log, partitions), name="webhook-subscriptions-view"
         )
@@ -197,56 +208,75 @@ class SubscriptionRegistry(Component):
         return [TopicPart(self.topic, p) for p in sorted(set(partitions))]
 
     async def _run(self, port: Log, partitions: list[int]) -> None:
-        """The view: the topic restored up to its end at start, then tailed from there."""
-        ended = "stopped"
+        """The view: the topic read from its start and applied as it is read (restored once
+        it reached the ends taken at start), then tailed on. A view that fails is restarted
+        from the positions it had applied (as the Events live tails are), so one broker
+        hiccup does not leave writers answered "retry" for ever."""
+        parts = self._parts(partitions)
         try:
-            positions = await self._restore(port, self._parts(partitions))
-            async with port.tail("webhooks-view") as tail:
-                tail.assign(positions)
-                await self._tail(port, tail)
-        except Exception:
-            ended = "failed"
-            raise
+            while True:
+                try:
+                    await self._follow(port, parts)
+                except Exception as exc:  # the log failed: read on from what was applied
+                    log.warning(
+                        "webhook subscriptions view failed (%s); restarting", type(exc).__name__
+                    )
+                await asyncio.sleep(self.retry_s)  # the retry cadence, not synchronisation
         finally:
             # Writers waiting for the view are told now, not at their timeout.
-            self._ended = ended
+            self._ended = "stopped"
             async with self._progress:
                 self._progress.notify_all()
 
-    async def _restore(self, port: Log, parts: list[TopicPart]) -> dict[TopicPart, int]:
-        """Apply every record up to the ends taken now (the one compacted-topic restore),
-        in offset order within each partition; the positions the tail goes on from."""
-        ends = await port.log_ends(parts)
-        records: list[LogRecord] = []
-        await read_to_end(port, parts, records.append, role="webhooks-view")
-        for record in records:
-            # The restore may read past the ends taken here: the tail reads those again.
-            if record.offset < ends[TopicPart(record.topic, record.partition)]:
-                await self._apply(record.partition, record.offset, record.key, record.value)
-        await self._advance({part.partition: end for part, end in ends.items()})
-        self.restored.set()
-        held = self.table.in_partitions(part.partition for part in parts)
-        log.info("webhook subscriptions restored: %d", len(held))
-        return ends
+    async def _follow(self, port: Log, parts: list[TopicPart]) -> None:
+        """Read ``parts`` on from the view's positions (their log start at first), applying
+        each poll as it comes: what is held is the table and one poll, never the topic's
+        history (its active segment is not compacted, and write-backs add a record each)."""
+        if self._restore_ends is None:
+            self._restore_ends = {
+                part.partition: end for part, end in (await port.log_ends(parts)).items()
+            }
+        starts = await port.log_starts(parts)
+        at = {part: max(self._positions.get(part.partition, -1), starts[part]) for part in parts}
+        async with port.tail("webhooks-view") as tail:
+            tail.assign(at)
+            await self._advance({part.partition: offset for part, offset in at.items()})
+            while True:
+                polled = await self._poll(port, tail)
+                for part, records in polled.records.items():
+                    for record in records:
+                        await self._apply(part.partition, record.offset, record.key, record.value)
+                await self._advance({part.partition: at for part, at in polled.positions.items()})
 
-    async def _tail(self, port: Log, tail: Tail) -> None:
+    async def _poll(self, port: Log, tail: Tail) -> Polled:
+        """One poll of the view's tail, riding out what asking again may cure."""
         while True:
             try:
-                polled = await tail.poll(POLL_S)
+                return await tail.poll(POLL_S, VIEW_POLL_RECORDS)
             except OffsetOutOfRange as gone:  # the log start passed the view: read on from it
                 starts = await port.log_starts(gone.parts)
                 log.warning("subscriptions topic: the view reads on from the log start %s", starts)
                 for part, start in starts.items():
                     tail.reposition(part, start)
-                continue
-            for part, records in polled.records.items():
-                for record in records:
-                    await self._apply(part.partition, record.offset, record.key, record.value)
-            await self._advance({part.partition: at for part, at in polled.positions.items()})
+            except LogError as exc:
+                if not exc.retriable:
+                    raise
+                log.warning("subscriptions topic: a poll failed (%s); polling again", exc.kind)
+                await asyncio.sleep(self.retry_s)  # the retry cadence, not synchronisation
+
+    def _check_restored(self) -> None:
+        """Set :attr:`restored` once the view applied everything the topic held at start."""
+        ends = self._restore_ends
+        if self.restored.is_set() or ends is None:
+            return
+        if all(self._positions.get(p, -1) >= end for p, end in ends.items()):
+            self.restored.set()
+            log.info("webhook subscriptions restored: %d", len(self.table.in_partitions(ends)))
 
     async def _advance(self, positions: Mapping[int, int]) -> None:
         async with self._progress:
             self._positions.update(positions)
+            self._check_restored()
             self._progress.notify_all()
 
     async def _apply(
