@@ -21,7 +21,8 @@ import pytest
 from bridge.config import Settings, task_cursor_version
 from bridge.envelope import TaskEvent
 from bridge.kafka.port import OffsetOutOfRange
-from bridge.log.reader import NotRetained
+from bridge.log.fanout import SubscriptionClosed
+from bridge.log.reader import NotRetained, SeqUntrusted
 from bridge.mcpevents import TaskEvents
 from bridge.mcpevents.configured import NotPermitted
 from bridge.mcpevents.cursor import decode_partition, decode_task, encode_partition
@@ -682,3 +683,64 @@ async def test_arguments_without_a_canonical_form_are_invalid_params() -> None:
         await events.webhooks.subscribe(call("events/subscribe", params))  # type: ignore[union-attr]
     assert refused.value.code == -32602 and "2**53" in refused.value.message
     assert service.put_ids == []
+
+
+# --- a task made untrusted while its push stream waits live ----------------------------------
+
+
+class DistrustedLog(TaskLog):
+    """A task log whose task retention makes untrusted (the reader's answer from then on)."""
+
+    untrusted = False
+
+    async def head(self, task_id: str) -> int:
+        if self.untrusted:
+            raise SeqUntrusted(task_id)
+        return await super().head(task_id)
+
+
+class DistrustingFeed:
+    """The fan-out subscription of task "t": at the stream's first live wait retention makes
+    the task untrusted and the tail fans out its next event (a seq counted past the gap); the
+    wait after that is the subscription's closure (a stream that goes on ends there)."""
+
+    overflowed = False
+    closed = False
+
+    def __init__(self, log: DistrustedLog) -> None:
+        self.log = log
+        self.waits = 0
+
+    async def wait(self, idle_s: float | None = None) -> bool:
+        self.waits += 1
+        if self.waits > 1:
+            self.closed = True
+            raise SubscriptionClosed("t", "moved")
+        self.log.untrusted = True
+        return True
+
+    def take(self) -> list[Read]:
+        return [Read(2, step(2))]
+
+    def reset(self) -> None:
+        pass
+
+
+async def test_a_live_task_stream_whose_task_became_untrusted_ends_with_seq_untrusted() -> None:
+    clock = Clock()
+    log = DistrustedLog(clock, t=[step(0), step(1)])
+    feed = DistrustingFeed(log)
+
+    class Fanout:
+        @contextlib.contextmanager
+        def subscribe(self, task_id: str, limit: int) -> Iterator[DistrustingFeed]:
+            yield feed
+
+    source = task_events(log, Tasks(t="working"), clock)
+    source.live = Fanout()
+    body = {"name": TASK_EVENT, "arguments": {"taskId": "t"}}
+    got = await frames(await methods(source).stream(call("events/stream", body)))
+    kinds = [m.get("method", "result").rsplit("/", 1)[-1] for m in got]
+    assert kinds == ["active", "terminated"]  # seq 2 is not handed under an untrusted count
+    error = got[-1]["params"]["error"]
+    assert error["code"] == -32602 and error["data"] == {"reason": "seq_untrusted", "taskId": "t"}

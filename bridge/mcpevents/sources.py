@@ -13,7 +13,9 @@ No JSON-RPC here: unknown or foreign tasks raise the task service's ``TaskNotFou
 arguments :class:`InvalidArguments`; :mod:`bridge.server.events` maps them to wire errors. When
 replicas divide the partitions and the task's partition moves to another replica while a push
 stream is open, the stream raises :class:`Moved`: it ends without its final result, so the
-client resumes with its cursor wherever the task is served now.
+client resumes with its cursor wherever the task is served now. A task that retention made
+untrusted (records of its partition deleted before they were counted) raises the reader's
+``SeqUntrusted``, in its history read and, checked after each wait, in its live phase.
 """
 
 from __future__ import annotations
@@ -108,7 +110,10 @@ class TaskLookup(Protocol):
 class TaskLog(Protocol):
     """A task's retained events by seq (:class:`~bridge.log.reader.Reader`)."""
 
-    async def head(self, task_id: str) -> int: ...
+    async def head(self, task_id: str) -> int:
+        """The task's next seq; :class:`~bridge.log.reader.SeqUntrusted` once retention
+        deleted records of its partition before they were counted."""
+        ...
 
     def read_batches(
         self, task_id: str, after: int | None = None
@@ -450,6 +455,7 @@ class TaskEvents:
                 woke = await sub.wait(max(tail.patience(), 0.0))
             except SubscriptionClosed:
                 return  # its partition moved: the caller says so
+            await self._trusted(task_id)
             if not woke:
                 yield tail.heartbeat()
                 continue
@@ -466,6 +472,15 @@ class TaskEvents:
                     return
             if tail.due():  # only events already sent came: still say where the stream is
                 yield tail.heartbeat()
+
+    async def _trusted(self, task_id: str) -> None:
+        """Raise :class:`~bridge.log.reader.SeqUntrusted` (as its history read would) once
+        retention made the task untrusted while its stream waited live: records of its
+        partition were deleted before they were counted, so the seqs of what follows are not
+        known (and its terminal status may be among them: the stream would never end). The
+        rule is the reader's: its ``head`` refuses an untrusted task (``NotOwner`` once the
+        partition moved, which the stream reports as :class:`Moved`)."""
+        await self.log.head(task_id)
 
 
 class _Tail:

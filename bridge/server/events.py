@@ -48,6 +48,7 @@ from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import Log
 from bridge.log.indexer import NotOwner
+from bridge.log.reader import SeqUntrusted
 from bridge.mcpevents import (
     BadCursor,
     EventSource,
@@ -108,6 +109,7 @@ from bridge.server.wire import (
     RpcError,
     events_notification,
     result_response,
+    seq_untrusted_error,
     tasks_capability,
 )
 from bridge.tasks.messages import iso_ms
@@ -460,7 +462,8 @@ class EventsMethods:
         params: EventsSubscriptionParams,
         items: AsyncIterator[StreamItem],
     ) -> AsyncIterator[dict[str, Any]]:
-        """The stream's messages; a failed read is reported and retried from the last cursor.
+        """The stream's messages; a failed read is reported and retried from the last cursor
+        (a task made untrusted ends the stream with ``seq_untrusted``: retrying cannot help).
         At each heartbeat, and every ``recheck_s`` while events keep the stream busy, the
         caller's access is checked again: when it is gone the stream ends with ``terminated``
         and the error a new subscription would get."""
@@ -481,6 +484,10 @@ class EventsMethods:
                 break
             except (Moved, NotOwner):
                 return  # the task's partition moved: no result, the client resumes at its owner
+            except SeqUntrusted as exc:  # retrying cannot help: tasks/stream's answer, at once
+                untrusted = seq_untrusted_error(exc.task_id, str(exc))
+                yield events_notification("terminated", sid, error=untrusted.error())
+                return
             except Exception as exc:  # the reads failed: say so, and try again from the cursor
                 failures += 1
                 error = RpcError(INTERNAL_ERROR, "UpstreamError", {"reason": type(exc).__name__})
