@@ -10,7 +10,7 @@ records mean.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from bridge.kafka.port import Log, LogRecord, TopicPart
 
@@ -23,13 +23,15 @@ POLL_S = 0.5
 async def read_to_end(
     log: Log,
     parts: Sequence[TopicPart],
-    on_record: Callable[[LogRecord], None],
+    on_record: Callable[[LogRecord], Awaitable[None] | None],
     *,
     role: str = "restore",
+    max_records: int | None = None,
 ) -> None:
     """Hand every committed record of ``parts``, from the log start to the current end (the
     cut taken first), to ``on_record``, in offset order within each partition; nothing written
-    after the cut."""
+    after the cut. An ``on_record`` that returns an awaitable is awaited before the next
+    record, so a restore holds at most one poll (``max_records``) beyond what it builds."""
     starts = await log.log_starts(parts)
     ends = await log.log_ends(parts)
     remaining = {p for p in parts if ends[p] > starts[p]}
@@ -38,12 +40,14 @@ async def read_to_end(
     async with log.tail(role) as tail:
         tail.assign({p: starts[p] for p in sorted(remaining)})
         while remaining:
-            polled = await tail.poll(POLL_S)
+            polled = await tail.poll(POLL_S, max_records)
             for part, records in polled.records.items():
                 for record in records:
                     # A poll may cross the cut: what was written after it is not handed on.
                     if record.offset < ends[part]:
-                        on_record(record)
+                        applied = on_record(record)
+                        if applied is not None:
+                            await applied
             done = {p for p, at in polled.positions.items() if p in remaining and at >= ends[p]}
             if done:
                 tail.pause(*done)  # read no further than the cut

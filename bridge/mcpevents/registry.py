@@ -6,8 +6,8 @@
 Where it sits: above the log port (:class:`~bridge.kafka.port.Log`, the broker's or the
 in-memory one, given by the composition), below the webhook service
 (:mod:`bridge.mcpevents.delivery`). Everything Kafka-shaped is the port's: the writes its
-idempotent producer, the view (restore and live) one port :class:`~bridge.kafka.port.Tail`,
-the delivery group a port group member.
+idempotent producer, the restore :func:`bridge.log.restore.read_to_end`, the live view a port
+:class:`~bridge.kafka.port.Tail`, the delivery group a port group member.
 
 * :class:`SubscriptionRegistry`: every replica reads the whole (small) topic from the beginning
   (the restore, up to the ends taken at start, applied poll by poll: the topic's uncompacted
@@ -56,12 +56,14 @@ from bridge.kafka.port import (
     GroupTail,
     Log,
     LogError,
+    LogRecord,
     OffsetOutOfRange,
     Polled,
     Producer,
     Tail,
     TopicPart,
 )
+from bridge.log.restore import read_to_end
 from bridge.mcpevents.subscriptions import (
     BadRecord,
     NotCanonical,
@@ -116,8 +118,6 @@ class SubscriptionRegistry(Component):
         self._positions: dict[int, int] = {}
         #: Why the view stopped, once it has: writers then wait no more.
         self._ended: str | None = None
-        #: The ends taken at start: the view is restored once it has applied up to them.
-        self._restore_ends: dict[int, int] | None = None
         #: The view's retry cadence after a failed poll or restart (tests shorten it).
         self.retry_s = RETRY_S
         self._progress = asyncio.Condition()
@@ -132,7 +132,6 @@ class SubscriptionRegistry(Component):
         self._producer = producer
         self._positions = {p: -1 for p in partitions}
         self._ended = None
-        self._restore_ends = None
         self._view = asyncio.create_task(
             self._run(self._log, partitions), name="webhook-subscriptions-view"
         )
@@ -208,14 +207,16 @@ class SubscriptionRegistry(Component):
         return [TopicPart(self.topic, p) for p in sorted(set(partitions))]
 
     async def _run(self, port: Log, partitions: list[int]) -> None:
-        """The view: the topic read from its start and applied as it is read (restored once
-        it reached the ends taken at start), then tailed on. A view that fails is restarted
-        from the positions it had applied (as the Events live tails are), so one broker
+        """The view: the topic restored up to its ends at start (the one compacted-topic
+        restore, applied record by record), then tailed on from there. A view that fails is
+        restarted from what it had applied (as the Events live tails are), so one broker
         hiccup does not leave writers answered "retry" for ever."""
         parts = self._parts(partitions)
         try:
             while True:
                 try:
+                    if not self.restored.is_set():
+                        await self._restore(port, parts)
                     await self._follow(port, parts)
                 except Exception as exc:  # the log failed: read on from what was applied
                     log.warning(
@@ -228,14 +229,27 @@ class SubscriptionRegistry(Component):
             async with self._progress:
                 self._progress.notify_all()
 
+    async def _restore(self, port: Log, parts: list[TopicPart]) -> None:
+        """Apply every record up to the ends taken now, in offset order within each partition,
+        as it is read: what is held is the table and one poll, never the topic's history (its
+        active segment is not compacted, and write-backs add a record each). A restore run
+        again after a failure skips what the first one applied."""
+        ends = await port.log_ends(parts)
+
+        async def apply(record: LogRecord) -> None:
+            if record.offset < self._positions.get(record.partition, -1):
+                return  # applied before the restart
+            await self._apply(record.partition, record.offset, record.key, record.value)
+            self._positions[record.partition] = record.offset + 1
+
+        await read_to_end(port, parts, apply, role="webhooks-view", max_records=VIEW_POLL_RECORDS)
+        await self._advance({part.partition: end for part, end in ends.items()})
+        self.restored.set()
+        held = self.table.in_partitions(part.partition for part in parts)
+        log.info("webhook subscriptions restored: %d", len(held))
+
     async def _follow(self, port: Log, parts: list[TopicPart]) -> None:
-        """Read ``parts`` on from the view's positions (their log start at first), applying
-        each poll as it comes: what is held is the table and one poll, never the topic's
-        history (its active segment is not compacted, and write-backs add a record each)."""
-        if self._restore_ends is None:
-            self._restore_ends = {
-                part.partition: end for part, end in (await port.log_ends(parts)).items()
-            }
+        """Tail ``parts`` on from the view's positions, applying each poll as it comes."""
         starts = await port.log_starts(parts)
         at = {part: max(self._positions.get(part.partition, -1), starts[part]) for part in parts}
         async with port.tail("webhooks-view") as tail:
@@ -264,19 +278,9 @@ class SubscriptionRegistry(Component):
                 log.warning("subscriptions topic: a poll failed (%s); polling again", exc.kind)
                 await asyncio.sleep(self.retry_s)  # the retry cadence, not synchronisation
 
-    def _check_restored(self) -> None:
-        """Set :attr:`restored` once the view applied everything the topic held at start."""
-        ends = self._restore_ends
-        if self.restored.is_set() or ends is None:
-            return
-        if all(self._positions.get(p, -1) >= end for p, end in ends.items()):
-            self.restored.set()
-            log.info("webhook subscriptions restored: %d", len(self.table.in_partitions(ends)))
-
     async def _advance(self, positions: Mapping[int, int]) -> None:
         async with self._progress:
             self._positions.update(positions)
-            self._check_restored()
             self._progress.notify_all()
 
     async def _apply(
