@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.config import load_settings, running_in_ci
+from bridge.config import load_settings
 from bridgedev.kafka import Broker, KafkaProviderError, provide_broker
 
 # =============================================================================================
@@ -55,9 +55,7 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         reason = f"no Kafka broker could be provided: {exc}"
     if broker is None:
         config.stash[_KAFKA_SUMMARY] = reason
-        if running_in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(reason)
     summary = (
         f"broker provider={broker.info.provider} bootstrap={broker.info.bootstrap_servers} "
         f"started in {time.monotonic() - started:.1f} s ({broker.info.detail})"
@@ -115,6 +113,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 from support.layout import create_topics, fresh_prefix, make_settings  # noqa: E402
 from support.procs import Bridge, bridge_env, free_port, running_bridge  # noqa: E402
+from support.unavailable import unavailable  # noqa: E402
 
 from bridge.config import Settings  # noqa: E402
 
@@ -206,10 +205,7 @@ def secure_kafka(request: pytest.FixtureRequest) -> Iterator[SecureBroker]:
             users=SECURE_KAFKA_USERS,
         )
     except KafkaProviderError as exc:
-        reason = f"no secured Kafka broker could be started: {exc}"
-        if running_in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(f"no secured Kafka broker could be started: {exc}")
     _kafka_say(
         config,
         f"secured broker bootstrap={broker.info.bootstrap_servers} (SASL_SSL, CA "
@@ -278,10 +274,7 @@ def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
             progress=lambda msg: _kafka_say(config, f"cluster: {msg}"),
         )
     except KafkaProviderError as exc:
-        reason = f"no three-broker Kafka cluster could be started: {exc}"
-        if running_in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(f"no three-broker Kafka cluster could be started: {exc}")
     try:
         answering = time.monotonic() - started
         asyncio.run(_create_rf3_probe_topic(cluster.bootstrap_servers))

@@ -17,9 +17,10 @@ from typing import TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
+from support.unavailable import unavailable
 from support.waits import wait_until_sync
 
-from bridge.config import Settings, load_settings, running_in_ci
+from bridge.config import Settings, load_settings
 from bridge.kafka.admin import kafka_admin
 from bridgedev.kafka import (
     Broker,
@@ -59,9 +60,7 @@ def _or_skip(call: Callable[[], T]) -> T:
     try:
         return call()
     except KafkaProviderError as exc:
-        if running_in_ci():
-            pytest.fail(f"local Kafka unavailable: {exc}", pytrace=False)
-        pytest.skip(f"local Kafka unavailable: {exc}")
+        unavailable(f"local Kafka unavailable: {exc}")
 
 
 def _pids_mentioning(text: str) -> list[int]:
@@ -384,8 +383,8 @@ def test_concurrent_fetch_redoes_a_partial_one(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(timeout=600)
     errors = [r for r in results if isinstance(r, BaseException)]
-    if errors and isinstance(errors[0], KafkaProviderError) and not running_in_ci():
-        pytest.skip(f"local Kafka unavailable: {errors[0]}")
+    if errors and isinstance(errors[0], KafkaProviderError):
+        unavailable(f"local Kafka unavailable: {errors[0]}")
     assert len(results) == 2 and not errors, results
     assert results[0] == results[1] == home / "libs"
     assert sum("fetching Kafka" in m for m in messages) == 1, messages

@@ -22,9 +22,9 @@ import pytest
 from support.layout import fresh_prefix, make_settings
 from support.mcp import cancel, long_task
 from support.procs import Bridge, running_bridge
+from support.unavailable import unavailable
 from support.waits import BOUND, wait_until
 
-from bridge.config import running_in_ci
 from bridge.log.publisher import TaskEventPublisher
 
 pytestmark = pytest.mark.kafka
@@ -39,10 +39,7 @@ HOSTILE = {
 def chromium_path() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        message = "Debian's chromium is not installed (make system-deps)"
-        if running_in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("Debian's chromium is not installed (run `make system-deps`)")
     return found
 
 

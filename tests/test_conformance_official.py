@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge
 from support.layout import fresh_prefix, make_settings
-
-from bridge.config import running_in_ci
+from support.unavailable import unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +75,9 @@ RUNS = [(s, ()) for s in TASKS + STATELESS_ONLY + BOTH_ERAS + LEGACY_ONLY] + [
 @pytest.fixture(scope="module")
 def suite() -> Path:
     if not (NODE.exists() and CLI.exists()):
-        reason = f"the conformance suite is not installed in {SUITE_DIR} (`make test` installs it)"
-        if running_in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(
+            f"the conformance suite is not installed in {SUITE_DIR} (`make test` installs it)"
+        )
     return CLI
 
 

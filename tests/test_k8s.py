@@ -44,8 +44,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+from support.unavailable import unavailable
 
-from bridge.config import Settings, load_settings, running_in_ci
+from bridge.config import Settings, load_settings
 from bridge.kafka.acls import (
     ROLES,
     Access,
@@ -90,10 +91,7 @@ KUBERNETES_VERSIONS: tuple[str, ...] = _load_schema_tool().KUBERNETES_VERSIONS
 
 
 def _missing(reason: str) -> None:
-    reason += " (run `make k8s-tools`)"
-    if running_in_ci():
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    unavailable(reason + " (run `make k8s-tools`)")
 
 
 @pytest.fixture(scope="session")

@@ -36,9 +36,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.layout import fresh_prefix, make_settings
 from support.mcp import StreamRead, call, cancel, create_task, read_stream, request, result
 from support.procs import free_port, running_bridge
+from support.unavailable import unavailable
 from support.waits import BOUND, wait_until, wait_until_sync
 
-from bridge.config import Settings, running_in_ci
+from bridge.config import Settings
 from bridge.events import EVENTS_GONE
 from bridge.kafka.admin import delete_records_before
 from bridge.kafka.clients import TopicPartition, idempotent_producer
@@ -145,10 +146,10 @@ def anchors(markdown: str) -> set[str]:
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        reason = f"{name} not found: install the Debian package `prometheus` (it has promtool)"
-        if running_in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(
+            f"{name} not found: install the Debian package `prometheus`, which has promtool "
+            "(run `make system-deps`)"
+        )
     return path
 
 
