@@ -660,20 +660,28 @@ async def test_a_commit_made_while_the_partitions_are_revoked_is_kept(
         assert await b.tail.committed(part) == 2
 
 
+async def commit_then_retention_passes_it(env: Env, group: Members) -> TopicPart:
+    """Ten records in the group's one partition, a member that commits offset 3 and leaves,
+    then retention moving the log start to 8: past the commit."""
+    part = TopicPart(group.topic, 0)
+    async with env.log.producer() as producer:
+        for i in range(10):
+            await producer.send(group.topic, b"%d" % i, partition=0)
+    first = await group.join()
+    await first.until(lambda: first.owned == {part})
+    await first.tail.commit({part: 3})
+    await group.close(first)
+    await env.log.delete_records_before(part, 8)
+    return part
+
+
 @pytest.mark.parametrize("reset", ["earliest", "latest"])
 async def test_a_member_whose_committed_offset_retention_passed_is_reset_without_an_error(
     env: Env, reset: Reset
 ) -> None:
     async with members(env, partitions=1) as group:
-        part = TopicPart(group.topic, 0)
+        part = await commit_then_retention_passes_it(env, group)
         async with env.log.producer() as producer:
-            for i in range(10):
-                await producer.send(group.topic, b"%d" % i, partition=0)
-            first = await group.join()
-            await first.until(lambda: first.owned == {part})
-            await first.tail.commit({part: 3})
-            await group.close(first)
-            await env.log.delete_records_before(part, 8)  # retention passes the commit
             later = await group.join(reset=reset)
             await later.until(lambda: later.owned == {part})
             assert await later.tail.committed(part) == 3
@@ -690,15 +698,7 @@ async def test_a_member_without_a_reset_policy_is_told_which_positions_retention
 ) -> None:
     # The indexer's way: it must know what retention deleted before it counted it.
     async with members(env, partitions=1) as group:
-        part = TopicPart(group.topic, 0)
-        async with env.log.producer() as producer:
-            for i in range(10):
-                await producer.send(group.topic, b"%d" % i, partition=0)
-        first = await group.join()
-        await first.until(lambda: first.owned == {part})
-        await first.tail.commit({part: 3})
-        await group.close(first)
-        await env.log.delete_records_before(part, 8)  # retention passes the commit
+        part = await commit_then_retention_passes_it(env, group)
         later = await group.join(reset="none")
         await later.until(lambda: bool(later.errors))
         gone = later.errors[0]

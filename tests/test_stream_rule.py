@@ -48,8 +48,12 @@ class FakeLog:
         self.terminal_offset: int | None = None
         self.listeners: list[Callable[[IndexedEvent], None]] = []
         self.chunks = chunks  # how many events the next history fetch returns
-        self.partitions = {0: SimpleNamespace(next_seq_of=lambda task_id: len(self.events))}
         self.trusted = True  # False once retention deleted records before they were counted
+        self.partitions = {
+            0: SimpleNamespace(
+                next_seq_of=lambda task_id: len(self.events), trusts=lambda task_id: self.trusted
+            )
+        }
 
     # the indexer's side
     def add_listener(self, listener: Callable[[IndexedEvent], None]) -> None:
@@ -152,6 +156,31 @@ def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
     assert delivered == list(range(first, terminal + 1))
 
 
+@dataclass
+class OpenStream:
+    """A tasks/stream of the one task from its start, consumed in a task of its own."""
+
+    hub: StreamHub
+    task: asyncio.Task[None]
+    delivered: list[int]
+    #: Set once the stream handed its first batch (it is live from then on, here).
+    first: asyncio.Event
+
+
+def open_stream(log: FakeLog, fanout: Fanout) -> OpenStream:
+    hub = StreamHub(CONFIG, log, log, fanout, StreamMetrics())  # type: ignore[arg-type]
+    ticket = hub.admit(Caller("p", "p", None), TASK, 1)
+    delivered: list[int] = []
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for batch in hub.events(ticket, None):
+            delivered.extend(seq for seq, _ in batch or [])
+            first.set()
+
+    return OpenStream(hub, asyncio.create_task(consume()), delivered, first)
+
+
 def test_a_drain_ends_the_streams_but_not_the_calls_waiting_on_the_same_task() -> None:
     """SIGTERM ends every stream at once; a direct call waiting for the task's status (the task
     service's subscription to the same fan-out) must keep waiting, not spin on a closed buffer."""
@@ -160,23 +189,13 @@ def test_a_drain_ends_the_streams_but_not_the_calls_waiting_on_the_same_task() -
 
     async def scenario() -> tuple[list[int], bool]:
         fanout = Fanout(log)  # type: ignore[arg-type]
-        hub = StreamHub(CONFIG, log, log, fanout, StreamMetrics())  # type: ignore[arg-type]
-        ticket = hub.admit(Caller("p", "p", None), TASK, 1)
-        delivered: list[int] = []
-        first = asyncio.Event()
-
-        async def consume() -> None:
-            async for batch in hub.events(ticket, None):
-                delivered.extend(seq for seq, _ in batch or [])
-                first.set()
-
         with fanout.subscribe(TASK, 16) as waiting_call:
-            stream = asyncio.create_task(consume())
+            stream = open_stream(log, fanout)
             async with asyncio.timeout(5):
-                await first.wait()
-                hub.drain()
-                await stream  # the stream ended, without its terminal event
-            return delivered, waiting_call.closed
+                await stream.first.wait()
+                stream.hub.drain()
+                await stream.task  # the stream ended, without its terminal event
+            return stream.delivered, waiting_call.closed
 
     delivered, call_closed = asyncio.run(scenario())
     assert delivered == [0] and not call_closed
@@ -190,26 +209,16 @@ def test_a_live_stream_whose_task_became_untrusted_ends_with_seq_untrusted() -> 
     log.append()
 
     async def scenario() -> tuple[list[int], BaseException | None]:
-        hub = StreamHub(CONFIG, log, log, Fanout(log), StreamMetrics())  # type: ignore[arg-type]
-        ticket = hub.admit(Caller("p", "p", None), TASK, 1)
-        delivered: list[int] = []
-        first = asyncio.Event()
-
-        async def consume() -> None:
-            async for batch in hub.events(ticket, None):
-                delivered.extend(seq for seq, _ in batch or [])
-                first.set()
-
-        stream = asyncio.create_task(consume())
+        stream = open_stream(log, Fanout(log))  # type: ignore[arg-type]
         async with asyncio.timeout(5):
-            await first.wait()  # live now, waiting for the next event
+            await stream.first.wait()  # live now, waiting for the next event
             log.trusted = False
             log.append()  # what it is woken by: never handed under an unknown seq
             try:
-                await stream
+                await stream.task
             except RpcError as exc:
-                return delivered, exc
-        return delivered, None
+                return stream.delivered, exc
+        return stream.delivered, None
 
     delivered, ended = asyncio.run(scenario())
     assert delivered == [0]

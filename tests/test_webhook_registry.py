@@ -11,8 +11,6 @@ on the broker stay in tests/test_webhook_subscriptions.py and tests/test_events_
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
 import json
 from collections import Counter
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 from support.inmemory import NO_BROKER, memory_log
 from support.layout import fresh_prefix, make_settings
+from support.subscriptions import NAME, SECRET, subscription
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
@@ -32,8 +31,6 @@ from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry, 
 from bridge.mcpevents.subscriptions import Subscription, secrets_context, subscription_id
 from bridge.sealing import KeyRing, Sealed, Sealer
 
-NAME = "io.mcpbridge.task.event"
-SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 KEYS = KeyRing("k1", {"k1": b"k" * 32})
 
 
@@ -45,21 +42,8 @@ def _settings(**upgrade: Any) -> Settings:
 def _sub(n: int, **changes: Any) -> Subscription:
     """Subscription ``n``, its id the one its fields make."""
     url = f"https://example.com/hooks/{n}"
-    sub = Subscription(
-        id=subscription_id("ann", url, NAME, {"taskId": "t"}),
-        name=NAME,
-        principal="ann",
-        arguments={"taskId": "t"},
-        url=url,
-        secrets=(SECRET,),
-        previous_until_ms=0,
-        expires_ms=10_000,
-        refreshed_ms=100,
-        cursor="c0",
-        floor_ms=None,
-        delivery_rev=0,
-    )
-    return dataclasses.replace(sub, **changes)
+    sub_id = subscription_id("ann", url, NAME, {"taskId": "t"})
+    return subscription(id=sub_id, url=url, **changes)
 
 
 async def _sealed(sub: Subscription) -> bytes:

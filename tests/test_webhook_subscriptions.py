@@ -29,6 +29,7 @@ from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge, memory_log
 from support.layout import create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge, webhook_keys_env
+from support.subscriptions import NAME, SECRET, subscription
 from support.topics import TopicRecord, replay_records, topic_records
 from support.waits import BOUND, wait_until
 
@@ -56,8 +57,6 @@ from bridge.server.events import EventsMethods, webhook_methods
 from bridge.server.handlers import Call
 from bridge.server.wire import JsonRpcRequest, RpcError
 
-NAME = "io.mcpbridge.task.event"
-SECRET = "whsec_" + base64.b64encode(b"s" * 32).decode()
 ROTATED = "whsec_" + base64.b64encode(b"r" * 32).decode()
 PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida", "jo", "kim", "lee")
 TOKENS = {f"tok-{name}": name for name in PRINCIPALS}
@@ -671,24 +670,6 @@ async def test_subscriptions_stored_by_8fd441c_keep_their_deliveries_and_are_sea
 # --- in-process: the rules ---------------------------------------------------------------------
 
 
-def _sub(**changes: Any) -> Subscription:
-    base = Subscription(
-        id="sub_1",
-        name=NAME,
-        principal="ann",
-        arguments={"taskId": "t"},
-        url="https://example.com/hooks/1",
-        secrets=(SECRET,),
-        previous_until_ms=0,
-        expires_ms=10_000,
-        refreshed_ms=100,
-        cursor="c0",
-        floor_ms=None,
-        delivery_rev=0,
-    )
-    return dataclasses.replace(base, **changes)
-
-
 def test_the_subscription_id_is_deterministic_over_principal_url_name_and_arguments() -> None:
     one = subscription_id("ann", "https://x/h", NAME, {"taskId": "t", "a": 1})
     assert one == subscription_id("ann", "https://x/h", NAME, {"a": 1, "taskId": "t"})
@@ -703,7 +684,7 @@ def test_the_subscription_id_is_deterministic_over_principal_url_name_and_argume
 
 
 async def test_a_record_round_trips_with_its_secrets_sealed_and_no_repr_shows_them() -> None:
-    sub = _sub(status=DeliveryStatus(last_delivery_ms=5, consecutive_failures=2))
+    sub = subscription(status=DeliveryStatus(last_delivery_ms=5, consecutive_failures=2))
     sealer = Sealer(KeyRing("k1", {"k1": b"k" * 32}))
     sealed = await sealer.seal(sub.secrets_plaintext(), secrets_context(sub.id))
     value = sub.to_record(sealed)
@@ -717,7 +698,7 @@ async def test_a_record_round_trips_with_its_secrets_sealed_and_no_repr_shows_th
 
 
 def test_a_record_of_8fd441c_with_its_secrets_in_clear_is_still_read() -> None:
-    sub = _sub()
+    sub = subscription()
     body = json.loads(sub.to_record({}))
     value = json.dumps({**body, "v": 1, "secrets": [SECRET]}).encode()
     stored = parse_record(value)
@@ -732,7 +713,7 @@ def _registry(**upgrade: Any) -> SubscriptionRegistry:
 
 def _bound_sub(**changes: Any) -> Subscription:
     """A subscription whose id is the one its fields make."""
-    sub = _sub(**changes)
+    sub = subscription(**changes)
     return dataclasses.replace(
         sub, id=subscription_id(sub.principal, sub.url, sub.name, sub.arguments)
     )
@@ -777,7 +758,7 @@ def test_ttl_grants_clamp_the_suggestion_and_never_grant_no_expiry() -> None:
 
 
 def test_a_refresh_and_a_write_back_merge_the_same_way_in_either_order() -> None:
-    stored = _sub()
+    stored = subscription()
     refresh = stored.refreshed(ROTATED, 20_000, now_ms=200, grace_ms=50)
     written = stored.delivered("c1", DeliveryStatus(last_delivery_ms=150))
     for first, second in ((refresh, written), (written, refresh)):
@@ -788,23 +769,23 @@ def test_a_refresh_and_a_write_back_merge_the_same_way_in_either_order() -> None
 
 def test_a_write_back_after_the_tombstone_does_not_bring_the_subscription_back() -> None:
     table = SubscriptionTable()
-    stored = _sub()
+    stored = subscription()
     table.apply(0, "sub_1", stored)
     table.apply(0, "sub_1", None)
     late = stored.delivered("c9", DeliveryStatus())
     assert table.apply(0, "sub_1", late) is False and table.get("sub_1") is None
-    again = _sub(refreshed_ms=table.deleted_rev("sub_1") + 1)
+    again = subscription(refreshed_ms=table.deleted_rev("sub_1") + 1)
     assert table.apply(0, "sub_1", again) and table.get("sub_1") == again
 
 
 def test_the_old_secret_signs_only_during_the_rotation_grace_window() -> None:
-    rotated = _sub().refreshed(ROTATED, 20_000, now_ms=200, grace_ms=50)
+    rotated = subscription().refreshed(ROTATED, 20_000, now_ms=200, grace_ms=50)
     assert rotated.signing_secrets(249) == [ROTATED, SECRET]
     assert rotated.signing_secrets(250) == [ROTATED]
 
 
 def test_a_suspended_subscription_is_active_again_after_a_refresh() -> None:
-    suspended = _sub(status=DeliveryStatus().suspended(150))
+    suspended = subscription(status=DeliveryStatus().suspended(150))
     assert not suspended.active
     assert suspended.refreshed(SECRET, 20_000, now_ms=200, grace_ms=0).active
 
@@ -858,8 +839,10 @@ def test_verified_and_count_live_look_at_the_principal_s_own_subscriptions_only(
     # Review F13: each subscribe scanned every subscription of the replica.
     table = SubscriptionTable()
     for i in range(1000):
-        table.apply(0, f"sub_o{i}", _sub(id=f"sub_o{i}", principal=CountedName(f"other{i}")))
-    table.apply(0, "sub_1", _sub())
+        table.apply(
+            0, f"sub_o{i}", subscription(id=f"sub_o{i}", principal=CountedName(f"other{i}"))
+        )
+    table.apply(0, "sub_1", subscription())
     CountedName.compared = 0
     assert table.verified("ann", "https://example.com/hooks/1", now_ms=0)
     assert table.count_live("ann", now_ms=0) == 1
@@ -870,12 +853,12 @@ def test_the_indexes_follow_every_add_refresh_expiry_and_tombstone() -> None:
     table = SubscriptionTable()
     url = "https://example.com/hooks/1"
     assert not table.verified("ann", url, 0) and table.count_live("ann", 0) == 0
-    table.apply(0, "sub_1", _sub())
-    table.apply(1, "sub_2", _sub(id="sub_2", url="https://example.com/hooks/2"))
+    table.apply(0, "sub_1", subscription())
+    table.apply(1, "sub_2", subscription(id="sub_2", url="https://example.com/hooks/2"))
     assert table.verified("ann", url, 0) and table.count_live("ann", 0) == 2
     assert not table.verified("ben", url, 0)
     assert not table.verified("ann", url, 10_000) and table.count_live("ann", 10_000) == 0
-    table.apply(0, "sub_1", _sub(expires_ms=20_000, refreshed_ms=200))  # a refresh
+    table.apply(0, "sub_1", subscription(expires_ms=20_000, refreshed_ms=200))  # a refresh
     assert table.verified("ann", url, 10_000) and table.count_live("ann", 10_000) == 1
     table.apply(0, "sub_1", None)
     assert not table.verified("ann", url, 0) and table.count_live("ann", 0) == 1

@@ -40,8 +40,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
+from bridge.component import Component
+
 __all__ = [
     "Assignor",
+    "Client",
     "Closable",
     "Fetched",
     "GroupListener",
@@ -183,30 +186,37 @@ class UnknownTopic(LogError):
     """The topic does not exist."""
 
 
-class Closable:
-    """An async context manager over ``start`` and ``close``: the base of every client of a
-    log (each implementation overrides what it has to connect and release)."""
-
-    async def start(self) -> None:
-        """Connect; nothing by default."""
+class Closable(Component):
+    """The base of every client of a log: an async context manager over ``start`` and
+    ``close`` (the port's name for a component's ``stop``; each implementation overrides what it
+    has to connect and release)."""
 
     async def close(self) -> None:
         """Release everything; nothing by default."""
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
+    async def stop(self) -> None:
+        await self.close()
+
+
+class Client(Protocol):
+    """What every reader and writer of the port is: started, closed, and an async context
+    manager over the two (:class:`Closable` implements it)."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
 
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    ) -> None: ...
 
 
-class Tail(Protocol):
+class Tail(Client, Protocol):
     """A live reader of a set of partitions (read_committed), each at its own position.
 
     Start it (``await tail.start()`` or ``async with``) before assigning partitions.
@@ -236,15 +246,6 @@ class Tail(Protocol):
 
     async def close(self) -> None:
         """Release the reader (a dynamic group member leaves its group); idempotent."""
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
 
 
 class GroupListener(Protocol):
@@ -287,21 +288,8 @@ class GroupTail(Tail, Protocol):
         """The group's committed offset of ``part``, or None."""
 
 
-class Producer(Protocol):
+class Producer(Client, Protocol):
     """An idempotent, acks=all producer."""
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
 
     async def send(
         self,
@@ -317,22 +305,11 @@ class Producer(Protocol):
         as the Java client's default partitioner does, when ``partition`` is None)."""
 
 
-class TransactionalWriter(Protocol):
+class TransactionalWriter(Client, Protocol):
     """A fenced transactional producer: starting one fences every older one of its id."""
 
     async def start(self) -> None:
         """Register the id: older writers are fenced and their open transaction aborted."""
-
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
 
     def transaction(self) -> TransactionScope:
         """``async with writer.transaction():`` commits on exit, aborts on an exception."""

@@ -316,6 +316,12 @@ class PartitionIndex:
         self._poll.append(0)
         return row
 
+    def trusts(self, task_id: str) -> bool:
+        """False once retention made the task untrusted (its flag only: no snapshot); True
+        for a task not indexed here."""
+        row = self.rows.get(task_id)
+        return row is None or not self._flags[row] & FLAG_UNTRUSTED
+
     def get(self, task_id: str) -> TaskEntry | None:
         """A snapshot of the task's entry, or None."""
         row = self.rows.get(task_id)

@@ -389,7 +389,7 @@ class StreamHub:
                     woke = await sub.wait(keepalive)
                 except SubscriptionClosed:
                     return  # moved (the ticket says so), drained or cancelled
-                self._refuse_untrusted(task_id)
+                self._refuse_untrusted(task_id, partition)
                 if not woke:
                     yield None  # idle: keep-alive
                     continue
@@ -407,15 +407,14 @@ class StreamHub:
                 if step is Step.GAP:
                     break  # something is missing from the buffer: re-read from Kafka
 
-    def _refuse_untrusted(self, task_id: str) -> None:
+    def _refuse_untrusted(self, task_id: str, partition: int) -> None:
         """End a live stream whose task retention made untrusted while it waited: records of
         its partition were deleted before they were counted, so the seqs of what follows are
-        not known (and its terminal status may be among them: the stream would never end)."""
-        try:
-            found = self.indexer.lookup(task_id)
-        except NotOwner:
-            return  # moved: the subscription's closure ends the stream
-        if found is not None and not found[1].trusted:
+        not known (and its terminal status may be among them: the stream would never end).
+        Per wake-up, so one flag is read (no hash of the id, no snapshot of the entry); a
+        partition no longer owned is the subscription's closure to report."""
+        idx = self.indexer.partitions.get(partition)
+        if idx is not None and not idx.trusts(task_id):
             raise seq_untrusted_error(task_id, str(SeqUntrusted(task_id)))
 
     def _delivered(

@@ -8,14 +8,14 @@ value and headers (base64), then replayed into a fresh topic in their partitions
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from bridge.config import Settings
-from bridge.kafka.clients import TopicPartition, committed_consumer, idempotent_producer
+from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import Log, LogRecord, TopicPart
-from bridge.kafka.topics import topic_partition_ids
 from bridge.log.restore import read_to_end
 
 __all__ = ["TopicRecord", "replay_records", "topic_records"]
@@ -66,26 +66,21 @@ async def topic_records(
     """Every record of ``topic`` (the subscriptions topic by default) up to its current end,
     in partition then offset order; from ``log`` when given (else the broker of ``settings``)."""
     name = topic or settings.topics.subscriptions
+    async with _on(settings, log) as port:
+        return await _port_records(port, name)
+
+
+@contextlib.asynccontextmanager
+async def _on(settings: Settings, log: Log | None) -> AsyncIterator[Log]:
+    """``log``, or a Kafka log on the broker of ``settings`` for the block's length."""
     if log is not None:
-        return await _port_records(log, name)
-    partitions = [TopicPartition(name, p) for p in await topic_partition_ids(settings, name)]
-    consumer = committed_consumer(settings, auto_offset_reset="earliest")
-    await consumer.start()
+        yield log
+        return
+    kafka = KafkaLog(settings, pool_size=1, role="test")
     try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        records: list[TopicRecord] = []
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for tp, batch in batches.items():
-                records.extend(
-                    TopicRecord(tp.partition, r.offset, r.key, r.value, tuple(r.headers))
-                    for r in batch
-                )
-        return sorted(records, key=lambda r: (r.partition, r.offset))
+        yield kafka
     finally:
-        await consumer.stop()
+        await kafka.close()
 
 
 async def _port_records(log: Log, topic: str) -> list[TopicRecord]:
@@ -104,31 +99,12 @@ async def replay_records(
 ) -> None:
     """Write ``records`` to ``topic`` in their own partitions, in the given order; to ``log``
     when given (else the broker of ``settings``)."""
-    if log is not None:
-        writer = log.producer()
-        await writer.start()
-        try:
-            for record in records:
-                await writer.send(
-                    topic,
-                    record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=record.headers,
-                )
-        finally:
-            await writer.close()
-        return
-    producer = idempotent_producer(settings)
-    await producer.start()
-    try:
+    async with _on(settings, log) as port, port.producer() as writer:
         for record in records:
-            await producer.send_and_wait(
+            await writer.send(
                 topic,
                 record.value,
                 key=record.key,
                 partition=record.partition,
-                headers=list(record.headers),
+                headers=record.headers,
             )
-    finally:
-        await producer.stop()
