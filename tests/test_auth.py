@@ -162,7 +162,7 @@ def kafka_bearer(
     root = tmp_path_factory.mktemp("auth-bearer-kafka")
     settings = make_settings(kafka_bootstrap, fresh_prefix("a"))
     with running_bearer_bridge(
-        settings, root, TOKENS, BRIDGE_MAX_ACTIVE_TASKS_PER_PRINCIPAL=str(TASK_LIMIT)
+        settings, root, TOKENS, BRIDGE_TASKS__MAX_ACTIVE_PER_PRINCIPAL=str(TASK_LIMIT)
     ) as running:
         yield running
 

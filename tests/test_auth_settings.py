@@ -211,7 +211,7 @@ def test_bridge_serve_refuses_before_it_reaches_kafka(
     for name in ("BRIDGE_AUTH__MODE", "BRIDGE_AUTH__ALLOW_UNAUTHENTICATED", "BRIDGE_CONFIG_FILE"):
         monkeypatch.delenv(name, raising=False)
     # An address nothing listens on: reaching Kafka would fail differently (and slowly).
-    monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
     assert main(["serve", "--host", "0.0.0.0"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1

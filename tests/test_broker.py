@@ -344,7 +344,7 @@ def test_jars_are_fetched_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     settings = _local_settings()
     libs = _or_skip(lambda: ensure_kafka_jars(settings, progress=lambda _: None))
     jars = {p.name for p in libs.glob("*.jar")}
-    assert f"kafka_2.13-{settings.local_kafka.version}.jar" in jars
+    assert f"kafka_2.13-{settings.kafka.local.version}.jar" in jars
     assert any(j.startswith("log4j-slf4j") for j in jars)  # the slf4j binding Kafka lacks
     # cached: no Maven needed any more
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -363,7 +363,7 @@ def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.slow
 def test_concurrent_fetch_redoes_a_partial_one(tmp_path: Path) -> None:
     settings = _local_settings(cache_dir=tmp_path / "cache")
-    home = tmp_path / "cache" / f"kafka-{settings.local_kafka.version}"
+    home = tmp_path / "cache" / f"kafka-{settings.kafka.local.version}"
     # what a crashed fetch leaves: jars without the completion marker
     (home / "libs").mkdir(parents=True)
     (home / "libs" / "junk.jar").write_text("not a jar")
@@ -391,5 +391,5 @@ def test_concurrent_fetch_redoes_a_partial_one(tmp_path: Path) -> None:
     assert not (home / "libs" / "junk.jar").exists()
     assert not (home / "libs.partial").exists()
     assert (
-        json.loads((home / "complete.json").read_text())["version"] == settings.local_kafka.version
+        json.loads((home / "complete.json").read_text())["version"] == settings.kafka.local.version
     )

@@ -82,7 +82,7 @@ async def partition_labels(served: Served) -> set[str]:
 
 def test_the_canary_is_off_by_default(kafka_bootstrap: str) -> None:
     settings = make_settings(kafka_bootstrap, fresh_prefix("c"))
-    assert settings.canary_interval_s == 0
+    assert settings.canary.interval_s == 0
 
 
 def test_a_probe_outcome_counts_a_probe_and_either_a_latency_or_a_loss() -> None:

@@ -60,7 +60,7 @@ TTL_MS = 40_000
 
 
 def updated(settings: Settings) -> str:
-    return f"{settings.event_type_prefix}.task.updated"
+    return f"{settings.tasks.event_type_prefix}.task.updated"
 
 
 def orders(settings: Settings) -> str:
@@ -116,7 +116,7 @@ def test_the_chatgpt_profile_refuses_a_challenge_deadline_that_leaves_no_time_to
     ("changed", "named"),
     [
         ({"auth": {"mode": "none"}}, "BRIDGE_AUTH__MODE"),
-        ({"webhook_keys": {}}, "BRIDGE_WEBHOOK_KEYS__FILE"),
+        ({"webhook_keys": {}}, "BRIDGE_WEBHOOKS__KEYS__FILE"),
     ],
     ids=["auth-none", "no-webhook-key"],
 )
@@ -717,13 +717,13 @@ def gbridge(
         root,
         TOKENS,
         BRIDGE_EVENTS__PROFILE="chatgpt",
-        BRIDGE_EVENT_SOURCES=json.dumps([orders_source(settings)]),
-        BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
-        BRIDGE_WEBHOOK_CA_FILE=str(ca_file),
-        BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
-        BRIDGE_WEBHOOK_TIMEOUT_S="2",
-        BRIDGE_WEBHOOK_TTL_MIN_MS="1000",
-        BRIDGE_WEBHOOK_TTL_DEFAULT_MS=str(TTL_MS),
+        BRIDGE_EVENTS__SOURCES=json.dumps([orders_source(settings)]),
+        BRIDGE_WEBHOOKS__ALLOWLIST='["127.0.0.1/32"]',
+        BRIDGE_WEBHOOKS__CA_FILE=str(ca_file),
+        BRIDGE_WEBHOOKS__POLL_INTERVAL_S="0.2",
+        BRIDGE_WEBHOOKS__TIMEOUT_S="2",
+        BRIDGE_WEBHOOKS__TTL_MIN_MS="1000",
+        BRIDGE_WEBHOOKS__TTL_DEFAULT_MS=str(TTL_MS),
     ) as running:
         yield running
 

@@ -14,13 +14,13 @@ from bridge.config import load_settings
 
 def test_defaults_describe_the_design_topic_layout(monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    monkeypatch.delenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", raising=False)
     settings = load_settings()
     assert settings.topics.events == "mcpbridge.task-events"
     assert settings.topics.index == "mcpbridge.task-index"
     assert settings.topics.control == "mcpbridge.task-control"
     assert settings.topics.jobs("greet") == "mcpbridge.jobs.greet"
-    assert settings.kafka_bootstrap_servers is None
+    assert settings.kafka.bootstrap_servers is None
 
 
 def test_environment_beats_the_file_and_the_file_beats_defaults(tmp_path, monkeypatch):
@@ -29,21 +29,21 @@ def test_environment_beats_the_file_and_the_file_beats_defaults(tmp_path, monkey
         'http_port = 9001\nlog_level = "DEBUG"\n[topics]\nprefix = "fromfile"\npartitions = 4\n'
     )
     monkeypatch.setenv("BRIDGE_CONFIG_FILE", str(config))
-    monkeypatch.setenv("BRIDGE_HTTP_PORT", "9002")
+    monkeypatch.setenv("BRIDGE_SERVER__PORT", "9002")
     monkeypatch.setenv("BRIDGE_TOPICS__PARTITIONS", "8")
     settings = load_settings()
-    assert settings.http_port == 9002
+    assert settings.server.port == 9002
     assert settings.log_level == "DEBUG"
     assert settings.topics.prefix == "fromfile"
     assert settings.topics.partitions == 8
 
 
 def test_plain_kafka_bootstrap_servers_is_honoured_unless_the_bridge_variable_is_set(monkeypatch):
-    monkeypatch.delenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "plain:9092")
-    assert load_settings().kafka_bootstrap_servers == "plain:9092"
-    monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", "bridge:9092")
-    assert load_settings().kafka_bootstrap_servers == "bridge:9092"
+    assert load_settings().kafka.bootstrap_servers == "plain:9092"
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "bridge:9092")
+    assert load_settings().kafka.bootstrap_servers == "bridge:9092"
 
 
 def test_missing_or_broken_files_and_bad_values_are_clear_errors(tmp_path):
@@ -75,9 +75,9 @@ def test_the_event_type_prefix_must_be_reverse_dns_under_a_real_tld_or_an_accept
 
 
 def test_accepted_event_prefixes_come_from_the_environment_and_must_be_dns_labels(monkeypatch):
-    monkeypatch.setenv("BRIDGE_ACCEPTED_EVENT_PREFIXES", '["acme.internal", "corp"]')
+    monkeypatch.setenv("BRIDGE_TASKS__ACCEPTED_EVENT_PREFIXES", '["acme.internal", "corp"]')
     settings = load_settings()
-    assert settings.accepted_event_prefixes == ["acme.internal", "corp"]
+    assert settings.tasks.accepted_event_prefixes == ["acme.internal", "corp"]
     assert settings.type_rule.is_prefixed("corp.build.finished")
     assert not settings.type_rule.is_prefixed("tool.call.started")
     with pytest.raises(ValidationError, match="DNS labels"):
@@ -110,17 +110,17 @@ def test_kafka_security_settings_come_from_nested_environment_variables(
     ca_file.write_text("pem")
     password_file = tmp_path / "password"
     password_file.write_text(SECRET + "\n")
-    monkeypatch.setenv("BRIDGE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
-    monkeypatch.setenv("BRIDGE_KAFKA_TLS__CA_FILE", str(ca_file))
-    monkeypatch.setenv("BRIDGE_KAFKA_TLS__CHECK_HOSTNAME", "false")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__MECHANISM", "SCRAM-SHA-512")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__USERNAME", "bridge")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD_FILE", str(password_file))
+    monkeypatch.setenv("BRIDGE_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BRIDGE_KAFKA__TLS__CA_FILE", str(ca_file))
+    monkeypatch.setenv("BRIDGE_KAFKA__TLS__CHECK_HOSTNAME", "false")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__USERNAME", "bridge")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD_FILE", str(password_file))
     settings = load_settings()
-    assert settings.kafka_tls.ca_file == ca_file
-    assert settings.kafka_tls.check_hostname is False
-    assert settings.kafka_sasl.mechanism == "SCRAM-SHA-512"
-    assert settings.kafka_sasl.password_value() == SECRET  # the file's newline is not in it
+    assert settings.kafka.tls.ca_file == ca_file
+    assert settings.kafka.tls.check_hostname is False
+    assert settings.kafka.sasl.mechanism == "SCRAM-SHA-512"
+    assert settings.kafka.sasl.password_value() == SECRET  # the file's newline is not in it
 
 
 def test_the_environment_overrides_one_security_setting_and_the_file_keeps_the_others(
@@ -131,11 +131,11 @@ def test_the_environment_overrides_one_security_setting_and_the_file_keeps_the_o
         'kafka_security_protocol = "SASL_SSL"\n'
         '[kafka_sasl]\nmechanism = "PLAIN"\nusername = "from-file"\npassword = "file-secret"\n'
     )
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__USERNAME", "from-env")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__USERNAME", "from-env")
     settings = load_settings(config)
-    assert settings.kafka_sasl.username == "from-env"
-    assert settings.kafka_sasl.mechanism == "PLAIN"
-    assert settings.kafka_sasl.password_value() == "file-secret"
+    assert settings.kafka.sasl.username == "from-env"
+    assert settings.kafka.sasl.mechanism == "PLAIN"
+    assert settings.kafka.sasl.password_value() == "file-secret"
 
 
 def test_a_secret_file_wins_over_the_inline_secret_and_is_read_each_time(
@@ -143,8 +143,8 @@ def test_a_secret_file_wins_over_the_inline_secret_and_is_read_each_time(
 ):
     password_file = tmp_path / "password"
     password_file.write_text("from-file")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD", "inline")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD_FILE", str(password_file))
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD", "inline")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD_FILE", str(password_file))
     sasl = load_settings(
         kafka_security_protocol="SASL_SSL", kafka_sasl={"mechanism": "PLAIN", "username": "u"}
     ).kafka_sasl
@@ -160,13 +160,13 @@ def _sasl(**values):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"kafka_security_protocol": "SASL_SSL"}, "SASL_SSL needs BRIDGE_KAFKA_SASL__MECHANISM"),
-        (_sasl(mechanism="SCRAM-SHA-256", password=SECRET), "needs BRIDGE_KAFKA_SASL__USERNAME"),
-        (_sasl(mechanism="PLAIN", username="u"), "needs BRIDGE_KAFKA_SASL__PASSWORD"),
+        ({"kafka_security_protocol": "SASL_SSL"}, "SASL_SSL needs BRIDGE_KAFKA__SASL__MECHANISM"),
+        (_sasl(mechanism="SCRAM-SHA-256", password=SECRET), "needs BRIDGE_KAFKA__SASL__USERNAME"),
+        (_sasl(mechanism="PLAIN", username="u"), "needs BRIDGE_KAFKA__SASL__PASSWORD"),
         (_sasl(mechanism="OAUTHBEARER"), "needs a token"),
         (
             _sasl(mechanism="OAUTHBEARER", oauth_token_endpoint="https://idp/token"),
-            "needs BRIDGE_KAFKA_SASL__OAUTH_CLIENT_ID and BRIDGE_KAFKA_SASL__OAUTH_CLIENT_SECRET",
+            "needs BRIDGE_KAFKA__SASL__OAUTH_CLIENT_ID and BRIDGE_KAFKA__SASL__OAUTH_CLIENT_SECRET",
         ),
         (
             _sasl(mechanism="PLAIN", username="u", password=SECRET)
@@ -218,25 +218,25 @@ def test_no_secret_shows_in_the_settings_or_in_a_validation_error(no_bridge_env)
 
 
 def test_an_empty_security_variable_means_unset(monkeypatch, no_bridge_env):
-    monkeypatch.setenv("BRIDGE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__MECHANISM", "PLAIN")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__USERNAME", "u")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD", SECRET)
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD_FILE", "")  # a manifest listing every key
-    monkeypatch.setenv("BRIDGE_KAFKA_TLS__CA_FILE", "")
+    monkeypatch.setenv("BRIDGE_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__MECHANISM", "PLAIN")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__USERNAME", "u")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD", SECRET)
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD_FILE", "")  # a manifest listing every key
+    monkeypatch.setenv("BRIDGE_KAFKA__TLS__CA_FILE", "")
     settings = load_settings()
-    assert settings.kafka_sasl.password_file is None and settings.kafka_tls.ca_file is None
-    assert settings.kafka_sasl.password_value() == SECRET
+    assert settings.kafka.sasl.password_file is None and settings.kafka.tls.ca_file is None
+    assert settings.kafka.sasl.password_value() == SECRET
 
 
 def test_the_server_loop_and_http_parser_are_chosen_by_name_and_default_to_asyncio_and_httptools(
     monkeypatch,
 ):
-    assert (load_settings().server_loop, load_settings().server_http) == ("asyncio", "httptools")
-    monkeypatch.setenv("BRIDGE_SERVER_LOOP", "asyncio")
-    monkeypatch.setenv("BRIDGE_SERVER_HTTP", "h11")
+    assert (load_settings().server.loop, load_settings().server.http) == ("asyncio", "httptools")
+    monkeypatch.setenv("BRIDGE_SERVER__LOOP", "asyncio")
+    monkeypatch.setenv("BRIDGE_SERVER__HTTP", "h11")
     settings = load_settings()
-    assert (settings.server_loop, settings.server_http) == ("asyncio", "h11")
+    assert (settings.server.loop, settings.server.http) == ("asyncio", "h11")
     for name, bad in (("server_loop", "trio"), ("server_http", "h2")):
         with pytest.raises(ValidationError, match=name):
             load_settings(**{name: bad})

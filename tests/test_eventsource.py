@@ -196,9 +196,9 @@ def kafka_vbridge(
     access log)."""
     settings = make_settings(kafka_bootstrap, fresh_prefix("v"))
     env = {
-        "BRIDGE_VIEW_TOKEN_SECRET": VIEW_SECRET,
-        "BRIDGE_STREAM_KEEPALIVE_S": "0.5",
-        "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(LIMIT),
+        "BRIDGE_VIEW__TOKEN_SECRET": VIEW_SECRET,
+        "BRIDGE_STREAMS__KEEPALIVE_S": "0.5",
+        "BRIDGE_STREAMS__MAX_PER_PRINCIPAL": str(LIMIT),
     }
     root = tmp_path_factory.mktemp("vbridge-kafka")
     with running_bearer_bridge(settings, root, TOKENS, **env) as running:
@@ -584,10 +584,10 @@ async def test_with_replicas_any_replica_serves_any_tasks_view(kafka_bootstrap, 
             env = bridge_env(
                 settings,
                 **peer_env(i, peer_port),
-                BRIDGE_OWNERSHIP="group",
-                BRIDGE_INSTANCE_ID=f"view-replica-{i}",
-                BRIDGE_PEER_SECRET=secret,
-                BRIDGE_OWNER_WAIT_S="20",
+                BRIDGE_REPLICAS__OWNERSHIP="group",
+                BRIDGE_REPLICAS__INSTANCE_ID=f"view-replica-{i}",
+                BRIDGE_PEERS__SECRET=secret,
+                BRIDGE_REPLICAS__OWNER_WAIT_S="20",
             )
             args = ["serve", "--port", str(port)]
             replicas.append((port, Proc(f"r{i}", args, env, tmp_path / f"r{i}.log").start()))

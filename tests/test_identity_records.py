@@ -33,7 +33,7 @@ pytestmark = pytest.mark.kafka
 
 async def append_raw(settings: Settings, task_id: str, records: list[dict[str, Any]]) -> int:
     """Append JSON records as a pipeline with plain WRITE would; the last one's offset."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for record in records:
@@ -64,7 +64,7 @@ async def test_a_forged_task_created_is_no_task_of_the_victim_and_takes_none_of_
     async with bridge_side(settings) as side:
         fake = new_task_id()
         offset = await append_raw(
-            settings, fake, [forged_created(settings.event_type_prefix, "alice")]
+            settings, fake, [forged_created(settings.tasks.event_type_prefix, "alice")]
         )
         async with asyncio.timeout(BOUND):
             await side.indexer.wait_indexed(side.indexer.partition_of(fake), offset)

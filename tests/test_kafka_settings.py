@@ -96,7 +96,7 @@ def test_a_password_file_wins_and_is_read_again_for_each_client(tmp_path: Path) 
     written(secret_file, "rotated")  # a Kubernetes Secret updated in place
     assert client_security_options(settings)["sasl_plain_password"] == "rotated"
     secret_file.unlink()
-    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA_SASL__PASSWORD_FILE"):
+    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA__SASL__PASSWORD_FILE"):
         client_security_options(settings)
 
 
@@ -186,13 +186,13 @@ def test_an_encrypted_client_key_loads_with_its_password_and_a_wrong_one_is_one_
         settings = tls_settings(**files, **wrong)  # type: ignore[arg-type]
         with pytest.raises(KafkaSecurityError) as refused:
             client_security_options(settings)
-        assert "BRIDGE_KAFKA_TLS__KEY_PASSWORD" in str(refused.value)
+        assert "BRIDGE_KAFKA__TLS__KEY_PASSWORD" in str(refused.value)
         assert str(files["key_file"]) in str(refused.value)
 
 
 def test_a_ca_file_that_is_not_pem_is_one_clear_error(tmp_path: Path) -> None:
     settings = tls_settings(written(tmp_path / "ca.pem", "not a certificate"))
-    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA_TLS__CA_FILE must hold PEM"):
+    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA__TLS__CA_FILE must hold PEM"):
         client_security_options(settings)
 
 
@@ -255,7 +255,7 @@ async def test_a_broker_certificate_from_another_ca_is_one_line_naming_the_ca_se
 ) -> None:
     other = pem(tmp_path, "other-ca.pem", trustme.CA().cert_pem.bytes())
     line = await refusal(secured(tls_server, other))
-    assert "is not trusted" in line and "BRIDGE_KAFKA_TLS__CA_FILE" in line and str(other) in line
+    assert "is not trusted" in line and "BRIDGE_KAFKA__TLS__CA_FILE" in line and str(other) in line
     line = await refusal(secured(tls_server, None))
     assert "is not trusted" in line and "the system's CAs" in line
 
@@ -272,7 +272,7 @@ async def test_an_address_the_certificate_does_not_name_is_one_line_naming_the_s
 ) -> None:
     line = await refusal(secured(tls_server, tls_server.ca_file))
     assert "does not name the host" in line
-    assert "BRIDGE_KAFKA_BOOTSTRAP_SERVERS" in line and "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME" in line
+    assert "BRIDGE_KAFKA__BOOTSTRAP_SERVERS" in line and "BRIDGE_KAFKA__TLS__CHECK_HOSTNAME" in line
 
 
 @pytest.mark.parametrize("tls_server", [LOCALHOST_ONLY], indirect=True)
@@ -295,14 +295,14 @@ def test_the_cli_preflight_reports_a_refused_handshake_as_one_kafka_unavailable_
 def test_unusable_settings_are_one_line_naming_the_command_and_the_setting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("BRIDGE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__MECHANISM", "PLAIN")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD", SECRET)
+    monkeypatch.setenv("BRIDGE_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__MECHANISM", "PLAIN")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD", SECRET)
     assert main(["topics", "create"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line == (
-        "bridge topics create: bad settings: kafka_sasl: BRIDGE_KAFKA_SASL__MECHANISM=PLAIN "
-        "needs BRIDGE_KAFKA_SASL__USERNAME"
+        "bridge topics create: bad settings: kafka_sasl: BRIDGE_KAFKA__SASL__MECHANISM=PLAIN "
+        "needs BRIDGE_KAFKA__SASL__USERNAME"
     )
 
 
@@ -316,7 +316,7 @@ def test_a_refused_sasl_login_is_one_line_naming_the_user_and_the_settings() -> 
     line = explain_connect_failure(SaslAuthenticationFailed(broker_said), settings)
     assert line is not None
     assert "refused the SCRAM-SHA-512 login of user 'svc'" in line and broker_said in line
-    assert "BRIDGE_KAFKA_SASL__PASSWORD" in line and SECRET not in line
+    assert "BRIDGE_KAFKA__SASL__PASSWORD" in line and SECRET not in line
     assert explain_connect_failure(ValueError("unrelated"), settings) is None
 
 
@@ -505,7 +505,7 @@ async def test_a_401_from_the_token_endpoint_is_one_clear_error_naming_the_setti
         await provider.token()
     line = str(refused.value)
     assert "refused client 'bridge client' (HTTP 401: invalid_client: Bad client secret)" in line
-    assert "BRIDGE_KAFKA_SASL__OAUTH_CLIENT_SECRET" in line and token_endpoint.url in line
+    assert "BRIDGE_KAFKA__SASL__OAUTH_CLIENT_SECRET" in line and token_endpoint.url in line
     assert SECRET not in line and "\n" not in line
 
 
@@ -537,5 +537,5 @@ def test_clients_of_one_process_share_the_token_of_an_endpoint(
         oauth_client_secret=SECRET,
     )
     options = client_security_options(settings)
-    assert options["sasl_oauth_token_provider"] is token_provider(settings.kafka_sasl)
+    assert options["sasl_oauth_token_provider"] is token_provider(settings.kafka.sasl)
     assert SECRET not in repr(options)

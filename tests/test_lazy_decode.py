@@ -298,7 +298,7 @@ async def test_listeners_readers_and_the_index_agree_with_an_eager_recount(topic
             read = [(e.seq, e.event) async for e in reader.read("task-lazy")]
         entry = indexer.lookup("task-lazy")
     assert entry is not None
-    recount = PartitionIndex(entry[0], config.checkpoint_interval)
+    recount = PartitionIndex(entry[0], config.tasks.checkpoint_interval)
     assert [i.seq for i in seen] == [seq for seq, _ in read] == list(range(len(log)))
     for (value, headers), indexed, (_, read_event) in zip(log, seen, read, strict=True):
         rec = consumer_record(value, headers, offset=indexed.offset)

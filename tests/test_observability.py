@@ -521,11 +521,11 @@ def observed(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
     # Large events let a client that stops reading fill the socket buffers (MBs) quickly.
     settings = make_settings(kafka_bootstrap, fresh_prefix("o"), max_event_bytes=256 * 1024)
     env = {
-        "BRIDGE_ADMIN_ENDPOINTS": "true",
-        "BRIDGE_METRICS_REFRESH_S": "1",
-        "BRIDGE_STREAM_QUEUE_SIZE": "8",  # a small queue: a client that stops reading overflows it
-        "BRIDGE_STREAM_KEEPALIVE_S": "1",
-        "BRIDGE_CANARY_INTERVAL_S": "1",  # the canary's panels need its probes
+        "BRIDGE_SERVER__ADMIN_ENDPOINTS": "true",
+        "BRIDGE_SERVER__METRICS_REFRESH_S": "1",
+        "BRIDGE_STREAMS__QUEUE_SIZE": "8",  # a small queue: a client that stops reading overflows it
+        "BRIDGE_STREAMS__KEEPALIVE_S": "1",
+        "BRIDGE_CANARY__INTERVAL_S": "1",  # the canary's panels need its probes
     }
     work = tmp_path_factory.mktemp("observability")
     with (

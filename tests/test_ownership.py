@@ -148,7 +148,7 @@ def test_only_requests_about_one_task_are_routed_to_its_owner(method, params, ro
 
 
 def test_group_ownership_without_a_url_or_a_long_enough_secret_is_refused() -> None:
-    with pytest.raises(ValueError, match="BRIDGE_ADVERTISED_URL"):
+    with pytest.raises(ValueError, match="BRIDGE_PEERS__ADVERTISED_URL"):
         load_settings(kafka_bootstrap_servers="k:9092", ownership="group", peer_secret=SECRET)
     with pytest.raises(ValueError, match="at least 32 characters"):
         load_settings(

@@ -487,7 +487,7 @@ def test_owner_urls_must_name_a_peer_listener_of_this_configuration(
         advertised_url="http://bridge-0.bridge-peers.ns.svc:8081", peers={"port": 8081}
     )
     peers = settings.peers
-    hosts = peers.accepted_hosts(settings.advertised_url or "")
+    hosts = peers.accepted_hosts(settings.peers.advertised_url or "")
     assert hosts == ["bridge-0.bridge-peers.ns.svc", ".bridge-peers.ns.svc"]
     if origin is None:
         with pytest.raises(ValueError):

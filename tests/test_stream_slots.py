@@ -254,7 +254,7 @@ async def _completed_task(served: Served) -> str:
         headers, body = request("tools/call", {"name": "slow_compute", "arguments": {}})
         reply = await http.post(f"{served.base}/mcp", json=body, headers=headers)
         ended = str(loads(reply.content)["result"]["taskId"])
-    status = f"{served.settings.event_type_prefix}.task.status"
+    status = f"{served.settings.tasks.event_type_prefix}.task.status"
     async with TaskEventPublisher(served.settings, log=served.log) as publisher:
         await publisher.publish(ended, status, {"status": "completed"})
     return ended

@@ -68,7 +68,7 @@ def offline_service(
     )
     indexer = Indexer(settings)
     indexer.partition_count = 1
-    idx = PartitionIndex(0, settings.checkpoint_interval, through=len(tasks))
+    idx = PartitionIndex(0, settings.tasks.checkpoint_interval, through=len(tasks))
     for task_id, restored in tasks:
         idx.restore_task(task_id, restored)
     indexer.partitions = {0: idx}

@@ -58,7 +58,7 @@ async def bridge_side(settings: Settings) -> AsyncIterator[Side]:
 
 async def write_raw(side: Side, task_id: str, records: list[dict[str, Any]]) -> None:
     """Write JSON records as any producer could (no SDK checks), and wait until indexed."""
-    producer = AIOKafkaProducer(bootstrap_servers=side.settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=side.settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for record in records:
@@ -85,7 +85,7 @@ async def test_a_hostile_producer_cannot_take_over_a_task_and_its_records_keep_t
     topics: Settings,
 ) -> None:
     settings = topics.model_copy(update={"max_active_tasks_per_principal": 1})
-    prefix = settings.event_type_prefix
+    prefix = settings.tasks.event_type_prefix
     async with bridge_side(settings) as side:
         task = await side.service.create(TOOL, {}, "alice")
         hostile = hostile_records(prefix, owner_digest("mallory"))

@@ -127,7 +127,7 @@ async def append_as_8fd441c(settings: Settings, partition: int) -> str:
     task_id = new_task_id()
     while partition_for_key(task_id.encode(), FIXTURE["partitions"]) != partition:
         task_id = new_task_id()
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         await producer.send_and_wait(
@@ -255,7 +255,7 @@ async def test_a_signed_task_created_copied_into_another_partition_defines_nothi
             if _b(r["key"]) == task.task_id.encode()
         )
         other = (home + 1) % FIXTURE["partitions"]
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
         await producer.start()
         try:
             sent = await producer.send_and_wait(

@@ -162,16 +162,16 @@ def receiver(ca: trustme.CA) -> Iterator[Receiver]:
 #: The bridge's webhook settings here, as environment variables (the broker's bridge runs as a
 #: process) and as settings (the in-memory one runs in this one).
 WEBHOOK_ENV = {
-    "BRIDGE_WEBHOOK_ALLOWLIST": '["127.0.0.1/32"]',
-    "BRIDGE_WEBHOOK_POLL_INTERVAL_S": "0.2",
-    "BRIDGE_WEBHOOK_TIMEOUT_S": "2",
-    "BRIDGE_WEBHOOK_MAX_ATTEMPTS": str(ATTEMPTS),
-    "BRIDGE_WEBHOOK_MAX_RETRY_S": str(RETRY_S),
-    "BRIDGE_WEBHOOK_BACKOFF_BASE_S": "0.2",
-    "BRIDGE_WEBHOOK_BACKOFF_MAX_S": "1",
-    "BRIDGE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_PRINCIPAL": str(LIMIT),
-    "BRIDGE_WEBHOOK_VERIFY_BURST": str(BURST),
-    "BRIDGE_WEBHOOK_VERIFY_PER_MINUTE": "0.1",
+    "BRIDGE_WEBHOOKS__ALLOWLIST": '["127.0.0.1/32"]',
+    "BRIDGE_WEBHOOKS__POLL_INTERVAL_S": "0.2",
+    "BRIDGE_WEBHOOKS__TIMEOUT_S": "2",
+    "BRIDGE_WEBHOOKS__MAX_ATTEMPTS": str(ATTEMPTS),
+    "BRIDGE_WEBHOOKS__MAX_RETRY_S": str(RETRY_S),
+    "BRIDGE_WEBHOOKS__BACKOFF_BASE_S": "0.2",
+    "BRIDGE_WEBHOOKS__BACKOFF_MAX_S": "1",
+    "BRIDGE_WEBHOOKS__MAX_SUBSCRIPTIONS_PER_PRINCIPAL": str(LIMIT),
+    "BRIDGE_WEBHOOKS__VERIFY_BURST": str(BURST),
+    "BRIDGE_WEBHOOKS__VERIFY_PER_MINUTE": "0.1",
 }
 
 
@@ -184,7 +184,7 @@ def wbridge(
     ca_file = root / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     settings = make_settings(kafka_bootstrap, fresh_prefix("w"))
-    env = {**WEBHOOK_ENV, "BRIDGE_WEBHOOK_CA_FILE": str(ca_file)}
+    env = {**WEBHOOK_ENV, "BRIDGE_WEBHOOKS__CA_FILE": str(ca_file)}
     with running_bearer_bridge(settings, root, TOKENS, **env) as running:
         yield running
 
@@ -205,7 +205,7 @@ def memory_settings(root: Path, ca: trustme.CA, tokens: dict[str, str], **env: s
     ca.cert_pem.write_to_path(str(ca_file))
     tokens_file = root / "tokens.json"
     tokens_file.write_text(json.dumps(tokens))
-    env = {**WEBHOOK_ENV, **webhook_keys_env(root), "BRIDGE_WEBHOOK_CA_FILE": str(ca_file), **env}
+    env = {**WEBHOOK_ENV, **webhook_keys_env(root), "BRIDGE_WEBHOOKS__CA_FILE": str(ca_file), **env}
     values: dict[str, Any] = {
         name.removeprefix("BRIDGE_").lower(): value for name, value in env.items()
     }
@@ -637,9 +637,9 @@ async def test_subscriptions_stored_by_8fd441c_keep_their_deliveries_and_are_sea
             settings,
             tmp_path,
             {"tok-upgrader": meta["principal"]},
-            BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
-            BRIDGE_WEBHOOK_CA_FILE=str(tmp_path / "ca.pem"),
-            BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
+            BRIDGE_WEBHOOKS__ALLOWLIST='["127.0.0.1/32"]',
+            BRIDGE_WEBHOOKS__CA_FILE=str(tmp_path / "ca.pem"),
+            BRIDGE_WEBHOOKS__POLL_INTERVAL_S="0.2",
             BRIDGE_UPGRADE__CLEAR_SUBSCRIPTIONS="true",  # step 2 of the upgrade from 0.1
         ) as running,
     ):

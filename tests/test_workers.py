@@ -91,7 +91,7 @@ class Bridge:
 
     @property
     def prefix(self) -> str:
-        return self.settings.event_type_prefix
+        return self.settings.tasks.event_type_prefix
 
     async def terminal(self, task_id: str, principal: str = "alice") -> Any:
         async with asyncio.timeout(BOUND):

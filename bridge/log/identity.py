@@ -88,8 +88,8 @@ def load_keyring(settings: Settings) -> Keyring:
             return parse_keyring(text)
         except KeyringError as exc:
             raise KeyringError(f"{env_name('identity', 'keys_file')}: {exc}") from None
-    peer = settings.peer_secret_value
-    if settings.ownership == "group" and peer:
+    peer = settings.peers.secret_value
+    if settings.replicas.ownership == "group" and peer:
         derived = hmac.digest(peer.encode("utf-8"), _DOMAIN, "sha256")
         return Keyring([(PEER_KEY_ID, derived)])
     return _dev_keyring(settings.identity.dev_keys_file)
@@ -166,7 +166,7 @@ def keyring_env(settings: Settings) -> dict[str, str]:
         return {env_name("identity", "keys_file"): str(identity.keys_file)}
     if identity.keys is not None:
         return {env_name("identity", "keys"): identity.keys.get_secret_value()}
-    if settings.ownership == "group" and settings.peer_secret_value:
+    if settings.replicas.ownership == "group" and settings.peers.secret_value:
         return {}  # a child given the same peer secret derives the same key
     path = identity.dev_keys_file.expanduser()
     _dev_keyring(path)  # made now if it is not there yet

@@ -71,7 +71,7 @@ class Indexer(Component):
     """Derives seq for the committed records of the events partitions this process owns, and
     (``persist``) writes their index, one fenced transactional writer per partition.
 
-    Ownership is every partition (``settings.ownership == "all"``), or what the consumer group
+    Ownership is every partition (``settings.replicas.ownership == "all"``), or what the consumer group
     assigns (``"group"``: see :mod:`bridge.kafka.ownership`). A partition gained is restored
     from its index slice and tailed from there; a partition lost is flushed and dropped, and
     the ownership listeners are told (streams on it end so that clients resume on its owner).
@@ -91,7 +91,7 @@ class Indexer(Component):
         self.settings = settings
         self.persist = persist
         self.flush_interval_s = flush_interval_s
-        self.group = settings.ownership == "group"
+        self.group = settings.replicas.ownership == "group"
         self.assignor: OwnershipAssignor | None = None
         self._owned = OwnedPartitions()
         #: Events in a partition their task id does not map to (``on_misrouted`` counts each).

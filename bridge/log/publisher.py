@@ -38,7 +38,7 @@ class EventTooLarge(ValueError):
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
-            f"encoded event is {size} bytes, over the {limit}-byte limit (BRIDGE_MAX_EVENT_BYTES); "
+            f"encoded event is {size} bytes, over the {limit}-byte limit (BRIDGE_TASKS__MAX_EVENT_BYTES); "
             "put large data in an artifact and reference it from the event"
         )
         self.size = size
@@ -107,8 +107,8 @@ class TaskEventPublisher(Component):
             else TaskEvent(event_type, payload, meta, timestamp_ms)
         )
         value, headers = encode_event(event, fmt=self.fmt)
-        if len(value) > self.settings.max_event_bytes:
-            raise EventTooLarge(len(value), self.settings.max_event_bytes)
+        if len(value) > self.settings.tasks.max_event_bytes:
+            raise EventTooLarge(len(value), self.settings.tasks.max_event_bytes)
         return value, headers
 
     async def publish(

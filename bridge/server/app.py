@@ -177,12 +177,12 @@ async def start_components(
     refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
     canary = None
-    if settings.canary_interval_s > 0:  # probes the stream path; stops first, ending its tasks
+    if settings.canary.interval_s > 0:  # probes the stream path; stops first, ending its tasks
         probes = StreamHub(settings, indexer, reader, fanout, metrics.canary_streams())
         canary = Canary(settings, indexer, probes, service.publisher, metrics)
         await canary.start()
         stack.push_async_callback(canary.stop)
-    logger.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
+    logger.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka.bootstrap_servers)
     return Components(settings, metrics, indexer, reader, service, hub, endpoint, canary)
 
 
@@ -211,7 +211,7 @@ def create_app(
             app.state.components = await start_components(
                 settings, stack, metrics=metrics, companions=companions, log=log
             )
-            if peer_listener is not None and settings.ownership == "group":
+            if peer_listener is not None and settings.replicas.ownership == "group":
                 await peer_listener(peer_app(settings, lambda: app.state.components), stack)
             try:
                 yield
@@ -238,7 +238,7 @@ def create_app(
 
     async def indexer_admin(request: Request) -> Response:
         # Operations drills (pausing the indexer to watch the lag alerts fire); off by default.
-        if not settings.admin_endpoints:
+        if not settings.server.admin_endpoints:
             return JSONResponse({"error": "admin endpoints are disabled"}, 404)
         served = running(request)
         caller = served.endpoint.admin_gate(request)  # /mcp's authentication, same-origin only
@@ -315,7 +315,7 @@ def peer_app(settings: Settings, components: Callable[[], Components | None]) ->
         Route("/mcp", RawEndpoint(get), methods=["GET"]),
         Route(PEER_HEALTH_PATH, healthz, methods=["GET"]),
     ]
-    if settings.view_enabled:
+    if settings.view.enabled:
         view = BrowserView(settings, running)
         routes += [
             Route("/view/tasks/{task_id}", view.state, methods=["GET"]),
@@ -364,16 +364,16 @@ class _BridgeApp(Starlette):
 def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStack) -> Peers | None:
     """The client of the hops to other replicas, and the check of the hops they send here,
     when replicas divide the partitions."""
-    secret = settings.peer_secret_value
-    if settings.ownership != "group" or secret is None:
+    secret = settings.peers.secret_value
+    if settings.replicas.ownership != "group" or secret is None:
         return None
     p = settings.peers
     auth = PeerAuth(secret, routing.own_url, max_age_s=p.max_age_s, max_nonces=p.max_nonces)
     peers = Peers(
         auth,
         tls=client_tls(p),
-        max_streams=settings.max_streams,
-        keep_alive_s=settings.server_keep_alive_s,
+        max_streams=settings.streams.max_total,
+        keep_alive_s=settings.server.keep_alive_s,
         connect_s=p.connect_timeout_s,
         suspect_s=p.suspect_s,
     )
@@ -412,4 +412,6 @@ async def _refresh_gauges(
             await metrics.refresh_log_gauges(indexer, reader)
         except Exception:
             logger.exception("could not refresh the Kafka gauges")
-        await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation
+        await asyncio.sleep(
+            settings.server.metrics_refresh_s
+        )  # the refresh cadence, not synchronisation

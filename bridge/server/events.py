@@ -235,11 +235,11 @@ def events_extension(
         log,
         live,
         status_type=settings.own_types.status,
-        queue_size=settings.stream_queue_size,
-        heartbeat_s=settings.stream_keepalive_s,
+        queue_size=settings.streams.queue_size,
+        heartbeat_s=settings.streams.keepalive_s,
         stopping=stopping,
         catch_up=catch_up,
-        catch_up_s=settings.cursor_catch_up_s,
+        catch_up_s=settings.streams.cursor_catch_up_s,
         bind_cursors=task_cursor_version(settings) == 2,
     )
     sources: list[EventSource] = [
@@ -261,7 +261,7 @@ def events_extension(
         streams=streams,
         stopping=stopping,
         webhooks=webhooks,
-        recheck_s=settings.stream_keepalive_s,
+        recheck_s=settings.streams.keepalive_s,
     )
 
 
@@ -285,8 +285,8 @@ def offset_sources(
     else:
         reader = TopicReader(log)
     common: dict[str, Any] = {
-        "queue_size": settings.stream_queue_size,
-        "heartbeat_s": settings.stream_keepalive_s,
+        "queue_size": settings.streams.queue_size,
+        "heartbeat_s": settings.streams.keepalive_s,
         "stopping": stopping,
     }
     live = LiveTopics(log, reader)
@@ -300,8 +300,10 @@ def offset_sources(
         **common,
     )
     configured = [
-        ConfiguredSource(spec, reader, live, max_value_bytes=settings.max_event_bytes, **common)
-        for spec in settings.event_sources
+        ConfiguredSource(
+            spec, reader, live, max_value_bytes=settings.tasks.max_event_bytes, **common
+        )
+        for spec in settings.events.sources
     ]
     return [updates, *configured]
 
@@ -828,11 +830,11 @@ def webhook_sealer(settings: Settings) -> Sealer | None:
 
     A missing file is created only when ``webhook_keys.create`` says so (development).
     """
-    keys = settings.webhook_keys
+    keys = settings.webhooks.keys
     if keys.file is None:
         log.warning(
             "webhook delivery is off: no key seals webhook secrets at rest (set %s)",
-            env_name("webhook_keys", "file"),
+            env_name("webhooks", "keys", "file"),
         )
         return None
     if keys.create and not keys.file.exists():
@@ -916,12 +918,12 @@ class WebhookMethods:
         #: Measures the profile's deadline on events/subscribe (seconds, monotonic).
         self.clock = clock
         self.ttl = TtlPolicy(
-            settings.webhook_ttl_default_ms,
-            settings.webhook_ttl_min_ms,
-            settings.webhook_ttl_max_ms,
+            settings.webhooks.ttl_default_ms,
+            settings.webhooks.ttl_min_ms,
+            settings.webhooks.ttl_max_ms,
         )
-        self.max_per_principal = settings.webhook_max_subscriptions_per_principal
-        self.grace_ms = int(settings.webhook_rotation_grace_s * 1000)
+        self.max_per_principal = settings.webhooks.max_subscriptions_per_principal
+        self.grace_ms = int(settings.webhooks.rotation_grace_s * 1000)
 
     @property
     def offered(self) -> bool:

@@ -212,7 +212,7 @@ class Listen:
         self.max_task_ids = max_task_ids
         self.listens_per_client = listens_per_client
         self._listens: Counter[str] = Counter()
-        self._errors_meta = f"{config.event_type_prefix}/taskErrors"
+        self._errors_meta = f"{config.tasks.event_type_prefix}/taskErrors"
 
     def methods(self) -> dict[str, MethodHandler]:
         return {"subscriptions/listen": self.listen}
@@ -347,7 +347,7 @@ class Listen:
     async def _changes(self, listening: _Listening) -> AsyncIterator[dict[str, Any] | Frame]:
         """One ``notifications/tasks`` per changed state, keep-alives while nothing changes."""
         sent: dict[str, dict[str, Any]] = {}
-        keepalive = self.config.stream_keepalive_s
+        keepalive = self.config.streams.keepalive_s
         while not self._ended(listening):
             if not listening.changed:
                 if not await _woken(listening.wake, keepalive):

@@ -78,7 +78,7 @@ class Routing:
         self.settings = settings
         self.indexer = indexer
         self._on_refused = on_refused
-        url = settings.advertised_url
+        url = settings.peers.advertised_url
         self._hosts = settings.peers.accepted_hosts(url) if url else []
         self._checked: dict[str, str | None] = {}
         self.own_url = self._origin(url) if url else None
@@ -124,7 +124,7 @@ class Routing:
         if not self.divided:
             return None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.owner_wait_s
+        deadline = loop.time() + self.settings.replicas.owner_wait_s
         while True:
             try:
                 return self._owner(task_id)

@@ -169,9 +169,9 @@ class StreamHub:
         indexer.add_ownership_listener(self._partitions_moved)
         self.admission = Admission(
             Limits(
-                streams_per_client=settings.max_streams_per_principal,
-                opens_per_minute=settings.max_stream_opens_per_minute,
-                streams_total=settings.max_streams,
+                streams_per_client=settings.streams.max_per_principal,
+                opens_per_minute=settings.streams.opens_per_minute,
+                streams_total=settings.streams.max_total,
             ),
             clock.monotonic,
         )
@@ -245,7 +245,7 @@ class StreamHub:
 
     async def _head_after_catch_up(self, task_id: str, head: int) -> int:
         try:
-            async with asyncio.timeout(self.settings.cursor_catch_up_s):
+            async with asyncio.timeout(self.settings.streams.cursor_catch_up_s):
                 await self.indexer.catch_up()
         except TimeoutError:
             log.warning("catch-up for a cursor at the head of task %s timed out", task_id)
@@ -291,7 +291,7 @@ class StreamHub:
         m = self.metrics
         (m.opened_fresh if after is None else m.opened_resume)()
         partition = self.indexer.partition_of(task_id)
-        with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
+        with self.fanout.subscribe(task_id, self.settings.streams.queue_size) as sub:
             ticket.on_cancel.append(sub.close)
             self._streams[sub] = ticket
             try:
@@ -320,7 +320,7 @@ class StreamHub:
         task_id = sub.task_id
         last = -1 if after is None else after
         any_first = after is None  # without a cursor the earliest retained seq comes first
-        keepalive = self.settings.stream_keepalive_s
+        keepalive = self.settings.streams.keepalive_s
         ends = functools.partial(self._ends, task_id)
         status = self._status_type
         while True:

@@ -24,7 +24,7 @@ processes (``kill()`` is SIGKILL, :meth:`Replica.restart` starts it again on its
 sees every event a client is handed (the soak's recovery clock). Under broker faults, plan
 ``idempotent_pipeline`` (idempotent acks=all writers, so that "produced" is what the log holds);
 a pipeline send that fails is sent again (bounded), so a fault cannot end a writer early.
-The cluster is whatever ``settings.kafka_bootstrap_servers`` names.
+The cluster is whatever ``settings.kafka.bootstrap_servers`` names.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class LoadPlan:
     idempotent_pipeline: bool = False
     #: A client's pause before resuming elsewhere after its replica stopped answering.
     retry_backoff_s: float = 0.2
-    #: Extra environment of every replica (e.g. ``BRIDGE_STREAM_QUEUE_SIZE``).
+    #: Extra environment of every replica (e.g. ``BRIDGE_STREAMS__QUEUE_SIZE``).
     replica_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -223,7 +223,7 @@ class LoadHarness:
         create_served_topics(self.settings)
         # Streams hold their connection: no pool limit. The read bound is far above the
         # keep-alive interval, so only a peer that vanished without a reset trips it.
-        timeout = httpx.Timeout(30.0, read=4 * self.settings.stream_keepalive_s)
+        timeout = httpx.Timeout(30.0, read=4 * self.settings.streams.keepalive_s)
         self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
         self._start_processes()
         await self.wait_ready()
@@ -243,11 +243,11 @@ class LoadHarness:
             extra = (
                 {
                     **peer_env(i, peer_port),
-                    "BRIDGE_OWNERSHIP": "group",
-                    "BRIDGE_INSTANCE_ID": f"replica-{i}",
-                    "BRIDGE_PEER_SECRET": secret,
-                    "BRIDGE_GROUP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
-                    "BRIDGE_OWNER_WAIT_S": "20",
+                    "BRIDGE_REPLICAS__OWNERSHIP": "group",
+                    "BRIDGE_REPLICAS__INSTANCE_ID": f"replica-{i}",
+                    "BRIDGE_PEERS__SECRET": secret,
+                    "BRIDGE_REPLICAS__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+                    "BRIDGE_REPLICAS__OWNER_WAIT_S": "20",
                 }
                 if group
                 else {}

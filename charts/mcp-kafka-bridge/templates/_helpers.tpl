@@ -113,7 +113,7 @@ read-only and sets its setting; NOTES.txt says which are on.
 {{- define "bridge.keyFiles" -}}
 {{- $files := list (dict "name" "identity-keys" "env" "BRIDGE_IDENTITY__KEYS_FILE" "dir" "/etc/mcp-kafka-bridge/identity" "secret" (include "bridge.identitySecretName" .) "key" .Values.identity.key "file" "identity.keys") -}}
 {{- if .Values.webhooks.existingSecret -}}
-{{- $files = append $files (dict "name" "webhook-keys" "env" "BRIDGE_WEBHOOK_KEYS__FILE" "dir" "/etc/mcp-kafka-bridge/webhook-keys" "secret" .Values.webhooks.existingSecret "key" .Values.webhooks.key "file" "keys.json") -}}
+{{- $files = append $files (dict "name" "webhook-keys" "env" "BRIDGE_WEBHOOKS__KEYS__FILE" "dir" "/etc/mcp-kafka-bridge/webhook-keys" "secret" .Values.webhooks.existingSecret "key" .Values.webhooks.key "file" "keys.json") -}}
 {{- end -}}
 {{- range $files -}}
 {{- if not .key -}}
@@ -314,7 +314,7 @@ seccompProfile:
 {{/* Kafka credential env of a role (only what differs per role: the SCRAM user name). */}}
 {{- define "bridge.kafkaEnv" -}}
 {{- if eq (include "bridge.security" .root) "scram" }}
-- name: BRIDGE_KAFKA_SASL__USERNAME
+- name: BRIDGE_KAFKA__SASL__USERNAME
   value: {{ include "bridge.kafkaUsername" . | quote }}
 {{- end }}
 {{- end -}}
@@ -364,7 +364,7 @@ seccompProfile:
 
 {{/*
 The group session timeout: at least what brokers accept by default (group.min.session.timeout.ms,
-6 s), at most the bridge setting's maximum (BRIDGE_GROUP_SESSION_TIMEOUT_MS, 300 s).
+6 s), at most the bridge setting's maximum (BRIDGE_REPLICAS__SESSION_TIMEOUT_MS, 300 s).
 */}}
 {{- define "bridge.sessionTimeoutMs" -}}
 {{- $ms := int .Values.server.groupSessionTimeoutMs -}}
