@@ -69,7 +69,7 @@ TARGET_BYTES_PER_TASK = 256
 TARGET_BYTES_PER_CHECKPOINT = 16
 TARGET_RESTORE_S = 5.0
 
-#: Producer batch size: below the events topic's max.message.bytes (max_event_bytes + overhead).
+#: Producer batch size: below the events topic's max.message.bytes (tasks.max_event_bytes + overhead).
 
 
 # --- results ------------------------------------------------------------------------------------

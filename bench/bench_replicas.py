@@ -286,7 +286,7 @@ async def bounded(
 
 def start_cluster(bootstrap: str, n: int, logs: Path, secret: str) -> Cluster:
     settings = load_settings(
-        kafka_bootstrap_servers=bootstrap,
+        kafka={"bootstrap_servers": bootstrap},
         topics={
             "prefix": f"bench-replicas-{n}-{secrets.token_hex(4)}",
             "partitions": PARTITIONS,

@@ -1195,7 +1195,7 @@ async def bench_gauges(settings: Settings, logs: Path, sizes: Sizes, res: Result
     """Bytes an idle bridge with the default gauge refresh receives (informational).
 
     A second, short-lived ``bridge serve`` on the same topics, with the default
-    ``metrics_refresh_s``; the main bridge runs with the refresh off so that the refresher's
+    ``server.metrics_refresh_s``; the main bridge runs with the refresh off so that the refresher's
     reads do not land at random in the windows of ``bench_bytes``. The second one fences the
     main bridge's index writers; the main bridge keeps serving from memory, which is all the
     later stages use.

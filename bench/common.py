@@ -242,7 +242,7 @@ def _steal(start: list[int], end: list[int]) -> str:
 def bench_settings(bootstrap: str, name: str) -> Settings:
     """Default settings on fresh topics (``bench-<name>-<8 hex>``) with one events partition."""
     return load_settings(
-        kafka_bootstrap_servers=bootstrap,
+        kafka={"bootstrap_servers": bootstrap},
         topics={
             "prefix": f"bench-{name}-{secrets.token_hex(4)}",
             "partitions": 1,

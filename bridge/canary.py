@@ -1,14 +1,14 @@
 """The end-to-end canary: synthetic probes through the path a client's ``tasks/stream`` takes.
 
 Where it sits: an operations component beside the serving side, started last by
-:func:`bridge.server.app.start_components` when ``canary_interval_s`` > 0 (off by default). In
+:func:`bridge.server.app.start_components` when ``canary.interval_s`` > 0 (off by default). In
 the data flow of docs/architecture.md a probe goes the whole way round: written to the events
 topic by the task service's publisher (``acks=all``) → the indexer's tail (seq derived) → the
 fan-out → a :class:`~bridge.server.streams.StreamHub` stream (subscription, catch-up read,
 ``take_next``) → delivered. Only the HTTP framing is left out.
 
 Like KMinion's end-to-end probe, it writes to every partition it is responsible for and
-measures the round trip; a probe not seen within ``canary_timeout_s`` is lost. Here a
+measures the round trip; a probe not seen within ``canary.timeout_s`` is lost. Here a
 replica probes only the events partitions it owns (the indexer tells it when they move), so
 with replicas every partition is probed exactly once in the cluster.
 
@@ -89,7 +89,7 @@ class _Lane:
 
 
 class Canary(Component):
-    """Probes each owned events partition every ``canary_interval_s`` (see the module doc)."""
+    """Probes each owned events partition every ``canary.interval_s`` (see the module doc)."""
 
     def __init__(
         self,

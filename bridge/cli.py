@@ -105,7 +105,8 @@ def with_kafka(settings: Settings) -> Settings:
             "the local broker runs secured (SASL_SSL): pass its client settings with "
             f"`bridge --config {info.client_config} ...` (or BRIDGE_CONFIG_FILE)"
         )
-    return settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+    kafka = settings.kafka.model_copy(update={"bootstrap_servers": info.bootstrap_servers})
+    return settings.model_copy(update={"kafka": kafka})
 
 
 def require_kafka(
@@ -758,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["new-key"],
         help="new-key: add a fresh current key to the key file (created if absent)",
     )
-    webhooks.add_argument("file", nargs="?", help="the key file (default: webhook_keys.file)")
+    webhooks.add_argument("file", nargs="?", help="the key file (default: webhooks.keys.file)")
     webhooks.set_defaults(func=cmd_webhooks)
     return parser
 
@@ -766,11 +767,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = " ".join(["bridge", args.command, *([args.action] if "action" in args else [])])
-    overrides: dict[str, Any] = {}
+    server: dict[str, Any] = {}
     if getattr(args, "host", None):
-        overrides["http_host"] = args.host
+        server["host"] = args.host
     if getattr(args, "port", None) is not None:
-        overrides["http_port"] = args.port
+        server["port"] = args.port
+    overrides: dict[str, Any] = {"server": server} if server else {}
     try:
         settings = load_settings(args.config, **overrides)
     except ValueError as exc:

@@ -316,7 +316,7 @@ class Metrics:
         )
         self.canary_lost = Counter(
             "bridge_canary_lost_total",
-            "Canary probes not delivered on the stream path within canary_timeout_s",
+            "Canary probes not delivered on the stream path within canary.timeout_s",
             ["partition"],
             registry=r,
         )

@@ -249,7 +249,7 @@ CLUSTER_READY_BOUND_S = 120.0
 
 async def _create_rf3_probe_topic(bootstrap: str) -> None:
     """Wait until the cluster creates a topic with three replicas (every broker registered)."""
-    settings = load_settings(kafka_bootstrap_servers=bootstrap)
+    settings = load_settings(kafka={"bootstrap_servers": bootstrap})
     name = f"cluster-ready-{fresh_prefix()}"
 
     async def created() -> bool:

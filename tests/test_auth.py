@@ -148,7 +148,7 @@ def bearer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
         NO_BROKER,
         fresh_prefix("a"),
         auth={"mode": "bearer", "tokens_file": str(tokens)},
-        max_active_tasks_per_principal=TASK_LIMIT,
+        tasks={"max_active_per_principal": TASK_LIMIT},
     )
     with memory_bridge(settings, log_path=root / "bridge.log") as running:
         yield running

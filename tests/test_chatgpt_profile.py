@@ -98,25 +98,26 @@ def test_the_profile_is_one_setting_and_sep_3415_is_the_default() -> None:
 
 
 #: What the chatgpt profile needs besides itself: webhooks offered (a principal, a key).
-WEBHOOKS_ON = {"auth": {"mode": "bearer"}, "webhook_keys": {"file": "/keys/webhooks.json"}}
+WEBHOOKS_ON = {"auth": {"mode": "bearer"}, "webhooks": {"keys": {"file": "/keys/webhooks.json"}}}
 
 
 def test_the_chatgpt_profile_refuses_a_challenge_deadline_that_leaves_no_time_to_answer() -> None:
     chatgpt = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON}
-    Settings.model_validate({**chatgpt, "webhook_timeout_s": 5})
+    Settings.model_validate({**chatgpt, "webhooks": {"timeout_s": 5}})
     bound = CHATGPT.answer_within_s
     assert bound is not None and bound < CHATGPT_TIMEOUT_S  # the profile's own figure
-    check_profile(Settings.model_validate({**chatgpt, "webhook_timeout_s": 5}))
-    with pytest.raises(ValueError, match=f"webhook_timeout_s below {bound:g} s"):
-        check_profile(Settings.model_validate({**chatgpt, "webhook_timeout_s": bound}))
-    check_profile(Settings.model_validate({"webhook_timeout_s": 9}))  # no such bound by default
+    check_profile(Settings.model_validate({**chatgpt, "webhooks": {"timeout_s": 5}}))
+    with pytest.raises(ValueError, match=f"webhooks.timeout_s below {bound:g} s"):
+        check_profile(Settings.model_validate({**chatgpt, "webhooks": {"timeout_s": bound}}))
+    # No such bound by default.
+    check_profile(Settings.model_validate({"webhooks": {"timeout_s": 9}}))
 
 
 @pytest.mark.parametrize(
     ("changed", "named"),
     [
         ({"auth": {"mode": "none"}}, "BRIDGE_AUTH__MODE"),
-        ({"webhook_keys": {}}, "BRIDGE_WEBHOOKS__KEYS__FILE"),
+        ({"webhooks": {"keys": {}}}, "BRIDGE_WEBHOOKS__KEYS__FILE"),
     ],
     ids=["auth-none", "no-webhook-key"],
 )
@@ -710,7 +711,9 @@ def gbridge(
     ca_file = root / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     # Records up to 512 KiB, as a pipeline may write: some do not fit one 256 KiB body.
-    settings = make_settings(kafka_bootstrap, fresh_prefix("g"), max_event_bytes=512 * 1024)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("g"), tasks={"max_event_bytes": 512 * 1024}
+    )
     asyncio.run(_create_pipeline_topic(settings))
     with running_bearer_bridge(
         settings,

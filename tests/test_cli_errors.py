@@ -188,7 +188,7 @@ def test_a_declared_tool_whose_job_topic_is_missing_is_one_line_naming_tool_and_
     prefix = topics.topics.prefix
     run = run_bridge(
         "serve",
-        topics.kafka_bootstrap_servers or "",
+        topics.kafka.bootstrap_servers or "",
         BRIDGE_CONFIG_FILE=str(example),
         BRIDGE_TOPICS__PREFIX=prefix,
         BRIDGE_TOPICS__AUTO_CREATE="false",

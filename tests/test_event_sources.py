@@ -81,8 +81,8 @@ def sbridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryBridge]:
         NO_BROKER,
         prefix,
         auth={"mode": "bearer", "tokens_file": str(tokens_file)},
-        stream_keepalive_s=HEARTBEAT_S,
-        event_sources=[orders_source(settings)],
+        streams={"keepalive_s": HEARTBEAT_S},
+        events={"sources": [orders_source(settings)]},
     )
     with memory_bridge(settings) as running:
 

@@ -120,7 +120,7 @@ def test_configured_prefixes_must_be_dns_labels(prefix):
 
 @pytest.fixture
 def settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    return make_settings(kafka_bootstrap, topic_prefix, accepted_event_prefixes=ACCEPTED)
+    return make_settings(kafka_bootstrap, topic_prefix, tasks={"accepted_event_prefixes": ACCEPTED})
 
 
 @pytest.mark.kafka

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 from aiokafka.admin import NewTopic
-from support.layout import fresh_prefix, make_settings
+from support.layout import changed, fresh_prefix, make_settings
 from support.load import LoadHarness, LoadPlan
 from support.mcp import call
 from support.procs import Proc, bridge_env, free_port
@@ -96,19 +96,15 @@ def cluster_settings(cluster: LocalCluster, prefix: str) -> Settings:
             "min_insync_replicas": 2,
         },
         tool_packs=["conformance", "demo"],
-        kafka_request_timeout_ms=REQUEST_TIMEOUT_MS,
+        kafka={"request_timeout_ms": REQUEST_TIMEOUT_MS},
     )
 
 
 def direct_settings(cluster: LocalCluster, settings: Settings) -> Settings:
     """``settings`` past the proxy, with aiokafka's default request timeout: the outside world
     (pipeline writers, the test's own admin and checks)."""
-    return settings.model_copy(
-        update={
-            "kafka_bootstrap_servers": cluster.direct_bootstrap_servers,
-            "kafka_request_timeout_ms": None,
-        }
-    )
+    direct = {"bootstrap_servers": cluster.direct_bootstrap_servers, "request_timeout_ms": None}
+    return changed(settings, kafka=direct)
 
 
 def now_ms() -> int:
@@ -280,9 +276,9 @@ async def test_the_request_timeout_setting_reaches_every_kafka_client_and_unset_
         return [client._request_timeout_ms for client in inner]
 
     configured = clients(
-        load_settings(kafka_bootstrap_servers="x:1", kafka_request_timeout_ms=7000)
+        load_settings(kafka={"bootstrap_servers": "x:1", "request_timeout_ms": 7000})
     )
-    default = clients(load_settings(kafka_bootstrap_servers="x:1"))
+    default = clients(load_settings(kafka={"bootstrap_servers": "x:1"}))
     try:
         assert timeouts(configured) == [7000] * 5
         assert timeouts(default) == [40_000, 40_000, 40_000, 40_000, 30_000]
@@ -619,7 +615,7 @@ async def test_a_writer_cannot_fence_one_whose_transaction_cannot_complete_and_s
             await wait_until(
                 lambda: leaderless(direct, topic), RECOVERY_BOUND_S, what=f"{topic} has no leader"
             )
-            short = settings.model_copy(update={"kafka_request_timeout_ms": 2_000})
+            short = changed(settings, kafka={"request_timeout_ms": 2_000})
             newer = KafkaLog(short).transactional_writer(writer_id)
             async with asyncio.timeout(60):  # without the bound, start() never returns
                 with pytest.raises(LogError, match="could not become the writer") as refused:

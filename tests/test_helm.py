@@ -401,7 +401,7 @@ def test_every_role_loads_its_settings(
         assert settings.topics.auto_create is not bool(_kind(docs, "KafkaTopic"))
     server = settings_from(docs, _server(docs))
     for host in (RELEASE, f"{RELEASE}.{NAMESPACE}.svc", f"{RELEASE}.{NAMESPACE}.svc.cluster.local"):
-        assert host in server.allowed_hosts
+        assert host in server.server.allowed_hosts
 
 
 # --- Kafka security, topics, users -------------------------------------------------------------

@@ -831,11 +831,11 @@ def test_every_role_loads_its_settings(
         assert settings.kafka.bootstrap_servers == f"my-cluster-kafka-bootstrap:{_kafka_port(docs)}"
         assert settings.topics.auto_create is False
     server = settings_from(docs, _workload(docs, "server"))
-    assert server.http_host == "0.0.0.0" and server.http_port == 8080
+    assert server.server.host == "0.0.0.0" and server.server.port == 8080
     # DNS rebinding protection: the names clients use for the Service must be allowed.
     for host in (NAME, f"{NAME}.{namespace}.svc", f"{NAME}.{namespace}.svc.cluster.local"):
-        assert host in server.allowed_hosts, host
-    assert "*" not in server.allowed_hosts
+        assert host in server.server.allowed_hosts, host
+    assert "*" not in server.server.allowed_hosts
     pack_tools(_worker_packs(_workload(docs, "worker")))  # the packs exist
 
 

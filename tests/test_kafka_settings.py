@@ -54,9 +54,7 @@ SECRET = "s3cr:t/+ä"  # characters RFC 6749 section 2.3.1 form-encodes before B
 
 def sasl_settings(**sasl: Any) -> Settings:
     return load_settings(
-        kafka_bootstrap_servers="127.0.0.1:9093",
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl=sasl,
+        kafka={"bootstrap_servers": "127.0.0.1:9093", "security_protocol": "SASL_SSL", "sasl": sasl}
     )
 
 
@@ -143,9 +141,11 @@ def ca() -> trustme.CA:
 
 def tls_settings(ca_file: Path | None, **tls: Any) -> Settings:
     return load_settings(
-        kafka_bootstrap_servers="127.0.0.1:9093",
-        kafka_security_protocol="SSL",
-        kafka_tls={"ca_file": ca_file, **tls},
+        kafka={
+            "bootstrap_servers": "127.0.0.1:9093",
+            "security_protocol": "SSL",
+            "tls": {"ca_file": ca_file, **tls},
+        }
     )
 
 
@@ -237,9 +237,11 @@ async def refusal(settings: Settings) -> str:
 
 def secured(server: TlsServer, ca_file: Path | None, host: str = "127.0.0.1") -> Settings:
     return load_settings(
-        kafka_bootstrap_servers=f"{host}:{server.port}",
-        kafka_security_protocol="SSL",
-        kafka_tls={"ca_file": ca_file},
+        kafka={
+            "bootstrap_servers": f"{host}:{server.port}",
+            "security_protocol": "SSL",
+            "tls": {"ca_file": ca_file},
+        }
     )
 
 
@@ -308,9 +310,11 @@ def test_unusable_settings_are_one_line_naming_the_command_and_the_setting(
 
 def test_a_refused_sasl_login_is_one_line_naming_the_user_and_the_settings() -> None:
     settings = load_settings(
-        kafka_bootstrap_servers="kafka:9093",
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl={"mechanism": "SCRAM-SHA-512", "username": "svc", "password": SECRET},
+        kafka={
+            "bootstrap_servers": "kafka:9093",
+            "security_protocol": "SASL_SSL",
+            "sasl": {"mechanism": "SCRAM-SHA-512", "username": "svc", "password": SECRET},
+        }
     )
     broker_said = "Authentication failed during authentication due to invalid credentials"
     line = explain_connect_failure(SaslAuthenticationFailed(broker_said), settings)

@@ -519,7 +519,9 @@ def running_prometheus(workdir: Path, target_port: int) -> Iterator[str]:
 def observed(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     require_tool("prometheus")
     # Large events let a client that stops reading fill the socket buffers (MBs) quickly.
-    settings = make_settings(kafka_bootstrap, fresh_prefix("o"), max_event_bytes=256 * 1024)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("o"), tasks={"max_event_bytes": 256 * 1024}
+    )
     env = {
         "BRIDGE_SERVER__ADMIN_ENDPOINTS": "true",
         "BRIDGE_SERVER__METRICS_REFRESH_S": "1",

@@ -63,14 +63,14 @@ def replica(bootstrap: str, prefix: str, secret: str, i: int) -> Settings:
         bootstrap,
         prefix,
         topics={"prefix": prefix, "partitions": PARTITIONS, "min_insync_replicas": 1},
-        ownership="group",
-        instance_id=f"moving-{i}",
-        # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
-        advertised_url=f"http://127.0.0.{2 + i}:8081",
-        peers={"hosts": ["127.0.0.2", "127.0.0.3"]},
-        peer_secret=secret,
-        group_session_timeout_ms=6000,
-        direct_result_timeout_s=3600,  # the calls end by the move, never by this
+        replicas={"ownership": "group", "instance_id": f"moving-{i}", "session_timeout_ms": 6000},
+        peers={
+            "hosts": ["127.0.0.2", "127.0.0.3"],
+            # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
+            "advertised_url": f"http://127.0.0.{2 + i}:8081",
+            "secret": secret,
+        },
+        tasks={"direct_result_timeout_s": 3600},  # the calls end by the move, never by this
     )
 
 

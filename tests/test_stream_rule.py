@@ -28,7 +28,7 @@ from bridge.server.wire import RpcError
 
 TASK = "task-1"
 CONFIG = load_settings(
-    kafka_bootstrap_servers="127.0.0.1:1", stream_queue_size=3, stream_keepalive_s=60
+    kafka={"bootstrap_servers": "127.0.0.1:1"}, streams={"queue_size": 3, "keepalive_s": 60}
 )
 STATUS = CONFIG.own_types.status
 

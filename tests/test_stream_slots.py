@@ -42,10 +42,7 @@ Opener = Callable[[httpx.AsyncClient, str], contextlib.AbstractAsyncContextManag
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served() -> AsyncIterator[Served]:
     settings = make_settings(
-        NO_BROKER,
-        fresh_prefix("slots"),
-        max_streams_per_principal=LIMIT,
-        stream_keepalive_s=1,
+        NO_BROKER, fresh_prefix("slots"), streams={"max_per_principal": LIMIT, "keepalive_s": 1}
     )
     sock = socket.create_server(("127.0.0.1", 0))
     async with serving(settings, sock, log=memory_log(settings)) as running:

@@ -41,9 +41,7 @@ def sbridge():
     settings = make_settings(
         NO_BROKER,
         fresh_prefix("s"),
-        stream_keepalive_s=KEEPALIVE_S,
-        stream_queue_size=16,
-        max_streams_per_principal=64,
+        streams={"keepalive_s": KEEPALIVE_S, "queue_size": 16, "max_per_principal": 64},
     )
     with memory_bridge(settings) as running:
         yield running

@@ -49,7 +49,7 @@ def upgrade_settings(bootstrap: str) -> Settings:
             "min_insync_replicas": 1,
             "retention_ms": -1,  # the records keep their 8fd441c timestamps
         },
-        event_type_prefix=FIXTURE["eventTypePrefix"],
+        tasks={"event_type_prefix": FIXTURE["eventTypePrefix"]},
     )
 
 

@@ -110,9 +110,9 @@ def test_task_event_cursors_are_of_version_1_during_the_upgrade_unless_set() -> 
     settings = Settings()
     assert config.task_cursor_version(settings) == 2
     assert config.task_cursor_version(rolling(settings)) == 1
-    explicit = Settings(event_cursors={"task_version": 2}, upgrade={"from": "0.1"})
+    explicit = Settings(events={"cursors": {"task_version": 2}}, upgrade={"from": "0.1"})
     assert config.task_cursor_version(explicit) == 2
-    assert config.task_cursor_version(Settings(event_cursors={"task_version": 1})) == 1
+    assert config.task_cursor_version(Settings(events={"cursors": {"task_version": 1}})) == 1
     assert not Settings(upgrade={"from": ""}).upgrade.legacy  # a template's empty value
 
 

@@ -26,7 +26,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
 from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge, memory_log
-from support.layout import create_served_topics, fresh_prefix, make_settings
+from support.layout import changed, create_served_topics, fresh_prefix, make_settings
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge, webhook_keys_env
 from support.subscriptions import NAME, SECRET, subscription
@@ -494,7 +494,7 @@ async def test_a_callback_refused_at_delivery_time_suspends_delivery_until_a_ref
         task = await started_task(first, "hal")
         params = hook(task, receiver.url("k"))
         await subscribed(first, "hal", params)
-    refusing = settings.model_copy(update={"webhook_allowlist": []})
+    refusing = changed(settings, webhooks={"allowlist": []})
     with memory_bridge(refusing, memory=memory) as second:
         await publish(second, task, range(2))
 

@@ -290,7 +290,7 @@ def roles_acls(
 
 def source_acls(topics: Iterable[str]) -> list[Acl]:
     """READ on each pipeline topic a configured event source reads (not a role's: which topics
-    depends on the settings' ``event_sources``)."""
+    depends on the settings' ``events.sources``)."""
     return [Acl(_T, topic, _READ, why="a configured event source reads it") for topic in topics]
 
 
@@ -302,7 +302,7 @@ class Access:
     roles: tuple[Role, ...]
     job_topics: tuple[str, ...] = ()
     only: frozenset[Operation] | None = None
-    #: Pipelines' topics that configured event sources read (``event_sources``): READ each.
+    #: Pipelines' topics that configured event sources read (``events.sources``): READ each.
     source_topics: tuple[str, ...] = ()
 
     def acls(self, topics: TopicSettings) -> list[Acl]:

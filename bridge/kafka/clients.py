@@ -72,7 +72,7 @@ def retriable(exc: KafkaError) -> bool:
     return exc.retriable or not isinstance(exc, BrokerResponseError)
 
 
-#: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.
+#: aiokafka's request timeout when ``kafka.request_timeout_ms`` is unset.
 DEFAULT_REQUEST_TIMEOUT_MS = 40_000
 
 
@@ -133,7 +133,7 @@ def admin_client(settings: Settings) -> AIOKafkaAdminClient:
 def idempotent_producer(
     settings: Settings, role: str = "producer", **overrides: Any
 ) -> AIOKafkaProducer:
-    """An idempotent acks=all producer whose request size admits ``max_event_bytes`` records."""
+    """An idempotent acks=all producer whose request size admits ``tasks.max_event_bytes`` records."""
     options: dict[str, Any] = {
         **_common(settings, role),
         "enable_idempotence": True,

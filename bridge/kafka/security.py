@@ -458,7 +458,7 @@ def _explain_login(exc: Exception, at: str, settings: Settings) -> str:
         return f"{at} does not offer {sasl.mechanism} ({said}): check {mechanism}"
     if sasl.mechanism == "OAUTHBEARER":
         source = "oauth_token_file" if sasl.oauth_token_file else "oauth_token_endpoint"
-        return f"{at} refused the OAuth token ({said}): check {env_name('kafka_sasl', source)}"
+        return f"{at} refused the OAuth token ({said}): check {env_name('kafka', 'sasl', source)}"
     return (
         f"{at} refused the {sasl.mechanism} login of user {sasl.username!r} ({said}): check "
         f"{env_name('kafka', 'sasl', 'username')} and {env_name('kafka', 'sasl', 'password')}(_FILE)"

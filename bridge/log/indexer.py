@@ -225,9 +225,9 @@ class Indexer(Component):
 
     async def _join_group(self) -> None:
         s = self.settings
-        if s.advertised_url is None:  # the settings refuse this; a guard for direct use
-            raise IndexerError("ownership 'group' needs advertised_url")
-        self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events)
+        if s.peers.advertised_url is None:  # the settings refuse this; a guard for direct use
+            raise IndexerError("ownership 'group' needs peers.advertised_url")
+        self.assignor = OwnershipAssignor(s.peers.advertised_url, s.topics.events)
         # Positions come from the index (seek on assignment); a committed offset, when there
         # is one, is only ever at or below it, and records below ``through`` are skipped.
         # Retention passing a position must surface (the seq tail marks what it lost and
@@ -237,15 +237,15 @@ class Indexer(Component):
             [s.topics.events],
             GroupCallbacks(self._ownership, self._writer, self.assignor),
             assignor=self.assignor,
-            instance_id=s.instance_id,
-            session_timeout_ms=s.group_session_timeout_ms,
+            instance_id=s.replicas.instance_id,
+            session_timeout_ms=s.replicas.session_timeout_ms,
             reset="none",
             role="indexer",
         )
         self._reader = tail
         await tail.start()
         self._tasks.append(self._tailing(tail))
-        async with asyncio.timeout(max(60.0, 3 * s.group_session_timeout_ms / 1000)):
+        async with asyncio.timeout(max(60.0, 3 * s.replicas.session_timeout_ms / 1000)):
             await self._ownership.assigned.wait()
         failed = self._ownership.failed
         if failed is not None:  # the first share could not be taken: say why, do not serve

@@ -29,12 +29,12 @@ class UnprefixedEventType(ValueError):
         super().__init__(
             f"event type {event_type!r} has no vendor prefix: use a reverse-DNS prefix under a "
             f"real top-level domain such as 'com.example.{event_type or 'thing'}', or a prefix "
-            "listed in accepted_event_prefixes (unprefixed types are reserved for MCP)"
+            "listed in tasks.accepted_event_prefixes (unprefixed types are reserved for MCP)"
         )
 
 
 class EventTooLarge(ValueError):
-    """The encoded event exceeds ``max_event_bytes``."""
+    """The encoded event exceeds ``tasks.max_event_bytes``."""
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(

@@ -828,7 +828,7 @@ def _encoded(message: dict[str, Any]) -> bytes:
 def webhook_sealer(settings: Settings) -> Sealer | None:
     """The sealer of webhook secrets at rest, or None (webhooks off) without a key file.
 
-    A missing file is created only when ``webhook_keys.create`` says so (development).
+    A missing file is created only when ``webhooks.keys.create`` says so (development).
     """
     keys = settings.webhooks.keys
     if keys.file is None:

@@ -406,7 +406,7 @@ class MethodHandlers:
         A call that streams its progress is a long-lived response: it takes a stream slot
         before the job starts (a refused call creates no task) and gives it back when the
         response ends. A call answered as JSON is bounded by the active-task limit instead
-        (each is a task until it ends) and by ``direct_result_timeout_s``.
+        (each is a task until it ends) and by ``tasks.direct_result_timeout_s``.
         """
         token = call.meta.get("progressToken")
         if token is not None and call.accepts_sse:

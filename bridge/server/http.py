@@ -366,7 +366,7 @@ class McpHttp:
     def _origin_allowed(self, request: Request, *, configured: bool = True) -> bool:
         """The DNS-rebinding check: the ``Host`` names this server, and an ``Origin``, when
         sent, is this server itself (scheme, host and port) or, with ``configured``, one of
-        ``allowed_origins``."""
+        ``server.allowed_origins``."""
         any_host = "*" in self._allowed_hosts
         if any_host and configured:
             return True  # every Host and Origin: the operator's explicit choice

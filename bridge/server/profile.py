@@ -54,7 +54,7 @@ EVENTS_METHODS = ("events/list", "events/subscribe", "events/unsubscribe")
 CHATGPT_MAX_BODY_BYTES = 256 * 1024
 #: About how long ChatGPT waits for an answer (to its MCP requests; its receiver answers within
 #: it too): ``events/subscribe`` runs the verification challenge inside it, so the challenge's
-#: own deadline (``webhook_timeout_s``) must leave room for the answer (a settings check holds
+#: own deadline (``webhooks.timeout_s``) must leave room for the answer (a settings check holds
 #: it below 8 s under this profile).
 CHATGPT_TIMEOUT_S = 10.0
 #: The bridge answers ChatGPT's ``events/subscribe`` within this (or refuses it, retriable,
@@ -108,7 +108,7 @@ class EventsProfile:
         bound = self.answer_within_s
         if bound is not None and settings.webhooks.timeout_s >= bound:
             found.append(
-                f"{named} needs webhook_timeout_s below {bound:g} s "
+                f"{named} needs webhooks.timeout_s below {bound:g} s "
                 f"({env_name('webhooks', 'timeout_s')}): the client waits about "
                 f"{CHATGPT_TIMEOUT_S:g} s for events/subscribe, which runs the verification "
                 "challenge inside it"

@@ -4,7 +4,7 @@ Where it sits: the MCP endpoint (bridge.server.http) asks :meth:`Routing.where` 
 request that names a task (:func:`~bridge.server.peers.routed_task_id`). With ``ownership =
 "all"`` the answer is always here. In a group, the partition's owner is this replica (here), or
 another one whose URL the last assignment named (forward there), or nobody for a moment (the
-partition is moving): the request then waits for the next assignment, up to ``owner_wait_s``,
+partition is moving): the request then waits for the next assignment, up to ``replicas.owner_wait_s``,
 and is answered with :func:`partition_moving_error` if it is still unowned.
 
 Owner URLs come from the group's metadata, which any member of the consumer group writes: each
@@ -120,7 +120,7 @@ class Routing:
 
     async def where(self, task_id: str) -> str | None:
         """None to serve here, or the owner's base URL; :func:`partition_moving_error` after
-        waiting ``owner_wait_s`` for an owner."""
+        waiting ``replicas.owner_wait_s`` for an owner."""
         if not self.divided:
             return None
         loop = asyncio.get_running_loop()

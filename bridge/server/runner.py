@@ -254,7 +254,7 @@ def bridge_server(
 def peer_listener(
     settings: Settings, *, quiet: bool = False, configure_logging: bool = True
 ) -> PeerListener:
-    """Serves the peer listener's app at ``peers.host`` (else ``http_host``) and
+    """Serves the peer listener's app at ``peers.host`` (else ``server.host``) and
     ``peers.port``, with TLS when configured, in the running loop; closed with the stack.
 
     Its open hop streams were drained with the others by then (the same stream hub)."""

@@ -91,7 +91,8 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
 
         progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
         info = start_local_detached(settings, progress=progress)
-        settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+        kafka = settings.kafka.model_copy(update={"bootstrap_servers": info.bootstrap_servers})
+        settings = settings.model_copy(update={"kafka": kafka})
     packs = list(dict.fromkeys([*settings.tool_packs, "demo"]))
     return settings.model_copy(update={"tool_packs": packs})
 
@@ -107,14 +108,10 @@ def _with_auth_and_webhooks(
     keys = settings.webhooks.keys
     if keys.file is None:
         keys = WebhookKeySettings(file=workdir / "webhook-keys.json", create=True)
-    return settings.model_copy(
-        update={
-            "auth": auth,
-            "webhook_allowlist": allow,
-            "webhook_ca_file": tls.ca_file,
-            "webhook_keys": keys,
-        }
+    webhooks = settings.webhooks.model_copy(
+        update={"allowlist": allow, "ca_file": tls.ca_file, "keys": keys}
     )
+    return settings.model_copy(update={"auth": auth, "webhooks": webhooks})
 
 
 @dataclass(frozen=True)

@@ -1160,7 +1160,7 @@ async def test_retention_under_an_open_stream_gives_every_event_or_events_gone(
     async with client.stream(task_id) as stream:
         await stream.until(has_own(hooks, 1), "emitted event 1")
         if ours:  # the read back below must not start at a checkpoint: from one that is gone
-            interval = int(server_under_test.details["settings"].checkpoint_interval)
+            interval = int(server_under_test.details["settings"].tasks.checkpoint_interval)
             while (stream.seqs[-1] + 1) % interval == 0:
                 await hooks.emit(task_id, 1)
                 emitted += 1

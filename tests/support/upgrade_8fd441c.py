@@ -46,14 +46,14 @@ def _settings(bootstrap: str, prefix: str) -> Any:
     from bridge.config import load_settings
 
     return load_settings(
-        kafka_bootstrap_servers=bootstrap,
+        kafka={"bootstrap_servers": bootstrap},
         topics={
             "prefix": prefix,
             "partitions": PARTITIONS,
             "min_insync_replicas": 1,
             "retention_ms": -1,
         },
-        checkpoint_interval=4,
+        tasks={"checkpoint_interval": 4},
     )
 
 
