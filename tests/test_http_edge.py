@@ -21,6 +21,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.routing import Route
+from support.layout import merged
 
 from bridge.config import Settings, load_settings
 from bridge.metrics import Metrics
@@ -122,12 +123,12 @@ class FakeIndexer:
 
 
 def admin_app(**overrides: Any) -> tuple[httpx.AsyncClient, FakeIndexer]:
-    settings = load_settings(
-        kafka={"bootstrap_servers": "127.0.0.1:1"},
-        server={"admin_endpoints": True},
-        auth={"mode": "bearer", "tokens": {"tok-ops": "ops"}},
-        **overrides,
-    )
+    values = {
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+        "server": {"admin_endpoints": True},
+        "auth": {"mode": "bearer", "tokens": {"tok-ops": "ops"}},
+    }
+    settings = load_settings(**merged(values, overrides))
     app = create_app(settings)
     indexer = FakeIndexer()
     # The lifespan is not run: the components the admin route uses, in place.

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.layout import merged
 from support.legacy_index import legacy_marker_value, legacy_task_value
 
 from bridge.config import Settings
@@ -186,7 +187,7 @@ def test_replicas_without_a_keyring_share_a_key_derived_from_the_peer_secret():
     }
     one, other = load_keyring(Settings(**group)), load_keyring(Settings(**group))
     assert other.verify(b"m", one.sign(b"m"))
-    changed = load_keyring(Settings(**{**group, "peers": {"secret": "q" * 40}}))
+    changed = load_keyring(Settings(**merged(group, {"peers": {"secret": "q" * 40}})))
     assert not changed.verify(b"m", one.sign(b"m"))
 
 

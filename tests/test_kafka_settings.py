@@ -303,7 +303,7 @@ def test_unusable_settings_are_one_line_naming_the_command_and_the_setting(
     assert main(["topics", "create"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line == (
-        "bridge topics create: bad settings: kafka_sasl: BRIDGE_KAFKA__SASL__MECHANISM=PLAIN "
+        "bridge topics create: bad settings: kafka.sasl: BRIDGE_KAFKA__SASL__MECHANISM=PLAIN "
         "needs BRIDGE_KAFKA__SASL__USERNAME"
     )
 

@@ -85,8 +85,8 @@ def test_the_client_settings_file_names_a_private_password_file_and_loads_as_set
     text = config.read_text()
     assert info.admin_password not in text
     values = tomllib.loads(text)
-    assert values["kafka_bootstrap_servers"] == "127.0.0.1:9093"
-    password_file = Path(values["kafka_sasl"]["password_file"])
+    assert values["kafka"]["bootstrap_servers"] == "127.0.0.1:9093"
+    password_file = Path(values["kafka"]["sasl"]["password_file"])
     assert password_file == tmp_path / "client" / "secure.password"
     assert password_file.read_text() == info.admin_password
     assert password_file.stat().st_mode & 0o077 == 0

@@ -26,7 +26,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
 from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge, memory_log
-from support.layout import changed, create_served_topics, fresh_prefix, make_settings
+from support.layout import changed, create_served_topics, fresh_prefix, make_settings, merged
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge, webhook_keys_env
 from support.subscriptions import NAME, SECRET, subscription
@@ -206,14 +206,14 @@ def memory_settings(root: Path, ca: trustme.CA, tokens: dict[str, str], **env: s
     tokens_file = root / "tokens.json"
     tokens_file.write_text(json.dumps(tokens))
     env = {**WEBHOOK_ENV, **webhook_keys_env(root), "BRIDGE_WEBHOOKS__CA_FILE": str(ca_file), **env}
-    values: dict[str, Any] = {
-        name.removeprefix("BRIDGE_").lower(): value for name, value in env.items()
-    }
-    values["webhook_keys"] = {"file": values.pop("webhook_keys__file")}
-    values["webhook_allowlist"] = json.loads(values["webhook_allowlist"])
-    upgrade = values.pop("upgrade__clear_subscriptions", None)
-    if upgrade is not None:
-        values["upgrade"] = {"clear_subscriptions": upgrade == "true"}
+    values: dict[str, Any] = {}
+    for name, value in env.items():
+        *groups, field = name.removeprefix("BRIDGE_").lower().split("__")
+        nested: dict[str, Any] = {field: value}
+        for group in reversed(groups):
+            nested = {group: nested}
+        values = merged(values, nested)
+    values["webhooks"]["allowlist"] = json.loads(values["webhooks"]["allowlist"])
     return make_settings(
         NO_BROKER,
         fresh_prefix("mw"),
