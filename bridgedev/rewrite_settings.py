@@ -27,7 +27,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from bridge.config import Settings
 from bridge.settings_renames import RENAMED, new_path
 
 #: Properties that moved with their group (not settings names, so not in RENAMED).
@@ -83,7 +85,18 @@ def _env_var(match: re.Match[str]) -> str:
 
 def _backquoted(match: re.Match[str]) -> str:
     moved = new_path(match["name"])
-    return match.group(0) if moved is None else f"`{moved}`"
+    # Only a name that is a setting now: `ownership.py` is a file, not replicas.ownership.py.
+    return match.group(0) if moved is None or not _is_setting(moved) else f"`{moved}`"
+
+
+def _is_setting(path: str) -> bool:
+    model: Any = Settings
+    for part in path.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        model = fields[part].annotation
+    return True
 
 
 def rewrite(text: str, suffix: str) -> str:
