@@ -725,6 +725,12 @@ class EventCursorSettings(BaseModel):
     #: :func:`task_cursor_version`).
     task_version: Literal[1, 2] | None = None
 
+    @field_validator("task_version", mode="before")
+    @classmethod
+    def _from_text(cls, value: object) -> object:
+        # An environment variable is text, and a Literal of ints takes no "1" in pydantic.
+        return int(value) if isinstance(value, str) and value.strip() in ("1", "2") else value
+
 
 class EventsSettings(BaseModel):
     """The Events extension (docs/events.md): which client the ``events/*`` methods speak to,
