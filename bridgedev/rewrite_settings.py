@@ -44,6 +44,7 @@ KEEP = {
     "bridge/config.py",
     "bridge/settings_renames.py",
     "bridgedev/rewrite_settings.py",
+    "charts/mcp-kafka-bridge/files/renamed-settings.json",
     "docs/configuration.md",
     "tests/test_settings_renames.py",
     "tests/fixtures/upgrade-8fd441c-subscriptions/generate.py",

@@ -796,3 +796,26 @@ def test_every_server_passes_the_bridge_s_own_start_checks(
     assert unauthenticated_exposure(settings) is None
     allowed = _env(docs, _server(docs)).get("BRIDGE_AUTH__ALLOW_UNAUTHENTICATED")
     assert (allowed == "true") is (settings.auth.mode == "none")
+
+
+def test_an_extra_setting_under_its_0_2_0_name_is_written_under_its_grouped_name(
+    helm: str, notes_dir: Path, settings_from: Any, example_secrets: None
+) -> None:
+    # The chart's own keys are grouped; a user's extraSettings may still say what 0.2.0 said.
+    sets = (
+        "bridge.extraSettings.BRIDGE_STREAM_KEEPALIVE_S=20",
+        "bridge.extraSettings.BRIDGE_KAFKA_TLS__CHECK_HOSTNAME=false",
+        "bridge.extraSettings.BRIDGE_CANARY__INTERVAL_S=10",
+    )
+    docs = _render(helm, "defaults", *sets)
+    data = _one(docs, "ConfigMap", RELEASE)["data"]
+    assert data["BRIDGE_STREAMS__KEEPALIVE_S"] == "20"
+    assert data["BRIDGE_KAFKA__TLS__CHECK_HOSTNAME"] == "false"
+    assert data["BRIDGE_CANARY__INTERVAL_S"] == "10"
+    assert not {"BRIDGE_STREAM_KEEPALIVE_S", "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME"} & set(data)
+    settings = settings_from(docs, _server(docs))
+    assert settings.streams.keepalive_s == 20 and settings.kafka.tls.check_hostname is False
+    notes = _notes(helm, notes_dir, "defaults", *sets)
+    assert "BRIDGE_STREAM_KEEPALIVE_S is now BRIDGE_STREAMS__KEEPALIVE_S" in notes
+    assert "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME is now BRIDGE_KAFKA__TLS__CHECK_HOSTNAME" in notes
+    assert "BRIDGE_CANARY__INTERVAL_S is now" not in notes

@@ -4,6 +4,7 @@ and a new name of one setting given differently are refused, naming both."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -161,7 +162,7 @@ def test_an_old_and_a_new_toml_key_that_differ_are_refused_naming_both(tmp_path:
 
 
 def test_an_old_and_a_new_keyword_that_differ_are_refused_naming_both() -> None:
-    with pytest.raises(RenameConflict, match="max_streams and streams.max_total"):
+    with pytest.raises(RenameConflict, match=r"max_streams and streams\.max_total"):
         load_settings(max_streams=3, streams={"max_total": 4})
     assert load_settings(max_streams=3, streams={"max_total": 3}).streams.max_total == 3
 
@@ -184,22 +185,22 @@ def test_renaming_does_not_touch_the_callers_values() -> None:
 
 
 def test_the_toml_file_must_exist_parse_and_name_only_settings(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="config file .*nope.toml does not exist"):
+    with pytest.raises(ValueError, match=r"config file .*nope\.toml does not exist"):
         load_settings(tmp_path / "nope.toml")
     broken = tmp_path / "broken.toml"
     broken.write_text("[server\nport = 1\n")
-    with pytest.raises(ValueError, match="config file .*broken.toml is not valid TOML"):
+    with pytest.raises(ValueError, match=r"config file .*broken\.toml is not valid TOML"):
         load_settings(broken)
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[streams]\nqueue_sise = 3\n")
-    with pytest.raises(ValidationError, match="streams.queue_sise"):
+    with pytest.raises(ValidationError, match=r"streams\.queue_sise"):
         load_settings(unknown)
     unknown.write_text("no_such_setting = 3\n")
     with pytest.raises(ValidationError, match="no_such_setting"):
         load_settings(unknown)
     bad = tmp_path / "bad.toml"
     bad.write_text("[streams]\nqueue_size = 0\n")
-    with pytest.raises(ValidationError, match="streams.queue_size"):
+    with pytest.raises(ValidationError, match=r"streams\.queue_size"):
         load_settings(bad)
 
 
@@ -210,3 +211,15 @@ def test_the_file_named_in_the_environment_is_read_and_relative_names_are_kept(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("BRIDGE_CONFIG_FILE", "b.toml")
     assert load_settings().server.port == 9100
+
+
+def test_the_charts_table_of_renamed_names_is_the_bridges() -> None:
+    chart = Path(__file__).parent.parent / "charts/mcp-kafka-bridge/files/renamed-settings.json"
+    expected = {env_of(old): env_of(new) for old, new in RENAMED.items()}
+    assert json.loads(chart.read_text()) == expected
+
+
+def test_the_deprecation_table_of_the_docs_lists_every_renamed_name() -> None:
+    doc = (Path(__file__).parent.parent / "docs/configuration.md").read_text()
+    for old, new in RENAMED.items():
+        assert f"| `{env_of(old)}` | `{env_of(new)}` |" in doc, old

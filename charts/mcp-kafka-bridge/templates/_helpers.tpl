@@ -373,3 +373,15 @@ The group session timeout: at least what brokers accept by default (group.min.se
 {{- end -}}
 {{- $ms -}}
 {{- end -}}
+
+{{/*
+A BRIDGE_* name under its current spelling: a name of 0.2.0 (BRIDGE_MAX_EVENT_BYTES, and under a
+group that moved, BRIDGE_KAFKA_TLS__CA_FILE) becomes its grouped one from files/renamed-settings.json,
+which tests/test_settings_renames.py keeps equal to bridge/settings_renames.py's table.
+*/}}
+{{- define "bridge.currentName" -}}
+{{- $renamed := .root.Files.Get "files/renamed-settings.json" | fromJson -}}
+{{- $parts := splitn "__" 2 .name -}}
+{{- $head := index $renamed $parts._0 | default $parts._0 -}}
+{{- if $parts._1 -}}{{ printf "%s__%s" $head $parts._1 }}{{- else -}}{{ $head }}{{- end -}}
+{{- end -}}
