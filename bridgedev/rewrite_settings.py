@@ -11,6 +11,8 @@ repository's code, docs, chart and manifests):
 * environment names: ``BRIDGE_KAFKA_TLS__CA_FILE`` -> ``BRIDGE_KAFKA__TLS__CA_FILE``;
 * in Markdown, backquoted names: ```kafka_tls.ca_file``` -> ```kafka.tls.ca_file```.
 
+A line that says ``0.2.0`` is left as it is: it names the old settings on purpose.
+
 Keyword arguments (``load_settings(max_streams=3)``), dict keys (``model_copy(update=...)``) and
 TOML files are left to hand edits: the old keyword names still load (with a deprecation
 warning), but ``model_copy(update={"max_streams": 3})`` would not, so grep for those.
@@ -37,6 +39,9 @@ MOVED_ATTRIBUTES = {
     "peer_secret_value": "peers.secret_value",
     "view_token_secret_value": "view.token_secret_value",
 }
+
+#: A line holding this speaks of the old names on purpose (in a file not in KEEP).
+KEEP_LINE = "0.2.0"
 
 #: Files that speak of the old names on purpose.
 KEEP = {
@@ -101,14 +106,22 @@ def _is_setting(path: str) -> bool:
 
 
 def rewrite(text: str, suffix: str) -> str:
-    """``text`` of a file with ``suffix`` in the new names."""
-    text = _ENV_VAR.sub(_env_var, text)
+    """``text`` of a file with ``suffix`` in the new names; a line that says ``0.2.0`` speaks
+    of the old names on purpose and is kept."""
+    return "".join(
+        line if KEEP_LINE in line else _rewrite_line(line, suffix)
+        for line in text.splitlines(keepends=True)
+    )
+
+
+def _rewrite_line(line: str, suffix: str) -> str:
+    line = _ENV_VAR.sub(_env_var, line)
     if suffix == ".py":
-        text = _ATTRIBUTE.sub(_attribute, text)
-        text = _ENV_NAME.sub(_env_name, text)
+        line = _ATTRIBUTE.sub(_attribute, line)
+        line = _ENV_NAME.sub(_env_name, line)
     if suffix == ".md":
-        text = _BACKQUOTED.sub(_backquoted, text)
-    return text
+        line = _BACKQUOTED.sub(_backquoted, line)
+    return line
 
 
 def default_files(root: Path) -> list[Path]:

@@ -802,9 +802,11 @@ def test_an_extra_setting_under_its_0_2_0_name_is_written_under_its_grouped_name
     helm: str, notes_dir: Path, settings_from: Any, example_secrets: None
 ) -> None:
     # The chart's own keys are grouped; a user's extraSettings may still say what 0.2.0 said.
+    keepalive = "BRIDGE_STREAM_KEEPALIVE_S"  # 0.2.0's name
+    check_hostname = "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME"  # 0.2.0's name, under a moved group
     sets = (
-        "bridge.extraSettings.BRIDGE_STREAM_KEEPALIVE_S=20",
-        "bridge.extraSettings.BRIDGE_KAFKA_TLS__CHECK_HOSTNAME=false",
+        f"bridge.extraSettings.{keepalive}=20",
+        f"bridge.extraSettings.{check_hostname}=false",
         "bridge.extraSettings.BRIDGE_CANARY__INTERVAL_S=10",
     )
     docs = _render(helm, "defaults", *sets)
@@ -812,10 +814,10 @@ def test_an_extra_setting_under_its_0_2_0_name_is_written_under_its_grouped_name
     assert data["BRIDGE_STREAMS__KEEPALIVE_S"] == "20"
     assert data["BRIDGE_KAFKA__TLS__CHECK_HOSTNAME"] == "false"
     assert data["BRIDGE_CANARY__INTERVAL_S"] == "10"
-    assert not {"BRIDGE_STREAM_KEEPALIVE_S", "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME"} & set(data)
+    assert not {keepalive, check_hostname} & set(data)
     settings = settings_from(docs, _server(docs))
     assert settings.streams.keepalive_s == 20 and settings.kafka.tls.check_hostname is False
     notes = _notes(helm, notes_dir, "defaults", *sets)
-    assert "BRIDGE_STREAM_KEEPALIVE_S is now BRIDGE_STREAMS__KEEPALIVE_S" in notes
-    assert "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME is now BRIDGE_KAFKA__TLS__CHECK_HOSTNAME" in notes
+    assert f"{keepalive} is now BRIDGE_STREAMS__KEEPALIVE_S" in notes
+    assert f"{check_hostname} is now BRIDGE_KAFKA__TLS__CHECK_HOSTNAME" in notes
     assert "BRIDGE_CANARY__INTERVAL_S is now" not in notes

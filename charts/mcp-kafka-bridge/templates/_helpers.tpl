@@ -375,9 +375,9 @@ The group session timeout: at least what brokers accept by default (group.min.se
 {{- end -}}
 
 {{/*
-A BRIDGE_* name under its current spelling: a name of 0.2.0 (BRIDGE_MAX_EVENT_BYTES, and under a
-group that moved, BRIDGE_KAFKA_TLS__CA_FILE) becomes its grouped one from files/renamed-settings.json,
-which tests/test_settings_renames.py keeps equal to bridge/settings_renames.py's table.
+A BRIDGE_* name under its current spelling: a name of 0.2.0 becomes its grouped one from
+files/renamed-settings.json, which tests/test_settings_renames.py keeps equal to the table of
+bridge/settings_renames.py; under a group that moved too (0.2.0's BRIDGE_KAFKA_TLS__CA_FILE).
 */}}
 {{- define "bridge.currentName" -}}
 {{- $renamed := .root.Files.Get "files/renamed-settings.json" | fromJson -}}
