@@ -563,8 +563,10 @@ class PeerSettings(BaseModel):
     #: network: a connect that takes longer is to an owner that is gone).
     connect_timeout_s: float = Field(2.0, gt=0, le=60.0)
     #: After an owner could not be connected to, requests about its partitions are answered
-    #: with the retriable ``owner_unavailable`` at once for this long, without trying it again
-    #: (never a per-request wait on a dead peer while the group notices it is gone).
+    #: with the retriable ``owner_unavailable`` at once, without trying it again (never a
+    #: per-request wait on a dead peer while the group notices it is gone), until the ownership
+    #: map changes or a background probe reaches it: the probe's delay doubles up to this
+    #: (jittered). 0 turns suspicion off.
     suspect_s: float = Field(2.0, ge=0, le=60.0)
 
     _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)

@@ -376,6 +376,8 @@ def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStac
         keep_alive_s=settings.server_keep_alive_s,
         connect_s=p.connect_timeout_s,
         suspect_s=p.suspect_s,
+        session_s=settings.group_session_timeout_ms / 1000,
+        generation=lambda: routing.generation,
     )
     stack.push_async_callback(peers.close)
     return peers
