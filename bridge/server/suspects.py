@@ -67,6 +67,8 @@ class Suspect:
     generation: int
     refusals: list[float] = field(default_factory=list)
     probe: asyncio.Task[None] | None = None
+    #: The group was asked to drop it: the next assignment is expected at once.
+    removed: bool = False
 
 
 class Suspects:
@@ -129,7 +131,7 @@ class Suspects:
         """Whole seconds a client should wait before retrying a request for ``url``: what is
         left of the session timeout since the owner was first suspected, at least 1."""
         suspect = self._suspects.get(url)
-        if suspect is None:
+        if suspect is None or suspect.removed:
             return 1
         left = self._session_s - (self._clock() - suspect.since)
         return max(1, min(math.ceil(left), math.ceil(self._session_s)))
@@ -152,6 +154,12 @@ class Suspects:
             log.warning("suspecting %s (%s); probing it in the background", url, exc)
             suspect.probe = asyncio.create_task(self._probing(url), name=f"peer-probe {url}")
         self._count(url, suspect, refused(exc))
+
+    def removed(self, url: str) -> None:
+        """The group was asked to drop ``url``'s member: its partitions move at once."""
+        suspect = self._suspects.get(url)
+        if suspect is not None:
+            suspect.removed = True
 
     def clear(self, url: str) -> None:
         """``url`` answered (or the ownership map changed): requests for it go there again."""
