@@ -137,7 +137,14 @@ async def start_components(
             await service.start()
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
-            hub = StreamHub(settings, indexer, reader, fanout, metrics.streams())
+            hub = StreamHub(
+                settings,
+                indexer,
+                reader,
+                fanout,
+                metrics.streams(),
+                on_paced=metrics.replay_paced.inc,
+            )
             routing = Routing(settings, indexer, on_refused=metrics.hop_refused)
             peers = _peers(settings, routing, stack, metrics)
             events = events_extension(
