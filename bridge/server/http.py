@@ -276,7 +276,12 @@ def _sse_chunk(item: dict[str, Any] | Frame | EventBatch | bytes) -> bytes:
 
 
 def _sse_error(request_id: str | int | None, error: RpcError) -> bytes:
-    return _utf8(_sse_frame(Frame(error_response(request_id, error))))
+    """A stream's last event for ``error``, answering ``request_id``; a retriable one also
+    carries SSE's ``retry`` field (the wait ``Retry-After`` would say, in ms), which an
+    EventSource reconnecting with ``Last-Event-ID`` honours."""
+    frame = _utf8(_sse_frame(Frame(error_response(request_id, error))))
+    wait = retry_after(error.http_status, error).get("Retry-After")
+    return frame if wait is None else b"retry: %d\n%s" % (int(wait) * 1000, frame)
 
 
 async def relay(
