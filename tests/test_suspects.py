@@ -232,3 +232,45 @@ async def test_closing_stops_every_probe_and_suspects_no_more() -> None:
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("peer-probe")]
     known.suspect(URL, refusal())
     assert URL not in known
+
+
+async def test_a_new_ownership_map_ends_the_probe_without_a_request() -> None:
+    """After the group moved on (e.g. it dropped the dead owner), a suspect nobody asks for is
+    not probed forever."""
+    clock, steps, generation = Clock(), Steps(), [1]
+    probe = Probe()
+    known = suspects(probe, steps, clock, generation=lambda: generation[0])
+    known.suspect(URL, refusal())
+    await steps.slept(1)
+    generation[0] = 2
+    steps.step()
+    await ended(known)
+    assert probe.calls == [] and URL not in known
+    await known.close()
+
+
+async def test_a_probe_that_breaks_or_a_report_that_fails_never_ends_the_probing() -> None:
+    clock, steps = Clock(), Steps()
+
+    async def broken(url: str) -> None:
+        raise RuntimeError("a bug in the probe")
+
+    def failing_report(url: str) -> None:
+        raise RuntimeError("a bug in the report")
+
+    known = Suspects(
+        broken,
+        clock=clock,
+        sleep=steps,
+        jitter=lambda: 0.5,
+        refusals=2,
+        on_refusing=failing_report,
+    )
+    known.suspect(URL, refusal())
+    known.suspect(URL, refusal())  # two refusals: the failing report runs, and is logged
+    for count in range(1, 4):
+        await steps.slept(count)
+        steps.step()
+    await steps.slept(4)
+    assert URL in known
+    await known.close()

@@ -66,10 +66,13 @@ class Removals:
         self._on_removed = on_removed
         self._last: float | None = None
         self._running: asyncio.Task[None] | None = None
+        self._closing = False
 
     def refusing(self, url: str) -> None:
         """``url``'s peer port kept refusing connections: remove its member when the guards
         allow (in the background; the caller never waits)."""
+        if self._closing:
+            return  # this replica is stopping: its own departure is the next change
         outcome = self._check(url)
         if outcome is not None:
             self._on_outcome(outcome)
@@ -109,7 +112,8 @@ class Removals:
         self._on_removed(url)
 
     async def close(self) -> None:
-        """Wait for a removal in flight to end (bounded by the Kafka client's timeouts)."""
+        """Stop: no removal from here on, and one in flight is cancelled."""
+        self._closing = True
         running = self._running
         if running is not None and not running.done():
             running.cancel()

@@ -194,21 +194,30 @@ class Suspects:
         suspect.refusals.append(now)
         if len(suspect.refusals) >= self._refusals:
             suspect.refusals.clear()  # the next run starts afresh (the removal is rate limited)
-            self._on_refusing(url)
+            try:
+                self._on_refusing(url)
+            except Exception:  # a report's failure never stops the probing
+                log.exception("reporting %s as refusing failed", url)
 
     async def _probing(self, url: str) -> None:
-        """Probe ``url`` until it answers (then it is cleared) or it is no longer suspected."""
+        """Probe ``url`` until it answers (then it is cleared), or it is no longer suspected,
+        or the ownership map changed (the suspicion is forgotten: a new map may not name it)."""
         delay = self._first_s
         while url in self._suspects:
             # Jittered in [delay/2, delay): replicas that suspect the same owner spread out.
             await self._sleep(delay * (0.5 + self._jitter() / 2))
             suspect = self._suspects.get(url)
-            if suspect is None:
+            if suspect is None or not self.is_suspected(url):
                 return
             try:
                 await self._probe(url)
             except ProbeFailed as failed:
                 self._count(url, suspect, failed.refused)
+                delay = min(self._max_s, delay * 2)
+                continue
+            except Exception:  # the probe's own bug: counted as no answer, never a crash
+                log.exception("probing %s failed", url)
+                self._count(url, suspect, False)
                 delay = min(self._max_s, delay * 2)
                 continue
             log.info("%s answers again; no longer suspected", url)
