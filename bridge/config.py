@@ -735,8 +735,8 @@ class UpgradeSettings(BaseModel):
 
 class RecoverySettings(BaseModel):
     """How replicas recover from an owner that died, and pace clients that come back (set as
-    ``BRIDGE_RECOVERY__REMOVE_DEAD_OWNERS=false`` and so on; docs/deployment.md, "Crash
-    fail-over", and docs/tasks-stream.md, "Replay pacing").
+    ``BRIDGE_RECOVERY__REMOVE_DEAD_OWNERS=false`` and so on; docs/deployment.md, "Ownership
+    and failover", and docs/tasks-stream.md §9, "Retention and limits").
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -753,8 +753,9 @@ class RecoverySettings(BaseModel):
     #: At most one removal per this many seconds from this replica (a bound on what a wrong
     #: verdict can cost: one rebalance).
     remove_interval_s: float = Field(30.0, ge=1.0, le=3600.0)
-    #: Events per second a reconnecting stream's catch-up (the history it replays from the log)
-    #: is paced to, per stream; 0: not paced. Live events are never held back.
+    #: Events per second a stream's catch-up (what it reads from the log: a reconnect's replay,
+    #: a slow stream's catch-up reads) is paced to, per stream; 0: not paced. Live events are
+    #: never held back.
     replay_events_per_s: float = Field(0.0, ge=0, le=1_000_000)
     #: The catch-up's burst: events a paced stream may send at once before the pace applies.
     replay_burst: int = Field(1000, ge=1, le=1_000_000)
