@@ -64,13 +64,16 @@ import json
 import random
 import secrets
 import shutil
+import socket
+import ssl
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +83,6 @@ from common import REPO, Results, environment, report, say, verdict
 
 sys.path.insert(0, str(REPO / "tests"))  # the load harness: tests/support/load.py
 
-from support.https import serving
 from support.layout import fresh_prefix, make_settings
 from support.load import PIPELINE_EVENT, SESSION_TIMEOUT_MS, LoadHarness, LoadPlan, Replica
 from support.mcp import call
@@ -327,11 +329,40 @@ class Receiver:
         return Handler
 
 
+class _TlsServer(ThreadingHTTPServer):
+    """A threaded HTTPS server whose TLS handshake happens in the request's thread: one
+    client that connects and says nothing (a replica stopped mid-connect) cannot hold the
+    accept loop, as a listening socket wrapped whole would."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], context: ssl.SSLContext) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.context = context
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = self.socket.accept()
+        sock.settimeout(10)  # a silent client's thread gives up
+        return self.context.wrap_socket(
+            sock, server_side=True, do_handshake_on_connect=False
+        ), address
+
+
 @contextlib.contextmanager
 def receiving(seen: Seen, ca: trustme.CA) -> Iterator[Receiver]:
     receiver = Receiver(seen)
-    with serving(receiver.handler(), ca) as receiver.port:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(context)
+    server = _TlsServer(receiver.handler(), context)
+    receiver.port = int(server.server_address[1])
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
         yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 # --- the replicas, as their metrics say -----------------------------------------------------------
@@ -708,13 +739,14 @@ async def run(settings: Settings, sizes: Sizes, logs: Path, res: Results, judge:
     seen = Seen()
     plan = plan_for(sizes, logs, ca_file)
     timeout = httpx.Timeout(30.0)
-    async with (
-        LoadHarness(settings, logs, plan) as harness,
-        httpx.AsyncClient(timeout=timeout, headers=AUTH) as http,
-    ):
-        load = Load(harness, sizes, http)
-        load.seen = seen
-        with receiving(seen, ca) as receiver:
+    # The receiver outlives the replicas: their webhook deliveries end first.
+    with receiving(seen, ca) as receiver:
+        async with (
+            LoadHarness(settings, logs, plan) as harness,
+            httpx.AsyncClient(timeout=timeout, headers=AUTH) as http,
+        ):
+            load = Load(harness, sizes, http)
+            load.seen = seen
             await settled(http, harness.replicas, harness.replicas[-1])
             subscribed = await load.subscribe(receiver)
             load.start()
