@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,8 +175,10 @@ async def start_components(
     except AccessDenied as denied:
         logger.error("%s", denied)
         raise
-    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
+    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, hub, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
+    watcher = asyncio.create_task(_watch_availability(metrics, indexer, settings))
+    stack.push_async_callback(cancel_and_wait, watcher)
     canary = None
     if settings.canary_interval_s > 0:  # probes the stream path; stops first, ending its tasks
         probes = StreamHub(settings, indexer, reader, fanout, metrics.canary_streams())
@@ -405,11 +408,26 @@ def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> Non
 
 
 async def _refresh_gauges(
-    metrics: Metrics, indexer: Indexer, reader: Reader, settings: Settings
+    metrics: Metrics, indexer: Indexer, reader: Reader, hub: StreamHub, settings: Settings
 ) -> None:
     while True:
         try:
             await metrics.refresh_log_gauges(indexer, reader)
+            await metrics.refresh_data_loss(indexer, reader, hub.positions())
         except Exception:
             logger.exception("could not refresh the Kafka gauges")
         await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation
+
+
+#: How often each events partition's owner is looked at (the unavailability's resolution).
+AVAILABILITY_SAMPLE_S = 0.25
+
+
+async def _watch_availability(metrics: Metrics, indexer: Indexer, settings: Settings) -> None:
+    """Sample who serves each events partition (no Kafka call: the last assignment)."""
+    before = time.monotonic()
+    while True:
+        await asyncio.sleep(AVAILABILITY_SAMPLE_S)  # the sampling cadence
+        now = time.monotonic()
+        metrics.sample_availability(indexer, settings.advertised_url, now - before)
+        before = now
