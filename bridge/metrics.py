@@ -346,14 +346,14 @@ class Metrics:
         self.data_loss_distance_records = Gauge(
             "bridge_data_loss_distance_records",
             "Offsets from an owned events partition's log start to the oldest position an open "
-            "stream still needs (retention deletes from the log start)",
+            "stream or a webhook subscription still needs (retention deletes from the log start)",
             ["partition"],
             registry=r,
         )
         self.data_loss_distance_seconds = Gauge(
             "bridge_data_loss_distance_seconds",
             "Record time from an owned events partition's log start to the oldest position an "
-            "open stream still needs",
+            "open stream or a webhook subscription still needs",
             ["partition"],
             registry=r,
         )
@@ -498,8 +498,8 @@ class Metrics:
         self, indexer: Indexer, reader: Reader, positions: list[tuple[str, int]]
     ) -> None:
         """Per owned events partition, the distance from its log start to the oldest position
-        an open stream still needs (``positions``: task id and last delivered seq); with no
-        stream behind its task's head, to the log end."""
+        an open stream or a webhook subscription still needs (``positions``: task id and last
+        delivered seq); with none behind its task's head, to the log end."""
         owned = sorted(indexer.partitions)
         starts = await reader.log_starts(owned)
         ends = await indexer.end_offsets()

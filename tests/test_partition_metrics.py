@@ -1,7 +1,8 @@
 """The rollout metrics of bridge/metrics.py: how long each events partition had no serving
 owner as a replica saw it, and the distance from each owned partition's log start to the
 oldest position an open stream still needs. Unit tests over a fake indexer and reader (the
-wiring is tests/test_metrics_wiring.py's; the alerts on them tests/test_observability.py's)."""
+wiring is tests/test_metrics_wiring.py's; the alerts on them tests/test_observability.py's),
+and the positions of webhook subscriptions the distance counts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from support.subscriptions import subscription
+
 from bridge.log.seqindex import TaskEntry
+from bridge.mcpevents.cursor import encode_task
+from bridge.mcpevents.subscriptions import SubscriptionTable
 from bridge.metrics import Metrics
 
 OWN = "http://10.0.0.1:8081"
@@ -128,3 +133,19 @@ def test_a_partition_that_moved_away_loses_its_series_and_timestamps_are_looked_
     assert value(metrics, "bridge_data_loss_distance_records", 0) == 10
     assert value(metrics, "bridge_data_loss_distance_records", 1) is None
     assert value(metrics, "bridge_data_loss_distance_seconds", 1) is None
+
+
+def test_webhook_subscriptions_to_a_task_say_their_position_from_their_cursor():
+    table = SubscriptionTable()
+    subs = [
+        subscription(id="s1", arguments={"taskId": "a0"}, cursor=encode_task(7, "a0")),
+        subscription(
+            id="s2", arguments={"taskId": "a0"}, cursor=encode_task(3, "a0"), expires_ms=50
+        ),
+        subscription(id="s3", arguments={"taskId": "b1"}, cursor=None),  # nothing delivered yet
+        subscription(id="s4", arguments={"taskId": "b1"}, cursor=encode_task(2, "a0")),  # a0's
+        subscription(id="s5", arguments={"topic": "x"}, cursor="c0"),  # another source's
+    ]
+    for sub in subs:
+        table.apply(0, sub.id, sub)
+    assert table.task_positions(now_ms=100) == [("a0", 7)]

@@ -175,7 +175,11 @@ async def start_components(
     except AccessDenied as denied:
         logger.error("%s", denied)
         raise
-    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, hub, settings))
+
+    def positions() -> list[tuple[str, int]]:  # what open streams and webhooks still need
+        return [*hub.positions(), *events.subscription_positions()]
+
+    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, positions, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
     watcher = asyncio.create_task(_watch_availability(metrics, indexer, settings))
     stack.push_async_callback(cancel_and_wait, watcher)
@@ -408,12 +412,16 @@ def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> Non
 
 
 async def _refresh_gauges(
-    metrics: Metrics, indexer: Indexer, reader: Reader, hub: StreamHub, settings: Settings
+    metrics: Metrics,
+    indexer: Indexer,
+    reader: Reader,
+    positions: Callable[[], list[tuple[str, int]]],
+    settings: Settings,
 ) -> None:
     while True:
         try:
             await metrics.refresh_log_gauges(indexer, reader)
-            await metrics.refresh_data_loss(indexer, reader, hub.positions())
+            await metrics.refresh_data_loss(indexer, reader, positions())
         except Exception:
             logger.exception("could not refresh the Kafka gauges")
         await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation
