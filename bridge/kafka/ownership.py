@@ -30,10 +30,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Claim:
-    """What a member says of itself when it joins: its URL and the partitions it owns now."""
+    """What a member says of itself when it joins: its URL, the partitions it owns now, and
+    its static instance id (None for a dynamic member, or a replica older than the field)."""
 
     url: str
     owned: frozenset[int] = frozenset()
+    instance: str | None = None
 
 
 def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
@@ -68,13 +70,21 @@ def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> di
 
 @dataclass
 class OwnershipMap:
-    """The last assignment's partition -> owner URL map, as every member received it."""
+    """The last assignment's partition -> owner URL map, as every member received it, and the
+    static instance id of each owner URL that has one (what a survivor names to have the group
+    drop an owner whose process is gone)."""
 
     owners: dict[int, str] = field(default_factory=dict)
     generation: int = 0
+    instances: dict[str, str] = field(default_factory=dict)
 
     def owner(self, partition: int) -> str | None:
         return self.owners.get(partition)
+
+    def instance_owning(self, url: str) -> str | None:
+        """The instance id of ``url`` when it owns a partition now, else None."""
+        instance = self.instances.get(url)
+        return instance if instance is not None and url in self.owners.values() else None
 
 
 class OwnershipAssignor:
@@ -88,21 +98,26 @@ class OwnershipAssignor:
 
     name = "mcpbridge-owners"
 
-    def __init__(self, url: str, topic: str) -> None:
+    def __init__(self, url: str, topic: str, instance: str | None = None) -> None:
         self.url = url
         self.topic = topic
+        self.instance = instance
         self.owned: frozenset[int] = frozenset()
         self.map = OwnershipMap()
 
     def metadata(self) -> bytes:
-        return json.dumps({"url": self.url, "owned": sorted(self.owned)}).encode("utf-8")
+        claim: dict[str, object] = {"url": self.url, "owned": sorted(self.owned)}
+        if self.instance is not None:  # older replicas ignore a field they do not know
+            claim["instance"] = self.instance
+        return json.dumps(claim).encode("utf-8")
 
     def assign(self, parts: Sequence[TopicPart], members: Mapping[str, bytes]) -> dict[str, Share]:
         partitions = {p.partition for p in parts if p.topic == self.topic}
         claims = {member: _claim(data) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
-        user_data = json.dumps({"owners": owners}).encode("utf-8")
+        instances = {c.url: c.instance for c in claims.values() if c.instance is not None}
+        user_data = json.dumps({"owners": owners, "instances": instances}).encode("utf-8")
         log.info("assigned %d partitions over %d replicas", len(partitions), len(members))
         return {
             member: Share(tuple(TopicPart(self.topic, p) for p in ps), user_data)
@@ -113,20 +128,33 @@ class OwnershipAssignor:
         """Take this member's share and the owner map every member received with it."""
         self.owned = frozenset(p.partition for p in parts if p.topic == self.topic)
         try:
-            raw = json.loads(user_data or b"{}").get("owners", {})
-            owners = {int(p): str(url) for p, url in raw.items()}
+            data = json.loads(user_data or b"{}")
+            owners = {int(p): str(url) for p, url in data.get("owners", {}).items()}
         except (ValueError, AttributeError):
             log.error(
                 "an assignment without a readable owner map; forwarding is off until the next"
             )
-            owners = {}
-        self.map = OwnershipMap(owners, self.map.generation + 1)
+            data, owners = {}, {}
+        self.map = OwnershipMap(owners, self.map.generation + 1, _instances(data))
+
+
+def _instances(data: object) -> dict[str, str]:
+    """The URL -> instance id map of an assignment (empty from a leader older than it)."""
+    raw = data.get("instances") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    return {url: i for url, i in raw.items() if isinstance(url, str) and isinstance(i, str)}
 
 
 def _claim(user_data: bytes | None) -> Claim:
     """A member's claim; a member this version cannot read claims nothing (it still gets a share)."""
     try:
         raw = json.loads(user_data or b"{}")
-        return Claim(str(raw.get("url", "")), frozenset(int(p) for p in raw.get("owned", ())))
+        instance = raw.get("instance")
+        return Claim(
+            str(raw.get("url", "")),
+            frozenset(int(p) for p in raw.get("owned", ())),
+            instance if isinstance(instance, str) else None,
+        )
     except (ValueError, TypeError, AttributeError):
         return Claim("")

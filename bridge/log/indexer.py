@@ -227,7 +227,7 @@ class Indexer(Component):
         s = self.settings
         if s.advertised_url is None:  # the settings refuse this; a guard for direct use
             raise IndexerError("ownership 'group' needs advertised_url")
-        self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events)
+        self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events, s.instance_id)
         # Positions come from the index (seek on assignment); a committed offset, when there
         # is one, is only ever at or below it, and records below ``through`` are skipped.
         # Retention passing a position must surface (the seq tail marks what it lost and
@@ -289,6 +289,11 @@ class Indexer(Component):
 
     def owns(self, partition: int) -> bool:
         return partition in self.partitions
+
+    async def remove_from_group(self, instance_id: str) -> None:
+        """Have the group drop the static member ``instance_id`` now (its process is gone):
+        the group rebalances without it instead of after its session timeout."""
+        await self._log.remove_members(bridge_group(self.settings.topics), [instance_id])
 
     def add_ownership_listener(self, listener: OwnershipListener) -> None:
         self._ownership.listeners.append(listener)
