@@ -45,7 +45,10 @@ Phases (all under the load):
    and :mod:`bridgedev.checker` compares what every client was handed with the log.
    Target: 0 lost, 0 duplicated, 0 out of order (and nothing else).
 
-Webhook deliveries are counted and their longest gap in each phase reported (informational:
+Informational too, per restart: the partition-seconds without a serving owner that a replica
+up meanwhile counted (``bridge_partition_unavailable_seconds_total``; n/a on a bridge without
+that metric). Webhook deliveries are counted and their longest gap in each phase reported
+(informational:
 a delivery loop polls every ``BRIDGE_WEBHOOK_POLL_INTERVAL_S``, 0.2 s here).
 
 ``--smoke`` runs a smaller load through every phase and reports the same rows with the
@@ -61,6 +64,7 @@ import base64
 import contextlib
 import itertools
 import json
+import math
 import random
 import secrets
 import shutil
@@ -368,27 +372,36 @@ def receiving(seen: Seen, ca: trustme.CA) -> Iterator[Receiver]:
 # --- the replicas, as their metrics say -----------------------------------------------------------
 
 
+#: Summed per replica at each phase's edges: group rebalances, and partition-seconds without a
+#: serving owner as the replica saw them (a metric the bridge has since the rollout work;
+#: absent before it, then reported as n/a).
+REBALANCES = "bridge_rebalances_total"
+UNSERVED = "bridge_partition_unavailable_seconds_total"
+
+
 async def metric(http: httpx.AsyncClient, replica: Replica, name: str) -> float | None:
-    """The sum of ``name``'s samples on ``replica`` (None when it does not answer)."""
+    """The sum of ``name``'s samples on ``replica`` (None when it does not answer or has no
+    such series)."""
     try:
         reply = await http.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=5)
     except httpx.HTTPError:
         return None
-    total = 0.0
+    total, found = 0.0, False
     for line in reply.text.splitlines():
         head, _, value = line.rpartition(" ")
         if head == name or head.startswith(name + "{"):
-            total += float(value)
-    return total
+            total, found = total + float(value), True
+    return total if found else None
 
 
-async def rebalances(http: httpx.AsyncClient, replicas: list[Replica]) -> dict[str, float]:
-    """``bridge_rebalances_total`` of each replica that answers."""
-    found = {}
+async def reading(http: httpx.AsyncClient, replicas: list[Replica]) -> dict[str, dict[str, float]]:
+    """Per metric of :data:`REBALANCES` and :data:`UNSERVED`, each answering replica's sum."""
+    found: dict[str, dict[str, float]] = {REBALANCES: {}, UNSERVED: {}}
     for replica in replicas:
-        value = await metric(http, replica, "bridge_rebalances_total")
-        if value is not None:
-            found[replica.name] = value
+        for name, values in found.items():
+            value = await metric(http, replica, name)
+            if value is not None:
+                values[replica.name] = value
     return found
 
 
@@ -423,9 +436,13 @@ async def owners(http: httpx.AsyncClient, replicas: list[Replica]) -> dict[int, 
     return found
 
 
-def most_rebalances(before: dict[str, float], after: dict[str, float], skip: str) -> float:
-    """The most assignments a replica that stayed up applied between two readings."""
-    deltas = [after[n] - before[n] for n in before if n != skip and n in after]
+def most_grown(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], name: str, skip: str
+) -> float:
+    """The most ``name`` grew on a replica that stayed up (not ``skip``) between two readings:
+    every member applies every assignment, and sees every partition's owner."""
+    was, now = before[name], after[name]
+    deltas = [now[n] - was[n] for n in was if n != skip and n in now]
     return max(deltas, default=float("nan"))
 
 
@@ -468,6 +485,7 @@ class Phase:
     creates_failed: int = 0
     requests: int = 0
     rebalances: list[float] = field(default_factory=list)
+    unserved: list[float] = field(default_factory=list)  # partition-seconds, per restart
     stop_s: list[float] = field(default_factory=list)
     killed_after_grace: int = 0
     ready_s: list[float] = field(default_factory=list)
@@ -493,16 +511,16 @@ async def rollout(load: Load) -> Phase:
     replicas = load.harness.replicas
     phase, before = Phase(Window(time.monotonic())), _counts(load)
     for i, replica in enumerate(replicas):
-        read = await rebalances(load.http, replicas)
+        read = await reading(load.http, replicas)
         load.in_service.discard(i)
         say(f"rollout: SIGTERM {replica.name}")
         stop_s, killed = await wait_stopped(replica)
         phase.stop_s.append(stop_s)
         phase.killed_after_grace += killed
         phase.ready_s.append(await come_back(load, i))
-        phase.rebalances.append(
-            most_rebalances(read, await rebalances(load.http, replicas), replica.name)
-        )
+        after = await reading(load.http, replicas)
+        phase.rebalances.append(most_grown(read, after, REBALANCES, replica.name))
+        phase.unserved.append(most_grown(read, after, UNSERVED, replica.name))
         say(
             f"rollout: {replica.name} stopped in {stop_s:.1f} s{' (killed)' if killed else ''}, "
             f"ready {phase.ready_s[-1]:.1f} s after its start, "
@@ -523,7 +541,7 @@ async def sigkill(load: Load) -> Phase:
     index = max(range(len(replicas)), key=tasks.count)
     victim = replicas[index]
     say(f"sigkill: {victim.name} owns {tasks.count(index)} of {len(tasks)} pipeline tasks")
-    read = await rebalances(load.http, replicas)
+    read = await reading(load.http, replicas)
     phase, before = Phase(Window(time.monotonic())), _counts(load)
     mark = time.time_ns() // 1_000_000
     load.in_service.discard(index)
@@ -535,9 +553,9 @@ async def sigkill(load: Load) -> Phase:
     )
     phase.affected = tasks.count(index) * load.sizes.streams_per_task
     phase.ready_s.append(await come_back(load, index))
-    phase.rebalances.append(
-        most_rebalances(read, await rebalances(load.http, replicas), victim.name)
-    )
+    after = await reading(load.http, replicas)
+    phase.rebalances.append(most_grown(read, after, REBALANCES, victim.name))
+    phase.unserved.append(most_grown(read, after, UNSERVED, victim.name))
     return _close(phase, load, before)
 
 
@@ -615,6 +633,12 @@ def report_phase(name: str, phase: Phase, load: Load, res: Results, judge: Verdi
         " / ".join(f"{r:g}" for r in phase.rebalances),
         target=f"<= {TARGET_REBALANCES}" if rollout_phase else "",
         status=judge(most <= TARGET_REBALANCES) if rollout_phase else "",
+    )
+    res.add(
+        name,
+        "partition-seconds without a serving owner (each; most a replica up meanwhile saw)",
+        " / ".join("n/a" if math.isnan(u) else f"{u:.1f}" for u in phase.unserved),
+        "s",
     )
     if phase.stop_s:
         res.add(
