@@ -620,8 +620,11 @@ class Soak:
             "counters": {
                 k: v
                 for k, v in asdict(self._load().counters).items()
-                if k not in ("errors", "latencies_s")
+                if k not in ("errors", "latencies_s", "timeline")
             },
+            # The clients' drops and resumes (the most recent), beside the faults' times: what a
+            # long recovery was waiting for.
+            "timeline": [[round(t, 3), what] for t, what in self._load().counters.timeline],
             "faults": [asdict(f) for f in self.faults],
             "exits": self.exits,
             "memory_kib": {k: v for k, v in self.memory.items()},
