@@ -220,6 +220,87 @@ def active_controller(cluster: LocalCluster) -> int:
     return max(elected)[1]
 
 
+# --- where a failover's time goes ---------------------------------------------------------------
+
+#: Replica log lines that mark a step of a failover (Kafka clients' complaints, the group's
+#: rounds, partitions taken): shown on the breakdown's timeline.
+_STEPS = (
+    "WARNING",
+    "ERROR",
+    "owning events partitions",
+    "no longer owning",
+    "assigned ",
+    "rebalanc",
+    "Heartbeat",
+    "coordinator",
+)
+
+
+def first_fresh_events(load: LoadHarness, mark: int) -> dict[str, float]:
+    """Per client, the epoch seconds of its first pipeline event sent after ``mark`` (filled as
+    the load runs)."""
+    firsts: dict[str, float] = {}
+
+    def seen(client_id: str, type_: str, payload: dict[str, Any]) -> None:
+        at = payload.get("atMs")
+        if isinstance(at, int) and at > mark and client_id not in firsts:
+            firsts[client_id] = time.time()
+
+    load.on_delivery = seen
+    return firsts
+
+
+async def new_leader_seen(settings: Settings, partition: int, old: int) -> float | None:
+    """Epoch seconds when the metadata first names a leader of ``partition`` other than
+    ``old`` (polled; None if not within the recovery bound)."""
+    topic = settings.topics.events
+
+    async def moved() -> float | None:
+        with contextlib.suppress(KafkaError):
+            described = await _partitions_once(settings, [topic])
+            (leader,) = [p["leader"] for p in described if p["partition"] == partition]
+            return time.time() if leader not in (old, -1) else None
+        return None
+
+    with contextlib.suppress(AssertionError):
+        return await wait_until(moved, RECOVERY_BOUND_S, what="a new leader", poll_s=0.2)
+    return None
+
+
+def _log_steps(logs: Path, since: float, until: float) -> list[tuple[float, str]]:
+    """(epoch seconds, line) of the replicas' log lines in ``_STEPS`` between two times, each
+    kind of line once per replica (a client retrying a dead broker logs it every 0.1 s)."""
+    found, kinds = [], set()
+    for path in sorted(logs.glob("replica*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            stamp = line[:23]
+            try:
+                at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S"))
+                at += int(stamp[20:23]) / 1000
+            except ValueError:
+                continue
+            kind = (path.stem, "".join(c for c in line[24:84] if not c.isdigit()))
+            if since <= at <= until and any(s in line for s in _STEPS) and kind not in kinds:
+                kinds.add(kind)
+                found.append((at, f"{path.stem}: {line[24:220]}"))
+    return found
+
+
+def breakdown(
+    load: LoadHarness, mark: int, firsts: dict[str, float], elected: float | None, logs: Path
+) -> str:
+    """A failover's timeline from the kill (``mark``): the new leader in the metadata, the
+    replicas' log, the clients' drops and resumes, each stream's first fresh event."""
+    zero = mark / 1000
+    rows = [(t, what) for t, what in load.counters.timeline if t >= zero]
+    rows += _log_steps(logs, zero, zero + RECOVERY_BOUND_S)
+    if elected is not None:
+        rows.append((elected, "metadata names the partition's new leader"))
+    rows += [(t, f"{client} first event sent after the kill") for client, t in firsts.items()]
+    lines = [f"{t - zero:7.2f} s  {what}" for t, what in sorted(rows)]
+    return "\n[breakdown] from the kill:\n" + "\n".join(lines)
+
+
 # --- the load and its verdict -----------------------------------------------------------------
 
 
@@ -302,10 +383,13 @@ async def test_sigkill_of_the_busiest_partitions_leader_loses_nothing_and_it_rej
         await warm(load)
         partition, leader = await busiest_events_partition(direct)
         node = kafka_cluster.node(leader)
-        mark = now_ms()
+        firsts = first_fresh_events(load, mark := now_ms())
         node.kill()
+        elected = asyncio.create_task(new_leader_seen(direct, partition, leader))
         failover_s = await load.recovery_s(mark, RECOVERY_BOUND_S)
-        new_leader = (await partitions_of(direct, [settings.topics.events]))[partition]["leader"]
+        print(breakdown(load, mark, firsts, await elected, tmp_path))
+        described = await partitions_of(direct, [settings.topics.events])
+        (new_leader,) = [p["leader"] for p in described if p["partition"] == partition]
         assert new_leader not in (leader, -1), "another broker leads the partition"
         await asyncio.to_thread(node.start, HEAL_BOUND_S)
         rejoin_s = await wait_fully_replicated(direct)

@@ -183,8 +183,14 @@ async def start_components(
     except AccessDenied as denied:
         logger.error("%s", denied)
         raise
-    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
+
+    def positions() -> list[tuple[str, int]]:  # what open streams and webhooks still need
+        return [*hub.positions(), *events.subscription_positions()]
+
+    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, positions, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
+    watcher = asyncio.create_task(_watch_availability(metrics, indexer, settings))
+    stack.push_async_callback(cancel_and_wait, watcher)
     canary = None
     if settings.canary.interval_s > 0:  # probes the stream path; stops first, ending its tasks
         probes = StreamHub(settings, indexer, reader, fanout, metrics.canary_streams())
@@ -435,13 +441,32 @@ def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> Non
 
 
 async def _refresh_gauges(
-    metrics: Metrics, indexer: Indexer, reader: Reader, settings: Settings
+    metrics: Metrics,
+    indexer: Indexer,
+    reader: Reader,
+    positions: Callable[[], list[tuple[str, int]]],
+    settings: Settings,
 ) -> None:
     while True:
         try:
             await metrics.refresh_log_gauges(indexer, reader)
+            await metrics.refresh_data_loss(indexer, reader, positions())
         except Exception:
             logger.exception("could not refresh the Kafka gauges")
         await asyncio.sleep(
             settings.server.metrics_refresh_s
         )  # the refresh cadence, not synchronisation
+
+
+#: How often each events partition's owner is looked at (the unavailability's resolution).
+AVAILABILITY_SAMPLE_S = 0.25
+
+
+async def _watch_availability(metrics: Metrics, indexer: Indexer, settings: Settings) -> None:
+    """Sample who serves each events partition (no Kafka call: the last assignment)."""
+    before = time.monotonic()
+    while True:
+        await asyncio.sleep(AVAILABILITY_SAMPLE_S)  # the sampling cadence
+        now = time.monotonic()
+        metrics.sample_availability(indexer, settings.peers.advertised_url, now - before)
+        before = now

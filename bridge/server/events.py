@@ -347,6 +347,12 @@ class EventsMethods:
             await self.webhooks.stop()
         await self.close()
 
+    def subscription_positions(self) -> list[tuple[str, int]]:
+        """``(task id, last delivered seq)`` of every live webhook subscription to a task's
+        events (none without webhook delivery): for the distance to data loss."""
+        service = self.webhooks.service if self.webhooks is not None else None
+        return [] if service is None else service.registry.table.task_positions(_now_ms())
+
     async def close(self) -> None:
         """Close the Kafka clients of the sources that hold any."""
         for source in self.sources.values():

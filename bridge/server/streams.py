@@ -170,6 +170,9 @@ class StreamHub:
         self.metrics = metrics
         self.draining = asyncio.Event()
         self._streams: dict[Subscription, Ticket] = {}
+        #: Each open stream's last delivered seq (its cursor's at first, -1 without one): what
+        #: it needs next from the log, for the distance to data loss (bridge.metrics).
+        self._positions: dict[Subscription, int] = {}
         indexer.add_ownership_listener(self._partitions_moved)
         self.admission = Admission(
             Limits(
@@ -298,14 +301,23 @@ class StreamHub:
         with self.fanout.subscribe(task_id, self.settings.streams.queue_size) as sub:
             ticket.on_cancel.append(sub.close)
             self._streams[sub] = ticket
+            self._positions[sub] = -1 if after is None else after
             try:
                 async for item in self._run(sub, partition, after, log_start, wire):
+                    if item:
+                        self._positions[sub] = item[-1][0]
                     yield item
                     del item  # not held while the stream waits
             except NotOwner:
                 ticket.moved = True  # the partition moved during a read: resume at its owner
             finally:
                 self._streams.pop(sub, None)
+                self._positions.pop(sub, None)
+
+    def positions(self) -> list[tuple[str, int]]:
+        """``(task id, last delivered seq)`` of every open stream (-1: nothing delivered yet
+        and no cursor): the oldest of these is what retention must not pass."""
+        return [(sub.task_id, seq) for sub, seq in self._positions.items()]
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
