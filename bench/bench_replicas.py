@@ -1,4 +1,4 @@
-"""Benchmarks of serving replicas that divide the events partitions (``ownership = group``).
+"""Benchmarks of serving replicas that divide the events partitions (``replicas.ownership = group``).
 
 Run::
 

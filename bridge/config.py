@@ -464,7 +464,7 @@ class IdentitySettings(BaseModel):
     keys_file: Path | None = None
     #: The same text inline (a secret: never logged, no repr).
     keys: SecretStr | None = None
-    #: Neither set: replicas (``ownership = "group"``) derive a key from the peer secret; one
+    #: Neither set: replicas (``replicas.ownership = "group"``) derive a key from the peer secret; one
     #: process (``"all"``) makes a development key here once (0600) and warns. A read-only or
     #: missing home refuses to start with the setting to fix.
     dev_keys_file: Path = Path.home() / ".local" / "state" / "mcp-kafka-bridge" / "identity.keys"
@@ -555,7 +555,7 @@ class WebhookKeySettings(BaseModel):
 
 class PeerSettings(BaseModel):
     """The peer listener: where replicas send each other the requests they forward
-    (``ownership = "group"``; docs/deployment.md, "The peer listener").
+    (``replicas.ownership = "group"``; docs/deployment.md, "The peer listener").
 
     Set as ``BRIDGE_PEERS__PORT=8081`` and so on. Only signed hops are served there, and the
     public listener never honours a hop. ``advertised_url`` is this listener's URL.

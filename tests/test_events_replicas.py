@@ -1,6 +1,6 @@
 """Events, webhooks and subscriptions/listen when replicas divide the partitions (real broker).
 
-Two replicas (``ownership = "group"``, six events partitions, three each) in auth mode bearer;
+Two replicas (``replicas.ownership = "group"``, six events partitions, three each) in auth mode bearer;
 tasks are created through ``tools/call`` on each replica, so their ids land in that replica's
 own partitions, and every request is sent to replica A, whichever replica owns the task:
 

@@ -2,7 +2,7 @@
 
 A rebalance closes the fan-out subscriptions of the partitions a replica loses; a waiter that
 did not see the closure looped on it without an await that suspends (no HTTP, no tail, no
-heartbeats). Two in-process replicas (``ownership = "group"``, a task service each, no HTTP and
+heartbeats). Two in-process replicas (``replicas.ownership = "group"``, a task service each, no HTTP and
 no workers): the first owns every partition while calls wait on a task in each of them; the
 second joins and takes some; each wait on a partition that moved must end with the retriable
 answer, the others wait on. :class:`Subscription.wait` is counted: a waiter that calls it

@@ -2,7 +2,7 @@
 
 A create takes its place before its first await, so many concurrent creates cannot all pass a
 check made before any of them was indexed; a creation that wrote nothing gives its place back.
-With replicas (``ownership = "group"``) each replica counts the tasks of its own partitions
+With replicas (``replicas.ownership = "group"``) each replica counts the tasks of its own partitions
 and its own creations: the cluster-wide bound is the limit times the replicas, here two
 in-process replicas of a task service each (no HTTP, no workers).
 """

@@ -15,7 +15,7 @@ appending ordinary events, and a ``task.created`` they write defines nothing.
 Keys come from a :class:`Keyring`: the first key signs, every key verifies, so a rotation
 (add the new key first, keep the old one listed) never orphans a task created before it. Where
 the keyring comes from (:func:`load_keyring`): ``identity.keys_file`` or ``identity.keys``;
-else, with replicas (``ownership = "group"``), a key derived from the peer secret every
+else, with replicas (``replicas.ownership = "group"``), a key derived from the peer secret every
 replica already shares; else (one process, development) a key file made once in
 ``identity.dev_keys_file``. Key material is never logged and has no repr.
 

@@ -5,7 +5,7 @@ which ask it what is indexed (:meth:`Indexer.lookup`, :meth:`Indexer.wait_indexe
 a partition's owner is. Every bridge replica runs one :class:`Indexer`: the composition of its
 parts, which each say where they sit.
 
-* :mod:`bridge.log.ownership`: which partitions it owns (every one with ``ownership = "all"``,
+* :mod:`bridge.log.ownership`: which partitions it owns (every one with ``replicas.ownership = "all"``,
   or the share the replicas' consumer group gives it with ``"group"``, see
   :mod:`bridge.kafka.ownership`); a partition gained is fenced, restored and sought to, a
   partition lost is flushed and dropped.

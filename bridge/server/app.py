@@ -7,7 +7,7 @@ when on (:mod:`bridge.canary`). ``/healthz`` answers while
 the process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
 the log as it was at start (readiness), so a replica never serves a stale view.
 
-With ``ownership = "group"`` a second app, the peer listener's (:func:`peer_app`), serves the
+With ``replicas.ownership = "group"`` a second app, the peer listener's (:func:`peer_app`), serves the
 hops other replicas forward (``/mcp`` and the view's GETs, nothing else) from the same
 components, on its own port: it is started once they are and stopped before them. Only there
 is a signed hop believed; the public app authenticates every request.

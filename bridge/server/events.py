@@ -22,7 +22,7 @@ task becoming invisible, end the stream with ``notifications/events/terminated``
 status event); a draining process closes streams without it, so clients resume elsewhere, and
 so does a stream whose task's partition moved to another replica.
 
-Several replicas (``ownership = "group"``): a request naming a task is served by the owner of
+Several replicas (``replicas.ownership = "group"``): a request naming a task is served by the owner of
 its partition (the HTTP layer forwards it). A webhook delivery loop runs wherever the webhooks
 group placed its subscription, so its read of a task goes to the task's owner as an internal
 ``events/poll`` (:func:`delivery_poll`), signed for the subscription's principal.

@@ -12,7 +12,7 @@ the bounded buffer) makes the listen re-read the task's state, so nothing depend
 every event. The current state of each task is sent first, right after the acknowledgement:
 a change between the client's last ``tasks/get`` and its listen is never missed.
 
-Several replicas (``ownership = "group"``, :class:`Replicas`): a listen names tasks that may
+Several replicas (``replicas.ownership = "group"``, :class:`Replicas`): a listen names tasks that may
 live on several owners, so it is served where it arrives. Each state is read where the task is
 served: here, or at its owner by a signed internal ``tasks/get`` (the owner's answer, as the
 client would get it). Changes of tasks owned elsewhere come from the task-updates topic, which

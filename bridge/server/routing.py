@@ -1,7 +1,7 @@
 """Where a request about a task is served: here, at its partition's owner, or not yet.
 
 Where it sits: the MCP endpoint (bridge.server.http) asks :meth:`Routing.where` for every
-request that names a task (:func:`~bridge.server.peers.routed_task_id`). With ``ownership =
+request that names a task (:func:`~bridge.server.peers.routed_task_id`). With ``replicas.ownership =
 "all"`` the answer is always here. In a group, the partition's owner is this replica (here), or
 another one whose URL the last assignment named (forward there), or nobody for a moment (the
 partition is moving): the request then waits for the next assignment, up to ``replicas.owner_wait_s``,

@@ -15,7 +15,7 @@ shutdown. The bridge drains its open streams in ``on_stop`` (:func:`bridge_serve
 until its bound, and then be cut off instead of told to resume. A second SIGINT forces the exit,
 as in uvicorn.
 
-With replicas (``ownership = "group"``) the process serves a second listener, the peer
+With replicas (``replicas.ownership = "group"``) the process serves a second listener, the peer
 listener (:func:`peer_listener`): another uvicorn server in the same loop, started by the app
 once its components run and closed before they stop; it never handles signals.
 """
