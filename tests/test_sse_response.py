@@ -21,9 +21,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bridge.server.handlers import Streamed
-from bridge.server.http import RawEndpoint, SseResponse
+from bridge.server.http import RawEndpoint
 from bridge.server.runner import AppServer
-from bridge.server.wire import EventBatch, Frame, RpcError, sse_events
+from bridge.server.sse import EventBatch, Frame, SseResponse, sse_events
+from bridge.server.wire import RpcError
 
 BOUND = 30.0
 
