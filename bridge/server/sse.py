@@ -133,7 +133,7 @@ async def task_stream(
         traced = list(batch.pairs()) if tracing.enabled() else ()
         with tracing.deliver(task_id, traced):  # a span around this write, if traced
             yield EventBatch(texts.frames(task_id, cursor, batch, render))
-        del batch  # not held while the stream waits, maybe for hours
+        del batch, traced  # not held while the stream waits, maybe for hours
     if not ticket.cancelled and not ticket.moved and not draining.is_set():
         yield Frame(result_response(request_id, {"resultType": "complete"}))
 

@@ -3,8 +3,10 @@
 The :class:`StreamHub` serves each stream from a subscription to the process's fan-out of live
 events (:mod:`bridge.log.fanout`, one Kafka tail for every stream): a stream first subscribes,
 then reads history through the :class:`~bridge.log.reader.Reader` (checkpoint seek), then takes
-what its bounded buffer collected. One rule (:func:`take_next`) delivers exactly ``last + 1``
-each time, so nothing is skipped or repeated across the hand-off. A stream whose buffer
+what its bounded buffer collected. Both come as the one batch type,
+:class:`~bridge.log.records.Batch`, and one rule (:func:`take_next`), applied in one place to
+every batch, delivers exactly ``last + 1`` each time, so nothing is skipped or repeated across
+the hand-off. What it delivers is written by :mod:`bridge.server.sse`. A stream whose buffer
 overflows (its client reads slowly) drops back to catch-up reads from Kafka until it is level
 again; no event is lost for anyone.
 
