@@ -252,7 +252,7 @@ class Canary(Component):
                 if batch is None:
                     continue  # keep-alive tick
                 at = time.monotonic()
-                for _seq, event in batch:
+                for _seq, event in batch.pairs():
                     if event.type != self.probe_type:
                         continue
                     number = event.payload.get("probe")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, NewType, Protocol, TypeVar, cast
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -46,11 +46,13 @@ __all__ = [
     "MAX_TIMESTAMP_MS",
     "EnvelopeError",
     "EnvelopeTooLarge",
+    "Item",
     "MalformedEnvelope",
     "RecordLike",
     "TaskEvent",
     "UnknownSchema",
     "UnsupportedContentType",
+    "WireMembers",
     "decode_event",
     "decode_usual",
     "encode_event",
@@ -133,6 +135,18 @@ class TaskEvent:
     meta_json: str | None = field(default=None, compare=False, repr=False)
     #: The record's W3C trace headers, kept by the readers while tracing is on (bridge.tracing).
     trace: tuple[tuple[str, bytes], ...] | None = field(default=None, compare=False, repr=False)
+
+
+WireMembers = NewType("WireMembers", str)
+"""A record's event as checked wire JSON object members, ``"type":<type>,"payload":<text>``
+(no ``_meta``, no braces): what :func:`splice_usual` makes of a record of the usual shape
+instead of a :class:`TaskEvent`. Only :func:`splice_usual` makes one, after checking the
+payload text is one line of the wire's JSON and an object, so a stream may splice it into its
+notification as it is. A str at run time (no object per record on a replay's hot path); the
+type keeps any other str from passing for one."""
+
+#: What a stream sends of a record: its event, or its checked wire members.
+Item = TaskEvent | WireMembers
 
 
 _SLOTS = tuple(
@@ -545,7 +559,7 @@ def splice_usual(
     heads: Mapping[bytes, str],
     head_of: Callable[[bytes], str],
     other: Callable[[_R], TaskEvent],
-) -> tuple[list[TaskEvent | str], list[int]]:
+) -> tuple[list[Item], list[int]]:
     """Each record's event as a stream writes it, without decoding the usual ones: for a
     record of the usual shape (:func:`usual_parts`) whose payload text is one line of the
     wire's JSON, an object, ``head + the producer's text``, where ``head`` is ``heads[type
@@ -564,7 +578,7 @@ def splice_usual(
     if not _usual_head:
         _usual_head.append(_SINGLE_OBJECT_MAGIC + _writer_schema().fingerprint)
     usual, decode, deep = _usual_head[0], strictjson.fast_decode, 2 * strictjson.MAX_DEPTH
-    items: list[TaskEvent | str] = []
+    items: list[Item] = []
     full: list[int] = []
     append = items.append
     headers = list(map(_HEADERS, records))
@@ -576,7 +590,9 @@ def splice_usual(
     for record in records:
         # None (a tombstone) raises TypeError below, and goes the full way.
         value: bytes = record.value  # type: ignore[assignment]
-        text = None
+        # Made a WireMembers only by the checks below (no NewType call per record: a replay's
+        # hot loop).
+        text: WireMembers | None = None
         try:
             if avro and (not each or _is_avro(record.headers)):
                 if value[:size] != prefix:  # (a TypeError for a record without a value)
@@ -601,7 +617,7 @@ def splice_usual(
                             and (len(raw) <= deep or not strictjson.may_nest_deeper(raw))
                             and type(decode(raw)) is dict
                         ):
-                            text = head + raw.decode()  # UTF-8
+                            text = head + raw.decode()  # type: ignore[assignment]
         except (IndexError, ValueError, TypeError):  # short, not UTF-8, refused, no value
             text = None
         if text is None:

@@ -556,11 +556,11 @@ async def stream_once(
             async for batch in hub.events(ticket, after, log_start):
                 if batch is None:
                     continue
-                if after is None and batch[0][0] > 0:
+                if after is None and batch.seqs[0] > 0:
                     # A stream without a cursor starts at the earliest retained seq: as if it
                     # were told the rest is gone (the checker counts retained ones skipped).
-                    world.recording.gone(client_id, task.task_id, -1, batch[0][0])
-                for seq, event in batch:
+                    world.recording.gone(client_id, task.task_id, -1, batch.seqs[0])
+                for seq, event in batch.pairs():
                     world.recording.record(
                         client_id,
                         task.task_id,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
-from bridge.log.reader import ReadBatch, ReadEvent
+from bridge.log.records import Batch, ReadEvent
 from bridge.server.admission import Admission, Caller, Limits, connection_of
 from bridge.server.streams import Step, take_next
 from bridge.server.wire import RpcError
@@ -136,6 +136,12 @@ def log_of(n: int) -> list[Ev]:
     return [Ev(i, 10 * i, TaskEvent("com.example.e", {"i": i}, None, 0)) for i in range(n)]
 
 
+def take(events: list[Ev], last: int, ends, **kwargs) -> tuple[list[int], int, Step]:
+    """:func:`take_next` of ``events`` as the live buffer hands them (any seqs): the seqs taken."""
+    batch, last, step = take_next(Batch.of(events), last, ends, **kwargs)
+    return list(batch.seqs), last, step
+
+
 # No deadline: an example makes hundreds of draws, and timing is not what this checks.
 @settings(deadline=None)
 @given(
@@ -155,11 +161,11 @@ def test_any_interleaving_of_duplicates_and_gaps_delivers_each_seq_once_up_to_th
     for _ in range(4 * n + 10):  # every round makes progress or re-reads the rest
         start = data.draw(st.integers(0, n - 1))
         chunk = [e for e in events[start:] if data.draw(st.booleans())]  # holes, duplicates
-        batch, last, step = take_next(chunk, last, ends)
-        delivered += [seq for seq, _ in batch]
+        seqs, last, step = take(chunk, last, ends)
+        delivered += seqs
         if step is Step.GAP:  # the stream re-reads the rest from Kafka, without holes
-            batch, last, step = take_next(events[max(last, -1) + 1 :], last, ends)
-            delivered += [seq for seq, _ in batch]
+            seqs, last, step = take(events[max(last, -1) + 1 :], last, ends)
+            delivered += seqs
         if step is Step.ENDED:
             break
     # Always a gap-free run from the cursor on, each seq once ...
@@ -172,21 +178,22 @@ def test_a_cursor_past_the_terminal_event_ends_when_that_event_goes_by() -> None
     """A cursor ahead of this replica's view (another replica handed it out) must not hang."""
     events = log_of(6)
     terminal = lambda offset, event: offset == 30  # noqa: E731
-    batch, last, step = take_next(events[2:], 4, terminal)
-    assert batch == [] and last == 4 and step is Step.ENDED
+    seqs, last, step = take(events[2:], 4, terminal)
+    assert seqs == [] and last == 4 and step is Step.ENDED
 
 
 def test_without_a_cursor_the_first_event_may_have_any_seq() -> None:
     events = log_of(8)[5:]  # retention kept seq 5 onwards
     never = lambda offset, event: False  # noqa: E731
-    batch, last, step = take_next(events, -1, never, any_first=True)
-    assert [seq for seq, _ in batch] == [5, 6, 7] and last == 7 and step is Step.MORE
-    assert take_next(events, -1, never)[2] is Step.GAP
+    seqs, last, step = take(events, -1, never, any_first=True)
+    assert seqs == [5, 6, 7] and last == 7 and step is Step.MORE
+    assert take(events, -1, never)[2] is Step.GAP
 
 
-def as_read_batch(events: list[Ev]) -> ReadBatch:
+def as_read_batch(events: list[Ev]) -> Batch[TaskEvent]:
     """A reader's batch of consecutive events (what a catch-up read yields)."""
-    return ReadBatch(events[0].seq, [e.offset for e in events], [e.event for e in events])
+    seqs = range(events[0].seq, events[0].seq + len(events))
+    return Batch(seqs, [e.offset for e in events], [e.event for e in events])
 
 
 @settings(deadline=None)
@@ -201,15 +208,16 @@ def as_read_batch(events: list[Ev]) -> ReadBatch:
 def test_a_read_batch_is_taken_exactly_as_the_same_events_one_by_one(
     n: int, start: int, last: int, terminal: int, any_first: bool, end_type: str | None
 ) -> None:
-    """The stream takes a catch-up read's columns without a ReadEvent each: same rule, same
-    answer as for the events as objects (and end_type only spares asking about other types)."""
+    """The stream takes a catch-up read's consecutive seqs in slices: same rule, same answer as
+    for the events one by one (and end_type only spares asking about other types)."""
     events = log_of(n + start)[start:]
     ends = lambda offset, _event: offset == 10 * terminal  # noqa: E731
     read = as_read_batch(events)
     one_by_one = [ReadEvent(e.seq, e.offset, e.event) for e in events]
     assert list(read) == one_by_one and len(read) == n
-    assert (read[0], read[-1], read[1:3]) == (one_by_one[0], one_by_one[-1], one_by_one[1:3])
-    expected = take_next(events, last, ends, any_first=any_first)
+    expected = take(events, last, ends, any_first=any_first)
     if end_type == "com.example.other":  # no event can end the stream then
-        expected = take_next(events, last, lambda o, e: False, any_first=any_first)
-    assert take_next(read, last, ends, any_first=any_first, end_type=end_type) == expected
+        expected = take(events, last, lambda o, e: False, any_first=any_first)
+    taken, got_last, step = take_next(read, last, ends, any_first=any_first, end_type=end_type)
+    assert (list(taken.seqs), got_last, step) == expected
+    assert taken.items == [events[seq - events[0].seq].event for seq in taken.seqs]

@@ -6,6 +6,7 @@ CLI imports its commands lazily), so a cycle hidden from start-up time still sho
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,3 +169,71 @@ def test_no_module_outside_the_kafka_layer_calls_a_kafka_client_or_names_its_typ
         if counts != (0, 0):
             found[rel] = counts
     assert found == {}, "speak to the log port (bridge/kafka/port.py) instead"
+
+
+# --- SSE is written in one module --------------------------------------------------------------
+
+#: The one module that writes ``text/event-stream`` text.
+SSE_MODULE = BRIDGE / "server" / "sse.py"
+#: An SSE field line (``id:``, ``event:``, ``data:``, ``retry:``) or a comment line ending an
+#: event, at the start of a literal or of one of its lines.
+SSE_FRAMING = re.compile(r"(?:^|\n)(?:id|event|data|retry): |(?:^|\n): [^\n]*\n\n")
+
+
+def _literals(source: str) -> Iterator[str]:
+    """Every string and bytes literal of ``source`` but docstrings; an f-string as its literal
+    parts with ``{}`` for each value (so ``f"id: {seq}\\n"`` reads ``id: {}\\n``)."""
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            docstrings.add(id(body[0].value))
+    parts_of_fstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(
+                v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "{}"
+                for v in node.values
+            )
+            parts_of_fstrings.update(id(v) for v in node.values)
+            yield text
+    for node in ast.walk(tree):
+        if id(node) in docstrings or id(node) in parts_of_fstrings:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+            value = node.value
+            yield value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def sse_framers(root: Path = BRIDGE) -> dict[str, list[str]]:
+    """The modules under ``root`` with a literal that frames SSE, and those literals."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        framing = [t for t in _literals(path.read_text(encoding="utf-8")) if SSE_FRAMING.search(t)]
+        if framing:
+            found[path.relative_to(root).as_posix()] = framing
+    return found
+
+
+def test_only_the_sse_module_frames_server_sent_events():
+    """``id:``/``event:``/``data:``/``retry:`` lines, comments and keep-alives are written by
+    bridge/server/sse.py alone: the MCP endpoint, the browser view, the Events push stream and
+    subscriptions/listen all call it."""
+    found = sse_framers()
+    rel = SSE_MODULE.relative_to(BRIDGE).as_posix()
+    assert rel in found, "the rule must see the SSE module's framing"
+    assert {k: v for k, v in found.items() if k != rel} == {}
+
+
+def test_the_sse_rule_sees_framing_in_any_literal_shape(tmp_path: Path):
+    """What the rule catches (and leaves alone), so a framing moved elsewhere cannot hide."""
+    (tmp_path / "framing.py").write_text(
+        '"""A docstring may say data: x\\n\\n."""\n'
+        'A = f"id: {1}\\nevent: message\\ndata: {2}\\n\\n"\n'
+        'B = b": keep-alive\\n\\n"\n'
+        'C = "retry: 5"\n'
+    )
+    (tmp_path / "other.py").write_text('D = "a: b"\nE = f"{1}: {2}"\nF = "no data: here"\n')
+    found = sse_framers(tmp_path)
+    assert list(found) == ["framing.py"] and len(found["framing.py"]) == 3

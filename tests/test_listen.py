@@ -33,7 +33,8 @@ from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.handlers import Call, MethodHandlers, Streamed, detailed_task
 from bridge.server.listen import SUBSCRIPTION_ID_META, Listen
 from bridge.server.routing import partition_moving_error
-from bridge.server.wire import INTERNAL_ERROR, LATEST_VERSION, Frame, JsonRpcRequest, RpcError
+from bridge.server.sse import Frame
+from bridge.server.wire import INTERNAL_ERROR, LATEST_VERSION, JsonRpcRequest, RpcError
 from bridge.tasks.service import TaskNotFound, TaskView
 
 TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}

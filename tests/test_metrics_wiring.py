@@ -30,7 +30,8 @@ from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
 from bridge.kafka.clients import partition_for_key
-from bridge.log.reader import Reader, ReadEvent
+from bridge.log.reader import Reader
+from bridge.log.records import Batch
 
 pytestmark = pytest.mark.kafka
 
@@ -252,10 +253,8 @@ async def test_a_seq_gap_in_the_canary_s_stream_counts_in_the_served_registry(
             canary.hub.reader = self.real  # once
             try:
                 async for batch in self.real.read_batches(task_id, *args, **kwargs):
-                    event = batch[0]
-                    gap = [ReadEvent(0, event.offset, event.event)]
-                    gap.append(ReadEvent(2, event.offset, event.event))
-                    yield gap
+                    offset, event = batch.offsets[0], batch.items[0]
+                    yield Batch([0, 2], [offset, offset], [event, event])  # seq 1 missing
                     return
             finally:
                 closed.set()  # the stream has taken the batch and stopped reading

@@ -119,7 +119,7 @@ async def test_a_reconnecting_stream_s_catch_up_is_paced_and_its_live_events_are
 
     async def consume() -> None:
         async for batch in hub.events(ticket, 9):  # a reconnect: after seq 9
-            for seq, _ in batch or []:
+            for seq, _ in batch.pairs() if batch else []:
                 delivered.append(seq)
                 times.append(clock.now)
             if delivered and delivered[-1] == 99:
@@ -167,7 +167,7 @@ async def test_a_drain_ends_a_paced_wait_at_once() -> None:
 
     async def consume() -> None:
         async for batch in hub.events(ticket, None):
-            delivered.extend(seq for seq, _ in batch or [])
+            delivered.extend(batch.seqs if batch else [])
             first.set()
 
     stream = asyncio.create_task(consume())

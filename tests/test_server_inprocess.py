@@ -32,6 +32,7 @@ from bridge.events import (
     UNSUPPORTED_VERSION,
 )
 from bridge.log.fanout import Subscription
+from bridge.log.records import Batch
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.auth import Authenticator
@@ -39,10 +40,9 @@ from bridge.server.classify import Methods, Rejected, classify, decode_header_va
 from bridge.server.cursor import encode_cursor
 from bridge.server.handlers import Call, MethodHandlers, Streamed
 from bridge.server.http import McpHttp
+from bridge.server.sse import EventBatch, Frame
 from bridge.server.wire import (
     LATEST_VERSION,
-    EventBatch,
-    Frame,
     JsonRpcRequest,
     RpcError,
     events_gone_error,
@@ -258,7 +258,7 @@ class FakeStreams:
         self.admission = Admission(Limits(4, 100, 100))
         self.draining = asyncio.Event()
         self.refuse: RpcError | None = None
-        self.batches: list[list[tuple[int, Any]] | None] = []
+        self.batches: list[Batch[Any] | None] = []
         self.gone = 0
         self.wire = False
 
@@ -453,7 +453,7 @@ async def test_tasks_stream_renders_each_event_with_its_cursor_then_the_result(
     tasks.add("t1", "alice")
     event = TaskEvent("com.example.step", {"i": 1}, None, 5)
     spliced = '"type":"com.example.step","payload":{"i": 2}'  # a replay's wire text
-    streams.batches = [[(4, event), (5, spliced)], None]
+    streams.batches = [Batch(range(4, 6), [40, 50], [event, spliced], [0]), None]
     outcome = await handlers.dispatch(call("tasks/stream", {"taskId": "t1", "after": 3.0}))
     assert isinstance(outcome, Streamed)
     frames = [item async for item in outcome.messages]

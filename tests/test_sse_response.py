@@ -21,10 +21,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bridge.server.handlers import Streamed
-from bridge.server.http import RawEndpoint, SseResponse, _sse_error
+from bridge.server.http import RawEndpoint
 from bridge.server.routing import owner_unavailable_error
 from bridge.server.runner import AppServer
-from bridge.server.wire import EventBatch, Frame, RpcError, sse_events
+from bridge.server.sse import EventBatch, Frame, SseResponse, _sse_error, sse_events
+from bridge.server.wire import RpcError
 
 BOUND = 30.0
 

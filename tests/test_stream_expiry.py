@@ -40,10 +40,10 @@ from bridge.server.app import create_app
 from bridge.server.auth import Authenticator, Identity
 from bridge.server.browser import ViewTokens
 from bridge.server.handlers import MethodHandlers, Streamed
-from bridge.server.http import CREDENTIAL_EXPIRED, McpHttp, RawEndpoint, SseResponse
+from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.peers import Forwarded
-from bridge.server.wire import EventBatch
-from bridge.server.wire import sse_events as render_events
+from bridge.server.sse import CREDENTIAL_EXPIRED, EventBatch, SseResponse
+from bridge.server.sse import sse_events as render_events
 
 SECRET = "s" * 64
 AUDIENCE, ISSUER = "mcp-kafka-bridge-tests", "https://issuer.example"

@@ -2,13 +2,20 @@
 fan-out over a fake log, with history reads in random chunks, live events arriving while the
 stream reads, overflows of a tiny buffer, and the terminal status at a random point.
 
-Whatever the interleaving, a stream delivers exactly the events after its cursor up to the
-terminal one, each once and in order, and then ends.
+The log holds real records, and the stream takes the path production takes: history read as
+a tasks/stream reads it (:meth:`~bridge.log.records.RecordDecoder.wire_batch`: the usual
+records as their checked wire members, spliced into the text unparsed), live events decoded on
+first use (:class:`~bridge.log.records.LazyEvent`), every batch through the one delivery rule
+and rendered and framed by :func:`bridge.server.sse.task_stream`; the browser view's decoded
+path is drawn as well. Whatever the interleaving, a stream delivers exactly the events after
+its cursor up to the terminal one, each once and in order, each as its event renders, and
+then ends with its result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -18,11 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.config import load_settings
-from bridge.envelope import TaskEvent
+from bridge.envelope import Item, TaskEvent, encode_event
+from bridge.kafka.port import Record
 from bridge.log.fanout import Fanout
 from bridge.log.indexer import IndexedEvent
+from bridge.log.records import Batch, LazyEvent, RecordDecoder
 from bridge.metrics import StreamMetrics
 from bridge.server.admission import Caller
+from bridge.server.sse import EventBatch, Frame, RecentTexts, renderer, task_stream
 from bridge.server.streams import StreamHub
 from bridge.server.wire import RpcError
 
@@ -31,17 +41,25 @@ CONFIG = load_settings(
     kafka={"bootstrap_servers": "127.0.0.1:1"}, streams={"queue_size": 3, "keepalive_s": 60}
 )
 STATUS = CONFIG.own_types.status
+PREFIX = CONFIG.tasks.event_type_prefix
+DECODER = RecordDecoder(PREFIX, CONFIG.tasks.max_event_bytes, CONFIG.type_rule)
+#: Records of the usual shape carry a timestamp of these days (one of 1970 is not spliced).
+NOW_MS = 1_764_000_000_000
 
 
 @dataclass(frozen=True)
 class Read:
     seq: int
     offset: int
-    event: TaskEvent
+    record: Record
+
+    @property
+    def event(self) -> TaskEvent:
+        return DECODER.event(self.record)
 
 
 class FakeLog:
-    """One task's committed events as the indexer sees them, and its listeners."""
+    """One task's committed records as the indexer sees them, and its listeners."""
 
     def __init__(self, chunks: Callable[[], int]) -> None:
         self.events: list[Read] = []
@@ -80,25 +98,37 @@ class FakeLog:
         seq = len(self.events)
         offset = 10 * seq
         if terminal:
-            event = TaskEvent(STATUS, {"status": "completed"}, None, 0)
+            event = TaskEvent(STATUS, {"status": "completed"}, None, NOW_MS + seq)
             self.terminal_offset = offset
         else:
-            event = TaskEvent("com.example.step", {"i": seq}, None, 0)
-        self.events.append(Read(seq, offset, event))
-        for listener in self.listeners:
-            listener(IndexedEvent(TASK, 0, offset, seq, event))
+            event = TaskEvent("com.example.step", {"i": seq, "note": "a b"}, None, NOW_MS + seq)
+        value, headers = encode_event(event)
+        record = Record("events", 0, offset, TASK.encode(), value, NOW_MS + seq, tuple(headers))
+        self.events.append(Read(seq, offset, record))
+        for listener in self.listeners:  # as the tail hands it over: decoded on first use
+            listener(IndexedEvent(TASK, 0, offset, seq, LazyEvent(record, DECODER)))
 
     # the reader's side
-    async def read_batches(
-        self, task_id: str, after: int | None, *, log_start: int | None = None
-    ) -> AsyncIterator[list[Read]]:
+    async def _chunks(self, after: int | None) -> AsyncIterator[tuple[int, list[Record]]]:
         head = len(self.events)  # a read goes up to the head at its start, like the real one
         position = 0 if after is None else after + 1
         while position < head:
             await asyncio.sleep(0)  # a fetch: other tasks (the tail) run meanwhile
             size = self.chunks()
-            yield self.events[position : min(head, position + size)]
+            yield position, [e.record for e in self.events[position : min(head, position + size)]]
             position += size
+
+    async def read_batches(
+        self, task_id: str, after: int | None, *, log_start: int | None = None
+    ) -> AsyncIterator[Batch[TaskEvent]]:
+        async for first, records in self._chunks(after):
+            yield DECODER.batch(first, records)
+
+    async def read_wire(
+        self, task_id: str, after: int | None, *, log_start: int | None = None
+    ) -> AsyncIterator[Batch[Item]]:
+        async for first, records in self._chunks(after):
+            yield DECODER.wire_batch(first, records)
 
     async def earliest_seq(self, task_id: str) -> int:
         return 0
@@ -113,6 +143,21 @@ class FakeLog:
         return len(self.events)
 
 
+def sse_seqs(text: str, log: FakeLog) -> list[int]:
+    """The seqs of a write's SSE events, each checked to be exactly its event's text."""
+    render = renderer(TASK, PREFIX)
+    seqs = []
+    for block in text.split("\n\n")[:-1]:
+        id_line, event_line, data_line = block.split("\n")
+        assert event_line == "event: message" and data_line.startswith("data: ")
+        data = data_line.removeprefix("data: ")
+        seq = json.loads(data)["params"]["seq"]
+        assert id_line.startswith("id: ") and id_line.endswith(str(seq))
+        assert data == render(seq, log.events[seq].event)  # spliced or not: the same bytes
+        seqs.append(seq)
+    return seqs
+
+
 @settings(deadline=None, max_examples=150)
 @given(st.data())
 def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
@@ -124,18 +169,32 @@ def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
         after = None
     bursts = data.draw(st.lists(st.integers(0, 8), max_size=6), label="live bursts")
     yields = data.draw(st.lists(st.integers(0, 6), min_size=len(bursts), max_size=len(bursts)))
+    # tasks/stream's path (wire members, rendered and framed) three times in four; else the
+    # browser view's (decoded events).
+    wire = data.draw(st.sampled_from([True, True, True, False]), label="wire")
     log = FakeLog(lambda: data.draw(st.integers(1, 5)))
     for _ in range(history):
         log.append()
 
-    async def scenario() -> list[int]:
+    async def scenario() -> tuple[list[int], bool]:
         hub = StreamHub(CONFIG, log, log, Fanout(log), StreamMetrics())  # type: ignore[arg-type]
         ticket = hub.admit(Caller("p", "p", None), TASK, 1)
         delivered: list[int] = []
+        completed: list[bool] = [False]
 
         async def consume() -> None:
-            async for batch in hub.events(ticket, after):
-                delivered.extend(seq for seq, _ in batch or [])
+            if not wire:
+                async for batch in hub.events(ticket, after):
+                    delivered.extend(batch.seqs if batch is not None else ())
+                completed[0] = True
+                return
+            batches = hub.events(ticket, after, wire=True)
+            body = task_stream(batches, ticket, 1, RecentTexts(), PREFIX, hub.draining)
+            async for item in body:
+                if isinstance(item, EventBatch):
+                    delivered.extend(sse_seqs(item.text, log))
+                elif isinstance(item, Frame) and item.message is not None:
+                    completed[0] = item.message["result"] == {"resultType": "complete"}
 
         stream = asyncio.create_task(consume())
         for burst, pause in zip(bursts, yields, strict=True):
@@ -148,12 +207,13 @@ def test_every_interleaving_delivers_each_seq_once_up_to_the_terminal_event(
             log.append()  # events after the terminal one belong to no stream opened before it
         async with asyncio.timeout(5):
             await stream
-        return delivered
+        return delivered, completed[0]
 
-    delivered = asyncio.run(scenario())
+    delivered, completed = asyncio.run(scenario())
     terminal = next(e.seq for e in log.events if e.offset == log.terminal_offset)
     first = 0 if after is None else after + 1
     assert delivered == list(range(first, terminal + 1))
+    assert completed
 
 
 @dataclass
@@ -175,7 +235,7 @@ def open_stream(log: FakeLog, fanout: Fanout) -> OpenStream:
 
     async def consume() -> None:
         async for batch in hub.events(ticket, None):
-            delivered.extend(seq for seq, _ in batch or [])
+            delivered.extend(batch.seqs if batch is not None else ())
             first.set()
 
     return OpenStream(hub, asyncio.create_task(consume()), delivered, first)

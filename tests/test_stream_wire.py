@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent, decode_event, encode_event
+from bridge.log.records import Batch
 from bridge.server.cursor import decode_cursor, encode_cursor
-from bridge.server.wire import RecentTexts, Renderer, dumps, notification, renderer, sse_events
+from bridge.server.sse import RecentTexts, Renderer, renderer, sse_events
+from bridge.server.wire import dumps, notification
 
 texts = st.text(max_size=20)
 metas = st.none() | st.dictionaries(texts, st.integers() | texts, max_size=3)
@@ -189,17 +191,24 @@ def test_recent_texts_hold_at_most_their_character_bound_and_never_a_large_text(
     assert render.calls == 52, "a large text is rendered for each stream, never kept"
 
 
+def batch_of(pairs: list[tuple[int, TaskEvent | str]]) -> Batch:
+    """A stream's batch of ``pairs`` (consecutive seqs)."""
+    items = [item for _, item in pairs]
+    full = [i for i, item in enumerate(items) if isinstance(item, TaskEvent)]
+    return Batch(range(pairs[0][0], pairs[0][0] + len(pairs)), [0] * len(pairs), items, full)
+
+
 def test_a_long_replay_batch_is_served_from_recent_texts_but_not_kept_in_them():
     texts = RecentTexts()
     render = CountingRender("t1")
     event = TaskEvent("com.example.tick", {"n": 1})
     texts.text("t1", 0, event, render)  # live: kept
     long_batch = [(seq, event) for seq in range(RecentTexts.KEPT_BATCH + 1)]
-    lines = texts.texts("t1", long_batch, render)
+    lines = texts.texts("t1", batch_of(long_batch), render)
     assert lines == [renderer("t1", "io.mcpbridge")(seq, event) for seq, _ in long_batch]
     assert render.calls == 1 + RecentTexts.KEPT_BATCH, "seq 0 came from the cache"
-    texts.texts("t1", long_batch[:2], render)  # a short batch: seq 1 was not kept, now is
-    texts.texts("t1", long_batch[:2], render)
+    texts.texts("t1", batch_of(long_batch[:2]), render)  # short: seq 1 was not kept, now is
+    texts.texts("t1", batch_of(long_batch[:2]), render)
     assert render.calls == 2 + RecentTexts.KEPT_BATCH
 
 
@@ -222,7 +231,7 @@ def test_a_long_batch_of_live_events_is_framed_from_recent_texts():
         texts.text("t1", seq, event, first)  # live, a few at a time: kept
     slow = CountingRenderer("t1", "io.mcpbridge")
     batch = [(seq, event) for seq in range(RecentTexts.KEPT_BATCH + 44)]
-    framed = texts.frames("t1", "c-", batch, slow)
+    framed = texts.frames("t1", "c-", batch_of(batch), slow)
     assert framed == sse_events("c-", [s for s, _ in batch], [first(s, e) for s, e in batch])
     assert slow.calls == len(batch) - 100, "the first 100 came from the cache"
 
@@ -234,5 +243,5 @@ def test_a_long_replay_read_is_framed_without_the_cache():
     created = TaskEvent("io.mcpbridge.task.created", {"n": 0})
     batch: list[tuple[int, TaskEvent | str]] = [(0, created)]
     batch += [(seq, wire) for seq in range(1, RecentTexts.KEPT_BATCH + 10)]
-    texts.frames("t1", "c-", batch, render)
+    texts.frames("t1", "c-", batch_of(batch), render)
     assert render.calls == 1 and texts.chars == 0, "only the event rendered, nothing kept"

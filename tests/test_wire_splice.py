@@ -1,7 +1,8 @@
 """A replay's splice: the usual records go to the wire as their producer's text, unparsed.
 
 :meth:`RecordDecoder.wire_events` hands a stream each usual record as its checked wire JSON
-members (a str) instead of an event, and :func:`take_wire` takes such a batch in slices. Both
+members (:data:`~bridge.envelope.WireMembers`) instead of an event, and :func:`take_next`
+takes such a batch (consecutive seqs) in slices. Both
 are shortcuts, so the properties here hold them to the long way: the notification text of a
 spliced record is exactly the one its event renders (for any bytes a producer can write), and
 a wire batch is taken exactly as the same events one by one. Pure, in-process, fast; the
@@ -20,12 +21,18 @@ from test_envelope import avro_record
 from test_lazy_decode import OWN, PREFIX, consumer_record, events, records
 from test_strictjson import hostile_json_texts
 
-from bridge.envelope import CONTENT_TYPE_HEADER, JSON_CONTENT_TYPE, TaskEvent, encode_event
+from bridge.envelope import (
+    CONTENT_TYPE_HEADER,
+    JSON_CONTENT_TYPE,
+    Item,
+    TaskEvent,
+    WireMembers,
+    encode_event,
+)
 from bridge.events import REVERSE_DNS_ONLY
-from bridge.log.reader import WireBatch
-from bridge.log.records import RecordDecoder
-from bridge.server.streams import Step, take_next, take_wire
-from bridge.server.wire import RecentTexts, renderer, sse_events
+from bridge.log.records import Batch, RecordDecoder
+from bridge.server.sse import RecentTexts, renderer, sse_events
+from bridge.server.streams import Step, take_next
 
 TASK = "a" * 32
 render = renderer(TASK, PREFIX)
@@ -131,7 +138,7 @@ def test_the_usual_record_is_spliced_and_others_are_events():
     assert full == [1, 2, 3, 4]
 
 
-# --- take_wire: the delivery rule on a wire batch, in slices --------------------------------
+# --- take_next: the delivery rule on a wire batch, in slices --------------------------------
 
 STATUS = OWN.status
 
@@ -159,8 +166,8 @@ def test_a_wire_batch_is_taken_exactly_as_the_same_events_one_by_one(
         for seq in range(start, start + n)
     ]
     # A status is never spliced; any other event may be (its text stands for it).
-    items: list[TaskEvent | str] = [
-        f"text {e.seq}" if spliced[i] and e.seq not in statuses else e.event
+    items: list[Item] = [
+        WireMembers(f"text {e.seq}") if spliced[i] and e.seq not in statuses else e.event
         for i, e in enumerate(events)
     ]
     full = [i for i, item in enumerate(items) if not isinstance(item, str)]
@@ -170,23 +177,30 @@ def test_a_wire_batch_is_taken_exactly_as_the_same_events_one_by_one(
         asked.append(offset)
         return offset == 10 * terminal
 
-    wire = WireBatch(start, [e.offset for e in events], items, full)
-    taken, wire_last, wire_step = take_wire(wire, last, ends, end_type=STATUS, any_first=any_first)
+    wire = Batch(range(start, start + n), [e.offset for e in events], items, full)
+    taken, wire_last, wire_step = take_next(wire, last, ends, end_type=STATUS, any_first=any_first)
     assert all(offset // 10 in statuses for offset in asked)  # ends: only about statuses
     expected, exp_last, exp_step = take_next(
-        events, last, lambda o, e: o == 10 * terminal, any_first=any_first, end_type=STATUS
+        Batch.of(events),
+        last,
+        lambda o, e: o == 10 * terminal,
+        any_first=any_first,
+        end_type=STATUS,
     )
+    assert type(expected.seqs) is list  # the item-by-item way
     assert (wire_last, wire_step) == (exp_last, exp_step)
-    assert [seq for seq, _ in taken] == [seq for seq, _ in expected]
-    assert [item for _, item in taken] == [items[seq - start] for seq, _ in expected]
+    assert list(taken.seqs) == list(expected.seqs)
+    assert taken.items == [items[seq - start] for seq in expected.seqs]
+    assert taken.full == [i for i, item in enumerate(taken.items) if isinstance(item, TaskEvent)]
 
 
 def test_a_wire_batch_past_the_cursor_is_a_gap():
-    items: list[TaskEvent | str] = ["a", "b"]
-    wire = WireBatch(5, [50, 60], items, [])
+    items: list[Item] = [WireMembers("a"), WireMembers("b")]
+    wire = Batch(range(5, 7), [50, 60], items, [])
     never = lambda offset, event: False  # noqa: E731
-    assert take_wire(wire, 2, never, end_type=STATUS) == ([], 2, Step.GAP)
-    assert take_wire(wire, 2, never, end_type=STATUS, any_first=True)[1:] == (6, Step.MORE)
+    taken, last, step = take_next(wire, 2, never, end_type=STATUS)
+    assert (len(taken), last, step) == (0, 2, Step.GAP)
+    assert take_next(wire, 2, never, end_type=STATUS, any_first=True)[1:] == (6, Step.MORE)
 
 
 # --- framing: a batch's SSE text in one go is its texts framed one by one --------------------
@@ -206,10 +220,13 @@ def test_a_wire_batch_past_the_cursor_is_a_gap():
 def test_a_batch_is_framed_exactly_as_its_texts_one_by_one(kinds, size, first, gap):
     render = renderer(TASK, PREFIX)
     # A stream's batches have consecutive seqs; any other is framed one by one, as well.
-    batch = [(first + i + gap * (2 * i > size), kinds[i % len(kinds)]) for i in range(size)]
-    seqs = [seq for seq, _ in batch]
+    pairs = [(first + i + gap * (2 * i > size), kinds[i % len(kinds)]) for i in range(size)]
+    seqs = [seq for seq, _ in pairs]
+    items = [item for _, item in pairs]
+    full = [i for i, item in enumerate(items) if isinstance(item, TaskEvent)]
+    batch = Batch(range(first, first + size) if not gap else seqs, [0] * size, items, full)
     cursor = "c1-"
-    expected = sse_events(cursor, seqs, [render(seq, item) for seq, item in batch])
+    expected = sse_events(cursor, seqs, [render(seq, item) for seq, item in pairs])
     assert expected.count("\n\n") == size
     assert render.frames(cursor, batch) == expected
     assert RecentTexts().frames(TASK, cursor, batch, render) == expected

@@ -21,11 +21,9 @@ deleteRecords then served events that were already deleted.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import overload
 
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.component import Component
@@ -35,20 +33,16 @@ from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import Log, LogRecord, OffsetOutOfRange, TopicPart
 from bridge.log.catchup import Coalescer, LogStarts, Read
 from bridge.log.indexer import Indexer
-from bridge.log.records import RecordDecoder
+from bridge.log.records import Batch, Item, ReadEvent, RecordDecoder
 from bridge.log.seqindex import TaskEntry
 
 __all__ = [
     "NotRetained",
-    "ReadBatch",
     "ReadEvent",
     "Reader",
     "SeqUntrusted",
     "UnknownTask",
-    "WireBatch",
 ]
-
-_OFFSET = operator.attrgetter("offset")
 
 #: Counts of a task's records from the log start before an OffsetOutOfRange is let
 #: through: retention would have to move the log start this many times during one count.
@@ -83,77 +77,6 @@ class SeqUntrusted(Exception):
             "partition before the indexer counted them (indexer lag exceeded retention)"
         )
         self.task_id = task_id
-
-
-@dataclass(slots=True)
-class ReadEvent:
-    """A retained event with its seq and offset. Not frozen: a replay makes one per event, and
-    a frozen dataclass's ``__init__`` costs four times as much (0.8 against 0.2 µs); nothing
-    changes one after the read made it."""
-
-    seq: int
-    offset: int
-    event: TaskEvent
-
-
-class ReadBatch(Sequence[ReadEvent]):
-    """The events of one fetch, in seq order from ``first``: what :meth:`Reader.read_batches`
-    yields. Kept as columns, not a :class:`ReadEvent` per event: a replay's stream reads them
-    through :meth:`triples` (the object per event was 4% of its CPU). Iterating or indexing it
-    makes the :class:`ReadEvent` s, for everyone else.
-    """
-
-    __slots__ = ("events", "first", "offsets")
-
-    def __init__(self, first: int, offsets: list[int], events: list[TaskEvent]) -> None:
-        self.first = first
-        self.offsets = offsets
-        self.events = events
-
-    def __len__(self) -> int:
-        return len(self.events)
-
-    @overload
-    def __getitem__(self, index: int) -> ReadEvent: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[ReadEvent]: ...
-    def __getitem__(self, index: int | slice) -> ReadEvent | list[ReadEvent]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self.events))[index]]
-        i = range(len(self.events))[index]  # negative indices as lists take them; IndexError
-        return ReadEvent(self.first + i, self.offsets[i], self.events[i])
-
-    def __iter__(self) -> Iterator[ReadEvent]:
-        return map(ReadEvent, self._seqs(), self.offsets, self.events)
-
-    def triples(self) -> Iterator[tuple[int, int, TaskEvent]]:
-        """``(seq, offset, event)`` of each event, without a :class:`ReadEvent` each."""
-        return zip(self._seqs(), self.offsets, self.events, strict=True)
-
-    def _seqs(self) -> range:
-        return range(self.first, self.first + len(self.events))
-
-
-class WireBatch:
-    """The events of one fetch as a stream sends them (:meth:`Reader.read_wire`), in seq
-    order from ``first``: ``items[i]`` is seq ``first + i``, at ``offsets[i]``, either an event
-    or, for a record of the usual shape, its checked wire JSON members (a str,
-    :meth:`~bridge.log.records.RecordDecoder.wire_events`). ``full``: the indexes of the events,
-    ascending. No str is one of the bridge's own created or status events.
-    """
-
-    __slots__ = ("first", "full", "items", "offsets")
-
-    def __init__(
-        self, first: int, offsets: list[int], items: list[TaskEvent | str], full: list[int]
-    ) -> None:
-        self.first = first
-        self.offsets = offsets
-        self.items = items
-        self.full = full
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,8 +325,9 @@ class Reader(Component):
 
     async def read_batches(
         self, task_id: str, after: int | None = None, *, log_start: int | None = None
-    ) -> AsyncGenerator[ReadBatch, None]:
-        """:meth:`read`, one :class:`ReadBatch` per Kafka fetch (what is at hand without waiting).
+    ) -> AsyncGenerator[Batch[TaskEvent], None]:
+        """:meth:`read`, one :class:`~bridge.log.records.Batch` per Kafka fetch (what is at hand
+        without waiting).
 
         ``log_start``: the partition's log start as looked up after the request this read
         serves arrived (:meth:`earliest`, when the cursor was checked), taken instead of a new
@@ -413,21 +337,17 @@ class Reader(Component):
         """
         async with aclosing(self._read_chunks(task_id, after, log_start)) as chunks:
             async for seq, chunk in chunks:
-                events = self._decoder.events(chunk)
-                yield ReadBatch(seq, list(map(_OFFSET, chunk)), events)
-                del events
+                yield self._decoder.batch(seq, chunk)
 
     async def read_wire(
         self, task_id: str, after: int | None = None, *, log_start: int | None = None
-    ) -> AsyncGenerator[WireBatch, None]:
+    ) -> AsyncGenerator[Batch[Item], None]:
         """:meth:`read_batches` for a stream that sends what it reads: each batch holds the
-        usual records as wire JSON text, checked but not decoded
-        (:meth:`~bridge.log.records.RecordDecoder.wire_events`), the others as events."""
+        usual records as their checked wire members, not decoded
+        (:meth:`~bridge.log.records.RecordDecoder.wire_batch`), the others as events."""
         async with aclosing(self._read_chunks(task_id, after, log_start)) as chunks:
             async for seq, chunk in chunks:
-                items, full = self._decoder.wire_events(chunk)
-                yield WireBatch(seq, list(map(_OFFSET, chunk)), items, full)
-                del items
+                yield self._decoder.wire_batch(seq, chunk)
 
     async def _read_chunks(
         self, task_id: str, after: int | None, log_start: int | None

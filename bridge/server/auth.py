@@ -7,7 +7,7 @@ secrets are never logged; errors say what is wrong without echoing the credentia
 
 A verified credential is an :class:`Identity`: the principal, and when the credential expires
 (a JWT's ``exp``; a static token's ``auth.bearer_ttl_s`` after it was presented, when set), so
-that a long-lived stream opened with it ends then (``bridge.server.http.SseResponse``).
+that a long-lived stream opened with it ends then (``bridge.server.sse.SseResponse``).
 
 Mode ``none`` is for loopback: :func:`check_exposure` refuses it on any other address unless
 ``auth.allow_unauthenticated`` says it is meant (behind an authenticating gateway).

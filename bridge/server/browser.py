@@ -42,10 +42,11 @@ from bridge.events import TaskEventTypes
 from bridge.keyring import PurposeKey
 from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.errors import wire_error
-from bridge.server.handlers import Streamed, detailed_task
+from bridge.server.handlers import detailed_task
 from bridge.server.hops import PeerIdentity, from_peer_listener
-from bridge.server.http import McpHttp, SseResponse, relay
+from bridge.server.http import McpHttp, relay
 from bridge.server.routing import owner_unavailable_error, partition_moving_error
+from bridge.server.sse import KEEP_ALIVE, SseResponse, Streamed, preamble, sse_event, utf8
 from bridge.server.streams import StreamHub
 from bridge.server.wire import (
     CLIENT_CAPS_META,
@@ -63,7 +64,6 @@ __all__ = [
     "BrowserView",
     "ViewTokens",
     "redact_tokens",
-    "sse_event",
 ]
 
 log = logging.getLogger(__name__)
@@ -232,19 +232,6 @@ def install_log_redaction() -> None:
         access.addFilter(_REDACTOR)
 
 
-def sse_event(data: str, *, event: str | None = None, event_id: str | None = None) -> str:
-    """One SSE event block; ``data`` is one line of JSON (no newline can split it)."""
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    head += f"event: {event}\n" if event is not None else ""
-    return f"{head}data: {data}\n\n"
-
-
-def _utf8(text: str) -> bytes:
-    # A lone surrogate can only stand inside a JSON string here: written as its JSON escape,
-    # so one bad character never fails a stream.
-    return text.encode("utf-8", "backslashreplace")
-
-
 def event_json(seq: int, event: TaskEvent, placeholder: str) -> str:
     """The ``data`` of a task event: ``{seq, type, payload, time}`` (a placeholder of the
     bridge's undecodable type when the content cannot be written as JSON)."""
@@ -288,9 +275,9 @@ def _fault_event(exc: BaseException, task_id: str) -> bytes:
     """A started stream's last event for an error: ``gone`` for events_gone, else ``fault``."""
     answer = wire_error(exc, task_id)
     if answer.error.code == EVENTS_GONE:
-        return _utf8(sse_event(dumps(_gone_data(answer.error)), event="gone"))
+        return utf8(sse_event(dumps(_gone_data(answer.error)), event="gone"))
     fault = {"code": answer.error.code, "message": answer.error.message, **_reason(answer.error)}
-    return _utf8(sse_event(dumps(fault), event="fault"))
+    return utf8(sse_event(dumps(fault), event="fault"))
 
 
 #: The last event of a stream whose view token expired.
@@ -459,7 +446,7 @@ class BrowserView:
         except Exception as exc:
             return _refused(exc, task_id)
         return Response(
-            _utf8(dumps(detailed_task(view))),
+            utf8(dumps(detailed_task(view))),
             media_type="application/json",
             headers=SECURITY_HEADERS,
         )
@@ -541,12 +528,11 @@ class BrowserView:
         )
 
     def _preamble(self) -> bytes:
-        # retry: how soon the browser reconnects; the comment makes the open visible at once.
-        return f"retry: {self.settings.view.retry_ms}\n: open\n\n".encode()
+        return preamble(self.settings.view.retry_ms)
 
     async def _gone_only(self, exc: RpcError) -> AsyncIterator[bytes]:
         yield self._preamble()
-        yield _utf8(sse_event(dumps(_gone_data(exc)), event="gone"))
+        yield utf8(sse_event(dumps(_gone_data(exc)), event="gone"))
 
     async def _stream(
         self, served: Served, ticket: Ticket, after: int | None, log_start: int | None
@@ -556,12 +542,12 @@ class BrowserView:
         try:
             async for batch in hub.events(ticket, after, log_start):
                 if batch is None:
-                    yield b": keep-alive\n\n"
+                    yield KEEP_ALIVE
                     continue
-                yield _utf8(
+                yield utf8(
                     "".join(
                         sse_event(event_json(seq, event, self._placeholder), event_id=str(seq))
-                        for seq, event in batch
+                        for seq, event in batch.pairs()
                     )
                 )
         except Exception as exc:
@@ -580,7 +566,7 @@ class BrowserView:
             return
         else:
             end = detailed_task(view)
-        yield _utf8(sse_event(dumps(end), event="end"))
+        yield utf8(sse_event(dumps(end), event="end"))
 
 
 def _gone_data(exc: RpcError) -> dict[str, Any]:

@@ -23,15 +23,17 @@ from pydantic import ValidationError
 
 from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
+from bridge.envelope import Item
 from bridge.events import TERMINAL_WIRE
 from bridge.log.fanout import Subscription
 from bridge.log.indexer import NotOwner
+from bridge.log.records import Batch
 from bridge.server.admission import Caller, Ticket, label
 from bridge.server.classify import decode_header_value
-from bridge.server.cursor import cursor_prefix
 from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.peers import routed_task_id
 from bridge.server.profile import EventsProfile
+from bridge.server.sse import RecentTexts, Streamed, task_stream
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     EVENTS_GONE,
@@ -47,12 +49,8 @@ from bridge.server.wire import (
     SERVER_INFO_META,
     SUPPORTED_VERSIONS,
     TASKS_EXTENSION,
-    EventBatch,
-    Frame,
     InitializeParams,
     JsonRpcRequest,
-    RecentTexts,
-    Renderer,
     RpcError,
     TaskIdParams,
     TasksStreamParams,
@@ -61,7 +59,6 @@ from bridge.server.wire import (
     has_capability,
     missing_capability,
     progress_notification,
-    renderer,
     result_response,
     tasks_capability,
 )
@@ -84,17 +81,6 @@ __all__ = [
 
 SERVER_NAME = "mcp-kafka-bridge"
 _SETTLED = TERMINAL_WIRE | {"input_required"}
-
-
-@dataclass(slots=True)
-class Streamed:
-    """A response sent as ``text/event-stream``: each yielded item is one SSE event (slotted:
-    an open stream holds one for its whole life)."""
-
-    messages: AsyncIterator[dict[str, Any] | Frame | EventBatch | bytes]
-    request_id: str | int | None = None
-    #: Called once the response has ended, however it ended (even if it never started).
-    on_close: Callable[[], None] | None = None
 
 
 Outcome = dict[str, Any] | Streamed
@@ -157,7 +143,7 @@ class Streams(Protocol):
 
     def events(
         self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
-    ) -> AsyncIterator[list[tuple[int, Any]] | None]: ...
+    ) -> AsyncIterator[Batch[Item] | None]: ...
 
     def count_gone(self) -> None: ...
 
@@ -546,35 +532,14 @@ class MethodHandlers:
             if isinstance(exc, RpcError) and exc.code == EVENTS_GONE:
                 self.streams.count_gone()
             raise
+        # The body is the SSE module's: nothing of this module is on a stream's path.
+        batches = self.streams.events(ticket, after, log_start, wire=True)
+        prefix = self.settings.tasks.event_type_prefix
         return Streamed(
-            self._stream_frames(ticket, request_id, after, log_start),
+            task_stream(batches, ticket, request_id, self._texts, prefix, self.streams.draining),
             request_id,
             on_close=functools.partial(self.streams.release, ticket),
         )
-
-    async def _stream_frames(
-        self, ticket: Ticket, request_id: str | int, after: int | None, log_start: int | None
-    ) -> AsyncIterator[Frame | EventBatch]:
-        task_id = ticket.task_id
-        # Made for the first events: an idle stream (most open ones) holds neither.
-        render: Renderer | None = None
-        cursor = ""
-        # wire: a replay hands over most records as their checked wire text, not as events.
-        async for batch in self.streams.events(ticket, after, log_start, wire=True):
-            if batch is None:
-                yield Frame(None)
-                continue
-            if render is None:
-                render = renderer(task_id, self.settings.tasks.event_type_prefix)
-                cursor = cursor_prefix(request_id, task_id)
-            texts = self._texts
-            with tracing.deliver(task_id, batch):  # a span around this write, if traced
-                yield EventBatch(texts.frames(task_id, cursor, batch, render))
-            del batch  # not held while the stream waits, maybe for hours
-        # A cancelled request gets no response (MCP cancellation); a drained one, or one whose
-        # partition moved, resumes elsewhere.
-        if not ticket.cancelled and not ticket.moved and not self.streams.draining.is_set():
-            yield Frame(result_response(request_id, {"resultType": "complete"}))
 
     async def tasks_cancel(self, call: Call) -> Outcome:
         self._require_tasks(call)

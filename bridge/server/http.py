@@ -1,16 +1,15 @@
-"""The MCP endpoint's HTTP transport: ``POST /mcp``, the ``GET`` resume, and SSE framing.
+"""The MCP endpoint's HTTP transport: ``POST /mcp``, the ``GET`` resume, and forwarding.
 
 Per request: the gate (Host/Origin against DNS rebinding, then authentication → a
 :class:`~bridge.server.admission.Caller`; on the peer listener instead, the signed hop of
 :mod:`bridge.server.hops`, and nothing else), the body limit, classification
 (:mod:`bridge.server.classify`), the handlers (:mod:`bridge.server.handlers`), and the response:
-JSON, or ``text/event-stream`` whose writes are batched and whose admission slot is released
-however the response ends. It knows no method's meaning; metrics are injected.
+JSON, or ``text/event-stream`` (an :class:`~bridge.server.sse.SseResponse`: SSE is
+:mod:`bridge.server.sse`'s alone). It knows no method's meaning; metrics are injected.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,7 +26,7 @@ from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.classify import Inbound, Methods, Rejected, classify
 from bridge.server.cursor import decode_cursor
 from bridge.server.errors import WireError, retry_after, wire_error
-from bridge.server.handlers import Call, MethodHandlers, Streamed
+from bridge.server.handlers import Call, MethodHandlers
 from bridge.server.hops import REFUSED_HEADER, HopRefused, PeerIdentity, from_peer_listener
 from bridge.server.peers import OwnerSuspected, Peers, routed_task_id
 from bridge.server.routing import (
@@ -35,11 +34,10 @@ from bridge.server.routing import (
     owner_unavailable_error,
     partition_moving_error,
 )
+from bridge.server.sse import CREDENTIAL_EXPIRED, SseResponse, Streamed
 from bridge.server.wire import (
     INVALID_PARAMS,
     INVALID_REQUEST,
-    EventBatch,
-    Frame,
     RpcError,
     dumps,
     error_response,
@@ -105,183 +103,6 @@ class RawEndpoint:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         response = await self.handler(Request(scope, receive, send))
         await response(scope, receive, send)
-
-
-#: The headers of every SSE response (one list for all of them).
-_SSE_HEADERS = [
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-]
-
-
-#: The last chunk of a stream whose caller's credential expired: an SSE comment, so the
-#: stream ends without a result (the client authenticates again and resumes with its cursor).
-CREDENTIAL_EXPIRED = b": credential expired\n\n"
-
-
-class SseResponse(Response):
-    """A ``text/event-stream`` response of a :class:`Streamed` outcome: its messages framed as
-    SSE events, one write per item (a batch is one item), until they end, the client leaves,
-    or the credential the stream was opened with expires (``expires``, epoch seconds: the
-    stream then ends with ``expired_chunk`` instead of its next message, never with a result).
-
-    It always runs ``on_close`` (the stream's admission slot is given back even when the client
-    is gone before the first byte). Lean on purpose, as an idle stream holds one for hours:
-    instead of starlette's ``StreamingResponse`` (an anyio task group and cancel scopes per
-    response, and one more generator layer to frame bytes), the messages are sent from the
-    request's own task; one small task waits for the client's ``http.disconnect`` and one
-    timer waits for the expiry, either of which cancels the sending (a body write to a closed
-    connection is dropped silently, so only the disconnect message tells an idle stream that
-    its client left). Every long-lived response is one of these, so the expiry rule lives here
-    once.
-    """
-
-    def __init__(
-        self,
-        outcome: Streamed,
-        request_id: str | int | None,
-        headers: Mapping[str, str] | None = None,
-        *,
-        expires: float | None = None,
-        expired_chunk: bytes = CREDENTIAL_EXPIRED,
-        status_code: int = 200,
-    ) -> None:
-        # Not Response.__init__: it would render a body and set a content-length.
-        self.status_code = status_code
-        self.background = None
-        # The shared list unless a caller adds headers (never mutated: a fresh list then).
-        self.raw_headers = _SSE_HEADERS if not headers else _with_headers(headers)
-        self._outcome = outcome
-        self._request_id = request_id
-        self._expires = expires
-        self._expired_chunk = expired_chunk
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        task = asyncio.current_task()
-        assert task is not None  # ASGI apps run in a task
-        self._task, self._receive = task, receive
-        self._gone = self._ending = self._expired = False
-        self._watch()
-        messages = self._outcome.messages
-        timer = None
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                }
-            )
-            if self._expires is not None:  # armed once the head is out: only the body is cut
-                delay = self._expires - time.time()
-                timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._expire)
-            failed = False
-            while not failed:
-                # The messages are iterated here, not through a framing generator: one
-                # suspended frame less per open stream.
-                try:
-                    chunk = _sse_chunk(await anext(messages))
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:  # it ends the messages: its error is the last event
-                    error = wire_error(exc).error  # the table of every endpoint (it logs)
-                    chunk, failed = _sse_error(self._request_id, error), True
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                del chunk  # written: an idle stream would hold its last write until the next
-            self._ending = True  # from here a disconnect is the end itself, not a reason to stop
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not (self._gone or self._expired):
-                raise  # the server's own cancellation: let it through
-            task.uncancel()  # ours: the client left, or the credential expired
-            if self._expired:  # the documented end: a comment (or the view's event), no result
-                body = {"type": "http.response.body", "body": self._expired_chunk}
-                await send({**body, "more_body": False})
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._waiting.cancel()
-            try:
-                await _aclose(messages)  # now, not when collected (a forwarded stream's upstream)
-            finally:
-                if self._outcome.on_close is not None:
-                    self._outcome.on_close()
-
-    def _expire(self) -> None:
-        if self._ending or self._gone:
-            return
-        # From here the response ends itself: a disconnect now changes nothing.
-        self._expired = self._ending = True
-        self._task.cancel()
-
-    def _watch(self) -> None:
-        # A callback on the receive, not a watching coroutine: one frame less per stream.
-        self._waiting = asyncio.ensure_future(self._receive())
-        self._waiting.add_done_callback(self._received)
-
-    def _received(self, waiting: asyncio.Future[Any]) -> None:
-        if waiting.cancelled() or self._ending:
-            return
-        if waiting.exception() is None and waiting.result()["type"] != "http.disconnect":
-            self._watch()  # the request body (already read), or nothing: only the end counts
-            return
-        self._gone = True  # the client left (or the server cannot tell us any more)
-        self._task.cancel()
-
-
-async def _aclose(messages: AsyncIterator[Any]) -> None:
-    """Run the cleanup of a stream's messages that stopped early (a no-op once they ended)."""
-    close = getattr(messages, "aclose", None)
-    if close is None:
-        return
-    try:
-        await close()
-    except Exception:
-        log.exception("cleaning up a streamed response failed")
-
-
-def _utf8(text: str) -> bytes:
-    """UTF-8 for the wire. A lone surrogate can only stand inside a JSON string here, where
-    ``backslashreplace`` writes it as the JSON escape ``\\udXXX``: one bad character never
-    fails a stream (the decoder refuses such records; this is the last line of defence)."""
-    return text.encode("utf-8", "backslashreplace")
-
-
-def _sse_frame(frame: Frame) -> str:
-    if frame.data is None and frame.message is None:
-        return ": keep-alive\n\n"
-    data = frame.data if frame.data is not None else dumps(frame.message or {})
-    if frame.event_id is not None:
-        return f"id: {frame.event_id}\nevent: message\ndata: {data}\n\n"
-    return f"event: message\ndata: {data}\n\n"
-
-
-def _with_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """The SSE headers with ``headers`` added; a header named in both takes ``headers``' value."""
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-    names = {name for name, _ in extra}
-    return [h for h in _SSE_HEADERS if h[0] not in names] + extra
-
-
-def _sse_chunk(item: dict[str, Any] | Frame | EventBatch | bytes) -> bytes:
-    """One item of a :class:`Streamed` outcome as SSE bytes (a batch of events: all of them, one
-    write; bytes are SSE already framed by their producer, as the plain EventSource endpoint
-    frames its own)."""
-    if isinstance(item, bytes):
-        return item
-    if isinstance(item, EventBatch):  # a stream's events, framed by its renderer
-        return _utf8(item.text)
-    return _utf8(_sse_frame(item if isinstance(item, Frame) else Frame(item)))
-
-
-def _sse_error(request_id: str | int | None, error: RpcError) -> bytes:
-    """A stream's last event for ``error``, answering ``request_id``; a retriable one also
-    carries SSE's ``retry`` field (the wait ``Retry-After`` would say, in ms), which an
-    EventSource reconnecting with ``Last-Event-ID`` honours."""
-    frame = _utf8(_sse_frame(Frame(error_response(request_id, error))))
-    wait = retry_after(error.http_status, error).get("Retry-After")
-    return frame if wait is None else b"retry: %d\n%s" % (int(wait) * 1000, frame)
 
 
 async def relay(

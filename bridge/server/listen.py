@@ -61,12 +61,12 @@ from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Strea
 from bridge.server.hops import PeerIdentity
 from bridge.server.peers import Peers
 from bridge.server.routing import Routing
+from bridge.server.sse import Frame
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     INVALID_PARAMS,
     INVALID_REQUEST,
     SUBSCRIPTION_ID_META,
-    Frame,
     RpcError,
     has_capability,
     missing_capability,

@@ -3,8 +3,10 @@
 The :class:`StreamHub` serves each stream from a subscription to the process's fan-out of live
 events (:mod:`bridge.log.fanout`, one Kafka tail for every stream): a stream first subscribes,
 then reads history through the :class:`~bridge.log.reader.Reader` (checkpoint seek), then takes
-what its bounded buffer collected. One rule (:func:`take_next`) delivers exactly ``last + 1``
-each time, so nothing is skipped or repeated across the hand-off. A stream whose buffer
+what its bounded buffer collected. Both come as the one batch type,
+:class:`~bridge.log.records.Batch`, and one rule (:func:`take_next`), applied in one place to
+every batch, delivers exactly ``last + 1`` each time, so nothing is skipped or repeated across
+the hand-off. What it delivers is written by :mod:`bridge.server.sse`. A stream whose buffer
 overflows (its client reads slowly) drops back to catch-up reads from Kafka until it is level
 again; no event is lost for anyone.
 
@@ -22,15 +24,17 @@ import contextlib
 import enum
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Literal, Protocol, cast, overload
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Literal, TypeVar, cast, overload
 
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.config import Settings
-from bridge.envelope import TaskEvent
+from bridge.envelope import Item, TaskEvent
 from bridge.log.fanout import DRAINING, MOVED, Fanout, Subscription, SubscriptionClosed
 from bridge.log.indexer import Indexer, NotOwner
-from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted, WireBatch
+from bridge.log.reader import NotRetained, Reader, SeqUntrusted
+from bridge.log.records import Batch
 from bridge.metrics import StreamMetrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.pacing import ReplayPace
@@ -42,17 +46,14 @@ from bridge.server.wire import (
     seq_untrusted_error,
 )
 
-__all__ = ["Step", "StreamHub", "take_next", "take_wire"]
+__all__ = ["Step", "StreamHub", "take_next"]
 
 log = logging.getLogger(__name__)
 
-Batch = list[tuple[int, TaskEvent]]
-#: A batch as a stream that sends it takes it: each event, or its wire JSON members (a str,
-#: :class:`~bridge.log.reader.WireBatch`).
-WireItems = list[tuple[int, TaskEvent | str]]
-
 #: A head that no cursor can be ahead of (a seq is below 2**63, like the offsets it counts).
 _UNBOUNDED = 2**63
+
+T = TypeVar("T", bound=Item)
 
 
 class Step(enum.Enum):
@@ -63,86 +64,117 @@ class Step(enum.Enum):
     GAP = "gap"  # a seq beyond last + 1: something is missing, re-read from Kafka
 
 
-class Sequenced(Protocol):
-    """An event with its seq and offset (:class:`ReadEvent` from history, or live)."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def event(self) -> TaskEvent: ...
-
-
 def take_next(
-    events: Iterable[Sequenced],
+    batch: Batch[T],
     last: int,
     ends: Callable[[int, TaskEvent], bool],
     *,
     any_first: bool = False,
     end_type: str | None = None,
-) -> tuple[Batch, int, Step]:
+) -> tuple[Batch[T], int, Step]:
     """The one delivery rule of a stream: take exactly ``last + 1``, then the next, and so on.
 
-    Returns the events taken, the new ``last`` and why it stopped. Events at or below ``last``
-    were delivered already (or the cursor is past them) and are skipped; when one of them is the
-    task's terminal status event (``ends``), nothing more is owed: ENDED. ``any_first`` lets the
-    first event taken have any seq (no cursor: the earliest retained event comes first). With
-    ``end_type``, ``ends`` is asked only about events of that type (no other can end the
-    stream): a replay takes thousands of events per call.
+    Returns the items taken (a :class:`Batch` again), the new ``last`` and why it stopped.
+    Items at or below ``last`` were delivered already (or the cursor is past them) and are
+    skipped; when one of them is the task's terminal status event (``ends``), nothing more is
+    owed: ENDED. ``any_first`` lets the first item taken have any seq (no cursor: the earliest
+    retained event comes first). With ``end_type``, ``ends`` is asked only about events of
+    that type (no other can end the stream; wire members never can).
+
+    A batch of consecutive seqs (every read's) is taken in slices, without a step per item:
+    a replay takes thousands of events per call. Any other (the live buffer's, which may hold
+    a duplicate or miss one) item by item; both give the same answer (tests hold them equal).
     """
-    batch: Batch = []
-    append = batch.append
-    items = (
-        events.triples()
-        if isinstance(events, ReadBatch)  # a read's columns: no object per event
-        else ((item.seq, item.offset, item.event) for item in events)
-    )
-    for seq, offset, event in items:
-        if seq <= last:
-            if (end_type is None or event.type == end_type) and ends(offset, event):
-                return batch, last, Step.ENDED
-            continue
-        if seq != last + 1 and not any_first:
-            return batch, last, Step.GAP
-        any_first = False
-        last = seq
-        append((seq, event))
-        if (end_type is None or event.type == end_type) and ends(offset, event):
-            return batch, last, Step.ENDED
-    return batch, last, Step.MORE
+    if type(batch.seqs) is range:
+        return _take_run(batch, last, ends, any_first, end_type)
+    return _take_each(batch, last, ends, any_first, end_type)
 
 
-def take_wire(
-    batch: WireBatch,
+def _take_run(
+    batch: Batch[T],
     last: int,
     ends: Callable[[int, TaskEvent], bool],
-    *,
-    end_type: str,
-    any_first: bool = False,
-) -> tuple[WireItems, int, Step]:
-    """:func:`take_next` of a read's :class:`~bridge.log.reader.WireBatch`, the same rule and
-    answer without a step per event: its seqs are consecutive, so what is skipped and what
-    is taken are two slices, and only its events (``batch.full``, a few) can be of
-    ``end_type``, which no wire text is. ``ends`` is asked only about those."""
-    first, items, offsets, full = batch.first, batch.items, batch.offsets, batch.full
-    n = len(items)
+    any_first: bool,
+    end_type: str | None,
+) -> tuple[Batch[T], int, Step]:
+    """:func:`take_next` of consecutive seqs: what is skipped and what is taken are two slices,
+    and only the events among the items (``full``) are asked whether they end the stream."""
+    items, offsets, n = batch.items, batch.offsets, len(batch.items)
+    first = batch.seqs[0] if n else last + 1
     skip = min(n, max(0, last + 1 - first))  # at or below last: delivered, or before the cursor
     stop, step = n, Step.MORE
-    for i in full:
+    for i in range(n) if batch.full is None else batch.full:
         event = items[i]
-        assert not isinstance(event, str)  # full holds the events' indexes
-        if event.type == end_type and ends(offsets[i], event):
+        assert isinstance(event, TaskEvent)  # full holds the events' indexes
+        if (end_type is None or event.type == end_type) and ends(offsets[i], event):
             if i < skip:
-                return [], last, Step.ENDED
+                return batch.slice(0, 0), last, Step.ENDED
             stop, step = i + 1, Step.ENDED
             break
     if skip == n:
-        return [], last, Step.MORE
+        return batch.slice(0, 0), last, Step.MORE
     if skip == 0 and first != last + 1 and not any_first:
-        return [], last, Step.GAP
-    taken = list(zip(range(first + skip, first + stop), items[skip:stop], strict=True))
-    return taken, first + stop - 1, step
+        return batch.slice(0, 0), last, Step.GAP
+    return batch.slice(skip, stop), first + stop - 1, step
+
+
+def _take_each(
+    batch: Batch[T],
+    last: int,
+    ends: Callable[[int, TaskEvent], bool],
+    any_first: bool,
+    end_type: str | None,
+) -> tuple[Batch[T], int, Step]:
+    """:func:`take_next` of any seqs, one item at a time."""
+    taken: list[int] = []
+    step = Step.MORE
+    for i, (seq, offset, item) in enumerate(
+        zip(batch.seqs, batch.offsets, batch.items, strict=True)
+    ):
+        event = item if isinstance(item, TaskEvent) else None
+        ending = (
+            event is not None
+            and (end_type is None or event.type == end_type)
+            and ends(offset, event)
+        )
+        if seq <= last:
+            if ending:
+                step = Step.ENDED
+                break
+            continue
+        if seq != last + 1 and not any_first:
+            step = Step.GAP
+            break
+        any_first = False
+        last = seq
+        taken.append(i)
+        if ending:
+            step = Step.ENDED
+            break
+    if len(taken) == len(batch.items):
+        return batch, last, step
+    return _pick(batch, taken), last, step
+
+
+def _pick(batch: Batch[T], indexes: list[int]) -> Batch[T]:
+    """The items of ``batch`` at ``indexes`` (ascending)."""
+    seqs, offsets, items = batch.seqs, batch.offsets, batch.items
+    full = batch.full
+    if full is not None:
+        events = set(full)
+        full = [j for j, i in enumerate(indexes) if i in events]
+    return Batch(
+        [seqs[i] for i in indexes], [offsets[i] for i in indexes], [items[i] for i in indexes], full
+    )
+
+
+@dataclass(slots=True)
+class _Position:
+    """Where a stream stands: the last seq delivered (or its cursor), and whether the first
+    seq taken may be any (no cursor: the earliest retained event comes first)."""
+
+    last: int
+    any_first: bool
 
 
 class StreamHub:
@@ -267,14 +299,14 @@ class StreamHub:
         log_start: int | None = None,
         *,
         wire: Literal[False] = False,
-    ) -> AsyncIterator[Batch | None]: ...
+    ) -> AsyncIterator[Batch[TaskEvent] | None]: ...
     @overload
     def events(
         self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
-    ) -> AsyncIterator[WireItems | None]: ...
+    ) -> AsyncIterator[Batch[Item] | None]: ...
     def events(
         self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool = False
-    ) -> AsyncIterator[Batch | None] | AsyncIterator[WireItems | None]:
+    ) -> AsyncIterator[Batch[TaskEvent] | None] | AsyncIterator[Batch[Item] | None]:
         """The stream's events in seq order, in batches; ``None`` items are keep-alive ticks.
         ``log_start``: what :meth:`check_cursor` returned (its first read takes it).
 
@@ -284,30 +316,65 @@ class StreamHub:
         events_gone found mid-stream.
 
         ``wire``: the stream sends what it reads as it is, so a catch-up read may hand over an
-        event as its wire JSON members instead (a str, :meth:`Reader.read_wire`); live events,
-        and every event without ``wire``, are :class:`TaskEvent` s.
+        event as its checked wire members instead (:meth:`Reader.read_wire`); live events, and
+        every event without ``wire``, are :class:`TaskEvent` s.
         """
         if wire:
             return self._events(ticket, after, log_start, wire=True)
-        return cast("AsyncIterator[Batch | None]", self._events(ticket, after, log_start))
+        return cast(
+            "AsyncIterator[Batch[TaskEvent] | None]", self._events(ticket, after, log_start)
+        )
 
     async def _events(
         self, ticket: Ticket, after: int | None, log_start: int | None, *, wire: bool = False
-    ) -> AsyncIterator[WireItems | None]:
+    ) -> AsyncIterator[Batch[Item] | None]:
+        """The one place the delivery rule is applied, to every batch of the stream: what
+        history reads and the live buffer hand over (:meth:`_batches`)."""
         task_id = ticket.task_id
         m = self.metrics
         (m.opened_fresh if after is None else m.opened_resume)()
         partition = self.indexer.partition_of(task_id)
+        at = _Position(-1 if after is None else after, after is None)
+        ends = functools.partial(self._ends, task_id)
+        status = self._status_type
+        pace = self._pace()
         with self.fanout.subscribe(task_id, self.settings.streams.queue_size) as sub:
             ticket.on_cancel.append(sub.close)
             self._streams[sub] = ticket
-            self._positions[sub] = -1 if after is None else after
+            self._positions[sub] = at.last
+            batches = self._batches(sub, partition, at, log_start, wire)
             try:
-                async for item in self._run(sub, partition, after, log_start, wire):
-                    if item:
-                        self._positions[sub] = item[-1][0]
-                    yield item
-                    del item  # not held while the stream waits
+                # Closed at once when the stream stops early: a read leaves its shared scan.
+                async with contextlib.aclosing(batches):
+                    async for batch, live in batches:
+                        if batch is None:
+                            yield None  # idle: keep-alive
+                            continue
+                        taken, at.last, step = take_next(
+                            batch, at.last, ends, any_first=at.any_first, end_type=status
+                        )
+                        del batch  # up to a whole fetch of records: not held while waiting
+                        at.any_first = at.any_first and not taken
+                        if step is Step.GAP:
+                            if not live:
+                                m.seq_gap()  # the canary's alarm: never expected
+                                raise RpcError(
+                                    INTERNAL_ERROR,
+                                    "internal error: a seq gap in catch-up",
+                                    {"taskId": task_id},
+                                )
+                            sub.lose()  # one is missing from the buffer: re-read from Kafka
+                        if taken:
+                            # Live events are never held; a catch-up waits for its pace.
+                            paced = live or pace is None or await self._paced(pace, sub, taken)
+                            if not paced:
+                                return  # drained or cancelled while it waited
+                            self._delivered(task_id, partition, taken, live=live)
+                            self._positions[sub] = at.last
+                            yield taken
+                        del taken  # not held while the stream waits, maybe for hours
+                        if step is Step.ENDED:
+                            return
             except NotOwner:
                 ticket.moved = True  # the partition moved during a read: resume at its owner
             finally:
@@ -325,32 +392,24 @@ class StreamHub:
             return None
         return found[1].status_offset
 
-    async def _run(
-        self,
-        sub: Subscription,
-        partition: int,
-        after: int | None,
-        log_start: int | None,
-        wire: bool,
-    ) -> AsyncIterator[WireItems | None]:
+    async def _batches(
+        self, sub: Subscription, partition: int, at: _Position, log_start: int | None, wire: bool
+    ) -> AsyncGenerator[tuple[Batch[Item] | None, bool], None]:
+        """The stream's batches before the rule, each with whether it came live: catch-up
+        reads from Kafka (history, or what the buffer dropped while the client was slow),
+        then what the buffer collects; ``None`` when idle for the keep-alive interval."""
         task_id = sub.task_id
-        last = -1 if after is None else after
-        any_first = after is None  # without a cursor the earliest retained seq comes first
         keepalive = self.settings.streams.keepalive_s
-        ends = functools.partial(self._ends, task_id)
-        status = self._status_type
-        pace = self._pace()
         while True:
             if sub.closed or self.draining.is_set():
                 return
-            # Catch up from Kafka: history, or what the buffer dropped while the client was slow.
             sub.reset()
             self.metrics.catchup_read()
             # Terminal before the read: the read reaches the head, past the terminal event (or
             # that event is gone with retention), so nothing can follow it live.
             terminal_before = self._terminal_offset(task_id) is not None
             try:
-                cursor = None if any_first else last
+                cursor = None if at.any_first else at.last
                 reading = (
                     self.reader.read_wire(task_id, cursor, log_start=log_start)
                     if wire
@@ -360,49 +419,24 @@ class StreamHub:
                 # Closed at once when the stream stops early: it leaves its shared scan.
                 async with contextlib.aclosing(reading):
                     async for chunk in reading:
-                        batch: WireItems
-                        if isinstance(chunk, WireBatch):
-                            batch, last, step = take_wire(
-                                chunk, last, ends, any_first=any_first, end_type=status
-                            )
-                        else:
-                            batch, last, step = take_next(  # type: ignore[assignment]
-                                chunk, last, ends, any_first=any_first, end_type=status
-                            )
-                        any_first = False if batch else any_first
-                        if step is Step.GAP:
-                            self.metrics.seq_gap()  # the canary's alarm: never expected
-                            raise RpcError(
-                                INTERNAL_ERROR,
-                                "internal error: a seq gap in catch-up",
-                                {"taskId": task_id},
-                            )
-                        if batch:
-                            if pace is not None and not await self._paced(pace, sub, batch):
-                                return  # drained or cancelled while it waited
-                            self._delivered(task_id, partition, batch, live=False)
-                            yield batch
-                        if step is Step.ENDED:
-                            return
-                        # Dropped before the next fetch, and never held by an idle stream
-                        # afterwards: a chunk is up to a whole fetch of records.
-                        del chunk, batch
+                        yield chunk, False
+                        del chunk  # dropped before the next fetch
                 del reading  # the finished read, likewise
             except NotRetained as exc:
                 raise events_gone_error(task_id, exc.earliest_seq) from None
             except SeqUntrusted as exc:
                 raise seq_untrusted_error(exc.task_id, str(exc)) from None
-            if any_first:
+            if at.any_first:
                 # Nothing retained: the next event is the task's earliest retained seq (its
                 # head when everything is gone), whatever arrives live from here.
                 try:
-                    last = await self.reader.earliest_seq(task_id) - 1
+                    at.last = await self.reader.earliest_seq(task_id) - 1
                 except SeqUntrusted as exc:
                     raise seq_untrusted_error(exc.task_id, str(exc)) from None
-                any_first = False
+                at.any_first = False
             if terminal_before:
                 return  # a finished task: everything retained after the cursor was replayed
-            # Live: take what the tail buffered, delivering exactly last + 1 each time.
+            # Live: what the tail buffered, until the buffer overflows or misses one.
             while True:
                 try:
                     woke = await sub.wait(keepalive)
@@ -410,21 +444,13 @@ class StreamHub:
                     return  # moved (the ticket says so), drained or cancelled
                 self._refuse_untrusted(task_id, partition)
                 if not woke:
-                    yield None  # idle: keep-alive
+                    yield None, True
                     continue
                 if self.draining.is_set():
                     return
                 if sub.overflowed:
-                    break  # fell behind: catch up from Kafka
-                live, last, step = take_next(sub.take(), last, ends, end_type=status)
-                if live:
-                    self._delivered(task_id, partition, live, live=True)
-                    yield live  # type: ignore[misc]
-                del live  # not held while the stream waits, maybe for hours
-                if step is Step.ENDED:
-                    return
-                if step is Step.GAP:
-                    break  # something is missing from the buffer: re-read from Kafka
+                    break  # fell behind, or a gap: catch up from Kafka
+                yield Batch.of(sub.take()), True
 
     def _pace(self) -> ReplayPace | None:
         """This stream's catch-up pace (None: not paced, the default)."""
@@ -439,7 +465,7 @@ class StreamHub:
             on_paced=self._on_paced,
         )
 
-    async def _paced(self, pace: ReplayPace, sub: Subscription, batch: WireItems) -> bool:
+    async def _paced(self, pace: ReplayPace, sub: Subscription, batch: Batch[Item]) -> bool:
         """Wait for the pace before a catch-up batch; False when the stream should end."""
         return await pace.take(len(batch)) and not sub.closed
 
@@ -460,17 +486,15 @@ class StreamHub:
         if idx is not None and not idx.trusts(task_id):
             raise seq_untrusted_error(task_id, str(SeqUntrusted(task_id)))
 
-    def _delivered(
-        self, task_id: str, partition: int, batch: WireItems | Batch, *, live: bool
-    ) -> None:
+    def _delivered(self, task_id: str, partition: int, batch: Batch[Item], *, live: bool) -> None:
         """Count a batch about to be written: one backlog and one latency sample per write."""
         m = self.metrics
         m.delivered(len(batch))
         idx = self.indexer.partitions.get(partition)
         head = idx.next_seq_of(task_id) if idx is not None else None
         if head is not None:
-            m.backlog(max(0, head - 1 - batch[-1][0]))
-        first = batch[0][1]
+            m.backlog(max(0, head - 1 - batch.seqs[-1]))
+        first = batch.items[0]
         if live and isinstance(first, TaskEvent):  # the oldest event of the batch waited longest
             m.latency(max(0.0, self.clock.wall() - first.timestamp_ms / 1000))
 

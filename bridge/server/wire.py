@@ -1,8 +1,9 @@
 """The wire: JSON-RPC 2.0 and MCP shapes, error codes, and the one error type the server raises.
 
 Only this module knows JSON-RPC message shapes: requests and their params, responses, the
-errors tasks/stream answers with, and the ``notifications/tasks/event`` message (rendered fast,
-:func:`renderer`). Handlers raise :class:`RpcError` (or domain exceptions that
+errors tasks/stream answers with, and the ``notifications/tasks/event`` message
+(:func:`notification`; its fast text, the same value, is rendered by :mod:`bridge.server.sse`,
+which writes every SSE byte). Handlers raise :class:`RpcError` (or domain exceptions that
 :mod:`bridge.server.handlers` maps once at the boundary); pydantic validation errors become
 -32602 without library text on the wire. The error codes themselves live in
 :mod:`bridge.events`.
@@ -13,11 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import operator
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -41,7 +37,6 @@ from bridge.events import (
     MISSING_CAPABILITY,
     PARSE_ERROR,
     UNSUPPORTED_VERSION,
-    TaskEventTypes,
     error_object,
 )
 
@@ -70,17 +65,13 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TASKS_EXTENSION",
     "UNSUPPORTED_VERSION",
-    "EventBatch",
     "EventsListParams",
     "EventsPollParams",
     "EventsSubscribeParams",
     "EventsSubscriptionParams",
     "EventsUnsubscribeParams",
-    "Frame",
     "InitializeParams",
     "JsonRpcRequest",
-    "RecentTexts",
-    "Renderer",
     "RpcError",
     "TaskIdParams",
     "TasksStreamParams",
@@ -99,10 +90,8 @@ __all__ = [
     "notification_message",
     "progress_notification",
     "rate_limited_error",
-    "renderer",
     "result_response",
     "seq_untrusted_error",
-    "sse_events",
     "stream_active_error",
     "tasks_capability",
     "too_many_streams_error",
@@ -157,32 +146,6 @@ class JsonRpcRequest(BaseModel):
     id: StrictStr | StrictInt | None = None
     method: StrictStr
     params: dict[str, Any] | None = None
-
-
-@dataclass(slots=True)
-class Frame:
-    """One SSE event: a JSON-RPC message with an optional ``id``; no message = keep-alive.
-
-    ``data`` is the message already rendered as one line of JSON (the hot path), if given.
-    A replay makes one per event: slots keep it small and quick to build.
-    """
-
-    message: dict[str, Any] | None
-    event_id: str | None = None
-    data: str | None = None
-
-
-@dataclass(slots=True)
-class EventBatch:
-    """Notifications of one stream for one write, already rendered and framed as SSE events
-    (:meth:`RecentTexts.frames`).
-
-    What a stream yields per batch instead of a :class:`Frame` per event: a replay writes
-    thousands of events a second, and an object per event (tracked by the garbage collector)
-    cost more than rendering it.
-    """
-
-    text: str
 
 
 def result_response(request_id: str | int | None, result: dict[str, Any]) -> dict[str, Any]:
@@ -346,235 +309,6 @@ def too_many_streams_error(limit: int, *, replica: bool) -> RpcError:
 
 
 # --- notifications/tasks/event -----------------------------------------------------------
-
-
-class RecentTexts:
-    """The notification texts rendered lately, by (task id, seq), shared by every stream.
-
-    An event fanned out live to N streams of its task, or replayed to N clients resuming it,
-    is rendered once instead of N times: its text depends on the task, the seq and the event
-    only (:func:`renderer`), and a committed event never changes. Bounded by count and by
-    characters, the oldest text out first; a text above an eighth of the character bound is
-    not kept, and a miss renders as before. The character bound is what keeps a burst of large
-    events from being held here: a fan-out needs only the texts of the last moments.
-    """
-
-    __slots__ = ("_chars", "_limit", "_max_chars", "_texts")
-
-    #: Batches up to this many events are kept (see :meth:`texts`).
-    KEPT_BATCH = 256
-
-    def __init__(self, limit: int = 4096, max_chars: int = 1 << 20) -> None:
-        self._limit = limit
-        self._max_chars = max_chars
-        self._chars = 0
-        # Evicted oldest first with popitem(last=False), O(1): a plain dict's first key, after
-        # many deletions at its front, is found by skipping them (a 200,000-event replay spent
-        # a fifth of its CPU there).
-        self._texts: OrderedDict[tuple[str, int], str] = OrderedDict()
-
-    def text(
-        self,
-        task_id: str,
-        seq: int,
-        event: TaskEvent | str,
-        render: Callable[[int, TaskEvent | str], str],
-    ) -> str:
-        """The text of ``task_id``'s event ``seq``, from ``render`` (a :func:`renderer` of
-        that task) unless rendered lately."""
-        return self.texts(task_id, [(seq, event)], render)[0]
-
-    def texts(
-        self,
-        task_id: str,
-        batch: Sequence[tuple[int, TaskEvent | str]],
-        render: Callable[[int, TaskEvent | str], str],
-    ) -> list[str]:
-        """:meth:`text` of each ``(seq, event)`` of ``batch``, in one call.
-
-        A batch of more than ``KEPT_BATCH`` events is read from the cache but not kept in it:
-        it is a replay far behind the head, whose texts would push out the ones the live
-        fan-out and a reconnect storm share, and keeping each cost more than rendering it.
-        """
-        texts = self._texts
-        out: list[str] = []
-        get, append = texts.get, out.append
-        limit, max_chars = self._limit, self._max_chars
-        largest = max_chars >> 3 if len(batch) <= self.KEPT_BATCH else -1
-        chars = self._chars
-        for seq, event in batch:
-            key = (task_id, seq)
-            text = get(key)
-            if text is None:
-                text = render(seq, event)
-                if len(text) <= largest:
-                    chars += len(text)
-                    texts[key] = text
-                    while len(texts) > limit or chars > max_chars:
-                        chars -= len(texts.popitem(last=False)[1])  # the oldest
-            append(text)
-        self._chars = chars
-        return out
-
-    def frames(
-        self,
-        task_id: str,
-        cursor: str,
-        batch: Sequence[tuple[int, TaskEvent | str]],
-        render: Renderer,
-    ) -> str:
-        """The SSE events of ``batch`` for a stream whose event ids start with ``cursor``: the
-        texts of :meth:`texts`, framed; except a replay's read far behind the head (more than
-        ``KEPT_BATCH`` events, wire texts among them), which is rendered and framed in one go
-        without the cache (:meth:`Renderer.frames`). A large batch of live events (a slow
-        stream after a burst) still reads the texts other streams of its task rendered."""
-        if len(batch) > self.KEPT_BATCH and str in map(type, map(_SECOND, batch)):
-            return render.frames(cursor, batch)
-        return sse_events(cursor, [seq for seq, _ in batch], self.texts(task_id, batch, render))
-
-    @property
-    def chars(self) -> int:
-        """Characters of the texts kept (at most ``max_chars``)."""
-        return self._chars
-
-
-class Renderer:
-    """Renders one task's notifications as single-line JSON (:func:`renderer` makes them).
-
-    The same JSON value as ``dumps(notification(...))``; the parts fixed for the task (its id,
-    the related-task ``_meta``) are serialised once instead of for every event, and so is each
-    event type. An event that carries its payload and ``_meta`` as wire JSON text
-    (:attr:`TaskEvent.payload_json`, set by the decoder, which validated it) is sent with that
-    text as it is, not parsed and serialised again: a text with a duplicate key goes out as the
-    producer wrote it (the bridge itself reads the last value, as most JSON parsers do). The
-    related-task member is appended to such a ``_meta`` text unless the producer's ``_meta``
-    has that key already: then the dict is written, with the bridge's value in its place.
-
-    An event whose content cannot be written as JSON (the decoder refuses such records, so
-    this is the last line of defence) goes out as a ``<prefix>.event.undecodable`` placeholder
-    with its seq: one record can never fail a stream.
-
-    A str instead of an event is a replayed record's type and payload as checked wire JSON
-    members (:meth:`bridge.log.records.RecordDecoder.wire_events`, no ``_meta``): it goes
-    between the task id and the related-task ``_meta``, the same text its event would give.
-    """
-
-    __slots__ = (
-        "_after_seq",
-        "_after_task",
-        "_plain_meta",
-        "_related",
-        "_related_member",
-        "prefix",
-        "task_id",
-    )
-
-    def __init__(self, task_id: str, prefix: str) -> None:
-        self.task_id = task_id
-        self.prefix = prefix
-        self._after_seq = f',"taskId":{dumps(task_id)},"type":'
-        self._after_task = f',"taskId":{dumps(task_id)},'
-        self._related = {"taskId": task_id}
-        self._related_member = f",{dumps(RELATED_TASK_META)}:{dumps(self._related)}}}"
-        self._plain_meta = dumps({RELATED_TASK_META: self._related})
-
-    def __call__(self, seq: int, event: TaskEvent | str) -> str:
-        """The notification of ``event`` as the task's ``seq``: one line of JSON."""
-        if type(event) is str:  # checked wire members of a replayed record, without _meta
-            return (
-                f'{_NOTIFICATION_HEAD}{seq}{self._after_task}{event},"_meta":{self._plain_meta}}}}}'
-            )
-        assert isinstance(event, TaskEvent)
-        type_texts = _TYPE_TEXTS
-        try:
-            type_ = type_texts.get(event.type)
-            if type_ is None:
-                if len(type_texts) >= _TYPE_TEXTS_MAX:  # any producer picks types: bounded
-                    type_texts.clear()
-                type_ = type_texts[event.type] = dumps(event.type)
-            payload = event.payload_json
-            if payload is None:
-                payload = dumps(event.payload)
-            if not event.meta:
-                meta = self._plain_meta
-            elif event.meta_json is not None and RELATED_TASK_META not in event.meta:
-                # A non-empty object's text ends with "}" (and perhaps whitespace).
-                meta = event.meta_json.rstrip()[:-1] + self._related_member
-            else:
-                meta = dumps({**event.meta, RELATED_TASK_META: self._related})
-        except (ValueError, TypeError, RecursionError):
-            log.warning(
-                "task %s seq %d: unencodable content sent as a placeholder", self.task_id, seq
-            )
-            meta, type_, payload = (
-                self._plain_meta,
-                dumps(TaskEventTypes.of(self.prefix).undecodable),
-                _UNENCODABLE,
-            )
-        return f'{_NOTIFICATION_HEAD}{seq}{self._after_seq}{type_},"payload":{payload},"_meta":{meta}}}}}'
-
-    def frames(self, cursor: str, batch: Sequence[tuple[int, TaskEvent | str]]) -> str:
-        """The SSE events of ``batch`` (:func:`sse_events`' text), each rendered now: a wire
-        text without a step of its own. The batch is a stream's, so its seqs are consecutive;
-        its events (a few: a replay's batch is nearly all wire texts) are rendered one by one
-        into their place. A replay writes hundreds of thousands of events a second: a
-        formatted string per event was a tenth of its CPU.
-        """
-        n = len(batch)
-        if not n:
-            return ""
-        first = batch[0][0]
-        if batch[-1][0] != first + n - 1:  # not a stream's batch: one by one
-            return sse_events(cursor, [seq for seq, _ in batch], [self(*pair) for pair in batch])
-        items = list(map(_SECOND, batch))
-        seqs = list(map(str, range(first, first + n)))
-        # Seven pieces per event, the fixed ones repeated and the rest laid in by slices.
-        data = f"\nevent: message\ndata: {_NOTIFICATION_HEAD}"
-        end = f',"_meta":{self._plain_meta}}}}}\n\n'
-        pieces: list[Any] = [f"id: {cursor}", None, data, None, self._after_task, None, end] * n
-        pieces[1::7] = seqs
-        pieces[3::7] = seqs
-        pieces[5::7] = items
-        if list(map(type, items)).count(str) != n:  # events among them: each its own text
-            for i, item in enumerate(items):
-                if type(item) is not str:
-                    text = self(first + i, item)
-                    pieces[7 * i + 2 : 7 * i + 7] = (
-                        "\nevent: message\ndata: ",
-                        text,
-                        "",
-                        "",
-                        "\n\n",
-                    )
-        return "".join(pieces)
-
-
-_SECOND = operator.itemgetter(1)
-
-
-@lru_cache(maxsize=4096)  # one per task, not per stream: making one serialises four JSON texts
-def renderer(task_id: str, prefix: str) -> Renderer:
-    """The task's :class:`Renderer`, shared by its streams."""
-    return Renderer(task_id, prefix)
-
-
-def sse_events(cursor: str, seqs: Sequence[int], texts: Sequence[str]) -> str:
-    """SSE events, one per notification text: ``id`` the stream's ``cursor`` prefix and the
-    seq, event type ``message``, the text as ``data`` (one line)."""
-    return "".join(
-        [
-            f"id: {cursor}{seq}\nevent: message\ndata: {text}\n\n"
-            for seq, text in zip(seqs, texts, strict=True)
-        ]
-    )
-
-
-_NOTIFICATION_HEAD = '{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
-_UNENCODABLE = dumps({"reason": "unencodable", "error": "the content cannot be written as JSON"})
-#: Event types as JSON, shared by every stream's renderer: replays repeat a few types many
-#: times. Bounded (then it starts over), as any producer picks types.
-_TYPE_TEXTS: dict[str, str] = {}
-_TYPE_TEXTS_MAX = 1024
 
 
 def notification(task_id: str, seq: int, event: TaskEvent) -> dict[str, Any]:

@@ -91,6 +91,7 @@ from bridge.server.classify import NAME_PARAM
 from bridge.server.cursor import encode_cursor
 from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
+from bridge.server.sse import renderer
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     LATEST_VERSION,
@@ -99,7 +100,6 @@ from bridge.server.wire import (
     TASKS_EXTENSION,
     cursor_ahead_error,
     events_gone_error,
-    renderer,
 )
 from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
 
