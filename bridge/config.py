@@ -30,6 +30,7 @@ from bridge.events import EventTypeRule, TaskEventTypes
 __all__ = [
     "AuthSettings",
     "EventSourceSpec",
+    "HandoverSettings",
     "KafkaLocalSettings",
     "KafkaSaslSettings",
     "KafkaTlsSettings",
@@ -696,6 +697,23 @@ class EventsSettings(BaseModel):
     profile: Literal["sep-3415", "chatgpt"] = "sep-3415"
 
 
+class HandoverSettings(BaseModel):
+    """How partitions move between replicas without their users noticing
+    (``BRIDGE_HANDOVER__*``; docs/deployment.md, "A replica is stopped").
+
+    ``timeout_s`` bounds a hand-over: how long a stopping replica (SIGTERM, ``ownership =
+    "group"``) waits for the others to take and serve its partitions before it ends what is
+    left, and how long any replica keeps a lost partition's streams open waiting for its new
+    owner to serve it. The pod's ``terminationGracePeriodSeconds`` must exceed preStop + this +
+    the streams' drain (10 s). 0: no hand-over (partitions are told lost at once, a stopping
+    replica keeps its partitions until the session timeout).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(20.0, ge=0, le=600)
+
+
 class UpgradeSettings(BaseModel):
     """A rolling upgrade in progress (CHANGELOG.md "Upgrade", docs/operations.md). Set as
     ``BRIDGE_UPGRADE__FROM``.
@@ -888,6 +906,7 @@ class Settings(BaseSettings):
     event_cursors: EventCursorSettings = EventCursorSettings()
     events: EventsSettings = EventsSettings()
     upgrade: UpgradeSettings = UpgradeSettings()
+    handover: HandoverSettings = HandoverSettings()
 
     _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
     #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).

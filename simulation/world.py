@@ -232,7 +232,11 @@ class Replica:
         self.indexer._tasks = []
 
     async def stop(self) -> None:
-        """A graceful stop: streams drained, the index flushed, the member gone (static)."""
+        """A graceful stop (SIGTERM): the partitions handed over to the others first (their
+        streams end "moved" once their new owner serves them), then what is left drained, the
+        index flushed, the member gone (static)."""
+        handed = await self.indexer.hand_over()
+        self.world.stats["hand-over complete" if handed else "hand-over incomplete"] += 1
         self.up = False
         self.hub.drain()
         await asyncio.gather(*self.attempts, return_exceptions=True)

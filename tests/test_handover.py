@@ -8,6 +8,7 @@ replica, and its return.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -16,7 +17,10 @@ from support.layout import fresh_prefix, make_settings
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
+from bridge.kafka.acls import bridge_group
 from bridge.kafka.memory import MemoryLog
+from bridge.kafka.ownership import Claim, OwnershipAssignor, sticky_assign
+from bridge.kafka.port import TopicPart
 from bridge.log.fanout import MOVED, Fanout, Subscription
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
@@ -106,6 +110,8 @@ async def test_a_rebalance_ends_no_stream_of_a_partition_its_replica_keeps() -> 
                 # the same state, not restored again, and its subscriptions open.
                 assert all(a.indexer.partitions[p] is before[p] for p in kept)
                 assert all(not live[p].closed for p in kept)
+                # A lost partition's streams end once b serves it.
+                await wait_until(lambda: all(live[p].closed for p in lost), what="moved")
                 assert all(live[p].reason == MOVED for p in lost)
                 # A kept partition goes on being indexed: a task created in it is found.
                 p = min(kept)
@@ -116,3 +122,117 @@ async def test_a_rebalance_ends_no_stream_of_a_partition_its_replica_keeps() -> 
                     lambda: a.indexer.lookup(task_id) is not None, what="a indexes the new task"
                 )
                 assert sub.take() and not live[p].closed
+
+
+# --- item 2: the planned hand-over -------------------------------------------------------------
+
+
+def test_a_draining_member_is_given_nothing_and_its_partitions_go_to_the_others() -> None:
+    claims = {
+        "m-a": Claim("http://a", frozenset({0, 1, 2}), draining=True),
+        "m-b": Claim("http://b", frozenset({3, 4, 5})),
+        "m-c": Claim("http://c", frozenset()),
+    }
+    shares = sticky_assign(range(6), claims)
+    assert shares["m-a"] == []
+    assert sorted(shares["m-b"] + shares["m-c"]) == list(range(6))
+    assert shares["m-b"] == [3, 4, 5]  # the others keep what they own
+
+
+def test_when_every_member_drains_the_partitions_stay_where_they_are() -> None:
+    claims = {
+        "m-a": Claim("http://a", frozenset({0, 1}), draining=True),
+        "m-b": Claim("http://b", frozenset({2}), draining=True),
+    }
+    assert sticky_assign(range(3), claims) == {"m-a": [0, 1], "m-b": [2]}
+
+
+def test_a_member_of_an_older_version_or_a_garbled_flag_counts_as_not_draining() -> None:
+    assignor = OwnershipAssignor("http://a", "events")
+    members = {
+        "old": json.dumps({"url": "http://old", "owned": [0]}).encode(),
+        "odd": json.dumps({"url": "http://odd", "owned": [1], "draining": "yes"}).encode(),
+    }
+    shares = assignor.assign([TopicPart("events", p) for p in range(2)], members)
+    assert [tp.partition for tp in shares["old"].parts] == [0]
+    assert [tp.partition for tp in shares["odd"].parts] == [1]
+    assert "draining" not in json.loads(shares["old"].user_data)
+    assert "draining" not in json.loads(assignor.metadata())  # 0.2.0 reads the same claim
+
+
+async def test_a_stopping_replica_hands_every_partition_over_before_its_streams_end() -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        group = log.group(bridge_group(a_settings.topics))
+        await wait_until(
+            lambda: a.indexer.partitions and b.indexer.partitions and not a.indexer.handovers.held,
+            what="a and b share, b's share handed over",
+        )
+        a_parts, b_parts = set(a.indexer.partitions), set(b.indexer.partitions)
+        # When a tells its streams that a partition moved, b must serve it already.
+        served_at_loss: dict[int, bool] = {}
+        a.indexer.add_ownership_listener(
+            lambda gained, lost: served_at_loss.update({p: b.indexer.owns(p) for p in lost})
+        )
+        with contextlib.ExitStack() as subs:
+            a_subs = {p: subs.enter_context(a.fanout.subscribe(a.task_in(p), 16)) for p in a_parts}
+            b_subs = {p: subs.enter_context(b.fanout.subscribe(b.task_in(p), 16)) for p in b_parts}
+            rebalances = group.rebalances
+            assert await a.indexer.hand_over()
+            assert group.rebalances == rebalances + 1  # one rebalance hands everything over
+            assert not a.indexer.partitions
+            assert set(b.indexer.partitions) == set(range(PARTITIONS))
+            assert served_at_loss == {p: True for p in a_parts}
+            assert all(sub.reason == MOVED for sub in a_subs.values())
+            assert not any(sub.closed for sub in b_subs.values())
+            assert not a.indexer.handovers.held
+
+
+async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalances() -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b:
+        group = log.group(bridge_group(a_settings.topics))
+        async with replica(a_settings, log) as a:
+            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
+            rebalances = group.rebalances
+            assert await a.indexer.hand_over()
+        # a stopped (a static member: it stays in the group, draining, owning nothing); the
+        # same instance comes back on the replace path with the old metadata, and rejoins.
+        async with replica(a_settings, log) as a:
+            await wait_until(
+                lambda: a.indexer.partitions and b.indexer.partitions,
+                what="the restarted a has a share again",
+            )
+            assert group.rebalances - rebalances == 2  # the hand-over, and the return
+            assert not a.indexer.assignor or not a.indexer.assignor.thought_draining
+
+
+async def test_a_lost_partition_whose_new_owner_is_never_seen_is_told_lost_at_the_bound() -> None:
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", handover={"timeout_s": 0.2})
+    log = group_log(a_settings)
+    outcomes: list[bool] = []
+    async with replica(a_settings, log) as a:
+        a.indexer.handovers.on_done = lambda seconds, served: outcomes.append(served)
+        with contextlib.ExitStack() as subs:
+            live = {
+                p: subs.enter_context(a.fanout.subscribe(a.task_in(p), 16))
+                for p in range(PARTITIONS)
+            }
+            # b persists nothing: it never writes the index, so a cannot see it serve.
+            b = Indexer(replica_settings(prefix, "b"), persist=False, log=log)
+            await b.start()
+            try:
+                await wait_until(lambda: b.partitions, what="b takes a share")
+                lost = set(range(PARTITIONS)) - set(a.indexer.partitions)
+                await wait_until(
+                    lambda: all(live[p].closed for p in lost), what="a ends the lost streams"
+                )
+                assert outcomes == [False] * len(lost)
+                assert all(live[p].reason == MOVED for p in lost)
+            finally:
+                await b.stop()

@@ -10,6 +10,14 @@ sends every member the whole partition -> URL map in its assignment. So each rep
 where to forward a request from the same round that decided it (what Kafka Streams calls
 ``partitionsByHost``).
 
+A member about to stop (SIGTERM) rejoins *draining* (:attr:`Claim.draining`): it is given
+nothing, so the others take its partitions while it still runs (the planned hand-over,
+:mod:`bridge.log.ownership`). The assignment names the draining URLs too: a replica restarted
+on Kafka's static replace path gets its old share back without a rebalance and with its old
+metadata (the broker does not look at the new one), so it learns from that list that the group
+still thinks it is draining, and rejoins once to be given partitions again. A member of an
+older version claims neither (treated as not draining).
+
 :func:`sticky_assign` is the rule, pure and unit-tested; the assignor only encodes it.
 What it does not do: fence writers (per-partition transactional ids do) or forward requests.
 """
@@ -30,10 +38,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Claim:
-    """What a member says of itself when it joins: its URL and the partitions it owns now."""
+    """What a member says of itself when it joins: its URL, the partitions it owns now, and
+    whether it is draining (about to stop: it is given nothing)."""
 
     url: str
     owned: frozenset[int] = frozenset()
+    draining: bool = False
 
 
 def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
@@ -41,11 +51,20 @@ def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> di
 
     A partition stays with a member that claims it (the first by member id if two do, after an
     unclean handover) unless that member holds more than its share; unowned partitions go to
-    the members with the fewest. Deterministic for the same input.
+    the members with the fewest. A draining member gets nothing (its partitions are unowned)
+    unless every member is draining. Deterministic for the same input.
     """
-    ids = sorted(members)
-    if not ids:
+    if not members:
         return {}
+    staying = {m: c for m, c in members.items() if not c.draining}
+    if staying and len(staying) < len(members):
+        shares = _sticky(partitions, staying)
+        return {m: shares.get(m, []) for m in sorted(members)}
+    return _sticky(partitions, members)
+
+
+def _sticky(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
+    ids = sorted(members)
     parts = sorted(set(partitions))
     base, extra = divmod(len(parts), len(ids))
     # The members that keep the most get the extra partitions, so fewer move.
@@ -72,6 +91,8 @@ class OwnershipMap:
 
     owners: dict[int, str] = field(default_factory=dict)
     generation: int = 0
+    #: The URLs of the members that were draining when it was made.
+    draining: frozenset[str] = frozenset()
 
     def owner(self, partition: int) -> str | None:
         return self.owners.get(partition)
@@ -93,17 +114,37 @@ class OwnershipAssignor:
         self.topic = topic
         self.owned: frozenset[int] = frozenset()
         self.map = OwnershipMap()
+        #: Set when the replica is about to stop: its next join asks for nothing.
+        self.draining = False
 
     def metadata(self) -> bytes:
-        return json.dumps({"url": self.url, "owned": sorted(self.owned)}).encode("utf-8")
+        claim: dict[str, object] = {"url": self.url, "owned": sorted(self.owned)}
+        if self.draining:  # only when set: what 0.2.0 members read is unchanged
+            claim["draining"] = True
+        return json.dumps(claim).encode("utf-8")
+
+    @property
+    def thought_draining(self) -> bool:
+        """The last assignment counted this replica as draining while it is not (it came back
+        on the static replace path with its old metadata): it must rejoin to get a share."""
+        return not self.draining and self.url in self.map.draining
 
     def assign(self, parts: Sequence[TopicPart], members: Mapping[str, bytes]) -> dict[str, Share]:
         partitions = {p.partition for p in parts if p.topic == self.topic}
         claims = {member: _claim(data) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
-        user_data = json.dumps({"owners": owners}).encode("utf-8")
-        log.info("assigned %d partitions over %d replicas", len(partitions), len(members))
+        draining = sorted({c.url for c in claims.values() if c.draining})
+        data: dict[str, object] = {"owners": owners}
+        if draining:
+            data["draining"] = draining
+        user_data = json.dumps(data).encode("utf-8")
+        log.info(
+            "assigned %d partitions over %d replicas (%d draining)",
+            len(partitions),
+            len(members),
+            len(draining),
+        )
         return {
             member: Share(tuple(TopicPart(self.topic, p) for p in ps), user_data)
             for member, ps in shares.items()
@@ -113,20 +154,23 @@ class OwnershipAssignor:
         """Take this member's share and the owner map every member received with it."""
         self.owned = frozenset(p.partition for p in parts if p.topic == self.topic)
         try:
-            raw = json.loads(user_data or b"{}").get("owners", {})
-            owners = {int(p): str(url) for p, url in raw.items()}
-        except (ValueError, AttributeError):
+            data = json.loads(user_data or b"{}")
+            owners = {int(p): str(url) for p, url in data.get("owners", {}).items()}
+            draining = frozenset(str(url) for url in data.get("draining", ()))
+        except (ValueError, AttributeError, TypeError):
             log.error(
                 "an assignment without a readable owner map; forwarding is off until the next"
             )
-            owners = {}
-        self.map = OwnershipMap(owners, self.map.generation + 1)
+            owners, draining = {}, frozenset()
+        self.map = OwnershipMap(owners, self.map.generation + 1, draining)
 
 
 def _claim(user_data: bytes | None) -> Claim:
     """A member's claim; a member this version cannot read claims nothing (it still gets a share)."""
     try:
         raw = json.loads(user_data or b"{}")
-        return Claim(str(raw.get("url", "")), frozenset(int(p) for p in raw.get("owned", ())))
+        owned = frozenset(int(p) for p in raw.get("owned", ()))
+        # Only a literal true drains: an older member (no field) or a garbled one stays.
+        return Claim(str(raw.get("url", "")), owned, raw.get("draining") is True)
     except (ValueError, TypeError, AttributeError):
         return Claim("")

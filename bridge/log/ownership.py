@@ -6,7 +6,9 @@ partitions) and the indexer's other parts. A partition gained has its previous i
 fenced (:mod:`bridge.log.indexwriter`), its slice of the index restored
 (:mod:`bridge.log.indexrestore`) and reconciled with the log (:mod:`bridge.log.reconcile`),
 and the tail sought to it; a partition lost is flushed and dropped, and the ownership listeners
-are told (streams on it end so that clients resume on its owner). It applies no record
+are told (streams on it end so that clients resume on its owner) once its new owner serves it
+(:mod:`bridge.log.handover`). A partition kept through the eager revoke that starts every
+rebalance is neither dropped nor restored: its streams never notice. It applies no record
 (:mod:`bridge.log.seqtail`).
 """
 
@@ -21,7 +23,8 @@ from collections.abc import Callable
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.kafka.ownership import OwnershipAssignor
-from bridge.kafka.port import Log, LogError, Tail, TopicPart
+from bridge.kafka.port import GroupTail, Log, LogError, Tail, TopicPart
+from bridge.log.handover import Handovers
 from bridge.log.indexrestore import IndexerError, load_index
 from bridge.log.indexwriter import IndexWriter
 from bridge.log.owned import OwnedPartitions
@@ -77,6 +80,35 @@ class Ownership:
         #: The group's latest assignment (what a retry takes).
         self._assignment: set[int] = set()
         self._retrying: asyncio.Task[None] | None = None
+        #: Called with the seconds from an assignment to serving what it gained (a metric).
+        self.on_gained: Callable[[float], None] = lambda seconds: None
+        #: Lost partitions whose loss is told once their new owner serves them (persisting
+        #: replicas only: the signal is the new owner's index write).
+        self.handovers = Handovers(
+            settings.topics.index,
+            log_,
+            self._tell_lost,
+            timeout_s=settings.handover.timeout_s if persist else 0.0,
+        )
+
+    def _tell_lost(self, lost: set[int]) -> None:
+        """A held partition's new owner serves it (or the bound passed): tell the listeners."""
+        lost -= set(self._owned.partitions)  # taken back meanwhile: nothing to end
+        if lost:
+            self.moved["lost"] += len(lost)
+            self._notify(set(), lost)
+
+    def _notify(self, taken: set[int], lost: set[int]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(taken, lost)
+            except Exception:
+                log.exception("ownership listener failed")
+
+    async def revoked(self) -> None:
+        """The revoke before a rebalance (after the flush): note where the owned partitions'
+        index slices end, so that their next owner's first write can be seen."""
+        await self.handovers.note_ends(set(self._owned.partitions))
 
     async def next_rebalance(self) -> None:
         """Return after the next assignment has been applied."""
@@ -149,9 +181,12 @@ class Ownership:
         async with self._moving:
             owned = set(self._owned.partitions)
             lost, gained, kept = owned - assigned, assigned - owned, owned & assigned
+            started = time.perf_counter()
             try:
                 await self.lose(lost)
                 await self.gain(gained)
+                if gained:
+                    self.on_gained(time.perf_counter() - started)
             except Exception as exc:
                 await self._writer.close(gained - set(self._owned.partitions))
                 self.failed = exc
@@ -167,18 +202,16 @@ class Ownership:
                         TopicPart(self.settings.topics.events, p),
                         self._owned.partitions[p].through,
                     )
+                self.handovers.regained(taken)
+                told = self.handovers.hold(lost)
                 self.rebalances += 1
                 self.moved["gained"] += len(taken)
-                self.moved["lost"] += len(lost)
+                self.moved["lost"] += len(told)
                 self.assigned.set()
                 self._owned.notify_progress()  # waiters re-check: their partition may have moved
                 self._rebalanced.set()
                 self._rebalanced = asyncio.Event()
-                for listener in self.listeners:
-                    try:
-                        listener(taken, lost)
-                    except Exception:
-                        log.exception("ownership listener failed")
+                self._notify(taken, told)
 
     def _retry_later(self) -> None:
         if self._retrying is None or self._retrying.done():
@@ -197,21 +230,30 @@ class Ownership:
                 )
 
     async def stop(self) -> None:
-        """Stop retrying a failed gain."""
+        """Stop retrying a failed gain; what is held is told lost now."""
         if self._retrying is not None:
             await cancel_and_wait(self._retrying)
+        await self.handovers.stop()
 
 
 class GroupCallbacks:
     """The group's callbacks (a port GroupListener): flush before giving partitions back, then
-    apply the new share."""
+    apply the new share.
+
+    ``member``: the group's member these callbacks serve (asked to rejoin when the assignment
+    still counts this replica as draining: it came back on the static replace path)."""
 
     def __init__(
-        self, ownership: Ownership, writer: IndexWriter, assignor: OwnershipAssignor | None
+        self,
+        ownership: Ownership,
+        writer: IndexWriter,
+        assignor: OwnershipAssignor | None,
+        member: Callable[[], GroupTail | None] = lambda: None,
     ) -> None:
         self.ownership = ownership
         self.writer = writer
         self.assignor = assignor
+        self._member = member
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
         # Eager rebalancing revokes everything before the new round: persist now, so whoever
@@ -219,6 +261,7 @@ class GroupCallbacks:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5):
                 await self.writer.flush()
+        await self.ownership.revoked()
 
     async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
         if self.assignor is not None:
@@ -227,3 +270,16 @@ class GroupCallbacks:
             await self.ownership.assigned_now({p.partition for p in parts})
         except Exception:
             log.exception("could not take the assigned partitions")
+        member = self._member()
+        if self.assignor is not None and self.assignor.thought_draining and member is not None:
+            # Back from a restart with the old (draining) metadata the broker kept: one
+            # rejoin with the new one, a rebalance that gives this replica a share again.
+            log.info("the group still counts this replica as draining: rejoining")
+            asyncio.get_running_loop().call_soon(_rejoin, member)
+
+
+def _rejoin(member: GroupTail) -> None:
+    try:
+        member.rejoin()
+    except LogError as exc:  # closed meanwhile: it is stopping anyway
+        log.info("no rejoin: %s", exc)

@@ -135,6 +135,8 @@ async def start_components(
             await service.start()
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
+            indexer.report_hand_overs(metrics.handed_over, metrics.gain_seconds.observe)
+            metrics.partitions_held.set_function(lambda: len(indexer.handovers.held))
             hub = StreamHub(settings, indexer, reader, fanout, metrics.streams())
             routing = Routing(settings, indexer, on_refused=metrics.hop_refused)
             peers = _peers(settings, routing, stack)
