@@ -712,6 +712,10 @@ class HandoverSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     timeout_s: float = Field(20.0, ge=0, le=600)
+    #: Replicas that keep a warm copy of each partition's index (bridge/log/standby.py): each
+    #: costs about as much memory as the partitions' owners hold, and one more read of the
+    #: index topic. 0: none (a gained partition is restored from its whole index slice).
+    standbys: int = Field(1, ge=0, le=3)
 
 
 class UpgradeSettings(BaseModel):

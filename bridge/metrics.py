@@ -352,6 +352,16 @@ class Metrics:
             "owner serves them",
             registry=r,
         )
+        self.standby_partitions = Gauge(
+            "bridge_standby_partitions",
+            "Events partitions this replica keeps a warm standby copy of the index of",
+            registry=r,
+        )
+        self.standby_lag_records = Gauge(
+            "bridge_standby_lag_records",
+            "Index records the standby copies are behind their index partitions, in all",
+            registry=r,
+        )
         self._rebalances_seen = 0  # the indexer's count at the last report (see _moved)
         # --- end of the hand-over block ---------------------------------------------------
         self._tasks = _TaskCounts()

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import pytest
 from support.inmemory import memory_log
 from support.layout import fresh_prefix, make_settings
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
 from bridge.kafka.acls import bridge_group
-from bridge.kafka.memory import MemoryLog
-from bridge.kafka.ownership import Claim, OwnershipAssignor, sticky_assign
+from bridge.kafka.memory import MemoryGroupTail, MemoryLog
+from bridge.kafka.ownership import Claim, OwnershipAssignor, name_standbys, sticky_assign
 from bridge.kafka.port import TopicPart
+from bridge.log import ownership
 from bridge.log.fanout import MOVED, Fanout, Subscription
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
@@ -32,16 +35,14 @@ HOLD = ToolSpec(name="hold", description="Never picked up", task="required")
 
 
 def replica_settings(prefix: str, name: str, **overrides: object) -> Settings:
-    return make_settings(
-        "127.0.0.1:9",
-        prefix,
-        ownership="group",
-        instance_id=name,
-        advertised_url=f"http://{name}.test:8081",
-        peer_secret="handover-test-peer-secret-0123456789abcdef",
-        group_session_timeout_ms=6_000,
-        **overrides,
-    )
+    values: dict[str, Any] = {
+        "ownership": "group",
+        "instance_id": name,
+        "advertised_url": f"http://{name}.test:8081",
+        "peer_secret": "handover-test-peer-secret-0123456789abcdef",
+        "group_session_timeout_ms": 6_000,
+    }
+    return make_settings("127.0.0.1:9", prefix, **{**values, **overrides})
 
 
 @dataclass
@@ -236,3 +237,102 @@ async def test_a_lost_partition_whose_new_owner_is_never_seen_is_told_lost_at_th
                 assert all(live[p].reason == MOVED for p in lost)
             finally:
                 await b.stop()
+
+
+# --- items 3 and 4: warm standbys ---------------------------------------------------------------
+
+
+def test_each_partition_gets_a_standby_that_is_not_its_owner_and_a_drainer_its_old_share() -> None:
+    shares = {"m-a": [], "m-b": [0, 1, 2], "m-c": [3, 4, 5]}
+    claims = {
+        "m-a": Claim("http://a", frozenset({0, 1}), draining=True),
+        "m-b": Claim("http://b", frozenset({2})),
+        "m-c": Claim("http://c", frozenset({3, 4, 5})),
+    }
+    named = name_standbys(shares, claims, 1)
+    assert named[0] == ["m-a"] and named[1] == ["m-a"]  # what it gave away: its share back
+    assert all(
+        len(ms) == 1 and m not in ms for m, ps in shares.items() for p in ps for ms in [named[p]]
+    )
+    assert name_standbys(shares, claims, 0) == {p: [] for p in range(6)}
+
+
+@contextlib.contextmanager
+def full_restores(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The partitions gains restored from their whole index slice (not from a standby)."""
+    restored: list[int] = []
+    real = ownership.load_index
+
+    async def load_index(settings: Settings, partitions: Any, **kwargs: Any) -> Any:
+        restored.extend(partitions)
+        return await real(settings, partitions, **kwargs)
+
+    monkeypatch.setattr(ownership, "load_index", load_index)
+    yield restored
+
+
+async def created_in(r: Replica, partitions: set[int]) -> dict[int, str]:
+    """A task created by ``r`` in each of ``partitions`` (which it owns), indexed."""
+    ids = {p: r.task_in(p) for p in partitions}
+    for task_id in ids.values():
+        await r.service.create(HOLD, {}, "alice", task_id=task_id)
+    await wait_until(lambda: all(r.indexer.lookup(t) for t in ids.values()), what="indexed")
+    return ids
+
+
+async def test_a_handed_over_partition_is_served_from_a_warm_standby_without_a_restore(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        await wait_until(lambda: a.indexer.partitions and b.indexer.partitions, what="shared")
+        a_parts = set(a.indexer.partitions)
+        ids = await created_in(a, a_parts)
+        # b stands by for a's partitions, and its copies follow a's flushes.
+        await wait_until(
+            lambda: (
+                b.indexer.standbys.warm() == a_parts
+                and all(ids[p] in b.indexer.standbys.copies[p] for p in a_parts)
+            ),
+            what="b's copies of a's partitions are warm and hold a's new tasks",
+        )
+        await a.indexer.flush()
+        expected = {p: a.indexer.partitions[p].entries() for p in a_parts}
+        with full_restores(monkeypatch) as restored:
+            assert await a.indexer.hand_over()
+        assert restored == []  # served from the copies: no slice read in full
+        assert {p: b.indexer.partitions[p].entries() for p in a_parts} == expected
+
+
+async def test_a_crashed_owner_s_partitions_are_served_from_the_survivor_s_standby(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", group_session_timeout_ms=1_000)
+    b_settings = replica_settings(prefix, "b", group_session_timeout_ms=1_000)
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b, replica(a_settings, log) as a:
+        await wait_until(lambda: a.indexer.partitions and b.indexer.partitions, what="shared")
+        a_parts = set(a.indexer.partitions)
+        ids = await created_in(a, a_parts)
+        await a.indexer.flush()
+        expected = {p: a.indexer.partitions[p].entries() for p in a_parts}
+        await wait_until(
+            lambda: (
+                b.indexer.standbys.warm() == a_parts
+                and all(ids[p] in b.indexer.standbys.copies[p] for p in a_parts)
+            ),
+            what="b's copies of a's partitions are warm",
+        )
+        with full_restores(monkeypatch) as restored:
+            member = a.indexer._member
+            assert isinstance(member, MemoryGroupTail)
+            member.crash()  # no goodbye: a's session expires, then b takes its partitions
+            await wait_until(
+                lambda: set(b.indexer.partitions) == set(range(PARTITIONS)),
+                what="b takes the crashed a's partitions",
+            )
+        assert restored == []
+        assert {p: b.indexer.partitions[p].entries() for p in a_parts} == expected

@@ -18,6 +18,11 @@ metadata (the broker does not look at the new one), so it learns from that list 
 still thinks it is draining, and rejoins once to be given partitions again. A member of an
 older version claims neither (treated as not draining).
 
+The assignment also names each partition's standbys (:func:`name_standbys`): the members that
+keep a warm copy of its index (:mod:`bridge.log.standby`), so that whoever gains it next serves
+it after a fence and a short catch-up instead of a full restore. A draining member stands by
+for the partitions it gave away: what it gets back when it returns.
+
 :func:`sticky_assign` is the rule, pure and unit-tested; the assignor only encodes it.
 What it does not do: fence writers (per-partition transactional ids do) or forward requests.
 """
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 
 from bridge.kafka.port import Share, TopicPart
 
-__all__ = ["Claim", "OwnershipAssignor", "OwnershipMap", "sticky_assign"]
+__all__ = ["Claim", "OwnershipAssignor", "OwnershipMap", "name_standbys", "sticky_assign"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,35 @@ def _sticky(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str
     return {m: sorted(ps) for m, ps in result.items()}
 
 
+def name_standbys(
+    shares: Mapping[str, Sequence[int]], members: Mapping[str, Claim], count: int
+) -> dict[int, list[str]]:
+    """Up to ``count`` standby members per partition, never its owner: a draining member for
+    the partitions it owned (its share when it comes back), then the staying members with the
+    fewest standbys. Deterministic for the same input."""
+    owner = {p: m for m, ps in shares.items() for p in ps}
+    result: dict[int, list[str]] = {p: [] for p in owner}
+    if count <= 0:
+        return result
+    load = dict.fromkeys(members, 0)
+    for m in sorted(members):
+        if members[m].draining:
+            for p in sorted(members[m].owned):
+                if p in owner and owner[p] != m and len(result[p]) < count:
+                    result[p].append(m)
+                    load[m] += 1
+    staying = sorted(m for m, c in members.items() if not c.draining)
+    for p in sorted(owner):
+        while len(result[p]) < count:
+            free = [m for m in staying if m != owner[p] and m not in result[p]]
+            if not free:
+                break
+            chosen = min(free, key=lambda m: (load[m], m))
+            result[p].append(chosen)
+            load[chosen] += 1
+    return result
+
+
 @dataclass
 class OwnershipMap:
     """The last assignment's partition -> owner URL map, as every member received it."""
@@ -93,6 +127,12 @@ class OwnershipMap:
     generation: int = 0
     #: The URLs of the members that were draining when it was made.
     draining: frozenset[str] = frozenset()
+    #: Each partition's standby URLs (who keeps a warm copy of its index).
+    standbys: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def standing_by(self, url: str) -> set[int]:
+        """The partitions ``url`` stands by for."""
+        return {p for p, urls in self.standbys.items() if url in urls}
 
     def owner(self, partition: int) -> str | None:
         return self.owners.get(partition)
@@ -109,9 +149,11 @@ class OwnershipAssignor:
 
     name = "mcpbridge-owners"
 
-    def __init__(self, url: str, topic: str) -> None:
+    def __init__(self, url: str, topic: str, standbys: int = 0) -> None:
+        """``standbys``: how many members the leader names to stand by for each partition."""
         self.url = url
         self.topic = topic
+        self.standbys = standbys
         self.owned: frozenset[int] = frozenset()
         self.map = OwnershipMap()
         #: Set when the replica is about to stop: its next join asks for nothing.
@@ -138,6 +180,10 @@ class OwnershipAssignor:
         data: dict[str, object] = {"owners": owners}
         if draining:
             data["draining"] = draining
+        named = name_standbys(shares, claims, self.standbys)
+        standbys = {str(p): [claims[m].url for m in ms] for p, ms in named.items() if ms}
+        if standbys:
+            data["standbys"] = standbys
         user_data = json.dumps(data).encode("utf-8")
         log.info(
             "assigned %d partitions over %d replicas (%d draining)",
@@ -157,12 +203,15 @@ class OwnershipAssignor:
             data = json.loads(user_data or b"{}")
             owners = {int(p): str(url) for p, url in data.get("owners", {}).items()}
             draining = frozenset(str(url) for url in data.get("draining", ()))
+            standbys = {
+                int(p): tuple(str(u) for u in urls) for p, urls in data.get("standbys", {}).items()
+            }
         except (ValueError, AttributeError, TypeError):
             log.error(
                 "an assignment without a readable owner map; forwarding is off until the next"
             )
-            owners, draining = {}, frozenset()
-        self.map = OwnershipMap(owners, self.map.generation + 1, draining)
+            owners, draining, standbys = {}, frozenset(), {}
+        self.map = OwnershipMap(owners, self.map.generation + 1, draining, standbys)
 
 
 def _claim(user_data: bytes | None) -> Claim:

@@ -54,6 +54,7 @@ from bridge.log.seqtail import (
     out_of_place,
     task_partition,
 )
+from bridge.log.standby import Standbys
 
 __all__ = [
     "CREATED_SKEW_MS",
@@ -235,7 +236,9 @@ class Indexer(Component):
         s = self.settings
         if s.advertised_url is None:  # the settings refuse this; a guard for direct use
             raise IndexerError("ownership 'group' needs advertised_url")
-        self.assignor = OwnershipAssignor(s.advertised_url, s.topics.events)
+        self.assignor = OwnershipAssignor(
+            s.advertised_url, s.topics.events, standbys=s.handover.standbys if self.persist else 0
+        )
         # Positions come from the index (seek on assignment); a committed offset, when there
         # is one, is only ever at or below it, and records below ``through`` are skipped.
         # Retention passing a position must surface (the seq tail marks what it lost and
@@ -279,6 +282,7 @@ class Indexer(Component):
             return False
         started = time.monotonic()
         self.assignor.draining = True
+        self._ownership.standbys.want(set())  # about to stop: no copy is worth keeping
         rebalanced = asyncio.create_task(self.next_rebalance(), name="indexer-handover")
         try:
             async with asyncio.timeout(bound):
@@ -306,6 +310,11 @@ class Indexer(Component):
         it; each gain's seconds from the assignment to serving."""
         self._ownership.handovers.on_done = on_handed_over
         self._ownership.on_gained = on_gained
+
+    @property
+    def standbys(self) -> Standbys:
+        """The warm copies of the partitions this replica stands by for."""
+        return self._ownership.standbys
 
     @property
     def handovers(self) -> Handovers:

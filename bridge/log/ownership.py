@@ -29,6 +29,8 @@ from bridge.log.indexrestore import IndexerError, load_index
 from bridge.log.indexwriter import IndexWriter
 from bridge.log.owned import OwnedPartitions
 from bridge.log.reconcile import decide, mark_lost
+from bridge.log.seqindex import PartitionIndex
+from bridge.log.standby import Standbys, catch_up_copy
 
 __all__ = ["GroupCallbacks", "Ownership", "OwnershipListener"]
 
@@ -84,6 +86,8 @@ class Ownership:
         self.on_gained: Callable[[float], None] = lambda seconds: None
         #: Lost partitions whose loss is told once their new owner serves them (persisting
         #: replicas only: the signal is the new owner's index write).
+        #: Warm copies of the partitions this replica stands by for (taken on a gain).
+        self.standbys = Standbys(settings, log_)
         self.handovers = Handovers(
             settings.topics.index,
             log_,
@@ -104,6 +108,12 @@ class Ownership:
                 listener(taken, lost)
             except Exception:
                 log.exception("ownership listener failed")
+
+    def stand_by(self, assignor: OwnershipAssignor) -> None:
+        """Keep warm copies of what the last assignment names this replica standby for (none
+        while draining: it is about to stop)."""
+        named = set() if assignor.draining else assignor.map.standing_by(assignor.url)
+        self.standbys.want(named - set(self._owned.partitions))
 
     async def revoked(self) -> None:
         """The revoke before a rebalance (after the flush): note where the owned partitions'
@@ -126,7 +136,7 @@ class Ownership:
             await self._writer.open(parts)
         started = time.perf_counter()
         try:
-            restored = await load_index(self.settings, parts, log=self._log)
+            restored = await self._restored(parts)
         except LogError as exc:
             # Without its index a partition's seq cannot be known: nothing is served from it.
             raise IndexerError(
@@ -154,6 +164,21 @@ class Ownership:
             sum(len(restored[p]) for p in parts),
             self.restore_seconds,
         )
+
+    async def _restored(self, parts: set[int]) -> dict[int, PartitionIndex]:
+        """The index of ``parts`` as their previous owner committed it (after the fence): a
+        standby copy caught up from where it stands, else the slice restored in full."""
+        warm = {p: taken for p in sorted(parts) if (taken := self.standbys.take(p)) is not None}
+        restored = await load_index(self.settings, parts - set(warm), log=self._log)
+        if warm:
+            topic = self.settings.topics.index
+            ends = await self._log.log_ends([TopicPart(topic, p) for p in warm])
+            for p, (standby, position) in warm.items():
+                end = ends[TopicPart(topic, p)]
+                await catch_up_copy(self.settings, self._log, standby, position, end)
+                restored[p] = standby
+            log.info("events partitions %s taken from warm standby copies", sorted(warm))
+        return restored
 
     async def lose(self, parts: set[int]) -> None:
         """Give up ``parts``: persist what they have (if still allowed) and drop their state."""
@@ -234,6 +259,7 @@ class Ownership:
         if self._retrying is not None:
             await cancel_and_wait(self._retrying)
         await self.handovers.stop()
+        await self.standbys.stop()
 
 
 class GroupCallbacks:
@@ -270,6 +296,8 @@ class GroupCallbacks:
             await self.ownership.assigned_now({p.partition for p in parts})
         except Exception:
             log.exception("could not take the assigned partitions")
+        if self.assignor is not None:
+            self.ownership.stand_by(self.assignor)
         member = self._member()
         if self.assignor is not None and self.assignor.thought_draining and member is not None:
             # Back from a restart with the old (draining) metadata the broker kept: one

@@ -137,6 +137,8 @@ async def start_components(
             metrics.attach(indexer)
             indexer.report_hand_overs(metrics.handed_over, metrics.gain_seconds.observe)
             metrics.partitions_held.set_function(lambda: len(indexer.handovers.held))
+            metrics.standby_partitions.set_function(lambda: len(indexer.standbys.copies))
+            metrics.standby_lag_records.set_function(indexer.standbys.lag)
             hub = StreamHub(settings, indexer, reader, fanout, metrics.streams())
             routing = Routing(settings, indexer, on_refused=metrics.hop_refused)
             peers = _peers(settings, routing, stack)
