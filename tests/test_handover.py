@@ -7,6 +7,7 @@ replica, and its return.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -21,12 +22,18 @@ from support.waits import wait_until
 from bridge.config import Settings, ToolSpec
 from bridge.kafka.acls import bridge_group
 from bridge.kafka.memory import MemoryGroupTail, MemoryLog
-from bridge.kafka.ownership import Claim, OwnershipAssignor, name_standbys, sticky_assign
+from bridge.kafka.ownership import (
+    Claim,
+    OwnershipAssignor,
+    name_standbys,
+    sticky_assign,
+)
 from bridge.kafka.port import TopicPart
 from bridge.log import ownership
 from bridge.log.fanout import MOVED, Fanout, Subscription
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
+from bridge.log.standby import Standbys
 from bridge.tasks.messages import new_task_id
 from bridge.tasks.service import TaskService
 
@@ -191,7 +198,9 @@ async def test_a_stopping_replica_hands_every_partition_over_before_its_streams_
             assert not a.indexer.handovers.held
 
 
-async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalances() -> None:
+async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     prefix = fresh_prefix("ho")
     a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
     log = group_log(a_settings)
@@ -202,14 +211,31 @@ async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalanc
             rebalances = group.rebalances
             assert await a.indexer.hand_over()
         # a stopped (a static member: it stays in the group, draining, owning nothing); the
-        # same instance comes back on the replace path with the old metadata, and rejoins.
-        async with replica(a_settings, log) as a:
-            await wait_until(
-                lambda: a.indexer.partitions and b.indexer.partitions,
-                what="the restarted a has a share again",
-            )
-            assert group.rebalances - rebalances == 2  # the hand-over, and the return
-            assert not a.indexer.assignor or not a.indexer.assignor.thought_draining
+        # same instance comes back on the replace path with the old metadata, warms copies of
+        # what it gave away (the assignment named it their standby), and rejoins.
+        # Its copies are held back: it must not rejoin (a rebalance) before they are warm.
+        gate, held = asyncio.Event(), asyncio.Event()
+        real_restore = Standbys._restore
+
+        async def restore(self: Standbys, parts: set[int]) -> None:
+            held.set()
+            await gate.wait()
+            await real_restore(self, parts)
+
+        monkeypatch.setattr(Standbys, "_restore", restore)
+        with full_restores(monkeypatch) as restored:
+            async with replica(a_settings, log) as a:
+                await wait_until(held.is_set, what="the restarted a restores its copies")
+                assert a.indexer.assignor is not None and a.indexer.assignor.thought_draining
+                assert group.rebalances - rebalances == 1 and group.round is None
+                gate.set()
+                await wait_until(
+                    lambda: a.indexer.partitions and b.indexer.partitions,
+                    what="the restarted a has a share again",
+                )
+                assert group.rebalances - rebalances == 2  # the hand-over, and the return
+                assert a.indexer.assignor is not None and not a.indexer.assignor.thought_draining
+        assert not set(restored) & set(range(PARTITIONS))  # a took its share from its copies
 
 
 async def test_a_lost_partition_whose_new_owner_is_never_seen_is_told_lost_at_the_bound() -> None:
@@ -336,3 +362,13 @@ async def test_a_crashed_owner_s_partitions_are_served_from_the_survivor_s_stand
             )
         assert restored == []
         assert {p: b.indexer.partitions[p].entries() for p in a_parts} == expected
+
+
+def test_an_owner_over_its_share_gives_away_first_what_another_member_has_warm() -> None:
+    owner = Claim("http://a", frozenset({0, 1, 2, 3}))
+    back = Claim("http://b", warm=frozenset({2, 3}))  # a replica back, its copies warm
+    assert sticky_assign(range(4), {"m-a": owner, "m-b": back}) == {"m-a": [0, 1], "m-b": [2, 3]}
+    cold = Claim("http://b")
+    assert sticky_assign(range(4), {"m-a": owner, "m-b": cold}) == {"m-a": [0, 1], "m-b": [2, 3]}
+    back = Claim("http://b", warm=frozenset({0, 1}))
+    assert sticky_assign(range(4), {"m-a": owner, "m-b": back}) == {"m-a": [2, 3], "m-b": [0, 1]}

@@ -21,7 +21,9 @@ older version claims neither (treated as not draining).
 The assignment also names each partition's standbys (:func:`name_standbys`): the members that
 keep a warm copy of its index (:mod:`bridge.log.standby`), so that whoever gains it next serves
 it after a fence and a short catch-up instead of a full restore. A draining member stands by
-for the partitions it gave away: what it gets back when it returns.
+for the partitions it gave away: what it gets back when it returns, once its copies are warm
+(it rejoins only then, claiming them: :attr:`Claim.warm`). An owner over its share gives away
+first the partitions another member claims warm.
 
 :func:`sticky_assign` is the rule, pure and unit-tested; the assignor only encodes it.
 What it does not do: fence writers (per-partition transactional ids do) or forward requests.
@@ -31,33 +33,42 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.kafka.port import Share, TopicPart
 
-__all__ = ["Claim", "OwnershipAssignor", "OwnershipMap", "name_standbys", "sticky_assign"]
+__all__ = [
+    "Claim",
+    "OwnershipAssignor",
+    "OwnershipMap",
+    "name_standbys",
+    "sticky_assign",
+]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Claim:
-    """What a member says of itself when it joins: its URL, the partitions it owns now, and
-    whether it is draining (about to stop: it is given nothing)."""
+    """What a member says of itself when it joins: its URL, the partitions it owns now,
+    whether it is draining (about to stop: it is given nothing), and the partitions it holds a
+    warm standby copy of (it can serve them at once)."""
 
     url: str
     owned: frozenset[int] = frozenset()
     draining: bool = False
+    warm: frozenset[int] = frozenset()
 
 
 def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
     """Partitions per member: balanced (counts differ by at most one), moving as few as possible.
 
     A partition stays with a member that claims it (the first by member id if two do, after an
-    unclean handover) unless that member holds more than its share; unowned partitions go to
-    the members with the fewest. A draining member gets nothing (its partitions are unowned)
-    unless every member is draining. Deterministic for the same input.
+    unclean handover) unless that member holds more than its share: then it gives away first
+    the partitions another member claims a warm copy of (that one can serve them at once).
+    Unowned partitions go to the members with the fewest. A draining member gets nothing (its
+    partitions are unowned) unless every member is draining. Deterministic for the same input.
     """
     if not members:
         return {}
@@ -77,15 +88,24 @@ def _sticky(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str
     quota = {m: base + (1 if i < extra else 0) for i, m in enumerate(by_claim)}
     result: dict[str, list[int]] = {m: [] for m in ids}
     taken: set[int] = set()
+
+    def warm_elsewhere(member: str, p: int) -> bool:
+        return any(p in members[m].warm for m in ids if m != member)
+
     for member in ids:
-        for p in sorted(members[member].owned):
+        # An owner over its share keeps first what nobody else could serve at once.
+        for p in sorted(members[member].owned, key=lambda p: (warm_elsewhere(member, p), p)):
             if p in parts and p not in taken and len(result[member]) < quota[member]:
                 result[member].append(p)
                 taken.add(p)
     for p in parts:
         if p in taken:
             continue
-        member = min(ids, key=lambda m: (len(result[m]) - quota[m], len(result[m]), m))
+        # Among the members with the fewest, one with a warm copy of it.
+        member = min(
+            ids,
+            key=lambda m: (len(result[m]) - quota[m], len(result[m]), p not in members[m].warm, m),
+        )
         result[member].append(p)
     return {m: sorted(ps) for m, ps in result.items()}
 
@@ -104,7 +124,7 @@ def name_standbys(
     for m in sorted(members):
         if members[m].draining:
             for p in sorted(members[m].owned):
-                if p in owner and owner[p] != m and len(result[p]) < count:
+                if p in owner and owner[p] != m and m not in result[p] and len(result[p]) < count:
                     result[p].append(m)
                     load[m] += 1
     staying = sorted(m for m, c in members.items() if not c.draining)
@@ -158,11 +178,16 @@ class OwnershipAssignor:
         self.map = OwnershipMap()
         #: Set when the replica is about to stop: its next join asks for nothing.
         self.draining = False
+        #: The partitions this replica holds a warm standby copy of (claimed at each join).
+        self.warm: Callable[[], frozenset[int]] = frozenset
 
     def metadata(self) -> bytes:
         claim: dict[str, object] = {"url": self.url, "owned": sorted(self.owned)}
-        if self.draining:  # only when set: what 0.2.0 members read is unchanged
+        # Only when set: what 0.2.0 members read is unchanged.
+        if self.draining:
             claim["draining"] = True
+        if warm := self.warm():
+            claim["warm"] = sorted(warm)
         return json.dumps(claim).encode("utf-8")
 
     @property
@@ -219,7 +244,8 @@ def _claim(user_data: bytes | None) -> Claim:
     try:
         raw = json.loads(user_data or b"{}")
         owned = frozenset(int(p) for p in raw.get("owned", ()))
+        warm = frozenset(int(p) for p in raw.get("warm", ()))
         # Only a literal true drains: an older member (no field) or a garbled one stays.
-        return Claim(str(raw.get("url", "")), owned, raw.get("draining") is True)
+        return Claim(str(raw.get("url", "")), owned, raw.get("draining") is True, warm)
     except (ValueError, TypeError, AttributeError):
         return Claim("")

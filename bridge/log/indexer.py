@@ -110,6 +110,7 @@ class Indexer(Component):
         self._reader: Tail | GroupTail | None = None
         #: The same tail, as the group's member (``group`` mode, while started).
         self._member: GroupTail | None = None
+        self._callbacks: GroupCallbacks | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._writer = IndexWriter(settings, self._log, self._owned, group=self.group)
         self._seq = SeqTail(
@@ -239,6 +240,10 @@ class Indexer(Component):
         self.assignor = OwnershipAssignor(
             s.advertised_url, s.topics.events, standbys=s.handover.standbys if self.persist else 0
         )
+        self.assignor.warm = self._ownership.standbys.warm
+        self._callbacks = GroupCallbacks(
+            self._ownership, self._writer, self.assignor, self._group_member
+        )
         # Positions come from the index (seek on assignment); a committed offset, when there
         # is one, is only ever at or below it, and records below ``through`` are skipped.
         # Retention passing a position must surface (the seq tail marks what it lost and
@@ -246,7 +251,7 @@ class Indexer(Component):
         tail = self._log.group_tail(
             bridge_group(s.topics),
             [s.topics.events],
-            GroupCallbacks(self._ownership, self._writer, self.assignor, self._group_member),
+            self._callbacks,
             assignor=self.assignor,
             instance_id=s.instance_id,
             session_timeout_ms=s.group_session_timeout_ms,
@@ -325,6 +330,8 @@ class Indexer(Component):
         """Stop tailing; a persisting indexer flushes what it has first."""
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
+        if self._callbacks is not None:
+            await self._callbacks.stop()
         await self._ownership.stop()
         if self._writer.writers:
             with contextlib.suppress(Exception):

@@ -109,6 +109,10 @@ class Ownership:
             except Exception:
                 log.exception("ownership listener failed")
 
+    def owned_now(self) -> set[int]:
+        """The partitions owned now."""
+        return set(self._owned.partitions)
+
     def stand_by(self, assignor: OwnershipAssignor) -> None:
         """Keep warm copies of what the last assignment names this replica standby for (none
         while draining: it is about to stop)."""
@@ -280,6 +284,7 @@ class GroupCallbacks:
         self.writer = writer
         self.assignor = assignor
         self._member = member
+        self._waiting: asyncio.Task[None] | None = None
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
         # Eager rebalancing revokes everything before the new round: persist now, so whoever
@@ -296,14 +301,33 @@ class GroupCallbacks:
             await self.ownership.assigned_now({p.partition for p in parts})
         except Exception:
             log.exception("could not take the assigned partitions")
-        if self.assignor is not None:
-            self.ownership.stand_by(self.assignor)
+        if self.assignor is None:
+            return
+        self.ownership.stand_by(self.assignor)
         member = self._member()
-        if self.assignor is not None and self.assignor.thought_draining and member is not None:
-            # Back from a restart with the old (draining) metadata the broker kept: one
-            # rejoin with the new one, a rebalance that gives this replica a share again.
-            log.info("the group still counts this replica as draining: rejoining")
-            asyncio.get_running_loop().call_soon(_rejoin, member)
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
+        if self.assignor.thought_draining and member is not None:
+            # Back from a restart with the old (draining) metadata the broker kept: one rejoin,
+            # once the copies of what it gave away are warm (bounded), to get a share again.
+            log.info("the group counts this replica as draining: rejoining once warm")
+            self._waiting = asyncio.create_task(
+                self._rejoin_when_warm(member, self.assignor), name="indexer-rejoin-when-warm"
+            )
+
+    async def _rejoin_when_warm(self, member: GroupTail, assignor: OwnershipAssignor) -> None:
+        standbys = self.ownership.standbys
+        named = assignor.map.standing_by(assignor.url) - set(self.ownership.owned_now())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.ownership.settings.handover.timeout_s or None):
+                while not named <= standbys.warm():
+                    await standbys.warmed()
+        _rejoin(member)
+
+    async def stop(self) -> None:
+        """Stop waiting to rejoin."""
+        await cancel_and_wait(self._waiting)
 
 
 def _rejoin(member: GroupTail) -> None:

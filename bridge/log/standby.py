@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
@@ -57,10 +56,9 @@ class Standbys:
         self.ends: dict[int, int] = {}
         #: The partitions to stand by for (the assignment's, less what is owned).
         self.wanted: frozenset[int] = frozenset()
-        #: Called when a copy has caught up with its slice for the first time.
-        self.on_warm: Callable[[], None] = lambda: None
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._warmed = asyncio.Event()
 
     def want(self, parts: set[int]) -> None:
         """Stand by for exactly ``parts`` from now on (copies of others are dropped)."""
@@ -85,6 +83,11 @@ class Standbys:
         self.wanted -= {partition}
         self._changed.set()
         return copy, position
+
+    async def warmed(self) -> None:
+        """Return when the warm set next grows (callers re-check; bound the wait)."""
+        self._warmed.clear()
+        await self._warmed.wait()
 
     def warm(self) -> frozenset[int]:
         """The copies caught up with their slice (as of the last look at its end)."""
@@ -160,7 +163,7 @@ class Standbys:
                 ends = await self._log.log_ends(tps)
                 self.ends.update({tp.partition: at for tp, at in ends.items()})
         if self.warm() - was_warm:
-            self.on_warm()
+            self._warmed.set()
 
 
 async def catch_up_copy(
