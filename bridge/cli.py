@@ -541,11 +541,12 @@ async def run_tail(
 
 
 async def _reach(client: TaskStreamClient, url: str, task_id: str) -> None:
-    """One tasks/get first: the stream retries a connection for minutes, this fails at once."""
+    """One tasks/get first: the stream retries a connection for minutes, this fails at once
+    (a retriable answer, as a replica being replaced gives, is retried with the back-off)."""
     import httpx
 
     try:
-        await client.call("tasks/get", {"taskId": task_id}, task_id)
+        await client.call_retrying("tasks/get", {"taskId": task_id}, task_id)
     except httpx.TransportError as exc:
         reason = str(exc) or type(exc).__name__
         raise UserError(

@@ -53,6 +53,12 @@ __all__ = [
 PROTOCOL_VERSION = "2026-07-28"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 
+#: What a proxy or load balancer in front of the bridge answers, without a JSON-RPC body, while
+#: the replica behind it is away (a rolling update): retriable, as the bridge's own 503 is.
+_GATEWAY_STATUSES = frozenset({429, 502, 503, 504})
+#: ``data.reason`` of such an answer (the client's own, never the server's).
+GATEWAY_REASON = "gateway_unavailable"
+
 
 class StreamError(Exception):
     """The server refused the stream (a JSON-RPC error other than events_gone)."""
@@ -80,7 +86,7 @@ class StreamError(Exception):
         the bridge carries ``retryAfterMs``), or an earlier stream of this task on this
         connection is still being reaped (``stream_active``)."""
         reason = self.data.get("reason") if isinstance(self.data, dict) else None
-        return self.retry_after_s is not None or reason == "stream_active"
+        return self.retry_after_s is not None or reason in ("stream_active", GATEWAY_REASON)
 
 
 @dataclass
@@ -90,18 +96,21 @@ class Backoff:
     The ``n``-th wait in a row is drawn uniformly from ``[0, min(cap_s, base_s * 2**(n-1))]``,
     so many clients dropped at once (a replica stopped) spread their returns over the window
     instead of arriving together; when the server asked for ``retry_after_s``, the wait is
-    that plus up to half of it again (jittered, never shorter than asked, and at most
+    that (at most ``max_retry_after_s``: a server, or a proxy, asking for an hour is not
+    believed) plus up to half of it again (jittered, never shorter than asked, and at most
     ``cap_s`` more). ``rng`` makes it reproducible in tests.
     """
 
     base_s: float = 0.2
     cap_s: float = 5.0
+    max_retry_after_s: float = 60.0
     rng: random.Random = field(default_factory=random.Random)
 
     def delay(self, attempt: int, retry_after_s: float | None = None) -> float:
         """The wait before reconnect number ``attempt`` (1 for the first in a row)."""
-        if retry_after_s is not None:
-            return retry_after_s + self.rng.uniform(0, min(retry_after_s / 2, self.cap_s))
+        if retry_after_s is not None and retry_after_s > 0:
+            asked = min(retry_after_s, self.max_retry_after_s)
+            return asked + self.rng.uniform(0, min(asked / 2, self.cap_s))
         ceiling = min(self.cap_s, self.base_s * 2 ** min(max(attempt, 1) - 1, 32))
         return self.rng.uniform(0, ceiling)
 
@@ -235,12 +244,28 @@ class TaskStreamClient:
         headers, body = self._request(method, params, name)
         async with self._client() as http:
             reply = await http.post(self.url, json=body, headers=headers)
-        message = _last_message(reply)
+        message = _hinted(_last_message(reply), reply)
         if "error" in message:
             error = message["error"]
             raise StreamError(error.get("code", 0), error.get("message", ""), error.get("data"))
         result: dict[str, Any] = message["result"]
         return result
+
+    async def call_retrying(
+        self, method: str, params: dict[str, Any], name: str | None = None
+    ) -> dict[str, Any]:
+        """:meth:`call`, tried again after a retriable answer (the server's 503, a proxy's),
+        with the stream's back-off, at most ``max_reconnects`` times in a row. A connection
+        that fails is raised at once: a wrong URL should say so, not wait."""
+        attempts = 0
+        while True:
+            try:
+                return await self.call(method, params, name)
+            except StreamError as exc:
+                attempts += 1
+                if not exc.retriable or attempts > self.max_reconnects:
+                    raise
+                await self._sleep(self.backoff.delay(attempts, exc.retry_after_s))
 
     @contextlib.asynccontextmanager
     async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
@@ -300,7 +325,7 @@ class TaskStreamClient:
         ):
             if "text/event-stream" not in reply.headers.get("content-type", ""):
                 await reply.aread()
-                message = _last_message(reply)
+                message = _hinted(_last_message(reply), reply)
                 self._raise_error(task_id, message)
                 if message.get("id") == body["id"] and "result" in message:
                     return  # a plain JSON result: nothing (more) to send, e.g. a finished task
@@ -339,6 +364,32 @@ def _last_message(reply: httpx.Response) -> dict[str, Any]:
     except ValueError:
         return {"error": {"code": INTERNAL_ERROR, "message": f"HTTP {reply.status_code}: not JSON"}}
     return parsed if isinstance(parsed, dict) else {}
+
+
+def _retry_after_header(reply: httpx.Response) -> int | None:
+    """``Retry-After`` in seconds when it is a number of them (an HTTP date is not honoured:
+    the back-off applies instead); read in one pass over at most 7 characters."""
+    value = reply.headers.get("retry-after", "").strip()
+    if 0 < len(value) <= 7 and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def _hinted(message: dict[str, Any], reply: httpx.Response) -> dict[str, Any]:
+    """``message`` with what the HTTP answer adds to its error: the ``Retry-After`` header as
+    ``retryAfterMs`` when the error names no wait of its own, and a proxy's bodiless 429, 502,
+    503 or 504 marked retriable (:data:`GATEWAY_REASON`)."""
+    error = message.get("error")
+    if not isinstance(error, dict) or reply.status_code not in _GATEWAY_STATUSES:
+        return message
+    data = error.get("data")
+    data = dict(data) if isinstance(data, dict) else {}
+    if "retryAfterMs" not in data and "retryAfterSeconds" not in data:
+        seconds = _retry_after_header(reply)
+        if seconds is not None:
+            data["retryAfterMs"] = seconds * 1000
+        data.setdefault("reason", GATEWAY_REASON)
+    return {**message, "error": {**error, "data": data}}
 
 
 def _split_lines(text: str) -> list[str]:

@@ -564,8 +564,10 @@ class PeerSettings(BaseModel):
     #: network: a connect that takes longer is to an owner that is gone).
     connect_timeout_s: float = Field(2.0, gt=0, le=60.0)
     #: After an owner could not be connected to, requests about its partitions are answered
-    #: with the retriable ``owner_unavailable`` at once for this long, without trying it again
-    #: (never a per-request wait on a dead peer while the group notices it is gone).
+    #: with the retriable ``owner_unavailable`` at once, without trying it again (never a
+    #: per-request wait on a dead peer while the group notices it is gone), until the ownership
+    #: map changes or a background probe reaches it: the probe's delay doubles up to this
+    #: (jittered). 0 turns suspicion off.
     suspect_s: float = Field(2.0, ge=0, le=60.0)
 
     _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)
@@ -753,6 +755,34 @@ class UpgradeSettings(BaseModel):
         return self.legacy or self.clear_subscriptions
 
 
+class RecoverySettings(BaseModel):
+    """How replicas recover from an owner that died, and pace clients that come back (set as
+    ``BRIDGE_RECOVERY__REMOVE_DEAD_OWNERS=false`` and so on; docs/deployment.md, "Ownership
+    and failover", and docs/tasks-stream.md §9, "Retention and limits").
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Have the group drop an owner whose peer port keeps refusing connections (its process is
+    #: gone) now, instead of after the group's session timeout: a LeaveGroup by its static
+    #: instance id, taken from the group's own ownership map (``ownership = "group"`` with
+    #: ``instance_id`` set on every replica; an owner without one is never removed).
+    remove_dead_owners: bool = True
+    #: Refused connections in a row, within ``refusal_window_s``, that make an owner dead (the
+    #: first request's and its probes'; a timeout never counts: a busy owner causes those).
+    refusals: int = Field(3, ge=2, le=20)
+    refusal_window_s: float = Field(5.0, gt=0, le=60.0)
+    #: At most one removal per this many seconds from this replica (a bound on what a wrong
+    #: verdict can cost: one rebalance).
+    remove_interval_s: float = Field(30.0, ge=1.0, le=3600.0)
+    #: Events per second a stream's catch-up (what it reads from the log: a reconnect's replay,
+    #: a slow stream's catch-up reads) is paced to, per stream; 0: not paced. Live events are
+    #: never held back.
+    replay_events_per_s: float = Field(0.0, ge=0, le=1_000_000)
+    #: The catch-up's burst: events a paced stream may send at once before the pace applies.
+    replay_burst: int = Field(1000, ge=1, le=1_000_000)
+
+
 def task_cursor_version(settings: Settings) -> int:
     """The ``task.event`` cursor version to mint: the explicit setting, else 1 during an
     upgrade from 0.1 (its replicas refuse version 2), else 2."""
@@ -869,6 +899,8 @@ class Settings(BaseSettings):
     owner_wait_s: float = Field(5.0, ge=0)
     #: The peer listener of the forwarded requests (``BRIDGE_PEERS__*``, :class:`PeerSettings`).
     peers: PeerSettings = PeerSettings()
+    #: Crash fail-over and replay pacing (``BRIDGE_RECOVERY__*``, :class:`RecoverySettings`).
+    recovery: RecoverySettings = RecoverySettings()
 
     # --- Events extension: webhook subscriptions (docs/events.md, "Webhooks") --------------
     #: Callback hosts (names) or CIDRs that may resolve to non-global addresses (loopback,

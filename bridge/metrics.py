@@ -25,7 +25,17 @@ if TYPE_CHECKING:
     from bridge.log.indexer import Indexer
     from bridge.log.reader import Reader
 
-__all__ = ["HOP_REFUSAL_REASONS", "KNOWN_METHODS", "Metrics", "StreamMetrics"]
+__all__ = [
+    "HOP_REFUSAL_REASONS",
+    "KNOWN_METHODS",
+    "REMOVAL_OUTCOMES",
+    "Metrics",
+    "StreamMetrics",
+]
+
+#: What a report of a dead owner ended in (bridge.server.failover ``RemovalOutcome``): the
+#: bounded label set of ``bridge_peer_removals_total``.
+REMOVAL_OUTCOMES = ("removed", "failed", "not_owner", "rate_limited", "off")
 
 #: Why a peer hop was refused (bridge.server.hops ``RefusalReason``), the bounded label set of
 #: ``bridge_peer_hops_refused_total`` (anything else: ``other``).
@@ -327,6 +337,28 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # --- crash fail-over and replay pacing (issue 30: bridge/server/suspects.py,
+        # bridge/server/failover.py, the stream hub's pacing) ---
+        self.peer_suspicions = Counter(
+            "bridge_peer_suspicions_total",
+            "Owners this replica could not connect to and answered for at once (suspected)",
+            registry=r,
+        )
+        self.peer_removals = Counter(
+            "bridge_peer_removals_total",
+            "Owners whose peer port kept refusing connections, by what was done: removed from "
+            "the group, failed, not_owner, rate_limited, off",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in REMOVAL_OUTCOMES:
+            self.peer_removals.labels(outcome)
+        self.replay_paced = Counter(
+            "bridge_replay_paced_seconds_total",
+            "Seconds reconnecting streams' catch-up waited for the replay pace",
+            registry=r,
+        )
+        # --- end of the crash fail-over block ---
         # --- Partitions handed over between replicas (bridge/log/handover.py) -------------
         # Losing side: from a partition's loss to its streams ending here (once its new owner
         # serves it, or the bound). Gaining side: fence, restore and seek of a gained share.
@@ -420,6 +452,11 @@ class Metrics:
         self.forwarded.labels(label, outcome).inc()
         if seconds is not None:
             self.forward_seconds.labels(label).observe(seconds)
+
+    def peer_removal(self, outcome: str) -> None:
+        """Count a report of a dead owner by its outcome (an unknown one is not counted)."""
+        if outcome in REMOVAL_OUTCOMES:
+            self.peer_removals.labels(outcome).inc()
 
     def hop_refused(self, reason: str) -> None:
         """Count a refused peer hop (a reason outside the known set counts as ``other``)."""

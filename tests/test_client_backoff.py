@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
+from bridge.cli import _reach
 from bridge.client import Backoff, EventsGone, StreamError, TaskStreamClient
 
 URL = "http://bridge.test/mcp"
@@ -25,6 +27,15 @@ def retriable(reason: str, retry_after_ms: int = 1000) -> tuple[int, dict[str, A
 
 def final(reason: str) -> tuple[int, dict[str, Any]]:
     return 200, {"code": -32602, "message": "no", "data": {"reason": reason}}
+
+
+@dataclass
+class Raw:
+    """An answer as it is: a status, headers and a body (no JSON-RPC needed)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
 
 
 class Script:
@@ -45,6 +56,11 @@ class Script:
         request = json.loads(body)
         self.afters.append(request["params"].get("after"))
         step = self.steps.pop(0)
+        if isinstance(step, Raw):  # what a proxy in front of the bridge answers
+            head = [(k.encode(), v.encode()) for k, v in step.headers.items()]
+            await send({"type": "http.response.start", "status": step.status, "headers": head})
+            await send({"type": "http.response.body", "body": step.body})
+            return
         if isinstance(step, tuple):
             status, error = step
             answer = {"jsonrpc": "2.0", "id": request["id"], "error": error}
@@ -139,3 +155,69 @@ def test_a_retry_after_that_is_not_a_number_or_negative_is_no_hint() -> None:
         assert error.retry_after_s is None and not error.retriable
     assert StreamError(-32602, "x", {"reason": "stream_active"}).retriable
     assert StreamError(-32600, "x", {"retryAfterSeconds": 2}).retry_after_s == 2.0
+
+
+async def test_a_wait_the_server_asks_for_is_honoured_up_to_a_cap() -> None:
+    script = Script(retriable("owner_unavailable", 3_600_000), 2)
+    seqs, waits = await run(script, backoff=Backoff(max_retry_after_s=60.0, rng=random.Random(5)))
+    assert seqs == [0, 1]
+    assert 60.0 <= waits[0] <= 65.0, "an hour asked for is not believed; the cap is"
+
+
+@pytest.mark.parametrize(
+    ("answer", "low", "high"),
+    [
+        (Raw(503, {"retry-after": "7", "content-type": "text/html"}, b"<h1>503</h1>"), 7.0, 10.5),
+        (Raw(502, {"content-type": "text/plain"}, b"bad gateway"), 0.0, 0.2),
+        (Raw(504, {}, b""), 0.0, 0.2),
+    ],
+    ids=["503-retry-after", "502-no-hint", "504-empty"],
+)
+async def test_a_proxy_s_answer_without_json_rpc_is_retried_with_its_retry_after_or_backoff(
+    answer: Raw, low: float, high: float
+) -> None:
+    script = Script(answer, 3)
+    seqs, waits = await run(script, backoff=Backoff(base_s=0.2, rng=random.Random(2)))
+    assert seqs == [0, 1, 2] and len(waits) == 1
+    assert low <= waits[0] <= high
+
+
+async def test_the_retry_after_header_counts_when_the_error_names_no_wait() -> None:
+    error = {"code": -32603, "message": "busy", "data": {"reason": "draining"}}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "error": error}).encode()
+    headers = {"content-type": "application/json", "retry-after": "4"}
+    seqs, waits = await run(
+        Script(Raw(503, headers, body), 1), backoff=Backoff(rng=random.Random(1))
+    )
+    assert seqs == [0] and 4.0 <= waits[0] <= 6.0
+
+
+@pytest.mark.parametrize("value", ["Wed, 21 Oct 2026 07:28:00 GMT", "-1", "1e9", "99999999", ""])
+async def test_a_retry_after_that_is_no_number_of_seconds_leaves_the_backoff(value: str) -> None:
+    headers = {"retry-after": value} if value else {}
+    seqs, waits = await run(Script(Raw(503, headers), 1), backoff=Backoff(rng=random.Random(4)))
+    assert seqs == [0] and 0.0 <= waits[0] <= 0.2
+
+
+async def test_bridge_tail_s_first_request_retries_a_retriable_answer_with_the_backoff() -> None:
+    """``bridge tail`` asks tasks/get first (a wrong URL fails at once): a replica being
+    replaced answers it 503, which is retried, no sooner than asked, not given up on."""
+    task = {"taskId": "t1", "status": "working"}
+    ok = json.dumps({"jsonrpc": "2.0", "id": 3, "result": task}).encode()
+    script = Script(
+        retriable("owner_unavailable", 2000),
+        Raw(502, {}),
+        Raw(200, {"content-type": "application/json"}, ok),
+    )
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=script)) as http:
+        client = TaskStreamClient(
+            URL, http=http, sleep=sleep, backoff=Backoff(rng=random.Random(9))
+        )
+        await _reach(client, URL, "t1")
+    assert len(script.afters) == 3 and len(waits) == 2
+    assert 2.0 <= waits[0] <= 3.0 and 0.0 <= waits[1] <= 0.4

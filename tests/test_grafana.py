@@ -29,7 +29,7 @@ DASHBOARD = ROOT / "grafana" / "dashboards" / "mcp-kafka-bridge.json"
 PROVISIONING = ROOT / "grafana" / "provisioning"
 CHECKER = ROOT / "grafana" / "check_dashboard.py"
 
-ROWS = ["Streams", "Lag", "Retention", "Index", "Ownership", "Tasks", "Wire", "Canary"]
+ROWS = ["Streams", "Lag", "Retention", "Index", "Ownership", "Tasks", "Wire", "Canary", "Fail-over"]
 #: How every panel, query and the $job variable name their datasource: the dashboard variable.
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 

@@ -571,6 +571,24 @@ async def test_a_static_member_keeps_its_partitions_after_close_until_its_sessio
         await a.until(lambda: a.owned == parts_of(group.topic, 0, 1))
 
 
+async def test_a_static_member_removed_by_instance_id_leaves_at_once_without_its_session(
+    env: Env,
+) -> None:
+    """Issue 30: a survivor that saw a static member's process die has the group drop it now
+    (LeaveGroup v3 by instance id) instead of after the session timeout; removing it again,
+    or an instance id the group never knew, is no error."""
+    async with members(env) as group:
+        a = await group.join("a")
+        b = await group.join("b")
+        await a.until(lambda: len(a.owned) == 1 and len(b.owned) == 1)
+        await group.close(b)  # a static member's process gone: no LeaveGroup of its own
+        assert await env.members_listed(group.group) == 2
+        await env.log.remove_members(group.group, ["b"])
+        assert await env.members_listed(group.group) == 1
+        await a.until(lambda: a.owned == parts_of(group.topic, 0, 1))  # no time elapsed
+        await env.log.remove_members(group.group, ["b", "never-a-member"])
+
+
 async def test_a_static_member_rejoining_gets_its_share_back_without_a_rebalance(
     env: Env,
 ) -> None:

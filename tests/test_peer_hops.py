@@ -47,6 +47,7 @@ from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.peers import MAX_REMEMBERED_OWNERS, OwnerSuspected, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.runner import peer_listener
+from bridge.server.suspects import MAX_SUSPECTS
 from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
 
 SECRET = "s" * 40
@@ -734,15 +735,22 @@ async def test_many_forwarded_streams_neither_wait_for_a_connection_nor_starve_t
 # --- an owner that cannot be reached is suspected, not waited on --------------------------------
 
 
-def unreachable_peers(clock: Clock, error: type[httpx.TransportError]) -> tuple[Peers, list[str]]:
-    """Peers whose every connection attempt fails with ``error``; the attempts are listed."""
+def unreachable_peers(
+    clock: Clock, error: type[httpx.TransportError], generation: list[int] | None = None
+) -> tuple[Peers, list[str]]:
+    """Peers whose every connection attempt fails with ``error``; the requests' attempts are
+    listed (the background probes' health checks are not)."""
     tried: list[str] = []
+    ownership = generation or [0]
 
     def refuse(request: httpx.Request) -> httpx.Response:
-        tried.append(request.url.path)
+        if request.url.path == "/mcp":
+            tried.append(request.url.path)
         raise error("no route", request=request)
 
-    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=2.0, clock=clock)
+    peers = Peers(
+        PeerAuth(SECRET, HERE), suspect_s=2.0, clock=clock, generation=lambda: ownership[0]
+    )
     peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
     return peers, tried
 
@@ -751,22 +759,98 @@ def unreachable_peers(clock: Clock, error: type[httpx.TransportError]) -> tuple[
 async def test_an_owner_that_cannot_be_connected_to_is_suspected_and_not_tried_again_at_once(
     error: type[httpx.TransportError],
 ) -> None:
-    clock = Clock()
-    peers, tried = unreachable_peers(clock, error)
+    clock, generation = Clock(), [1]
+    peers, tried = unreachable_peers(clock, error, generation)
     headers, body = tasks_get()
     with pytest.raises(error):
         await peers.forward(HERE, "POST", headers, body, ALICE)
     for _ in range(3):  # at once, without a connection attempt
-        with pytest.raises(OwnerSuspected):
+        with pytest.raises(OwnerSuspected) as suspected:
             await peers.forward(HERE, "POST", headers, body, ALICE)
+        assert suspected.value.retry_after_s == 10  # the session timeout, all of it left
         with pytest.raises(RpcError) as called:
             await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
         assert called.value.data["reason"] == "owner_unavailable"
+        assert called.value.data["retryAfterMs"] == 10_000
+    clock.now += 600.0  # time alone does not end it: only an answer or a new ownership map
+    with pytest.raises(OwnerSuspected):
+        await peers.forward(HERE, "POST", headers, body, ALICE)
     assert tried == ["/mcp"]
-    clock.now += 2.0  # the suspicion is over: tried again (and suspected again)
+    generation[0] = 2  # the group assigned again: tried again (and suspected again)
     with pytest.raises(RpcError):
         await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
     assert tried == ["/mcp", "/mcp"]
+    await peers.close()
+
+
+async def test_a_suspected_owner_is_tried_again_once_its_probe_reaches_it() -> None:
+    clock, up, reached = Clock(), asyncio.Event(), asyncio.Event()
+    probed: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            probed.append(request.url.path)
+        if not up.is_set():
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path == "/healthz":
+            reached.set()
+            return httpx.Response(200)
+        return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}})
+
+    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=0.01, clock=clock)
+    peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    with pytest.raises(RpcError):
+        await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+    probe = peers.suspects.probe_of(HERE)
+    assert probe is not None
+    up.set()  # the owner is back: the background probe (not a request) finds it
+    async with asyncio.timeout(10):
+        await probe
+    assert reached.is_set() and HERE not in peers.suspects
+    assert probed and (await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE))
+    await peers.close()
+
+
+async def test_a_suspected_owner_s_requests_are_answered_at_once_with_their_id_and_the_wait() -> (
+    None
+):
+    """Issue 30: every retriable answer comes at once, answers the request's id, and its
+    Retry-After (and ``retryAfterMs``) is what is left of the session timeout."""
+    clock = Clock()
+    peers, tried = unreachable_peers(clock, httpx.ConnectError)
+    settings = group_settings()
+    endpoint = McpHttp(
+        settings,
+        Authenticator(settings.auth),
+        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
+        Metrics(),
+        on_cancelled=lambda client, request_id: None,
+        routing=OwnerAt(),  # type: ignore[arg-type]
+        peers=peers,
+    )
+    public = Starlette(
+        routes=[
+            Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"]),
+            Route("/mcp", RawEndpoint(endpoint.get), methods=["GET"]),
+        ]
+    )
+    headers, body = tasks_get()
+    client = {**headers, "authorization": f"Bearer {next(iter(TOKENS))}"}
+    replies = [await post(public, client, body)]
+    clock.now += 3.5
+    replies.append(await post(public, client, body))
+    assert tried == ["/mcp"], "the second answer came without trying the owner"
+    for reply, wait in zip(replies, ("10", "7"), strict=True):
+        message = answer_of(reply)
+        assert reply.status_code == 503 and reply.headers["retry-after"] == wait
+        assert message["id"] == json.loads(body)["id"]
+        assert message["error"]["data"]["retryAfterMs"] == int(wait) * 1000
+    resume = {**client, "last-event-id": encode_cursor("req-9", "t1", 0)}
+    transport = httpx.ASGITransport(app=public)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        resumed = await http.get("/mcp", headers=resume)
+    assert resumed.status_code == 503 and answer_of(resumed)["id"] == "req-9"
+    assert resumed.headers["retry-after"] == "7"
     await peers.close()
 
 
@@ -872,9 +956,9 @@ async def test_owners_that_came_and_went_are_forgotten() -> None:
             await peers.call(
                 f"http://replica-{i}.{state}:8081", "tasks/get", {"taskId": "t1"}, ALICE
             )
-        remembered.append(len(peers._answered) + len(peers._suspects))
+        remembered.append(len(peers._answered) + len(peers.suspects))
         clock.now += 1.0
-    assert max(remembered) <= MAX_REMEMBERED_OWNERS + 1
+    assert max(remembered) <= MAX_REMEMBERED_OWNERS + MAX_SUSPECTS + 1
     assert "http://replica-998.up:8081" in peers._answered  # the latest is kept
     await peers.close()
 

@@ -21,7 +21,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bridge.server.handlers import Streamed
-from bridge.server.http import RawEndpoint, SseResponse
+from bridge.server.http import RawEndpoint, SseResponse, _sse_error
+from bridge.server.routing import owner_unavailable_error
 from bridge.server.runner import AppServer
 from bridge.server.wire import EventBatch, Frame, RpcError, sse_events
 
@@ -126,3 +127,14 @@ async def test_an_error_inside_the_messages_is_the_last_event(served):
             rest = b"".join([chunk async for chunk in chunks])
     assert b'"id":7,"error":{"code":-32603,"message":"broke off"}' in rest
     assert outcomes[0].closed.is_set()
+
+
+def test_a_retriable_error_event_tells_an_event_source_when_to_reconnect() -> None:
+    """Issue 30: a stream's retriable error answers its request's id, and SSE's ``retry``
+    field carries the wait ``Retry-After`` would (an EventSource honours it); a final error
+    has no ``retry``."""
+    retriable = _sse_error(7, owner_unavailable_error(12))
+    assert retriable.startswith(b"retry: 12000\nevent: message\ndata: ")
+    assert b'"id":7' in retriable and b'"retryAfterMs":12000' in retriable
+    final = _sse_error("r-1", RpcError(-32602, "no such task"))
+    assert final.startswith(b"event: message\n") and b'"id":"r-1"' in final

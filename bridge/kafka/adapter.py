@@ -28,7 +28,7 @@ from aiokafka.coordinator.protocol import (
 from aiokafka.errors import IllegalStateError, InvalidProducerEpoch
 
 from bridge.config import Settings
-from bridge.kafka.admin import delete_records_before
+from bridge.kafka.admin import delete_records_before, kafka_admin
 from bridge.kafka.clients import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
@@ -43,6 +43,7 @@ from bridge.kafka.clients import (
     retriable,
     transactional_producer,
 )
+from bridge.kafka.membership import remove_static_members
 from bridge.kafka.pool import ConsumerPool
 from bridge.kafka.port import (
     Assignor,
@@ -182,6 +183,13 @@ class KafkaLog:
 
     async def delete_records_before(self, part: TopicPart, offset: int) -> None:
         await _mapped(delete_records_before(self.settings, _tp(part), offset))
+
+    async def remove_members(self, group: str, instance_ids: Sequence[str]) -> None:
+        async def remove() -> None:
+            async with kafka_admin(self.settings) as admin:
+                await remove_static_members(admin, group, instance_ids)
+
+        await _mapped(remove())
 
     # --- clients ------------------------------------------------------------------------
 

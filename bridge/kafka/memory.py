@@ -352,6 +352,11 @@ class MemoryLog:
 
     # --- the port: clients --------------------------------------------------------------
 
+    async def remove_members(self, group: str, instance_ids: Sequence[str]) -> None:
+        coordinator = self._groups.get(group)
+        if coordinator is not None:
+            coordinator.remove(instance_ids)
+
     def tail(self, role: str = "tail") -> MemoryTail:
         return MemoryTail(self)
 
@@ -668,6 +673,23 @@ class _Group:
         """A dynamic member's LeaveGroup: gone now, and a round starts."""
         if self.members.pop(member.member_id, None) is not None:
             self.start_round()
+
+    def remove(self, instance_ids: Iterable[str]) -> None:
+        """LeaveGroup by instance id (an admin's, for members whose process is gone): each
+        named static member is dropped now and a round starts; one still running finds itself
+        unknown and rejoins as a new member (Kafka answers its heartbeat UNKNOWN_MEMBER_ID)."""
+        named = set(instance_ids)
+        removed = [m for m in self.members.values() if m.instance_id in named]
+        for member in removed:
+            del self.members[member.member_id]
+            if member.expiry is not None:
+                member.expiry.cancel()
+        if not removed:
+            return
+        self.start_round()
+        for member in removed:
+            if member.tail is not None:
+                member.tail.member = self.join(member.tail)
 
     def gone(self, member: _Member, session_timeout_s: float) -> None:
         """A static member's process stopped (or any member crashed): it stays, holding its

@@ -51,12 +51,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Claim:
-    """What a member says of itself when it joins: its URL, the partitions it owns now,
-    whether it is draining (about to stop: it is given nothing), and the partitions it holds a
-    warm standby copy of (it can serve them at once)."""
+    """What a member says of itself when it joins: its URL, the partitions it owns now, its
+    static instance id (None for a dynamic member, or a replica older than the field), whether
+    it is draining (about to stop: it is given nothing), and the partitions it holds a warm
+    standby copy of (it can serve them at once)."""
 
     url: str
     owned: frozenset[int] = frozenset()
+    instance: str | None = None
     draining: bool = False
     warm: frozenset[int] = frozenset()
 
@@ -141,10 +143,13 @@ def name_standbys(
 
 @dataclass
 class OwnershipMap:
-    """The last assignment's partition -> owner URL map, as every member received it."""
+    """The last assignment's partition -> owner URL map, as every member received it, and the
+    static instance id of each owner URL that has one (what a survivor names to have the group
+    drop an owner whose process is gone)."""
 
     owners: dict[int, str] = field(default_factory=dict)
     generation: int = 0
+    instances: dict[str, str] = field(default_factory=dict)
     #: The URLs of the members that were draining when it was made.
     draining: frozenset[str] = frozenset()
     #: Each partition's standby URLs (who keeps a warm copy of its index).
@@ -156,6 +161,11 @@ class OwnershipMap:
 
     def owner(self, partition: int) -> str | None:
         return self.owners.get(partition)
+
+    def instance_owning(self, url: str) -> str | None:
+        """The instance id of ``url`` when it owns a partition now, else None."""
+        instance = self.instances.get(url)
+        return instance if instance is not None and url in self.owners.values() else None
 
 
 class OwnershipAssignor:
@@ -169,10 +179,13 @@ class OwnershipAssignor:
 
     name = "mcpbridge-owners"
 
-    def __init__(self, url: str, topic: str, standbys: int = 0) -> None:
+    def __init__(
+        self, url: str, topic: str, instance: str | None = None, standbys: int = 0
+    ) -> None:
         """``standbys``: how many members the leader names to stand by for each partition."""
         self.url = url
         self.topic = topic
+        self.instance = instance
         self.standbys = standbys
         self.owned: frozenset[int] = frozenset()
         self.map = OwnershipMap()
@@ -183,7 +196,9 @@ class OwnershipAssignor:
 
     def metadata(self) -> bytes:
         claim: dict[str, object] = {"url": self.url, "owned": sorted(self.owned)}
-        # Only when set: what 0.2.0 members read is unchanged.
+        # Each only when set: older replicas ignore a field they do not know.
+        if self.instance is not None:
+            claim["instance"] = self.instance
         if self.draining:
             claim["draining"] = True
         if warm := self.warm():
@@ -201,8 +216,9 @@ class OwnershipAssignor:
         claims = {member: _claim(data) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
+        instances = {c.url: c.instance for c in claims.values() if c.instance is not None}
         draining = sorted({c.url for c in claims.values() if c.draining})
-        data: dict[str, object] = {"owners": owners}
+        data: dict[str, object] = {"owners": owners, "instances": instances}
         if draining:
             data["draining"] = draining
         named = name_standbys(shares, claims, self.standbys)
@@ -235,17 +251,34 @@ class OwnershipAssignor:
             log.error(
                 "an assignment without a readable owner map; forwarding is off until the next"
             )
-            owners, draining, standbys = {}, frozenset(), {}
-        self.map = OwnershipMap(owners, self.map.generation + 1, draining, standbys)
+            data, owners, draining, standbys = {}, {}, frozenset(), {}
+        self.map = OwnershipMap(
+            owners, self.map.generation + 1, _instances(data), draining, standbys
+        )
+
+
+def _instances(data: object) -> dict[str, str]:
+    """The URL -> instance id map of an assignment (empty from a leader older than it)."""
+    raw = data.get("instances") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    return {url: i for url, i in raw.items() if isinstance(url, str) and isinstance(i, str)}
 
 
 def _claim(user_data: bytes | None) -> Claim:
     """A member's claim; a member this version cannot read claims nothing (it still gets a share)."""
     try:
         raw = json.loads(user_data or b"{}")
+        instance = raw.get("instance")
         owned = frozenset(int(p) for p in raw.get("owned", ()))
         warm = frozenset(int(p) for p in raw.get("warm", ()))
-        # Only a literal true drains: an older member (no field) or a garbled one stays.
-        return Claim(str(raw.get("url", "")), owned, raw.get("draining") is True, warm)
+        return Claim(
+            str(raw.get("url", "")),
+            owned,
+            instance if isinstance(instance, str) else None,
+            # Only a literal true drains: an older member (no field) or a garbled one stays.
+            raw.get("draining") is True,
+            warm,
+        )
     except (ValueError, TypeError, AttributeError):
         return Claim("")

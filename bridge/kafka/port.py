@@ -363,6 +363,12 @@ class Log(Protocol):
     async def delete_records_before(self, part: TopicPart, offset: int) -> None:
         """Move the log start of ``part`` to ``offset`` (what retention does)."""
 
+    async def remove_members(self, group: str, instance_ids: Sequence[str]) -> None:
+        """Remove the static members ``instance_ids`` from consumer group ``group`` now (what
+        their session timing out would do later): the group rebalances at once without them;
+        one still running rejoins as a new member. An instance id the group does not know is no
+        error."""
+
     def tail(self, role: str = "tail") -> Tail:
         """A group-less live reader; assign partitions before polling."""
 

@@ -238,7 +238,10 @@ class Indexer(Component):
         if s.advertised_url is None:  # the settings refuse this; a guard for direct use
             raise IndexerError("ownership 'group' needs advertised_url")
         self.assignor = OwnershipAssignor(
-            s.advertised_url, s.topics.events, standbys=s.handover.standbys if self.persist else 0
+            s.advertised_url,
+            s.topics.events,
+            s.instance_id,
+            standbys=s.handover.standbys if self.persist else 0,
         )
         self.assignor.warm = self._ownership.standbys.warm
         self._callbacks = GroupCallbacks(
@@ -364,6 +367,11 @@ class Indexer(Component):
 
     def owns(self, partition: int) -> bool:
         return partition in self.partitions
+
+    async def remove_from_group(self, instance_id: str) -> None:
+        """Have the group drop the static member ``instance_id`` now (its process is gone):
+        the group rebalances without it instead of after its session timeout."""
+        await self._log.remove_members(bridge_group(self.settings.topics), [instance_id])
 
     def add_ownership_listener(self, listener: OwnershipListener) -> None:
         self._ownership.listeners.append(listener)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator, check_exposure
 from bridge.server.browser import BrowserView
 from bridge.server.events import EventsMethods, events_extension
+from bridge.server.failover import Removals
 from bridge.server.handlers import MethodHandlers
 from bridge.server.hops import PeerAuth, mark_peer_listener
 from bridge.server.http import McpHttp, RawEndpoint
@@ -139,9 +141,16 @@ async def start_components(
             metrics.partitions_held.set_function(lambda: len(indexer.handovers.held))
             metrics.standby_partitions.set_function(lambda: len(indexer.standbys.copies))
             metrics.standby_lag_records.set_function(indexer.standbys.lag)
-            hub = StreamHub(settings, indexer, reader, fanout, metrics.streams())
+            hub = StreamHub(
+                settings,
+                indexer,
+                reader,
+                fanout,
+                metrics.streams(),
+                on_paced=metrics.replay_paced.inc,
+            )
             routing = Routing(settings, indexer, on_refused=metrics.hop_refused)
-            peers = _peers(settings, routing, stack)
+            peers = _peers(settings, routing, stack, metrics)
             events = events_extension(
                 settings,
                 service,
@@ -365,14 +374,28 @@ class _BridgeApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStack) -> Peers | None:
+def _peers(
+    settings: Settings, routing: Routing, stack: contextlib.AsyncExitStack, metrics: Metrics
+) -> Peers | None:
     """The client of the hops to other replicas, and the check of the hops they send here,
-    when replicas divide the partitions."""
+    when replicas divide the partitions; an owner whose peer port keeps refusing is dropped
+    from the group (:class:`~bridge.server.failover.Removals`)."""
     secret = settings.peer_secret_value
     if settings.ownership != "group" or secret is None:
         return None
-    p = settings.peers
+    p, r = settings.peers, settings.recovery
     auth = PeerAuth(secret, routing.own_url, max_age_s=p.max_age_s, max_nonces=p.max_nonces)
+    indexer = routing.indexer
+    removals = Removals(
+        lambda: indexer.assignor.map if indexer.assignor is not None else None,
+        indexer.remove_from_group,
+        own_url=routing.own_url,
+        interval_s=r.remove_interval_s,
+        clock=time.monotonic,
+        enabled=r.remove_dead_owners,
+        on_outcome=metrics.peer_removal,
+        on_removed=lambda url: peers.suspects.removed(url),
+    )
     peers = Peers(
         auth,
         tls=client_tls(p),
@@ -380,8 +403,15 @@ def _peers(settings: Settings, routing: Routing, stack: contextlib.AsyncExitStac
         keep_alive_s=settings.server_keep_alive_s,
         connect_s=p.connect_timeout_s,
         suspect_s=p.suspect_s,
+        session_s=settings.group_session_timeout_ms / 1000,
+        refusals=r.refusals,
+        refusal_window_s=r.refusal_window_s,
+        generation=lambda: routing.generation,
+        on_suspected=metrics.peer_suspicions.inc,
+        on_refusing=removals.refusing,
     )
     stack.push_async_callback(peers.close)
+    stack.push_async_callback(removals.close)
     return peers
 
 

@@ -438,7 +438,10 @@ class BrowserView:
             extra_headers=SECURITY_HEADERS,
             expired_chunk=_EXPIRED_EVENT,
         )
-        return _refused(owner_unavailable_error(), task_id) if answer is None else answer
+        if answer is None:
+            retry = endpoint.peers.retry_after_s(owner)
+            return _refused(owner_unavailable_error(retry), task_id)
+        return answer
 
     # --- state ---------------------------------------------------------------------------
 

@@ -45,10 +45,18 @@ __all__ = ["DOMAIN_ERRORS", "WireError", "retry_after", "wire_error"]
 log = logging.getLogger(__name__)
 
 
-def retry_after(status: int) -> dict[str, str]:
+def retry_after(status: int, error: RpcError | None = None) -> dict[str, str]:
     """The ``Retry-After`` header of an answer with ``status``: a 503 is only ever retriable
-    here (a partition moving, an owner not answering, Kafka not answering, a full replica)."""
-    return {"Retry-After": str(max(1, RETRY_AFTER_MS // 1000))} if status == 503 else {}
+    here (a partition moving, an owner not answering, Kafka not answering, a full replica).
+    Its value is the error's ``data.retryAfterMs`` in whole seconds (at least 1), so the header
+    and the body never disagree; one second when the error names none."""
+    if status != 503:
+        return {}
+    data = error.data if error is not None else None
+    wait_ms = data.get("retryAfterMs") if isinstance(data, dict) else None
+    if not isinstance(wait_ms, int) or isinstance(wait_ms, bool):
+        wait_ms = RETRY_AFTER_MS
+    return {"Retry-After": str(max(1, -(-wait_ms // 1000)))}
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class WireError:
     @property
     def headers(self) -> dict[str, str]:
         """``Retry-After`` for a retriable answer, else nothing."""
-        return retry_after(self.transport_status)
+        return retry_after(self.transport_status, self.error)
 
     @property
     def reason(self) -> str | None:

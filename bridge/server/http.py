@@ -276,7 +276,12 @@ def _sse_chunk(item: dict[str, Any] | Frame | EventBatch | bytes) -> bytes:
 
 
 def _sse_error(request_id: str | int | None, error: RpcError) -> bytes:
-    return _utf8(_sse_frame(Frame(error_response(request_id, error))))
+    """A stream's last event for ``error``, answering ``request_id``; a retriable one also
+    carries SSE's ``retry`` field (the wait ``Retry-After`` would say, in ms), which an
+    EventSource reconnecting with ``Last-Event-ID`` honours."""
+    frame = _utf8(_sse_frame(Frame(error_response(request_id, error))))
+    wait = retry_after(error.http_status, error).get("Retry-After")
+    return frame if wait is None else b"retry: %d\n%s" % (int(wait) * 1000, frame)
 
 
 async def relay(
@@ -512,19 +517,21 @@ class McpHttp:
         answer = await relay(
             self.peers, self.metrics, owner, method, request.method, request.headers, body, caller
         )
-        if answer is None:
-            return self._json(error_response(request_id, owner_unavailable_error()), 503)
+        if answer is None:  # answered at once, told how long the group needs to notice
+            error = owner_unavailable_error(self.peers.retry_after_s(owner))
+            return self._json(error_response(request_id, error), 503, error)
         return answer
 
     def _refuse(
         self, method: str, request_id: str | int | None, error: RpcError, started: float
     ) -> Response:
         self.metrics.rpc(method, error.code, time.perf_counter() - started)
-        return self._json(error_response(request_id, error), error.http_status)
+        return self._json(error_response(request_id, error), error.http_status, error)
 
     def _refuse_transport(self, request_id: str | int | None, answer: WireError) -> Response:
         """A GET's refusal: the JSON-RPC error, with the transport's status (never 2xx)."""
-        return self._json(error_response(request_id, answer.error), answer.transport_status)
+        status = answer.transport_status
+        return self._json(error_response(request_id, answer.error), status, answer.error)
 
     def _notification(self, caller: Caller, inbound: Inbound) -> None:
         """``notifications/cancelled`` ends the caller's stream of that request; others are
@@ -536,12 +543,12 @@ class McpHttp:
             self._on_cancelled(caller.client, request_id)
 
     @staticmethod
-    def _json(message: dict[str, Any], status: int) -> Response:
+    def _json(message: dict[str, Any], status: int, error: RpcError | None = None) -> Response:
         return Response(
             dumps(message),
             status_code=status,
             media_type="application/json",
-            headers=retry_after(status),
+            headers=retry_after(status, error),
         )
 
     async def not_allowed(self, request: Request) -> Response:

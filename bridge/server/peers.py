@@ -37,6 +37,7 @@ from bridge.config import PeerSettings
 from bridge.server.classify import NAME_PARAM
 from bridge.server.hops import REFUSED_HEADER, SIGNED_HEADERS, PeerAuth, PeerIdentity
 from bridge.server.routing import owner_unavailable_error
+from bridge.server.suspects import ProbeFailed, Suspects, refused
 from bridge.server.wire import (
     CLIENT_CAPS_META,
     LATEST_VERSION,
@@ -89,10 +90,11 @@ def routed_task_id(method: str, params: Mapping[str, Any]) -> str | None:
 
 class OwnerSuspected(Exception):
     """The owner could not be connected to a moment ago: not tried again yet (the client gets
-    ``owner_unavailable`` at once)."""
+    ``owner_unavailable`` at once, told to retry after ``retry_after_s``)."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, retry_after_s: int = 1) -> None:
         super().__init__(f"the replica at {owner} was unreachable a moment ago")
+        self.retry_after_s = retry_after_s
 
 
 class OwnerRefusedHop(Exception):
@@ -163,8 +165,8 @@ def server_tls(settings: PeerSettings) -> dict[str, Any]:
     }
 
 
-#: Owners remembered (when each last answered, until when each is suspected) before what
-#: no longer matters is forgotten.
+#: Owners remembered (when each last answered) before what no longer matters is forgotten
+#: (suspects are bounded on their own: :data:`bridge.server.suspects.MAX_SUSPECTS`).
 MAX_REMEMBERED_OWNERS = 64
 
 
@@ -178,9 +180,13 @@ class Peers:
     connection is dropped here before the owner would close it, never reused as it closes.
 
     An owner that could not be connected to (refused, or no answer within ``connect_s``) is
-    *suspected* for ``suspect_s``: until then a request for it fails at once
-    (:class:`OwnerSuspected`) instead of each one waiting on a dead peer, until the group moves
-    its partitions.
+    *suspected* (:mod:`bridge.server.suspects`): a request for it fails at once
+    (:class:`OwnerSuspected`) instead of each one waiting on a dead peer, until the ownership
+    map changes (``generation``) or the background probe of the owner (its delay backed off up
+    to ``suspect_s``; 0 turns suspicion off) reaches it again. ``session_s`` is the group's
+    session timeout (what a client is told to wait); ``on_suspected`` and ``on_refusing`` (an
+    owner whose port kept refusing, see :class:`~bridge.server.suspects.Suspects`) are wired at
+    composition.
     """
 
     def __init__(
@@ -195,6 +201,12 @@ class Peers:
         suspect_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         transport: httpx.AsyncBaseTransport | None = None,
+        session_s: float = 10.0,
+        refusals: int = 3,
+        refusal_window_s: float = 5.0,
+        generation: Callable[[], int] = lambda: 0,
+        on_suspected: Callable[[], object] = lambda: None,
+        on_refusing: Callable[[str], object] = lambda url: None,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
         in process); None for real connections."""
@@ -209,8 +221,19 @@ class Peers:
         #: Owner URL -> when it last answered: a failure of a request begun before that
         #: suspects no one (the owner was seen alive since).
         self._answered: dict[str, float] = {}
-        #: Owner URL -> until when it is suspected (bounded by the replicas in the group).
-        self._suspects: dict[str, float] = {}
+        #: The owners not tried by requests now (bounded: MAX_SUSPECTS).
+        self.suspects = Suspects(
+            self._probe,
+            clock=clock,
+            session_s=session_s,
+            probe_first_s=min(0.25, suspect_s),
+            probe_max_s=suspect_s,
+            refusals=refusals,
+            refusal_window_s=refusal_window_s,
+            generation=generation,
+            on_suspected=on_suspected,
+            on_refusing=on_refusing,
+        )
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
         self._client = self._pool(
@@ -249,45 +272,49 @@ class Peers:
         for task in list(self._warming.values()):
             task.cancel()
         await asyncio.gather(*self._warming.values(), return_exceptions=True)
+        await self.suspects.close()
         await self._client.aclose()
         await self._calls.aclose()
 
     def _check_reachable(self, base_url: str) -> None:
         """Raise :class:`OwnerSuspected` while ``base_url`` is suspected."""
-        until = self._suspects.get(base_url)
-        if until is None:
-            return
-        if self._clock() < until:
-            raise OwnerSuspected(base_url)
-        del self._suspects[base_url]  # try it again
+        if self.suspects.is_suspected(base_url):
+            raise OwnerSuspected(base_url, self.suspects.retry_after_s(base_url))
+
+    def retry_after_s(self, base_url: str) -> int:
+        """Whole seconds a client should wait before retrying a request ``base_url`` could not
+        answer (the time left for the group to notice it, when suspected; else 1)."""
+        return self.suspects.retry_after_s(base_url)
 
     def _unreachable(self, base_url: str, exc: BaseException, started: float) -> None:
         """Suspect ``base_url`` when ``exc`` says it could not be connected to, or accepted
         the connection and never answered (a request begun at ``started``, unless the owner
         has answered another request since)."""
         silent = isinstance(exc, TimeoutError)
-        refused = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+        unconnected = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
         if started < self._answered.get(base_url, float("-inf")):
             return
-        if (refused or silent) and self._suspect_s > 0:
-            if base_url not in self._suspects:
-                log.warning("suspecting %s for %g s: %s", base_url, self._suspect_s, exc)
-            self._suspects[base_url] = self._clock() + self._suspect_s
-            self._forget_stale()
+        if (unconnected or silent) and self._suspect_s > 0:
+            self.suspects.suspect(base_url, exc)
+
+    async def _probe(self, base_url: str) -> None:
+        """Reach ``base_url``'s peer listener once (its health check: any answer will do), or
+        :class:`~bridge.server.suspects.ProbeFailed`; bounded by the calls' timeouts."""
+        try:
+            await self._calls.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+        except httpx.HTTPError as exc:
+            raise ProbeFailed(refused(exc)) from None
+        self._answered[base_url] = self._clock()
 
     def _seen_alive(self, base_url: str) -> None:
         """``base_url`` answered now. Owners come and go (a restarted pod may get a new URL),
         so what no longer matters is forgotten: an answer older than any request that can
-        still fail (each is bounded by the first-answer bound), a suspicion that expired."""
+        still fail (each is bounded by the first-answer bound)."""
         self._answered[base_url] = self._clock()
-        self._forget_stale()
-
-    def _forget_stale(self) -> None:
-        now = self._clock()
-        if len(self._answered) + len(self._suspects) > MAX_REMEMBERED_OWNERS:
-            horizon = now - self._first_answer_s
+        self.suspects.clear(base_url)
+        if len(self._answered) > MAX_REMEMBERED_OWNERS:
+            horizon = self._answered[base_url] - self._first_answer_s
             self._answered = {u: t for u, t in self._answered.items() if t >= horizon}
-            self._suspects = {u: t for u, t in self._suspects.items() if t > now}
 
     def _spare(self, base_url: str) -> None:
         """Open a kept-alive connection to ``base_url`` off the critical path, after a
@@ -346,11 +373,11 @@ class Peers:
             self._unreachable(base_url, exc, started)
             raise
         self._seen_alive(base_url)
-        refused = _hop_refusal(response)
-        if refused is not None:  # never the client's answer: http.py maps it once
+        refusal = _hop_refusal(response)
+        if refusal is not None:  # never the client's answer: http.py maps it once
             await response.aclose()
-            log.warning("%s refused a signed hop (%s)", base_url, refused)
-            raise OwnerRefusedHop(base_url, refused)
+            log.warning("%s refused a signed hop (%s)", base_url, refusal)
+            raise OwnerRefusedHop(base_url, refusal)
         passed = {
             k: v
             for k, v in response.headers.items()
@@ -394,8 +421,8 @@ class Peers:
         body = dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": sent}).encode()
         try:
             self._check_reachable(base_url)
-        except OwnerSuspected:
-            raise owner_unavailable_error() from None  # logged once, when suspected
+        except OwnerSuspected as suspected:
+            raise owner_unavailable_error(suspected.retry_after_s) from None  # logged once
         headers = _request_headers(method, sent)
         headers.update(self.auth.sign(base_url, "POST", "/mcp", headers, body, identity))
         started = self._clock()
@@ -406,11 +433,12 @@ class Peers:
                 self._unreachable(base_url, exc, started)
                 raise
             self._seen_alive(base_url)
-            if (refused := _hop_refusal(reply)) is not None:  # not the caller's credential
-                raise _unavailable(method, base_url, f"the owner refused the hop ({refused})")
+            if (refusal := _hop_refusal(reply)) is not None:  # not the caller's credential
+                raise _unavailable(method, base_url, f"the owner refused the hop ({refusal})")
             message = reply.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise _unavailable(method, base_url, type(exc).__name__) from None
+            retry = self.retry_after_s(base_url)  # the time left, when it is now suspected
+            raise _unavailable(method, base_url, type(exc).__name__, retry) from None
         if not isinstance(message, dict):
             raise _unavailable(method, base_url, f"HTTP {reply.status_code}")
         if isinstance(message.get("result"), dict):
@@ -447,6 +475,6 @@ def _name_header(value: str) -> str:
     return "=?base64?" + base64.b64encode(value.encode("utf-8")).decode("ascii") + "?="
 
 
-def _unavailable(method: str, base_url: str, why: str) -> RpcError:
+def _unavailable(method: str, base_url: str, why: str, retry_after_s: int = 1) -> RpcError:
     log.warning("%s at %s did not answer: %s", method, base_url, why)
-    return owner_unavailable_error()
+    return owner_unavailable_error(retry_after_s)

@@ -52,12 +52,13 @@ def partition_moving_error(task_id: str) -> RpcError:
     )
 
 
-def owner_unavailable_error() -> RpcError:
-    """The retriable answer when the owner cannot be asked (HTTP 503)."""
+def owner_unavailable_error(retry_after_s: int = RETRY_AFTER_MS // 1000) -> RpcError:
+    """The retriable answer when the owner cannot be asked (HTTP 503); ``retry_after_s``: how
+    long until another owner is expected to serve it (``Retry-After`` says the same)."""
     return RpcError(
         INTERNAL_ERROR,
         "The replica that owns this task did not answer; retry shortly",
-        {"reason": "owner_unavailable", "retryAfterMs": RETRY_AFTER_MS},
+        {"reason": "owner_unavailable", "retryAfterMs": max(1, retry_after_s) * 1000},
         http_status=503,
     )
 
@@ -82,6 +83,12 @@ class Routing:
         self._hosts = settings.peers.accepted_hosts(url) if url else []
         self._checked: dict[str, str | None] = {}
         self.own_url = self._origin(url) if url else None
+
+    @property
+    def generation(self) -> int:
+        """The ownership map's generation: it changes with every assignment."""
+        assignor = self.indexer.assignor
+        return assignor.map.generation if assignor is not None else 0
 
     @property
     def divided(self) -> bool:

@@ -33,6 +33,7 @@ from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.reader import NotRetained, ReadBatch, Reader, SeqUntrusted, WireBatch
 from bridge.metrics import StreamMetrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
+from bridge.server.pacing import ReplayPace
 from bridge.server.wire import (
     INTERNAL_ERROR,
     RpcError,
@@ -155,10 +156,13 @@ class StreamHub:
         fanout: Fanout,
         metrics: StreamMetrics,
         clock: Clock = SYSTEM_CLOCK,
+        on_paced: Callable[[float], object] = lambda seconds: None,
     ) -> None:
-        """``clock``: the admission windows' and the latency samples' (a simulation's is
-        virtual)."""
+        """``clock``: the admission windows', the latency samples' and the replay pace's (a
+        simulation's is virtual); ``on_paced`` counts the seconds catch-ups waited for the
+        replay pace (``recovery.replay_events_per_s``)."""
         self.settings = settings
+        self._on_paced = on_paced
         self.clock = clock
         self.indexer = indexer
         self.reader = reader
@@ -323,6 +327,7 @@ class StreamHub:
         keepalive = self.settings.stream_keepalive_s
         ends = functools.partial(self._ends, task_id)
         status = self._status_type
+        pace = self._pace()
         while True:
             if sub.closed or self.draining.is_set():
                 return
@@ -361,6 +366,8 @@ class StreamHub:
                                 {"taskId": task_id},
                             )
                         if batch:
+                            if pace is not None and not await self._paced(pace, sub, batch):
+                                return  # drained or cancelled while it waited
                             self._delivered(task_id, partition, batch, live=False)
                             yield batch
                         if step is Step.ENDED:
@@ -406,6 +413,30 @@ class StreamHub:
                     return
                 if step is Step.GAP:
                     break  # something is missing from the buffer: re-read from Kafka
+
+    def _pace(self) -> ReplayPace | None:
+        """This stream's catch-up pace (None: not paced, the default)."""
+        recovery = self.settings.recovery
+        if recovery.replay_events_per_s <= 0:
+            return None
+        return ReplayPace(
+            recovery.replay_events_per_s,
+            recovery.replay_burst,
+            clock=self.clock.monotonic,
+            wait=self._pace_wait,
+            on_paced=self._on_paced,
+        )
+
+    async def _paced(self, pace: ReplayPace, sub: Subscription, batch: WireItems) -> bool:
+        """Wait for the pace before a catch-up batch; False when the stream should end."""
+        return await pace.take(len(batch)) and not sub.closed
+
+    async def _pace_wait(self, seconds: float) -> bool:
+        """A pace's wait: ``seconds``, or less when the process drains (then False)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.draining.wait()
+        return not self.draining.is_set()
 
     def _refuse_untrusted(self, task_id: str, partition: int) -> None:
         """End a live stream whose task retention made untrusted while it waited: records of

@@ -103,6 +103,9 @@ class LoopLog:
     async def delete_records_before(self, part: TopicPart, offset: int) -> None:
         await self._bridge.acall(self._log.delete_records_before(part, offset))
 
+    async def remove_members(self, group: str, instance_ids: Sequence[str]) -> None:
+        await self._bridge.acall(self._log.remove_members(group, list(instance_ids)))
+
     def producer(self, role: str = "producer") -> LoopProducer:
         return LoopProducer(self._bridge, self._log.producer(role))
 

@@ -1,0 +1,120 @@
+"""Crash fail-over: have the group drop an owner whose process is gone, now.
+
+Where it sits: between :class:`~bridge.server.suspects.Suspects` (which reports an owner whose
+peer port kept refusing connections: its host answers, nothing listens, so its process is gone)
+and the indexer's group membership. Without this, a static member that died keeps its
+partitions, unserved, until the group's session timeout (30 s in k8s/); with it, the group
+rebalances at once without it (a LeaveGroup v3 by instance id:
+:mod:`bridge.kafka.membership`).
+
+Guards, because removing a member costs every replica a rebalance:
+
+* whom to remove comes only from the group's ownership map (the instance id the owner's own
+  metadata claimed, distributed by the group's leader), never from a request;
+* only an owner of at least one partition in the current map, never this replica itself;
+* at most one removal in flight, and at most one per ``interval_s`` from this replica;
+* each removal (and each one skipped) is logged and counted.
+
+What it does not do: detect anything (Suspects does), or serve the partitions (the group's
+next assignment gives them to the survivors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from bridge.kafka.ownership import OwnershipMap
+
+__all__ = ["RemovalOutcome", "Removals"]
+
+log = logging.getLogger(__name__)
+
+#: How a report of a dead owner ended (the bounded label of its metric).
+RemovalOutcome = Literal["removed", "failed", "not_owner", "rate_limited", "off"]
+
+
+class Removals:
+    """Turns "this owner's port keeps refusing" into one guarded group removal.
+
+    ``ownership()`` is the group's current map (None while this replica has none);
+    ``remove(instance_id)`` removes a static member from the group; ``on_outcome`` counts
+    each report's :data:`RemovalOutcome` (a metric, wired at composition).
+    """
+
+    def __init__(
+        self,
+        ownership: Callable[[], OwnershipMap | None],
+        remove: Callable[[str], Awaitable[None]],
+        *,
+        own_url: str | None,
+        interval_s: float,
+        clock: Callable[[], float],
+        enabled: bool = True,
+        on_outcome: Callable[[RemovalOutcome], object] = lambda outcome: None,
+        on_removed: Callable[[str], object] = lambda url: None,
+    ) -> None:
+        self._ownership = ownership
+        self._remove = remove
+        self._own_url = own_url
+        self._interval_s = interval_s
+        self._clock = clock
+        self._enabled = enabled
+        self._on_outcome = on_outcome
+        self._on_removed = on_removed
+        self._last: float | None = None
+        self._running: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def refusing(self, url: str) -> None:
+        """``url``'s peer port kept refusing connections: remove its member when the guards
+        allow (in the background; the caller never waits)."""
+        if self._closing:
+            return  # this replica is stopping: its own departure is the next change
+        outcome = self._check(url)
+        if outcome is not None:
+            self._on_outcome(outcome)
+            log.info("not removing the owner at %s from the group: %s", url, outcome)
+            return
+        ownership = self._ownership()
+        instance = ownership.instance_owning(url) if ownership is not None else None
+        assert instance is not None  # checked
+        self._last = self._clock()
+        self._running = asyncio.create_task(self._removing(url, instance), name=f"remove {url}")
+
+    def _check(self, url: str) -> RemovalOutcome | None:
+        """Why ``url`` is not removed now, or None to remove it."""
+        if not self._enabled:
+            return "off"
+        ownership = self._ownership()
+        if url == self._own_url or ownership is None or ownership.instance_owning(url) is None:
+            return "not_owner"
+        busy = self._running is not None and not self._running.done()
+        recent = self._last is not None and self._clock() - self._last < self._interval_s
+        return "rate_limited" if busy or recent else None
+
+    async def _removing(self, url: str, instance: str) -> None:
+        log.warning(
+            "the owner at %s (instance %s) refuses connections: its process is gone; "
+            "having the group drop it now instead of after the session timeout",
+            url,
+            instance,
+        )
+        try:
+            await self._remove(instance)
+        except Exception as exc:  # the session timeout still removes it: nothing is lost
+            log.warning("could not remove instance %s from the group: %r", instance, exc)
+            self._on_outcome("failed")
+            return
+        self._on_outcome("removed")
+        self._on_removed(url)
+
+    async def close(self) -> None:
+        """Stop: no removal from here on, and one in flight is cancelled."""
+        self._closing = True
+        running = self._running
+        if running is not None and not running.done():
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
