@@ -28,7 +28,7 @@ import logging
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.kafka.port import Log, LogError, Tail, TopicPart
-from bridge.log.indexrestore import IndexerError, apply_index_record, load_index
+from bridge.log.indexrestore import apply_index_record, load_index
 from bridge.log.seqindex import PartitionIndex
 
 __all__ = ["Standbys", "catch_up_copy"]
@@ -96,8 +96,8 @@ class Standbys:
         )
 
     def lag(self) -> int:
-        """Index records the copies are behind their slices, in all (wanted, not restored
-        copies count as their whole slice)."""
+        """Index records the copies are behind their slices, in all (as of the last look at
+        the slices' ends)."""
         return sum(max(0, end - self.positions.get(p, 0)) for p, end in self.ends.items())
 
     async def stop(self) -> None:
@@ -113,8 +113,8 @@ class Standbys:
         while self.wanted:
             try:
                 await self._follow()
-            except (LogError, IndexerError) as exc:
-                log.warning("standby copies %s: %s; retrying", sorted(self.wanted), exc)
+            except Exception as exc:  # a copy is an optimisation: a gain restores without it
+                log.warning("standby copies %s: %r; retrying", sorted(self.wanted), exc)
                 for p in list(self.copies):
                     self._drop(p)
                 await asyncio.sleep(RETRY_S)  # back-off: the index topic may come back
