@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: How long one poll of the standby tail waits for index writes.
 POLL_S = 0.5
+#: The bound of a gain's catch-up of its copy (a leaderless index partition fails it).
+CATCH_UP_S = 30.0
 #: Back-off after a failed restore or tail (the index topic's leader may be away).
 RETRY_S = 2.0
 
@@ -174,6 +176,20 @@ async def catch_up_copy(
     if position >= end:
         return
     tp = TopicPart(settings.topics.index, copy.partition)
+    try:
+        async with asyncio.timeout(CATCH_UP_S):
+            await _apply_range(settings, log_, copy, tp, position, end)
+    except TimeoutError:  # as a restore that cannot read: the gain fails and is retried
+        raise LogError(
+            f"the standby copy of events partition {copy.partition} was not caught up within "
+            f"{CATCH_UP_S:g} s",
+            retriable=True,
+        ) from None
+
+
+async def _apply_range(
+    settings: Settings, log_: Log, copy: PartitionIndex, tp: TopicPart, position: int, end: int
+) -> None:
     async with log_.tail("standby-catch-up") as tail:
         tail.assign({tp: position})
         while position < end:
