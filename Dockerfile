@@ -39,8 +39,8 @@ ENV PATH=/opt/bridge/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    BRIDGE_HTTP_HOST=0.0.0.0 \
-    BRIDGE_HTTP_PORT=8080
+    BRIDGE_SERVER__HOST=0.0.0.0 \
+    BRIDGE_SERVER__PORT=8080
 # Fail the build if the installed package cannot find its Avro schema.
 RUN python -c "from bridge.envelope import encode_event, TaskEvent; encode_event(TaskEvent('a.b.c', {}))"
 # The image is the runtime only: fail the build if development tooling got in (the development

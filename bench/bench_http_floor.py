@@ -49,7 +49,7 @@ from bench_streams import (
 )
 from common import NotReached, Results, machine, report, say, within
 
-from bridge.config import Settings
+from bridge.config import ServerSettings
 from bridge.server.runner import tune_gc
 
 VARIANTS = tuple((loop, http) for loop in ("asyncio", "uvloop") for http in ("h11", "httptools"))
@@ -73,7 +73,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                tune_gc(Settings.model_fields["gc_young_threshold"].default)
+                tune_gc(ServerSettings.model_fields["gc_young_threshold"].default)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})

@@ -8,7 +8,7 @@ Run::
     .venv/bin/python bench/bench_log.py --only resume --listeners   # the tail with listeners
 
 The broker comes from ``bridgedev.kafka.provide_broker``: the cluster named by
-``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` / ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Docker, else a
+``BRIDGE_KAFKA__BOOTSTRAP_SERVERS`` / ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Docker, else a
 throwaway local broker from the Maven jars. Every run uses fresh topic prefixes with one events
 partition, so nothing is shared with other runs or with the tests.
 
@@ -69,7 +69,7 @@ TARGET_BYTES_PER_TASK = 256
 TARGET_BYTES_PER_CHECKPOINT = 16
 TARGET_RESTORE_S = 5.0
 
-#: Producer batch size: below the events topic's max.message.bytes (max_event_bytes + overhead).
+#: Producer batch size: below the events topic's max.message.bytes (tasks.max_event_bytes + overhead).
 
 
 # --- results ------------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _traced_now() -> int:
 
 
 def bench_memory(args: argparse.Namespace, res: Results) -> None:
-    k = load_settings().checkpoint_interval
+    k = load_settings().tasks.checkpoint_interval
 
     # (a) persisted index record: key + value of TaskEntry.encode
     task_id = uuid.uuid4().hex
@@ -576,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     with provide_broker(settings, progress=say) as broker:
         res.environment = environment(broker, settings)
         res.environment.update(
-            scale=args.scale, repeat=args.repeat, checkpoint_interval=settings.checkpoint_interval
+            scale=args.scale,
+            repeat=args.repeat,
+            checkpoint_interval=settings.tasks.checkpoint_interval,
         )
         say(f"broker: {broker.info.provider} at {broker.info.bootstrap_servers}")
         asyncio.run(run(broker.info.bootstrap_servers, args, res))

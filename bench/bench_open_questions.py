@@ -82,7 +82,7 @@ from bridge.mcpevents.cursor import decode_task, encode_task
 from bridgedev.kafka import provide_broker
 
 OPEN_CONCURRENCY = 100  # streams being opened at once
-QUEUE_SIZE = 32  # BRIDGE_STREAM_QUEUE_SIZE of the bridge under test
+QUEUE_SIZE = 32  # BRIDGE_STREAMS__QUEUE_SIZE of the bridge under test
 #: Payload padding of the busy task's events: a partial-content chunk of two kilobytes.
 PAD = "x" * 2048
 #: SO_RCVBUF of a slow client's socket: a small window, so that its stall reaches the bridge's
@@ -332,7 +332,7 @@ async def fanout_run(
         "bridge_stream_slow_consumer_fallbacks_total",
         "bridge_stream_events_delivered_total",
     )
-    ports = broker_ports(settings.kafka_bootstrap_servers or "")
+    ports = broker_ports(settings.kafka.bootstrap_servers or "")
     reads0, falls0, delivered0 = await counters(bridge, *names)
     snap0 = kafka_socket_bytes(bridge.pid, ports)
     count = int(sizes.rate * sizes.window_s)
@@ -817,7 +817,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--queue-size",
         type=int,
         default=QUEUE_SIZE,
-        help=f"BRIDGE_STREAM_QUEUE_SIZE of the bridge (default {QUEUE_SIZE}; the bridge's is 1024)",
+        help=f"BRIDGE_STREAMS__QUEUE_SIZE of the bridge (default {QUEUE_SIZE}; the bridge's is 1024)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--keep-logs", action="store_true", help="keep the bridge's log directory")
@@ -852,13 +852,13 @@ def main(argv: list[str] | None = None) -> int:
         bs = bench_settings(broker.info.bootstrap_servers, "openq")
         asyncio.run(create_layout(bs))
         bridge_env = {
-            "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(max(sizes.fanouts) + 100),
-            "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "1000000",  # every client is one principal
-            "BRIDGE_STREAM_KEEPALIVE_S": "3600",  # no keep-alive bytes in the counts
-            "BRIDGE_METRICS_REFRESH_S": "3600",  # no gauge reads in the Kafka byte counts
+            "BRIDGE_STREAMS__MAX_PER_PRINCIPAL": str(max(sizes.fanouts) + 100),
+            "BRIDGE_STREAMS__OPENS_PER_MINUTE": "1000000",  # every client is one principal
+            "BRIDGE_STREAMS__KEEPALIVE_S": "3600",  # no keep-alive bytes in the counts
+            "BRIDGE_SERVER__METRICS_REFRESH_S": "3600",  # no gauge reads in the Kafka byte counts
             # A 32nd of the default 1024: a stalled client overflows it (after ~260 KB of
             # socket buffers) within ~5 s at 30 events/s instead of ~38 s, inside every window.
-            "BRIDGE_STREAM_QUEUE_SIZE": str(args.queue_size),
+            "BRIDGE_STREAMS__QUEUE_SIZE": str(args.queue_size),
         }
         bridge = BridgeProcess(bs, bridge_env, logs / "bridge.log")
         say(f"starting `bridge serve` (log: {bridge.log_path})")

@@ -1,4 +1,4 @@
-"""Benchmarks of serving replicas that divide the events partitions (``ownership = group``).
+"""Benchmarks of serving replicas that divide the events partitions (``replicas.ownership = group``).
 
 Run::
 
@@ -9,7 +9,7 @@ Run::
 The broker comes from ``bridgedev.kafka.provide_broker`` (the configured cluster, else Docker,
 else a throwaway local KRaft broker). Every cluster runs on fresh topics
 (``bench-replicas-<N>-<8 hex>.*``) whose events topic has **six partitions**; each replica is
-a ``bridge serve`` subprocess with ``BRIDGE_OWNERSHIP=group``, its own instance id and
+a ``bridge serve`` subprocess with ``BRIDGE_REPLICAS__OWNERSHIP=group``, its own instance id and
 advertised URL, one shared peer secret, and auth mode none (every task is the principal
 ``anonymous``'s). Tasks are created by publishing their ``task.created`` directly; no worker
 runs. All traffic is loopback.
@@ -207,20 +207,20 @@ PEER_HOSTS = [f"127.0.0.{k}" for k in range(2, 10)]
 
 def replica_env(secret: str, index: int, peer_port: int) -> dict[str, str]:
     return {
-        "BRIDGE_ADVERTISED_URL": f"http://{PEER_HOSTS[index]}:{peer_port}",
+        "BRIDGE_PEERS__ADVERTISED_URL": f"http://{PEER_HOSTS[index]}:{peer_port}",
         "BRIDGE_PEERS__HOST": PEER_HOSTS[index],
         "BRIDGE_PEERS__PORT": str(peer_port),
         "BRIDGE_PEERS__HOSTS": json.dumps(PEER_HOSTS),
-        "BRIDGE_OWNERSHIP": "group",
-        "BRIDGE_INSTANCE_ID": f"replica-{index}",
-        "BRIDGE_PEER_SECRET": secret,
-        "BRIDGE_GROUP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
-        "BRIDGE_OWNER_WAIT_S": "5",
+        "BRIDGE_REPLICAS__OWNERSHIP": "group",
+        "BRIDGE_REPLICAS__INSTANCE_ID": f"replica-{index}",
+        "BRIDGE_PEERS__SECRET": secret,
+        "BRIDGE_REPLICAS__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+        "BRIDGE_REPLICAS__OWNER_WAIT_S": "5",
         # The Kafka gauges' refresher reads records for the lag and retention gauges; off here
         # (one refresh at start) so that it does not land at random in the byte counts.
-        "BRIDGE_METRICS_REFRESH_S": "3600",
-        "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "1000000",  # every stream is one principal's
-        "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": "1000",
+        "BRIDGE_SERVER__METRICS_REFRESH_S": "3600",
+        "BRIDGE_STREAMS__OPENS_PER_MINUTE": "1000000",  # every stream is one principal's
+        "BRIDGE_STREAMS__MAX_PER_PRINCIPAL": "1000",
     }
 
 
@@ -286,7 +286,7 @@ async def bounded(
 
 def start_cluster(bootstrap: str, n: int, logs: Path, secret: str) -> Cluster:
     settings = load_settings(
-        kafka_bootstrap_servers=bootstrap,
+        kafka={"bootstrap_servers": bootstrap},
         topics={
             "prefix": f"bench-replicas-{n}-{secrets.token_hex(4)}",
             "partitions": PARTITIONS,
@@ -323,7 +323,7 @@ def load_records(
     """Every task's task.created, ticks and completed status, in rounds over the tasks."""
     pub = TaskEventPublisher(settings)
     ticks = [pub.encode(TICK_TYPE, {"i": i, "pad": "x" * 32}) for i in range(16)]
-    status = pub.encode(f"{settings.event_type_prefix}.task.status", {"status": "completed"})
+    status = pub.encode(f"{settings.tasks.event_type_prefix}.task.status", {"status": "completed"})
     for round_ in range(events):
         for partition, bucket in enumerate(ids):
             for task_id in bucket:
@@ -389,7 +389,7 @@ async def divide_run(cluster: Cluster, ids: list[list[str]], sizes: Sizes) -> Ru
     say(f"divide: N={n}: starting {n} replica(s) on {settings.topics.prefix}")
     await cluster.start()
     await cluster.divided()
-    ports = broker_ports(settings.kafka_bootstrap_servers or "")
+    ports = broker_ports(settings.kafka.bootstrap_servers or "")
     pids = [r.pid for r in cluster.replicas]
     idle0 = [Usage.of(p, ports) for p in pids]
     await asyncio.sleep(2.0)  # the idle window: what a replica burns doing nothing
@@ -825,7 +825,7 @@ async def bench_failover(cluster: Cluster, owner_of: list[int], sizes: Sizes, re
     target = SESSION_TIMEOUT_MS / 1000 + TARGET_FAILOVER_SLACK_S
     res.add(
         "failover",
-        "group session timeout (BRIDGE_GROUP_SESSION_TIMEOUT_MS)",
+        "group session timeout (BRIDGE_REPLICAS__SESSION_TIMEOUT_MS)",
         SESSION_TIMEOUT_MS / 1000,
         "s",
     )
@@ -907,7 +907,7 @@ def tree_of(commit: str, into: Path) -> Path:
 def tail_rate(tree: Path, bootstrap: str, scale: float, out: Path) -> float:
     """records/s of the indexer catch-up in ``bench_log.py --only resume`` of ``tree``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
-    env.update(BRIDGE_KAFKA_BOOTSTRAP_SERVERS=bootstrap, PYTHONPATH=str(tree))
+    env.update(BRIDGE_KAFKA__BOOTSTRAP_SERVERS=bootstrap, PYTHONPATH=str(tree))
     where = subprocess.run(
         [sys.executable, "-c", "import bridge; print(bridge.__file__)"],
         env=env,

@@ -37,13 +37,13 @@ one summary table that also names the machine and the versions:
 9. ``run``     - the total wall time. Target: <= 5 minutes at full size.
 
 ``--variants`` then reruns ``hot`` and ``opens`` on a fresh bridge per
-``BRIDGE_SERVER_LOOP`` x ``BRIDGE_SERVER_HTTP`` choice and prints them side by side, with the
+``BRIDGE_SERVER__LOOP`` x ``BRIDGE_SERVER__HTTP`` choice and prints them side by side, with the
 event loop and HTTP parser the bridge process really loaded (from /proc/PID/maps).
 
 The stages run in the order rss, latency, scale, bytes, opens, fanout, hot, storm (the RSS
 baseline is taken on a server that has not served streams yet; the storm comes last, as a
 bridge that missed the storm's bound is still busy with its reads for a while). The main
-bridge runs with ``BRIDGE_METRICS_REFRESH_S=3600``; a second, short-lived bridge measures what the default
+bridge runs with ``BRIDGE_SERVER__METRICS_REFRESH_S=3600``; a second, short-lived bridge measures what the default
 gauge refresh fetches. A MISS is reported, never raised; a wait that is not a target and is
 not reached fails the run with what was not reached.
 """
@@ -123,7 +123,7 @@ OPEN_CONCURRENCY = 200
 STORM_CONNECTS = 1_000
 #: Connection attempts of one storm client whose connection is reset before an answer.
 STORM_ATTEMPTS = 8
-#: The hot-path choices ``--variants`` compares (the bridge's BRIDGE_SERVER_LOOP / _HTTP).
+#: The hot-path choices ``--variants`` compares (the bridge's BRIDGE_SERVER__LOOP / _HTTP).
 VARIANTS = tuple((loop, http) for loop in ("asyncio", "uvloop") for http in ("h11", "httptools"))
 
 
@@ -293,7 +293,7 @@ class BridgeProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
         t = self.settings.topics
         env.update(
-            BRIDGE_KAFKA_BOOTSTRAP_SERVERS=self.settings.kafka_bootstrap_servers or "",
+            BRIDGE_KAFKA__BOOTSTRAP_SERVERS=self.settings.kafka.bootstrap_servers or "",
             BRIDGE_TOPICS__PREFIX=t.prefix,
             BRIDGE_TOPICS__PARTITIONS=str(t.partitions),
             BRIDGE_TOPICS__REPLICATION_FACTOR=str(t.replication_factor),
@@ -805,7 +805,7 @@ def created_record(settings: Settings, pub: TaskEventPublisher, task_id: str) ->
         ttl_ms=24 * 3_600_000,
         poll_interval_ms=1000,
     )
-    event_type = f"{settings.event_type_prefix}.task.created"
+    event_type = f"{settings.tasks.event_type_prefix}.task.created"
     value, headers = pub.encode(event_type, created.to_dict(), None, now)
     # Signed with the bridge's keyring (the same settings): else it would define no task.
     headers = [*headers, identity_header(pub.keyring, event_type, task_id, created)]
@@ -1111,7 +1111,7 @@ async def bytes_window(
     no production when ``pub`` is None. Returns (received, sent, sockets opened, sockets
     closed, window seconds).
     """
-    ports = broker_ports(settings.kafka_bootstrap_servers or "")
+    ports = broker_ports(settings.kafka.bootstrap_servers or "")
     snap0 = kafka_socket_bytes(bridge.pid, ports)
     started = time.monotonic()
     if pub is not None:
@@ -1195,7 +1195,7 @@ async def bench_gauges(settings: Settings, logs: Path, sizes: Sizes, res: Result
     """Bytes an idle bridge with the default gauge refresh receives (informational).
 
     A second, short-lived ``bridge serve`` on the same topics, with the default
-    ``metrics_refresh_s``; the main bridge runs with the refresh off so that the refresher's
+    ``server.metrics_refresh_s``; the main bridge runs with the refresh off so that the refresher's
     reads do not land at random in the windows of ``bench_bytes``. The second one fences the
     main bridge's index writers; the main bridge keeps serving from memory, which is all the
     later stages use.
@@ -1208,7 +1208,7 @@ async def bench_gauges(settings: Settings, logs: Path, sizes: Sizes, res: Result
         rx, _, _, _, window = await bytes_window(second, settings, None, [], seconds, 1.0, 0)
     finally:
         second.stop()
-    refresh = settings.metrics_refresh_s
+    refresh = settings.server.metrics_refresh_s
     refreshes = max(1, round(window / refresh))  # about; the refresh at start is before it
     res.add("bytes", f"idle, default gauge refresh every {refresh:g} s, {window:.1f} s", rx, "B")
     res.add(
@@ -1528,9 +1528,9 @@ async def raw_read(
     Default aiokafka settings (1 MiB per partition per fetch). Returns (seconds, records of
     the task, bytes this process received from the broker meanwhile).
     """
-    ports = broker_ports(settings.kafka_bootstrap_servers or "")
+    ports = broker_ports(settings.kafka.bootstrap_servers or "")
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         client_id="bench-raw",
         group_id=None,
         enable_auto_commit=False,
@@ -1580,7 +1580,7 @@ async def make_hot_task(settings: Settings, n: int, res: Results) -> HotTask:
     key = task_id.encode()
     pub = TaskEventPublisher(settings)
     values = [pub.encode(TICK_TYPE, {"i": i, "pad": "x" * 32}) for i in range(64)]
-    status = pub.encode(f"{settings.event_type_prefix}.task.status", {"status": "completed"})
+    status = pub.encode(f"{settings.tasks.event_type_prefix}.task.status", {"status": "completed"})
 
     def records() -> Iterable[Record]:
         yield created_record(settings, pub, task_id)
@@ -1614,7 +1614,7 @@ async def replays(
 ) -> tuple[list[float], list[int]]:
     """Replay the hot task ``repeat`` times through one fresh stream each, connect to result;
     returns (events/s, bytes the bridge fetched from Kafka) of each replay."""
-    ports = broker_ports(settings.kafka_bootstrap_servers or "")
+    ports = broker_ports(settings.kafka.bootstrap_servers or "")
     rates: list[float] = []
     fetched: list[int] = []
     loop = asyncio.get_running_loop()
@@ -1728,7 +1728,7 @@ async def bench_variant(
     res: Results,
 ) -> None:
     """``hot`` and ``opens`` again on a bridge started with one loop/HTTP choice."""
-    loop, http = bridge.extra_env["BRIDGE_SERVER_LOOP"], bridge.extra_env["BRIDGE_SERVER_HTTP"]
+    loop, http = bridge.extra_env["BRIDGE_SERVER__LOOP"], bridge.extra_env["BRIDGE_SERVER__HTTP"]
     label = f"{loop}+{http} (runs {hot_path(bridge.pid)})"
     say(f"variants: {label}")
     await wait_completed(bridge, hot.task_id)  # a new bridge: it indexes the run's records first
@@ -1755,7 +1755,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--variants",
         action="store_true",
-        help="then rerun hot and opens per BRIDGE_SERVER_LOOP x BRIDGE_SERVER_HTTP choice",
+        help="then rerun hot and opens per BRIDGE_SERVER__LOOP x BRIDGE_SERVER__HTTP choice",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--keep-logs", action="store_true", help="keep the bridge's log directory")
@@ -1840,13 +1840,13 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             # Every stream is the one principal's (auth mode none), and a storm resumes
             # 10,000 at once: the per-principal, process and per-minute limits allow that.
-            "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": limit,
-            "BRIDGE_MAX_STREAMS": limit,
-            "BRIDGE_MAX_STREAM_OPENS_PER_MINUTE": "10000000",
-            "BRIDGE_STREAM_KEEPALIVE_S": "3600",  # keep-alives must not dominate idle streams
+            "BRIDGE_STREAMS__MAX_PER_PRINCIPAL": limit,
+            "BRIDGE_STREAMS__MAX_TOTAL": limit,
+            "BRIDGE_STREAMS__OPENS_PER_MINUTE": "10000000",
+            "BRIDGE_STREAMS__KEEPALIVE_S": "3600",  # keep-alives must not dominate idle streams
             # The Kafka gauges' refresher reads up to 1 MiB per partition per refresh; off here
             # (one refresh at start), measured separately by bench_gauges.
-            "BRIDGE_METRICS_REFRESH_S": "3600",
+            "BRIDGE_SERVER__METRICS_REFRESH_S": "3600",
         }
         bridge = BridgeProcess(bs, env, logs / "bridge.log")
         say(f"starting `bridge serve` (log: {bridge.log_path})")
@@ -1868,7 +1868,7 @@ def main(argv: list[str] | None = None) -> int:
         stages_s = time.perf_counter() - wall
         if args.variants:
             for loop, http in VARIANTS:
-                variant_env = {**env, "BRIDGE_SERVER_LOOP": loop, "BRIDGE_SERVER_HTTP": http}
+                variant_env = {**env, "BRIDGE_SERVER__LOOP": loop, "BRIDGE_SERVER__HTTP": http}
                 other = BridgeProcess(bs, variant_env, logs / f"bridge-{loop}-{http}.log")
                 other.start()
                 run_against(other, bench_variant(other, bs, *hot[0], sizes, args, res), res)

@@ -173,7 +173,7 @@ def _memory() -> str:
 def _kafka(broker: Broker, settings: Settings) -> str:
     if broker.info.provider != "local":
         return broker.info.detail
-    local = settings.local_kafka
+    local = settings.kafka.local
     return f"Apache Kafka {local.version} (local KRaft broker from Maven jars, heap {local.heap})"
 
 
@@ -242,7 +242,7 @@ def _steal(start: list[int], end: list[int]) -> str:
 def bench_settings(bootstrap: str, name: str) -> Settings:
     """Default settings on fresh topics (``bench-<name>-<8 hex>``) with one events partition."""
     return load_settings(
-        kafka_bootstrap_servers=bootstrap,
+        kafka={"bootstrap_servers": bootstrap},
         topics={
             "prefix": f"bench-{name}-{secrets.token_hex(4)}",
             "partitions": 1,
@@ -305,7 +305,7 @@ async def produce_partitioned(
     chunks, never one by one.
     """
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         client_id="bench-producer",
         acks=1,
         enable_idempotence=False,

@@ -144,6 +144,8 @@ class RecoveryClock:
         self.start = start
         self.waiting = set(clients)
         self.last = start
+        #: The stream that recovered last, and how: what a long recovery was waiting for.
+        self.last_what = ""
 
     def delivered(self, client: str, type_: str, payload: dict[str, Any]) -> None:
         if client not in self.waiting:
@@ -153,6 +155,7 @@ class RecoveryClock:
             return  # catch-up of an event older than the clock: not yet recovered
         self.waiting.discard(client)
         self.last = time.time()
+        self.last_what = f"{client}, {'a pipeline' if type_ == PIPELINE_EVENT else 'a tool'} event"
 
     def finished(self, still_open: set[str]) -> None:
         """Streams that ended (their task's result reached) count as recovered at their end."""
@@ -160,6 +163,7 @@ class RecoveryClock:
         if ended:
             self.waiting -= ended
             self.last = time.time()
+            self.last_what = f"{min(ended)}, its stream finished"
 
 
 class Soak:
@@ -442,6 +446,8 @@ class Soak:
         try:
             await _bounded(recovered, RECOVERY_BOUND_S, "every open stream recovered")
             fault.recovery_s = round(clock.last - clock.start, 2)
+            last = f"last: {clock.last_what}" if clock.last_what else ""
+            fault.note = "; ".join(x for x in (fault.note, last) if x)
         except TimeoutError:
             fault.stuck = sorted(clock.waiting)
         finally:
@@ -614,8 +620,11 @@ class Soak:
             "counters": {
                 k: v
                 for k, v in asdict(self._load().counters).items()
-                if k not in ("errors", "latencies_s")
+                if k not in ("errors", "latencies_s", "timeline")
             },
+            # The clients' drops and resumes (the most recent), beside the faults' times: what a
+            # long recovery was waiting for.
+            "timeline": [[round(t, 3), what] for t, what in self._load().counters.timeline],
             "faults": [asdict(f) for f in self.faults],
             "exits": self.exits,
             "memory_kib": {k: v for k, v in self.memory.items()},

@@ -1,14 +1,14 @@
 """The end-to-end canary: synthetic probes through the path a client's ``tasks/stream`` takes.
 
 Where it sits: an operations component beside the serving side, started last by
-:func:`bridge.server.app.start_components` when ``canary_interval_s`` > 0 (off by default). In
+:func:`bridge.server.app.start_components` when ``canary.interval_s`` > 0 (off by default). In
 the data flow of docs/architecture.md a probe goes the whole way round: written to the events
 topic by the task service's publisher (``acks=all``) → the indexer's tail (seq derived) → the
 fan-out → a :class:`~bridge.server.streams.StreamHub` stream (subscription, catch-up read,
 ``take_next``) → delivered. Only the HTTP framing is left out.
 
 Like KMinion's end-to-end probe, it writes to every partition it is responsible for and
-measures the round trip; a probe not seen within ``canary_timeout_s`` is lost. Here a
+measures the round trip; a probe not seen within ``canary.timeout_s`` is lost. Here a
 replica probes only the events partitions it owns (the indexer tells it when they move), so
 with replicas every partition is probed exactly once in the cluster.
 
@@ -89,7 +89,7 @@ class _Lane:
 
 
 class Canary(Component):
-    """Probes each owned events partition every ``canary_interval_s`` (see the module doc)."""
+    """Probes each owned events partition every ``canary.interval_s`` (see the module doc)."""
 
     def __init__(
         self,
@@ -110,7 +110,7 @@ class Canary(Component):
         self.probe_type = f"{types.prefix}.{PROBE_SUFFIX}"
         # 256 random bits no client is configured with or can guess: the canary tasks' owner.
         self._principal = f"{_CLIENT}:{secrets.token_urlsafe(32)}"
-        self._tool = ToolSpec(name=_TOOL, ttl_ms=int(settings.canary_task_ttl_s * 1000))
+        self._tool = ToolSpec(name=_TOOL, ttl_ms=int(settings.canary.task_ttl_s * 1000))
         self._numbers = itertools.count()
         self._lanes: dict[int, _Lane] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -131,7 +131,7 @@ class Canary(Component):
             self._retire(lane, "the bridge stops")
         retiring = list(self._retiring)
         if retiring:
-            await asyncio.wait(retiring, timeout=self.settings.canary_timeout_s)
+            await asyncio.wait(retiring, timeout=self.settings.canary.timeout_s)
         await cancel_and_wait(*retiring, *(lane.follow for lane in lanes))
 
     @property
@@ -140,7 +140,7 @@ class Canary(Component):
         return {p: lane.task_id for p, lane in self._lanes.items()}
 
     async def _run(self) -> None:
-        interval = self.settings.canary_interval_s
+        interval = self.settings.canary.interval_s
         while True:
             began = time.monotonic()
             try:
@@ -167,7 +167,7 @@ class Canary(Component):
 
     async def _probe(self, partition: int) -> str | None:
         """One probe of ``partition``: None when delivered (or moot), else why it was lost."""
-        timeout = self.settings.canary_timeout_s
+        timeout = self.settings.canary.timeout_s
         began = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
@@ -208,7 +208,7 @@ class Canary(Component):
                 self._lanes.pop(partition)
                 self._retire(lane, "its stream ended")
                 lane = None
-            elif time.monotonic() - lane.created >= self.settings.canary_task_ttl_s / 2:
+            elif time.monotonic() - lane.created >= self.settings.canary.task_ttl_s / 2:
                 self._lanes.pop(partition)
                 self._retire(lane, "replaced before its TTL")
                 lane = None
@@ -275,7 +275,7 @@ class Canary(Component):
     async def _end(self, lane: _Lane, why: str) -> None:
         status = StatusPayload(status="completed", status_message=f"canary task {why}")
         try:
-            async with asyncio.timeout(self.settings.canary_timeout_s):
+            async with asyncio.timeout(self.settings.canary.timeout_s):
                 await self.publisher.publish(lane.task_id, self._types.status, status.payload())
                 if lane.follow is not None:
                     await lane.follow  # ends at the terminal status just written
@@ -284,7 +284,7 @@ class Canary(Component):
                 "canary: the stream of the old canary task of partition %d did not end at its "
                 "terminal status within %g s",
                 lane.partition,
-                self.settings.canary_timeout_s,
+                self.settings.canary.timeout_s,
             )
         except Exception as exc:
             log.warning(

@@ -82,7 +82,7 @@ def development_tooling(what: str) -> Iterator[None]:
 
 def with_kafka(settings: Settings) -> Settings:
     """``settings`` with bootstrap servers filled from the running local broker if unset."""
-    if settings.kafka_bootstrap_servers:
+    if settings.kafka.bootstrap_servers:
         return settings
     try:
         from bridgedev.kafka import SecureBrokerInfo, local_status
@@ -90,14 +90,14 @@ def with_kafka(settings: Settings) -> Settings:
         if not _is_dev_package(exc):
             raise
         raise UserError(
-            "no Kafka configured: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS (a local broker, "
+            "no Kafka configured: set BRIDGE_KAFKA__BOOTSTRAP_SERVERS (a local broker, "
             f"`bridge kafka start`, needs {DEV_INSTALL})"
         ) from None
 
     info = local_status(settings)
     if info is None:
         raise UserError(
-            "no Kafka configured and no local broker running: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS "
+            "no Kafka configured and no local broker running: set BRIDGE_KAFKA__BOOTSTRAP_SERVERS "
             "or run `bridge kafka start` first"
         )
     if isinstance(info, SecureBrokerInfo):
@@ -105,7 +105,8 @@ def with_kafka(settings: Settings) -> Settings:
             "the local broker runs secured (SASL_SSL): pass its client settings with "
             f"`bridge --config {info.client_config} ...` (or BRIDGE_CONFIG_FILE)"
         )
-    return settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+    kafka = settings.kafka.model_copy(update={"bootstrap_servers": info.bootstrap_servers})
+    return settings.model_copy(update={"kafka": kafka})
 
 
 def require_kafka(
@@ -126,7 +127,7 @@ def require_kafka(
         if access is not None:  # under ACLs, a topic the principal may not describe is not listed
             asyncio.run(_require_access(settings, access, absent_ok=True))
         raise KafkaUnavailable(
-            f"topics missing on Kafka at {settings.kafka_bootstrap_servers}: "
+            f"topics missing on Kafka at {settings.kafka.bootstrap_servers}: "
             f"{_first_few(missing)}; run `bridge topics create`{hint}, or set "
             f"BRIDGE_TOPICS__PREFIX if they have another prefix (now {settings.topics.prefix!r})"
         )
@@ -141,9 +142,9 @@ def _first_few(names: Sequence[str], few: int = 3) -> str:
 def _check_answers(settings: Settings) -> None:
     from bridge.kafka.probe import KafkaProviderError, check_bootstrap
 
-    assert settings.kafka_bootstrap_servers is not None, "with_kafka filled it"
+    assert settings.kafka.bootstrap_servers is not None, "with_kafka filled it"
     try:
-        check_bootstrap(settings.kafka_bootstrap_servers, settings.kafka_security_protocol)
+        check_bootstrap(settings.kafka.bootstrap_servers, settings.kafka.security_protocol)
     except KafkaProviderError as exc:
         raise KafkaUnavailable(str(exc)) from exc
 
@@ -151,7 +152,7 @@ def _check_answers(settings: Settings) -> None:
 def _check_credentials(settings: Settings) -> None:
     """TLS and SASL on one connection, so a refused certificate or password is named: the
     clients would only log it and give up with "unable to bootstrap"."""
-    if settings.kafka_security_protocol == "PLAINTEXT":
+    if settings.kafka.security_protocol == "PLAINTEXT":
         return  # nothing to check that the ApiVersions probe did not
     from bridge.kafka.clients import check_credentials
     from bridge.kafka.security import explain_connect_failure
@@ -161,9 +162,9 @@ def _check_credentials(settings: Settings) -> None:
             asyncio.run(asyncio.wait_for(check_credentials(settings), KAFKA_METADATA_TIMEOUT_S))
     except TimeoutError as exc:
         raise KafkaUnavailable(
-            f"Kafka at {settings.kafka_bootstrap_servers} did not complete the "
-            f"{settings.kafka_security_protocol} handshake within {KAFKA_METADATA_TIMEOUT_S:g} s;"
-            " check that BRIDGE_KAFKA_SECURITY_PROTOCOL matches its listener"
+            f"Kafka at {settings.kafka.bootstrap_servers} did not complete the "
+            f"{settings.kafka.security_protocol} handshake within {KAFKA_METADATA_TIMEOUT_S:g} s;"
+            " check that BRIDGE_KAFKA__SECURITY_PROTOCOL matches its listener"
         ) from exc
     except Exception as exc:
         reason = explain_connect_failure(exc, settings)
@@ -177,15 +178,15 @@ async def _topic_names(settings: Settings) -> set[str]:
     from bridge.kafka.admin import topic_names
     from bridge.kafka.port import LogError
 
-    protocol = settings.kafka_security_protocol
+    protocol = settings.kafka.security_protocol
     try:
         with _quiet("aiokafka"):  # its retry logs would bury the one line that explains
             return await topic_names(settings, KAFKA_METADATA_TIMEOUT_S)
     except (LogError, TimeoutError) as exc:
         reason = str(exc) or f"no metadata within {KAFKA_METADATA_TIMEOUT_S:g} s"
         raise KafkaUnavailable(
-            f"Kafka at {settings.kafka_bootstrap_servers} answers, but its metadata could not "
-            f"be read ({reason}); check that BRIDGE_KAFKA_SECURITY_PROTOCOL ({protocol}) "
+            f"Kafka at {settings.kafka.bootstrap_servers} answers, but its metadata could not "
+            f"be read ({reason}); check that BRIDGE_KAFKA__SECURITY_PROTOCOL ({protocol}) "
             "matches its listener and that its advertised listeners are reachable from here"
         ) from exc
 
@@ -212,7 +213,7 @@ async def _require_access(settings: Settings, access: Access, *, absent_ok: bool
             raise KafkaUnavailable(str(exc)) from None
     except TimeoutError:
         raise KafkaUnavailable(
-            f"Kafka at {settings.kafka_bootstrap_servers} did not say within "
+            f"Kafka at {settings.kafka.bootstrap_servers} did not say within "
             f"{KAFKA_ACCESS_TIMEOUT_S:g} s what the principal may do"
         ) from None
 
@@ -309,9 +310,9 @@ def require_tool_topics(settings: Settings, access: Access | None = None) -> Non
     more = f" (and {len(missing) - 1} more tools)" if len(missing) > 1 else ""
     raise KafkaUnavailable(
         f"tool {name!r} ({where}): its job topic {topic!r} does not exist on Kafka at "
-        f"{settings.kafka_bootstrap_servers}, or this principal may not describe it{more}; "
+        f"{settings.kafka.bootstrap_servers}, or this principal may not describe it{more}; "
         "create it (`bridge topics create`, or the pipeline's own tooling), correct the tool's "
-        "job_topic, or set BRIDGE_AUTO_CREATE_TOPICS=true"
+        "job_topic, or set BRIDGE_TOPICS__AUTO_CREATE=true"
     )
 
 
@@ -337,13 +338,13 @@ async def ensure_layout(settings: Settings, job_topics: Iterable[str]) -> list[T
 
         if is_refusal(exc):
             raise KafkaUnavailable(
-                f"Kafka at {settings.kafka_bootstrap_servers} does not let this principal create "
+                f"Kafka at {settings.kafka.bootstrap_servers} does not let this principal create "
                 f"or check the topic layout ({exc}); under ACLs an operator creates the topics "
                 f"(`bridge topics create` as an admin) and the bridge runs with "
-                f"BRIDGE_AUTO_CREATE_TOPICS=false ({DOC})"
+                f"BRIDGE_TOPICS__AUTO_CREATE=false ({DOC})"
             ) from exc
         raise UserError(
-            f"Kafka at {settings.kafka_bootstrap_servers} refused the topic layout: {exc}"
+            f"Kafka at {settings.kafka.bootstrap_servers} refused the topic layout: {exc}"
         ) from exc
 
 
@@ -441,11 +442,11 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if exposure is not None:  # before Kafka: one line and the exit
         raise UserError(exposure)
     access = Access.serving(settings, catalog_job_topics(settings), workers=args.with_workers)
-    if settings.auto_create_topics:
+    if settings.topics.auto_create:
         settings = require_kafka(settings)
         asyncio.run(create_topics(settings))
     else:
-        hint = ", or set BRIDGE_AUTO_CREATE_TOPICS=true"
+        hint = ", or set BRIDGE_TOPICS__AUTO_CREATE=true"
         jobs = set(catalog_job_topics(settings))
         core = [topic for topic in layout_topics(settings) if topic not in jobs]
         settings = require_kafka(settings, core, hint, access)
@@ -483,7 +484,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     with development_tooling("loading a recorded session (`bridge replay`)"):
         from bridgedev.replay import ReplayError, replay_command
 
-    url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
+    url = args.url or f"http://{settings.server.host}:{settings.server.port}/mcp"
     try:
         return asyncio.run(
             replay_command(
@@ -550,16 +551,16 @@ async def _reach(client: TaskStreamClient, url: str, task_id: str) -> None:
     except httpx.TransportError as exc:
         reason = str(exc) or type(exc).__name__
         raise UserError(
-            f"cannot reach the bridge at {url} ({reason}); pass --url, or set BRIDGE_HTTP_HOST "
-            "and BRIDGE_HTTP_PORT to where `bridge serve` listens"
+            f"cannot reach the bridge at {url} ({reason}); pass --url, or set BRIDGE_SERVER__HOST "
+            "and BRIDGE_SERVER__PORT to where `bridge serve` listens"
         ) from exc
 
 
 def cmd_tail(args: argparse.Namespace, settings: Settings) -> int:
-    url = args.url or f"http://{settings.http_host}:{settings.http_port}/mcp"
+    url = args.url or f"http://{settings.server.host}:{settings.server.port}/mcp"
     try:
         token = args.token or (
-            settings.client_token.get_secret_value() if settings.client_token else None
+            settings.client.token.get_secret_value() if settings.client.token else None
         )
         return asyncio.run(run_tail(url, args.task_id, args.after, token, args.cursor_file))
     except OSError as exc:
@@ -586,7 +587,7 @@ async def run_workers(
         raise UserError(str(exc)) from None
     job_topics = {s.name: s.job_topic or settings.topics.jobs(s.name) for s in specs}
     access = Access(("worker",), tuple(job_topics.values()))
-    if settings.auto_create_topics:  # under ACLs an operator creates them (no CREATE here)
+    if settings.topics.auto_create:  # under ACLs an operator creates them (no CREATE here)
         # The job topics must exist before the group subscribes: a consumer notices topics
         # created later only at its next metadata refresh (minutes).
         await ensure_layout(settings, job_topics.values())
@@ -636,10 +637,10 @@ def cmd_webhooks(args: argparse.Namespace, settings: Settings) -> int:
     secrets (created if absent) and make it current; the older keys stay for what they sealed."""
     from bridge.sealing import KeyFileError, KeyRing
 
-    path = Path(args.file) if args.file else settings.webhook_keys.file
+    path = Path(args.file) if args.file else settings.webhooks.keys.file
     if path is None:
         raise UserError(
-            "name the key file: bridge webhooks new-key FILE (or BRIDGE_WEBHOOK_KEYS__FILE)"
+            "name the key file: bridge webhooks new-key FILE (or BRIDGE_WEBHOOKS__KEYS__FILE)"
         )
     try:
         ring = KeyRing.with_new_key(path)
@@ -695,7 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--after", type=int, help="resume after this seq (exclusive)")
     tail.add_argument("--url", help="the MCP endpoint (default: http://HTTP_HOST:HTTP_PORT/mcp)")
     tail.add_argument(
-        "--token", help="bearer token (better: BRIDGE_CLIENT_TOKEN, not visible in ps)"
+        "--token", help="bearer token (better: BRIDGE_CLIENT__TOKEN, not visible in ps)"
     )
     tail.add_argument(
         "--cursor-file", help="persist the last processed seq here and resume from it"
@@ -759,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["new-key"],
         help="new-key: add a fresh current key to the key file (created if absent)",
     )
-    webhooks.add_argument("file", nargs="?", help="the key file (default: webhook_keys.file)")
+    webhooks.add_argument("file", nargs="?", help="the key file (default: webhooks.keys.file)")
     webhooks.set_defaults(func=cmd_webhooks)
     return parser
 
@@ -767,11 +768,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = " ".join(["bridge", args.command, *([args.action] if "action" in args else [])])
-    overrides: dict[str, Any] = {}
+    server: dict[str, Any] = {}
     if getattr(args, "host", None):
-        overrides["http_host"] = args.host
+        server["host"] = args.host
     if getattr(args, "port", None) is not None:
-        overrides["http_port"] = args.port
+        server["port"] = args.port
+    overrides: dict[str, Any] = {"server": server} if server else {}
     try:
         settings = load_settings(args.config, **overrides)
     except ValueError as exc:

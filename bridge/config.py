@@ -1,9 +1,12 @@
 """Settings: the one place that reads the environment.
 
-Every tunable of the bridge lives on :class:`Settings`. Values come, in order of precedence,
-from ``BRIDGE_*`` environment variables, then an optional TOML file named by
-``BRIDGE_CONFIG_FILE`` (or passed explicitly), then the defaults below. ``KAFKA_BOOTSTRAP_SERVERS``
-is honoured as well, because it is the conventional way to point any Kafka tool at a cluster.
+Every tunable of the bridge lives on :class:`Settings`, in one group per concern (``kafka``,
+``topics``, ``tasks``, ``server``, ``streams``, ``replicas``, ``peers``, ...; docs/configuration.md).
+Values come, in order of precedence, from keyword arguments, ``BRIDGE_*`` environment variables
+(``BRIDGE_<GROUP>__<FIELD>``), then an optional TOML file named by ``BRIDGE_CONFIG_FILE`` (or passed
+explicitly; read by pydantic-settings' TOML source), then the defaults below.
+``KAFKA_BOOTSTRAP_SERVERS`` is honoured as well, because it is the conventional way to point any
+Kafka tool at a cluster. The flat names of 0.2.0 still load (:mod:`bridge.settings_renames`).
 
 Nothing else in the package calls ``os.environ``; code that needs a setting takes a
 ``Settings`` (or one of its values) as an argument.
@@ -16,30 +19,53 @@ import ipaddress
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from functools import lru_cache
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from bridge.events import EventTypeRule, TaskEventTypes
+from bridge.settings_renames import rename_env, rename_keys
 
 __all__ = [
     "AuthSettings",
+    "CanarySettings",
+    "ClientSettings",
+    "EventCursorSettings",
     "EventSourceSpec",
+    "EventsSettings",
     "HandoverSettings",
+    "IdentitySettings",
     "KafkaLocalSettings",
     "KafkaSaslSettings",
+    "KafkaSettings",
     "KafkaTlsSettings",
     "PeerSettings",
+    "ReplicaSettings",
+    "ServerSettings",
     "Settings",
+    "StreamSettings",
+    "TasksSettings",
     "ToolSpec",
     "TopicSettings",
     "TracingSettings",
+    "UpgradeSettings",
+    "ViewSettings",
     "WebhookKeySettings",
+    "WebhookSettings",
     "env_name",
     "load_settings",
     "running_in_ci",
@@ -64,6 +90,9 @@ class TopicSettings(BaseModel):
     segment_ms: int = Field(6 * 3600 * 1000, ge=1)
     #: ``min.insync.replicas`` for the events and index topics (clamped to the replication factor).
     min_insync_replicas: int = Field(2, ge=1)
+    #: ``bridge serve`` creates missing topics (job topics included) at start; turn it off
+    #: where topics are managed elsewhere (e.g. Strimzi KafkaTopic resources).
+    auto_create: bool = True
 
     @property
     def events(self) -> str:
@@ -91,7 +120,7 @@ class TopicSettings(BaseModel):
 
 
 def env_name(*path: str) -> str:
-    """The environment variable of a setting: ``env_name("kafka_sasl", "password")``."""
+    """The environment variable of a setting: ``env_name("kafka", "sasl", "password")``."""
     return "BRIDGE_" + "__".join(part.upper() for part in path)
 
 
@@ -148,13 +177,13 @@ class KafkaTlsSettings(BaseModel):
     def _certificate_with_key(self) -> Self:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError(
-                f"a client certificate needs its key: set both {env_name('kafka_tls', 'cert_file')}"
-                f" and {env_name('kafka_tls', 'key_file')}, or neither"
+                f"a client certificate needs its key: set both {env_name('kafka', 'tls', 'cert_file')}"
+                f" and {env_name('kafka', 'tls', 'key_file')}, or neither"
             )
         if self.key_file is None and (self.key_password or self.key_password_file):
             raise ValueError(
-                f"{env_name('kafka_tls', 'key_password')} is set but there is no "
-                f"{env_name('kafka_tls', 'key_file')}"
+                f"{env_name('kafka', 'tls', 'key_password')} is set but there is no "
+                f"{env_name('kafka', 'tls', 'key_file')}"
             )
         return self
 
@@ -210,40 +239,40 @@ class KafkaSaslSettings(BaseModel):
         return self
 
     def _check_password(self) -> None:
-        password = env_name("kafka_sasl", "password")
+        password = env_name("kafka", "sasl", "password")
         missing = [
             name
             for name, given in (
-                (env_name("kafka_sasl", "username"), self.username),
+                (env_name("kafka", "sasl", "username"), self.username),
                 (f"{password} (or {password}_FILE)", self.password or self.password_file),
             )
             if not given
         ]
         if missing:
             raise ValueError(
-                f"{env_name('kafka_sasl', 'mechanism')}={self.mechanism} needs "
+                f"{env_name('kafka', 'sasl', 'mechanism')}={self.mechanism} needs "
                 + " and ".join(missing)
             )
 
     def _check_oauth(self) -> None:
-        mechanism = f"{env_name('kafka_sasl', 'mechanism')}=OAUTHBEARER"
+        mechanism = f"{env_name('kafka', 'sasl', 'mechanism')}=OAUTHBEARER"
         sources = [self.oauth_token_file, self.oauth_token_endpoint]
         if all(source is None for source in sources):
             raise ValueError(
-                f"{mechanism} needs a token: {env_name('kafka_sasl', 'oauth_token_file')} or "
-                f"{env_name('kafka_sasl', 'oauth_token_endpoint')} (with a client id and secret)"
+                f"{mechanism} needs a token: {env_name('kafka', 'sasl', 'oauth_token_file')} or "
+                f"{env_name('kafka', 'sasl', 'oauth_token_endpoint')} (with a client id and secret)"
             )
         if all(source is not None for source in sources):
             raise ValueError(
-                f"{mechanism}: set {env_name('kafka_sasl', 'oauth_token_file')} or "
-                f"{env_name('kafka_sasl', 'oauth_token_endpoint')}, not both"
+                f"{mechanism}: set {env_name('kafka', 'sasl', 'oauth_token_file')} or "
+                f"{env_name('kafka', 'sasl', 'oauth_token_endpoint')}, not both"
             )
         secret = self.oauth_client_secret or self.oauth_client_secret_file
         if self.oauth_token_endpoint is not None and not (self.oauth_client_id and secret):
             raise ValueError(
-                f"{env_name('kafka_sasl', 'oauth_token_endpoint')} needs "
-                f"{env_name('kafka_sasl', 'oauth_client_id')} and "
-                f"{env_name('kafka_sasl', 'oauth_client_secret')} (or its _FILE)"
+                f"{env_name('kafka', 'sasl', 'oauth_token_endpoint')} needs "
+                f"{env_name('kafka', 'sasl', 'oauth_client_id')} and "
+                f"{env_name('kafka', 'sasl', 'oauth_client_secret')} (or its _FILE)"
             )
 
     def password_value(self) -> str | None:
@@ -436,7 +465,7 @@ class IdentitySettings(BaseModel):
     keys_file: Path | None = None
     #: The same text inline (a secret: never logged, no repr).
     keys: SecretStr | None = None
-    #: Neither set: replicas (``ownership = "group"``) derive a key from the peer secret; one
+    #: Neither set: replicas (``replicas.ownership = "group"``) derive a key from the peer secret; one
     #: process (``"all"``) makes a development key here once (0600) and warns. A read-only or
     #: missing home refuses to start with the setting to fix.
     dev_keys_file: Path = Path.home() / ".local" / "state" / "mcp-kafka-bridge" / "identity.keys"
@@ -509,7 +538,7 @@ def _header_pairs(text: str) -> dict[str, str]:
 
 class WebhookKeySettings(BaseModel):
     """Where the key that seals webhook signing secrets at rest comes from (docs/events.md,
-    "Secrets at rest"). Set as ``BRIDGE_WEBHOOK_KEYS__FILE`` and so on.
+    "Secrets at rest"). Set as ``BRIDGE_WEBHOOKS__KEYS__FILE`` and so on.
 
     Without a key file webhook delivery is off (``events/subscribe`` is refused and nothing is
     stored): secrets are never written to Kafka in clear.
@@ -527,7 +556,7 @@ class WebhookKeySettings(BaseModel):
 
 class PeerSettings(BaseModel):
     """The peer listener: where replicas send each other the requests they forward
-    (``ownership = "group"``; docs/deployment.md, "The peer listener").
+    (``replicas.ownership = "group"``; docs/deployment.md, "The peer listener").
 
     Set as ``BRIDGE_PEERS__PORT=8081`` and so on. Only signed hops are served there, and the
     public listener never honours a hop. ``advertised_url`` is this listener's URL.
@@ -535,10 +564,17 @@ class PeerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    #: The address the peer listener binds (unset: ``http_host``) and its port; the port of
+    #: The address the peer listener binds (unset: ``server.host``) and its port; the port of
     #: every owner URL a replica accepts from the group.
     host: str | None = None
     port: int = Field(8081, ge=1, le=65535)
+    #: The base URL other replicas reach this one's peer listener at
+    #: (``http://<pod>.<headless service>:8081``: the scheme and ``port`` of this listener).
+    advertised_url: str | None = Field(None, pattern=r"^https?://[^/\s]+$")
+    #: The shared secret that authenticates a forwarded request between replicas (at least 32
+    #: characters; prefer the file). Never logged; clients can never present it.
+    secret: SecretStr | None = None
+    secret_file: Path | None = None
     #: Hosts an owner URL read from the group may name: an exact name or address, or a suffix
     #: that starts with a dot (``.bridge-peers.ns.svc.cluster.local``). Empty: the host of
     #: ``advertised_url`` itself, and when it is a DNS name of several labels, every name that
@@ -570,7 +606,14 @@ class PeerSettings(BaseModel):
     #: (jittered). 0 turns suspicion off.
     suspect_s: float = Field(2.0, ge=0, le=60.0)
 
-    _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file")(_existing_file)
+    _files = field_validator("tls_cert_file", "tls_key_file", "tls_ca_file", "secret_file")(
+        _existing_file
+    )
+
+    @property
+    def secret_value(self) -> str | None:
+        """The peer secret (from the file if one is set), or None."""
+        return _read_secret(self.secret, self.secret_file)
 
     @field_validator("hosts")
     @classmethod
@@ -675,7 +718,7 @@ def _host_matches(host: str, entry: str) -> bool:
 
 class EventCursorSettings(BaseModel):
     """The cursors the Events extension mints (docs/events.md). Set as
-    ``BRIDGE_EVENT_CURSORS__TASK_VERSION``."""
+    ``BRIDGE_EVENTS__CURSORS__TASK_VERSION``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -685,10 +728,17 @@ class EventCursorSettings(BaseModel):
     #: :func:`task_cursor_version`).
     task_version: Literal[1, 2] | None = None
 
+    @field_validator("task_version", mode="before")
+    @classmethod
+    def _from_text(cls, value: object) -> object:
+        # An environment variable is text, and a Literal of ints takes no "1" in pydantic.
+        return int(value) if isinstance(value, str) and value.strip() in ("1", "2") else value
+
 
 class EventsSettings(BaseModel):
-    """Which Events client the ``events/*`` methods speak to, for the whole deployment
-    (docs/events.md, "Client profiles"). Set as ``BRIDGE_EVENTS__PROFILE``.
+    """The Events extension (docs/events.md): which client the ``events/*`` methods speak to,
+    for the whole deployment ("Client profiles", ``BRIDGE_EVENTS__PROFILE``), its cursors and
+    its configured sources.
 
     ``sep-3415`` (the default) follows the SEP; ``chatgpt`` adds what ChatGPT's MCP Events
     integration expects (:mod:`bridge.server.profile`). Poll and push stay available either way.
@@ -697,18 +747,22 @@ class EventsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     profile: Literal["sep-3415", "chatgpt"] = "sep-3415"
+    #: The cursors the extension mints (:class:`EventCursorSettings`).
+    cursors: EventCursorSettings = EventCursorSettings()
+    #: Event types over existing pipelines' topics (:class:`EventSourceSpec`).
+    sources: list[EventSourceSpec] = Field(default_factory=list)
 
 
 class HandoverSettings(BaseModel):
     """How partitions move between replicas without their users noticing
     (``BRIDGE_HANDOVER__*``; docs/deployment.md, "A replica is stopped").
 
-    ``timeout_s`` bounds a hand-over: how long a stopping replica (SIGTERM, ``ownership =
-    "group"``) waits for the others to take and serve its partitions before it ends what is
-    left, and how long any replica keeps a lost partition's streams open waiting for its new
-    owner to serve it. The pod's ``terminationGracePeriodSeconds`` must exceed preStop + this +
-    the streams' drain (10 s). 0: no hand-over (partitions are told lost at once, a stopping
-    replica keeps its partitions until the session timeout).
+    ``timeout_s`` bounds a hand-over: how long a stopping replica (SIGTERM,
+    ``replicas.ownership = "group"``) waits for the others to take and serve its partitions
+    before it ends what is left, and how long any replica keeps a lost partition's streams open
+    waiting for its new owner to serve it. The pod's ``terminationGracePeriodSeconds`` must
+    exceed preStop + this + the streams' drain (10 s). 0: no hand-over (partitions are told lost
+    at once, a stopping replica keeps its partitions until the session timeout).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -765,8 +819,8 @@ class RecoverySettings(BaseModel):
 
     #: Have the group drop an owner whose peer port keeps refusing connections (its process is
     #: gone) now, instead of after the group's session timeout: a LeaveGroup by its static
-    #: instance id, taken from the group's own ownership map (``ownership = "group"`` with
-    #: ``instance_id`` set on every replica; an owner without one is never removed).
+    #: instance id, taken from the group's own ownership map (``replicas.ownership = "group"`` with
+    #: ``replicas.instance_id`` set on every replica; an owner without one is never removed).
     remove_dead_owners: bool = True
     #: Refused connections in a row, within ``refusal_window_s``, that make an owner dead (the
     #: first request's and its probes'; a timeout never counts: a busy owner causes those).
@@ -786,36 +840,73 @@ class RecoverySettings(BaseModel):
 def task_cursor_version(settings: Settings) -> int:
     """The ``task.event`` cursor version to mint: the explicit setting, else 1 during an
     upgrade from 0.1 (its replicas refuse version 2), else 2."""
-    explicit = settings.event_cursors.task_version
+    explicit = settings.events.cursors.task_version
     if explicit is not None:
         return explicit
     return 1 if settings.upgrade.legacy else 2
 
 
-class Settings(BaseSettings):
-    """All settings of the bridge. The README's Configuration table lists the main ones."""
+_GROUP = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    model_config = SettingsConfigDict(
-        env_prefix="BRIDGE_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        validate_default=True,
-        # A failed validation must not print the input: it may hold an inline password.
-        hide_input_in_errors=True,
-    )
+
+class KafkaSettings(BaseModel):
+    """The cluster and how every Kafka client of the project reaches it (``BRIDGE_KAFKA__*``)."""
+
+    model_config = _GROUP
 
     #: An existing cluster; when unset the local broker provider is used.
-    kafka_bootstrap_servers: str | None = None
-    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    bootstrap_servers: str | None = None
+    security_protocol: SecurityProtocol = "PLAINTEXT"
     #: TLS (CA, client certificate) for ``SSL`` / ``SASL_SSL``; SASL credentials for ``SASL_*``.
-    kafka_tls: KafkaTlsSettings = KafkaTlsSettings()
-    kafka_sasl: KafkaSaslSettings = KafkaSaslSettings()
-    kafka_client_id: str = "mcp-kafka-bridge"
+    tls: KafkaTlsSettings = KafkaTlsSettings()
+    sasl: KafkaSaslSettings = KafkaSaslSettings()
+    client_id: str = "mcp-kafka-bridge"
     #: How long every Kafka client waits for a broker's answer before it gives up on the request
     #: (and the connection); unset keeps aiokafka's defaults (40 s, the admin client 30 s).
-    kafka_request_timeout_ms: int | None = Field(None, ge=1_000, le=600_000)
-    topics: TopicSettings = TopicSettings()
-    local_kafka: KafkaLocalSettings = KafkaLocalSettings()
+    request_timeout_ms: int | None = Field(None, ge=1_000, le=600_000)
+    #: The embedded broker used when no cluster is given (development).
+    local: KafkaLocalSettings = KafkaLocalSettings()
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
+
+    @model_validator(mode="after")
+    def _security_fits_the_protocol(self) -> Self:
+        protocol = self.security_protocol
+        setting = f"{env_name('kafka', 'security_protocol')}={protocol}"
+        uses_sasl = protocol.startswith("SASL_")
+        if uses_sasl and not self.sasl.configured:
+            raise ValueError(
+                f"{setting} needs {env_name('kafka', 'sasl', 'mechanism')} (PLAIN, SCRAM-SHA-256, "
+                "SCRAM-SHA-512 or OAUTHBEARER) and its credentials"
+            )
+        # Credentials a protocol would ignore are a mistake worth a line: they were meant to
+        # protect something that would otherwise travel without them.
+        if not uses_sasl and self.sasl.configured:
+            raise ValueError(
+                f"{env_name('kafka', 'sasl', 'mechanism')} is set but {setting} does not use "
+                "SASL: use SASL_SSL (or SASL_PLAINTEXT)"
+            )
+        if protocol not in ("SSL", "SASL_SSL") and self.tls.configured:
+            raise ValueError(
+                f"TLS files are set ({env_name('kafka', 'tls')}__*) but {setting} does not use "
+                "TLS: use SSL or SASL_SSL"
+            )
+        return self
+
+
+@lru_cache(maxsize=16)
+def _event_type_rule(accepted: tuple[str, ...]) -> EventTypeRule:
+    # Not a cached_property: model_copy(update=...) would carry a stale rule along.
+    return EventTypeRule(accepted)
+
+
+class TasksSettings(BaseModel):
+    """The tasks and their events (``BRIDGE_TASKS__*``)."""
+
+    model_config = _GROUP
 
     #: Vendor prefix of every event type the bridge itself emits: reverse-DNS under a real
     #: top-level domain, or one of ``accepted_event_prefixes``.
@@ -828,212 +919,12 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     #: One sparse (seq, offset) checkpoint is kept every this many events of a task.
     checkpoint_interval: int = Field(64, ge=1, le=1_000_000)
-
-    #: Tools declared here, plus those of the named built-in packs (see bridge.workers.packs).
-    tools: list[ToolSpec] = Field(default_factory=list)
-    tool_packs: list[str] = Field(default_factory=list)
     #: Non-terminal tasks one principal may have at once.
-    max_active_tasks_per_principal: int = Field(100, ge=1)
+    max_active_per_principal: int = Field(100, ge=1)
     #: How long a client without the tasks extension waits for an optional-task tool's result.
     direct_result_timeout_s: float = Field(300.0, gt=0)
     #: How far back a worker reads the control topic at start (cancel requests, input answers).
     control_lookback_ms: int = Field(3_600_000, ge=0)
-
-    auth: AuthSettings = AuthSettings()
-    #: Hosts (``Host`` header, port ignored) and origins accepted by the MCP endpoint, against
-    #: DNS rebinding; loopback names are always accepted.
-    allowed_hosts: list[str] = Field(default_factory=list)
-    allowed_origins: list[str] = Field(default_factory=list)
-    #: Largest JSON-RPC request body accepted.
-    max_request_bytes: int = Field(1024 * 1024, ge=1024)
-    #: tasks/stream denial-of-service limits, per client (the principal when the caller
-    #: authenticated, else the anonymous caller's address): concurrent streams, and requests
-    #: (opens and resumes) a minute; and the concurrent streams of this whole process.
-    max_streams_per_principal: int = Field(32, ge=1)
-    max_stream_opens_per_minute: int = Field(600, ge=1)
-    max_streams: int = Field(10_000, ge=1)
-    #: Events buffered per stream before it falls back to catch-up reads, and the idle time
-    #: after which a keep-alive comment is sent.
-    stream_queue_size: int = Field(1024, ge=1)
-    stream_keepalive_s: float = Field(15.0, gt=0)
-    #: How long a replica catches its view up to the partition's end before it refuses a
-    #: tasks/stream cursor ahead of the task's head (on timeout the stream is admitted).
-    cursor_catch_up_s: float = Field(5.0, gt=0)
-    #: The bearer token ``bridge tail`` presents (prefer this to --token: argv is visible).
-    client_token: SecretStr | None = None
-    #: ``bridge serve`` creates missing topics (job topics included) at start; turn it off
-    #: where topics are managed elsewhere (e.g. Strimzi KafkaTopic resources).
-    auto_create_topics: bool = True
-    #: Seconds between refreshes of the Kafka gauges (offsets, lag, retention headroom).
-    metrics_refresh_s: float = Field(5.0, gt=0)
-    #: POST /admin/indexer/pause|resume, for operations drills and tests; never expose publicly.
-    admin_endpoints: bool = False
-    #: The end-to-end canary (docs/operations.md, "Canary"): every this many seconds, one probe
-    #: event per owned events partition, written to a canary task and read back through the
-    #: stream path. 0 (the default) turns it off; 10 is a sane value when on.
-    canary_interval_s: float = Field(0.0, ge=0)
-    #: A probe not delivered on the stream path within this many seconds counts as lost.
-    canary_timeout_s: float = Field(5.0, gt=0)
-    #: The canary tasks' TTL; each is replaced (and ended with a terminal status) at half of it,
-    #: so the index gains a few tasks per partition a TTL, never one per probe.
-    canary_task_ttl_s: float = Field(3600.0, ge=2)
-    #: Which events partitions this process indexes, persists and serves: ``all`` (one process
-    #: owns everything; nothing else to configure) or ``group`` (replicas divide the partitions
-    #: through the Kafka consumer group ``<prefix>.bridge`` and forward a request about another
-    #: replica's partition to its owner). ``group`` needs ``advertised_url`` and a peer secret.
-    ownership: Literal["all", "group"] = "all"
-    #: Static group membership (the pod's stable name): a restart within the session timeout
-    #: gets the same partitions back without a rebalance.
-    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
-    #: The base URL other replicas reach this one's peer listener at
-    #: (``http://<pod>.<headless service>:8081``: the scheme and port of ``peers``).
-    advertised_url: str | None = Field(None, pattern=r"^https?://[^/\s]+$")
-    #: The shared secret that authenticates a forwarded request between replicas (at least 32
-    #: characters; prefer the file). Never logged; clients can never present it.
-    peer_secret: SecretStr | None = None
-    peer_secret_file: Path | None = None
-    #: The group's session timeout: how long a replica that died unannounced keeps its partitions.
-    group_session_timeout_ms: int = Field(10_000, ge=1_000, le=300_000)
-    #: How long a request about a partition that is moving waits for an owner before it is
-    #: answered with a retriable error.
-    owner_wait_s: float = Field(5.0, ge=0)
-    #: The peer listener of the forwarded requests (``BRIDGE_PEERS__*``, :class:`PeerSettings`).
-    peers: PeerSettings = PeerSettings()
-    #: Crash fail-over and replay pacing (``BRIDGE_RECOVERY__*``, :class:`RecoverySettings`).
-    recovery: RecoverySettings = RecoverySettings()
-
-    # --- Events extension: webhook subscriptions (docs/events.md, "Webhooks") --------------
-    #: Callback hosts (names) or CIDRs that may resolve to non-global addresses (loopback,
-    #: private networks). Empty: only globally routable addresses are ever contacted.
-    webhook_allowlist: list[str] = Field(default_factory=list)
-    #: A PEM bundle trusted for callback TLS in addition to the system CAs (private receivers).
-    webhook_ca_file: Path | None = None
-    #: TTL granted when the client suggests none; the least and the most ever granted (a
-    #: ``ttlMs: null`` request for no expiry gets the most: no subscription lives forever).
-    webhook_ttl_default_ms: int = Field(3_600_000, ge=1000)
-    webhook_ttl_min_ms: int = Field(60_000, ge=1000)
-    webhook_ttl_max_ms: int = Field(86_400_000, ge=1000)
-    #: Live webhook subscriptions one principal may hold (ResourceExhausted beyond).
-    webhook_max_subscriptions_per_principal: int = Field(100, ge=1)
-    #: Retries of one delivery: attempts, total time, full-jitter backoff base and ceiling.
-    webhook_max_attempts: int = Field(5, ge=1, le=20)
-    webhook_max_retry_s: float = Field(900.0, gt=0)
-    webhook_backoff_base_s: float = Field(5.0, gt=0)
-    webhook_backoff_max_s: float = Field(300.0, gt=0)
-    #: How long one POST may take before it counts as a ``timeout``.
-    webhook_timeout_s: float = Field(5.0, gt=0)
-    #: How often a quiet subscription looks for new events (the delivery loop polls).
-    webhook_poll_interval_s: float = Field(1.0, gt=0)
-    #: Deliveries given up in a row before a subscription is suspended until its next refresh.
-    webhook_suspend_after_failures: int = Field(10, ge=1)
-    #: How long the replaced secret still signs (beside the new one) after a rotation.
-    webhook_rotation_grace_s: float = Field(600.0, ge=0)
-    #: Verification challenges one principal may send to one callback host: this many at once,
-    #: then ``webhook_verify_per_minute`` (ResourceExhausted beyond; a refresh sends none).
-    webhook_verify_burst: int = Field(10, ge=1)
-    webhook_verify_per_minute: float = Field(12.0, gt=0)
-    #: Verification challenges one principal may send to all hosts together, checked first:
-    #: this many at once, then ``webhook_verify_principal_per_minute``. Bounds too the
-    #: (principal, host) buckets one principal holds, so it cannot crowd others out of them.
-    webhook_verify_principal_burst: int = Field(30, ge=1)
-    webhook_verify_principal_per_minute: float = Field(60.0, gt=0)
-    #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
-    webhook_keys: WebhookKeySettings = WebhookKeySettings()
-    event_cursors: EventCursorSettings = EventCursorSettings()
-    events: EventsSettings = EventsSettings()
-    upgrade: UpgradeSettings = UpgradeSettings()
-    handover: HandoverSettings = HandoverSettings()
-
-    _webhook_ca = field_validator("webhook_ca_file")(_existing_file)
-    #: Event types of the Events extension over existing pipelines' topics (EventSourceSpec).
-    event_sources: list[EventSourceSpec] = Field(default_factory=list)
-
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(8080, ge=0, le=65535)
-    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``): asyncio. uvloop is opt-in
-    #: (not a dependency): it halves uvicorn's own CPU per connection with httptools, yet a
-    #: bridge on it served only about half of bench_streams' 10,000-resume storm within 25 s,
-    #: against all of them in 14-16 s on asyncio (docs/benchmarks-streams.md). ``auto`` is
-    #: uvloop when it is installed, else asyncio. ``bridge demo`` runs in the loop it was
-    #: started in, whatever this says.
-    server_loop: Literal["auto", "asyncio", "uvloop"] = "asyncio"
-    #: The HTTP/1.1 parser of the server (uvicorn's ``http``): httptools, a dependency of the
-    #: package, costs half of h11's CPU per connection (0.22-0.26 against 0.45-0.48 ms in
-    #: bench/bench_http_floor.py), which every stream open pays. h11 (pure Python) stays a
-    #: choice; ``auto`` is httptools when it is installed, else h11.
-    server_http: Literal["auto", "h11", "httptools"] = "httptools"
-    #: Slow and idle clients (bridge/server/protocols.py): a request's head and body must
-    #: arrive within ``server_read_timeout_s`` of the connection opening or of the request's
-    #: first byte (else 408 and the connection closes; an open stream is never cut by it), its
-    #: head may hold ``server_max_head_bytes`` (else 431), and an idle connection is closed
-    #: ``server_keep_alive_s`` after its last response.
-    server_read_timeout_s: float = Field(30.0, gt=0, le=3600)
-    server_max_head_bytes: int = Field(64 * 1024, ge=4096, le=1024 * 1024)
-    server_keep_alive_s: int = Field(5, ge=1, le=3600)
-    #: ``bridge serve``, once serving, freezes what it made at start out of the garbage
-    #: collector's scans and runs a young collection every this many allocations (Python's
-    #: default: 700): far fewer full collections, each a pause every stream shares, when
-    #: thousands of streams open at once (bridge/server/runner.py tune_gc). 100,000 rather than
-    #: 10,000: in the 10,000-resume storm, collections took 2.5 s of the bridge's 6.8 s of CPU
-    #: at 10,000 (gc.callbacks) and 1.3 s at 100,000; idle stream RSS unchanged (17.4 KiB).
-    #: Cyclic garbage waits for at most that many net allocations. 0: Python's defaults.
-    gc_young_threshold: int = Field(100_000, ge=0)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-    # --- The browser view of a task and its plain SSE endpoint (docs/browser.md) ---------
-    #: Serve ``/view/`` (the page), ``POST /view/token`` and ``/view/tasks/{id}[/events]``.
-    view_enabled: bool = True
-    #: Lifetime of a view token: it opens (and resumes) one task's view for one principal,
-    #: read-only, and travels in a URL, so it is short-lived.
-    view_token_ttl_s: int = Field(900, ge=10, le=86_400)
-    #: The key that signs view tokens (at least 32 characters; prefer the file). Unset: derived
-    #: from the peer secret when replicas divide the partitions (any replica accepts a token
-    #: another minted), else a random key per process (tokens end with the process).
-    view_token_secret: SecretStr | None = None
-    view_token_secret_file: Path | None = None
-    #: The ``retry:`` an EventSource is told: milliseconds before it reconnects.
-    view_retry_ms: int = Field(1000, ge=100, le=60_000)
-    #: OpenTelemetry tracing (off by default; ``BRIDGE_TRACING__*``).
-    tracing: TracingSettings = TracingSettings()
-    #: Task identity keys (``BRIDGE_IDENTITY__*``).
-    identity: IdentitySettings = IdentitySettings()
-
-    @field_validator("view_token_secret_file")
-    @classmethod
-    def _view_secret_file(cls, value: Path | None) -> Path | None:
-        return _existing_file(value)
-
-    @model_validator(mode="after")
-    def _view_secret_long_enough(self) -> Self:
-        secret = self.view_token_secret_value
-        if secret is not None and len(secret) < 32:
-            raise ValueError(
-                f"{env_name('view_token_secret')} (or its file) must have at least 32 characters"
-            )
-        return self
-
-    @property
-    def view_token_secret_value(self) -> str | None:
-        """The view-token key (from the file if one is set), or None."""
-        return _read_secret(self.view_token_secret, self.view_token_secret_file)
-
-    @field_validator("kafka_bootstrap_servers")
-    @classmethod
-    def _blank_is_none(cls, value: str | None) -> str | None:
-        return value.strip() or None if value is not None else None
-
-    @field_validator("server_loop", "server_http")
-    @classmethod
-    def _installed(cls, value: str) -> str:
-        # Named explicitly, the package must be there: a clear error now, not uvicorn's later.
-        if value in ("uvloop", "httptools") and importlib.util.find_spec(value) is None:
-            raise ValueError(f"{value} is not installed (pip install {value}, or say auto)")
-        return value
-
-    @field_validator("peer_secret_file")
-    @classmethod
-    def _peer_secret_file(cls, value: Path | None) -> Path | None:
-        return _existing_file(value)
 
     @field_validator("accepted_event_prefixes")
     @classmethod
@@ -1043,159 +934,404 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _vendor_prefix(self) -> Self:
-        if not self.type_rule.is_namespace(self.event_type_prefix):
+        if not _event_type_rule(tuple(self.accepted_event_prefixes)).is_namespace(
+            self.event_type_prefix
+        ):
             raise ValueError(
-                f"event_type_prefix {self.event_type_prefix!r} is not a vendor prefix: use "
+                f"tasks.event_type_prefix {self.event_type_prefix!r} is not a vendor prefix: use "
                 "reverse-DNS under a real top-level domain (e.g. 'com.example') or list it in "
-                "accepted_event_prefixes"
+                "tasks.accepted_event_prefixes"
             )
         return self
+
+
+class ServerSettings(BaseModel):
+    """The HTTP listener of ``bridge serve`` and what it accepts (``BRIDGE_SERVER__*``)."""
+
+    model_config = _GROUP
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    #: The event loop ``bridge serve`` runs in (uvicorn's ``loop``): asyncio. uvloop is opt-in
+    #: (not a dependency): it halves uvicorn's own CPU per connection with httptools, yet a
+    #: bridge on it served only about half of bench_streams' 10,000-resume storm within 25 s,
+    #: against all of them in 14-16 s on asyncio (docs/benchmarks-streams.md). ``auto`` is
+    #: uvloop when it is installed, else asyncio. ``bridge demo`` runs in the loop it was
+    #: started in, whatever this says.
+    loop: Literal["auto", "asyncio", "uvloop"] = "asyncio"
+    #: The HTTP/1.1 parser of the server (uvicorn's ``http``): httptools, a dependency of the
+    #: package, costs half of h11's CPU per connection (0.22-0.26 against 0.45-0.48 ms in
+    #: bench/bench_http_floor.py), which every stream open pays. h11 (pure Python) stays a
+    #: choice; ``auto`` is httptools when it is installed, else h11.
+    http: Literal["auto", "h11", "httptools"] = "httptools"
+    #: Slow and idle clients (bridge/server/protocols.py): a request's head and body must
+    #: arrive within ``read_timeout_s`` of the connection opening or of the request's first
+    #: byte (else 408 and the connection closes; an open stream is never cut by it), its head
+    #: may hold ``max_head_bytes`` (else 431), and an idle connection is closed
+    #: ``keep_alive_s`` after its last response.
+    read_timeout_s: float = Field(30.0, gt=0, le=3600)
+    max_head_bytes: int = Field(64 * 1024, ge=4096, le=1024 * 1024)
+    keep_alive_s: int = Field(5, ge=1, le=3600)
+    #: ``bridge serve``, once serving, freezes what it made at start out of the garbage
+    #: collector's scans and runs a young collection every this many allocations (Python's
+    #: default: 700): far fewer full collections, each a pause every stream shares, when
+    #: thousands of streams open at once (bridge/server/runner.py tune_gc). 100,000 rather than
+    #: 10,000: in the 10,000-resume storm, collections took 2.5 s of the bridge's 6.8 s of CPU
+    #: at 10,000 (gc.callbacks) and 1.3 s at 100,000; idle stream RSS unchanged (17.4 KiB).
+    #: Cyclic garbage waits for at most that many net allocations. 0: Python's defaults.
+    gc_young_threshold: int = Field(100_000, ge=0)
+    #: Hosts (``Host`` header, port ignored) and origins accepted by the MCP endpoint, against
+    #: DNS rebinding; loopback names are always accepted.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)
+    #: Largest JSON-RPC request body accepted.
+    max_request_bytes: int = Field(1024 * 1024, ge=1024)
+    #: Seconds between refreshes of the Kafka gauges (offsets, lag, retention headroom).
+    metrics_refresh_s: float = Field(5.0, gt=0)
+    #: POST /admin/indexer/pause|resume, for operations drills and tests; never expose publicly.
+    admin_endpoints: bool = False
+
+    @field_validator("loop", "http")
+    @classmethod
+    def _installed(cls, value: str) -> str:
+        # Named explicitly, the package must be there: a clear error now, not uvicorn's later.
+        if value in ("uvloop", "httptools") and importlib.util.find_spec(value) is None:
+            raise ValueError(f"{value} is not installed (pip install {value}, or say auto)")
+        return value
+
+
+class StreamSettings(BaseModel):
+    """Long-lived responses: tasks/stream, listens, events/stream, the view's EventSource
+    (``BRIDGE_STREAMS__*``). The limits are per client (the principal when the caller
+    authenticated, else the anonymous caller's address) or per process, against denial of
+    service."""
+
+    model_config = _GROUP
+
+    #: Concurrent streams of one client, and its opens and resumes a minute.
+    max_per_principal: int = Field(32, ge=1)
+    opens_per_minute: int = Field(600, ge=1)
+    #: Concurrent streams of this whole process.
+    max_total: int = Field(10_000, ge=1)
+    #: Events buffered per stream before it falls back to catch-up reads, and the idle time
+    #: after which a keep-alive comment is sent.
+    queue_size: int = Field(1024, ge=1)
+    keepalive_s: float = Field(15.0, gt=0)
+    #: How long a replica catches its view up to the partition's end before it refuses a
+    #: tasks/stream cursor ahead of the task's head (on timeout the stream is admitted).
+    cursor_catch_up_s: float = Field(5.0, gt=0)
+
+
+class ReplicaSettings(BaseModel):
+    """How replicas divide the events partitions (``BRIDGE_REPLICAS__*``; the listener they
+    forward to is :class:`PeerSettings`)."""
+
+    model_config = _GROUP
+
+    #: Which events partitions this process indexes, persists and serves: ``all`` (one process
+    #: owns everything; nothing else to configure) or ``group`` (replicas divide the partitions
+    #: through the Kafka consumer group ``<prefix>.bridge`` and forward a request about another
+    #: replica's partition to its owner). ``group`` needs ``peers.advertised_url`` and a peer
+    #: secret.
+    ownership: Literal["all", "group"] = "all"
+    #: Static group membership (the pod's stable name): a restart within the session timeout
+    #: gets the same partitions back without a rebalance.
+    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    #: The group's session timeout: how long a replica that died unannounced keeps its partitions.
+    session_timeout_ms: int = Field(10_000, ge=1_000, le=300_000)
+    #: How long a request about a partition that is moving waits for an owner before it is
+    #: answered with a retriable error.
+    owner_wait_s: float = Field(5.0, ge=0)
+
+
+class WebhookSettings(BaseModel):
+    """The Events extension's webhook subscriptions (docs/events.md, "Webhooks";
+    ``BRIDGE_WEBHOOKS__*``)."""
+
+    model_config = _GROUP
+
+    #: Callback hosts (names) or CIDRs that may resolve to non-global addresses (loopback,
+    #: private networks). Empty: only globally routable addresses are ever contacted.
+    allowlist: list[str] = Field(default_factory=list)
+    #: A PEM bundle trusted for callback TLS in addition to the system CAs (private receivers).
+    ca_file: Path | None = None
+    #: TTL granted when the client suggests none; the least and the most ever granted (a
+    #: ``ttlMs: null`` request for no expiry gets the most: no subscription lives forever).
+    ttl_default_ms: int = Field(3_600_000, ge=1000)
+    ttl_min_ms: int = Field(60_000, ge=1000)
+    ttl_max_ms: int = Field(86_400_000, ge=1000)
+    #: Live webhook subscriptions one principal may hold (ResourceExhausted beyond).
+    max_subscriptions_per_principal: int = Field(100, ge=1)
+    #: Retries of one delivery: attempts, total time, full-jitter backoff base and ceiling.
+    max_attempts: int = Field(5, ge=1, le=20)
+    max_retry_s: float = Field(900.0, gt=0)
+    backoff_base_s: float = Field(5.0, gt=0)
+    backoff_max_s: float = Field(300.0, gt=0)
+    #: How long one POST may take before it counts as a ``timeout``.
+    timeout_s: float = Field(5.0, gt=0)
+    #: How often a quiet subscription looks for new events (the delivery loop polls).
+    poll_interval_s: float = Field(1.0, gt=0)
+    #: Deliveries given up in a row before a subscription is suspended until its next refresh.
+    suspend_after_failures: int = Field(10, ge=1)
+    #: How long the replaced secret still signs (beside the new one) after a rotation.
+    rotation_grace_s: float = Field(600.0, ge=0)
+    #: Verification challenges one principal may send to one callback host: this many at once,
+    #: then ``verify_per_minute`` (ResourceExhausted beyond; a refresh sends none).
+    verify_burst: int = Field(10, ge=1)
+    verify_per_minute: float = Field(12.0, gt=0)
+    #: Verification challenges one principal may send to all hosts together, checked first:
+    #: this many at once, then ``verify_principal_per_minute``. Bounds too the (principal, host)
+    #: buckets one principal holds, so it cannot crowd others out of them.
+    verify_principal_burst: int = Field(30, ge=1)
+    verify_principal_per_minute: float = Field(60.0, gt=0)
+    #: The key that seals the signing secrets in the subscriptions topic (WebhookKeySettings).
+    keys: WebhookKeySettings = WebhookKeySettings()
+
+    _ca = field_validator("ca_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _ttls_in_order(self) -> Self:
+        if not self.ttl_min_ms <= self.ttl_default_ms <= self.ttl_max_ms:
+            raise ValueError(
+                "webhook TTLs must be ordered: webhooks.ttl_min_ms <= webhooks.ttl_default_ms "
+                "<= webhooks.ttl_max_ms"
+            )
+        return self
+
+
+class ViewSettings(BaseModel):
+    """The browser view of a task and its plain SSE endpoint (docs/browser.md;
+    ``BRIDGE_VIEW__*``)."""
+
+    model_config = _GROUP
+
+    #: Serve ``/view/`` (the page), ``POST /view/token`` and ``/view/tasks/{id}[/events]``.
+    enabled: bool = True
+    #: Lifetime of a view token: it opens (and resumes) one task's view for one principal,
+    #: read-only, and travels in a URL, so it is short-lived.
+    token_ttl_s: int = Field(900, ge=10, le=86_400)
+    #: The key that signs view tokens (at least 32 characters; prefer the file). Unset: derived
+    #: from the peer secret when replicas divide the partitions (any replica accepts a token
+    #: another minted), else a random key per process (tokens end with the process).
+    token_secret: SecretStr | None = None
+    token_secret_file: Path | None = None
+    #: The ``retry:`` an EventSource is told: milliseconds before it reconnects.
+    retry_ms: int = Field(1000, ge=100, le=60_000)
+
+    _secret_file = field_validator("token_secret_file")(_existing_file)
+
+    @model_validator(mode="after")
+    def _secret_long_enough(self) -> Self:
+        secret = self.token_secret_value
+        if secret is not None and len(secret) < 32:
+            raise ValueError(
+                f"{env_name('view', 'token_secret')} (or its file) must have at least 32 characters"
+            )
+        return self
+
+    @property
+    def token_secret_value(self) -> str | None:
+        """The view-token key (from the file if one is set), or None."""
+        return _read_secret(self.token_secret, self.token_secret_file)
+
+
+class CanarySettings(BaseModel):
+    """The end-to-end canary (docs/operations.md, "Canary"; ``BRIDGE_CANARY__*``)."""
+
+    model_config = _GROUP
+
+    #: Every this many seconds, one probe event per owned events partition, written to a canary
+    #: task and read back through the stream path. 0 (the default) turns it off; 10 is a sane
+    #: value when on.
+    interval_s: float = Field(0.0, ge=0)
+    #: A probe not delivered on the stream path within this many seconds counts as lost.
+    timeout_s: float = Field(5.0, gt=0)
+    #: The canary tasks' TTL; each is replaced (and ended with a terminal status) at half of it,
+    #: so the index gains a few tasks per partition a TTL, never one per probe.
+    task_ttl_s: float = Field(3600.0, ge=2)
+
+
+class ClientSettings(BaseModel):
+    """What the bridge's own clients present (``bridge tail``; ``BRIDGE_CLIENT__*``)."""
+
+    model_config = _GROUP
+
+    #: The bearer token ``bridge tail`` presents (prefer this to --token: argv is visible).
+    token: SecretStr | None = None
+
+
+class Settings(BaseSettings):
+    """All settings of the bridge, grouped by concern (docs/configuration.md lists them all)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BRIDGE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+        # A failed validation must not print the input: it may hold an inline password.
+        hide_input_in_errors=True,
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    topics: TopicSettings = TopicSettings()
+    tasks: TasksSettings = TasksSettings()
+    #: Tools declared here, plus those of the named built-in packs (see bridge.workers.packs).
+    tools: list[ToolSpec] = Field(default_factory=list)
+    tool_packs: list[str] = Field(default_factory=list)
+    server: ServerSettings = ServerSettings()
+    auth: AuthSettings = AuthSettings()
+    streams: StreamSettings = StreamSettings()
+    replicas: ReplicaSettings = ReplicaSettings()
+    #: The peer listener of the forwarded requests (``BRIDGE_PEERS__*``, :class:`PeerSettings`).
+    peers: PeerSettings = PeerSettings()
+    #: Crash fail-over and replay pacing (``BRIDGE_RECOVERY__*``, :class:`RecoverySettings`).
+    recovery: RecoverySettings = RecoverySettings()
+    #: Planned hand-over and warm standbys (``BRIDGE_HANDOVER__*``, :class:`HandoverSettings`).
+    handover: HandoverSettings = HandoverSettings()
+    webhooks: WebhookSettings = WebhookSettings()
+    events: EventsSettings = EventsSettings()
+    view: ViewSettings = ViewSettings()
+    canary: CanarySettings = CanarySettings()
+    client: ClientSettings = ClientSettings()
+    #: OpenTelemetry tracing (off by default; ``BRIDGE_TRACING__*``).
+    tracing: TracingSettings = TracingSettings()
+    #: Task identity keys (``BRIDGE_IDENTITY__*``).
+    identity: IdentitySettings = IdentitySettings()
+    upgrade: UpgradeSettings = UpgradeSettings()
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments over the environment over the TOML file (when one is named), each
+        with the names of 0.2.0 moved to their groups (:mod:`bridge.settings_renames`)."""
+        assert isinstance(init_settings, InitSettingsSource)
+        renamed = rename_keys(init_settings.init_kwargs, "keyword argument")
+        sources: list[PydanticBaseSettingsSource] = [
+            InitSettingsSource(settings_cls, init_kwargs=renamed),
+            _RenamedEnvSource(settings_cls),
+        ]
+        if settings_cls.model_config.get("toml_file") is not None:
+            sources.append(_TomlFileSource(settings_cls))
+        return tuple(sources)
 
     @model_validator(mode="after")
     def _event_sources_apart(self) -> Self:
         # Names must not shadow each other or the bridge's own event types, and a configured
         # source must not read the bridge's own topics: that would serve task events (and
         # webhook secrets) around the ownership checks.
-        own = {f"{self.event_type_prefix}.task.event", f"{self.event_type_prefix}.task.updated"}
+        prefix = self.tasks.event_type_prefix
+        own = {f"{prefix}.task.event", f"{prefix}.task.updated"}
         seen: set[str] = set()
-        for source in self.event_sources:
+        for source in self.events.sources:
             if source.name in own or source.name in seen:
-                raise ValueError(f"event_sources: the name {source.name!r} is already taken")
+                raise ValueError(f"events.sources: the name {source.name!r} is already taken")
             seen.add(source.name)
             if source.topic.startswith(f"{self.topics.prefix}."):
                 raise ValueError(
-                    f"event_sources: {source.name} reads {source.topic!r}, one of the bridge's "
+                    f"events.sources: {source.name} reads {source.topic!r}, one of the bridge's "
                     f"own topics (prefix {self.topics.prefix!r}); name a pipeline's topic"
                 )
         return self
 
     @model_validator(mode="after")
-    def _security_fits_the_protocol(self) -> Self:
-        protocol = self.kafka_security_protocol
-        setting = f"{env_name('kafka_security_protocol')}={protocol}"
-        uses_sasl = protocol.startswith("SASL_")
-        if uses_sasl and not self.kafka_sasl.configured:
-            raise ValueError(
-                f"{setting} needs {env_name('kafka_sasl', 'mechanism')} (PLAIN, SCRAM-SHA-256, "
-                "SCRAM-SHA-512 or OAUTHBEARER) and its credentials"
-            )
-        # Credentials a protocol would ignore are a mistake worth a line: they were meant to
-        # protect something that would otherwise travel without them.
-        if not uses_sasl and self.kafka_sasl.configured:
-            raise ValueError(
-                f"{env_name('kafka_sasl', 'mechanism')} is set but {setting} does not use SASL: "
-                "use SASL_SSL (or SASL_PLAINTEXT)"
-            )
-        if protocol not in ("SSL", "SASL_SSL") and self.kafka_tls.configured:
-            raise ValueError(
-                f"TLS files are set ({env_name('kafka_tls')}__*) but {setting} does not use TLS: "
-                "use SSL or SASL_SSL"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _group_can_forward(self) -> Self:
-        if self.ownership != "group":
+        if self.replicas.ownership != "group":
             return self
-        if self.advertised_url is None:
+        group = f"{env_name('replicas', 'ownership')}=group"
+        advertised = env_name("peers", "advertised_url")
+        if self.peers.advertised_url is None:
             raise ValueError(
-                f"{env_name('ownership')}=group needs {env_name('advertised_url')}: the URL other "
-                "replicas forward requests to (e.g. http://bridge-0.bridge-peers:8081)"
+                f"{group} needs {advertised}: the URL other replicas forward requests to "
+                "(e.g. http://bridge-0.bridge-peers:8081)"
             )
         try:
-            self.peers.origin(self.advertised_url, self.peers.accepted_hosts(self.advertised_url))
+            url = self.peers.advertised_url
+            self.peers.origin(url, self.peers.accepted_hosts(url))
         except ValueError as exc:
             raise ValueError(
-                f"{env_name('advertised_url')} must be this replica's peer listener "
+                f"{advertised} must be this replica's peer listener "
                 f"({self.peers.scheme}://<host>:{env_name('peers', 'port')}): {exc}"
             ) from None
-        secret = self.peer_secret_value
+        secret = self.peers.secret_value
         if secret is None or len(secret) < 32:
             raise ValueError(
-                f"{env_name('ownership')}=group needs a peer secret of at least 32 characters in "
-                f"{env_name('peer_secret_file')} (or {env_name('peer_secret')}): it authenticates "
-                "requests forwarded between replicas"
-            )
-        return self
-
-    @property
-    def peer_secret_value(self) -> str | None:
-        """The peer secret (from the file if one is set), or None."""
-        return _read_secret(self.peer_secret, self.peer_secret_file)
-
-    @model_validator(mode="after")
-    def _webhook_ttls_in_order(self) -> Self:
-        if not self.webhook_ttl_min_ms <= self.webhook_ttl_default_ms <= self.webhook_ttl_max_ms:
-            raise ValueError(
-                "webhook TTLs must be ordered: webhook_ttl_min_ms <= webhook_ttl_default_ms "
-                "<= webhook_ttl_max_ms"
+                f"{group} needs a peer secret of at least 32 characters in "
+                f"{env_name('peers', 'secret_file')} (or {env_name('peers', 'secret')}): it "
+                "authenticates requests forwarded between replicas"
             )
         return self
 
     @property
     def type_rule(self) -> EventTypeRule:
-        """The rule for vendor-prefixed event types, with ``accepted_event_prefixes``."""
-        return _event_type_rule(tuple(self.accepted_event_prefixes))
+        """The rule for vendor-prefixed event types, with ``tasks.accepted_event_prefixes``."""
+        return _event_type_rule(tuple(self.tasks.accepted_event_prefixes))
 
     @property
     def own_types(self) -> TaskEventTypes:
-        """The bridge's own event types under ``event_type_prefix``."""
-        return TaskEventTypes.of(self.event_type_prefix)
+        """The bridge's own event types under ``tasks.event_type_prefix``."""
+        return TaskEventTypes.of(self.tasks.event_type_prefix)
 
 
-@lru_cache(maxsize=16)
-def _event_type_rule(accepted: tuple[str, ...]) -> EventTypeRule:
-    # Not a cached_property: model_copy(update=...) would carry a stale rule along.
-    return EventTypeRule(accepted)
+class _RenamedEnvSource(EnvSettingsSource):
+    """``BRIDGE_*`` variables, the names of 0.2.0 moved to their groups."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return rename_env(super()._load_env_vars(), self.env_prefix.lower())
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ValueError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+class _TomlFileSource(TomlConfigSettingsSource):
+    """The TOML file named by ``toml_file`` (pydantic-settings' source), which must exist and
+    parse, with the keys of 0.2.0 moved to their groups."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        path = Path(str(settings_cls.model_config.get("toml_file")))
+        # pydantic-settings skips a missing file quietly; a named one that is missing is a typo.
+        if not path.is_file():
+            raise ValueError(f"config file {path} does not exist")
+        super().__init__(settings_cls, toml_file=path)
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        try:
+            values = super()._read_file(file_path)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {file_path} is not valid TOML: {exc}") from None
+        return rename_keys(values, f"config file {file_path}")
+
+
+@lru_cache(maxsize=8)
+def _from_file(path: Path) -> type[Settings]:
+    # The file's name rides on the class's config, where pydantic-settings' source looks for it.
+    config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
+    return type("Settings", (Settings,), {"model_config": config, "__module__": __name__})
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build the settings: environment over file over defaults; ``overrides`` win over all.
 
     The file is ``config_file`` if given, else ``$BRIDGE_CONFIG_FILE`` if set. A plain
-    ``KAFKA_BOOTSTRAP_SERVERS`` is used when ``BRIDGE_KAFKA_BOOTSTRAP_SERVERS`` is not set.
+    ``KAFKA_BOOTSTRAP_SERVERS`` is used when no ``BRIDGE_`` variable names the cluster.
+    Settings of 0.2.0 under their old names (environment, file or ``overrides``) are moved to
+    their new places, with a deprecation warning (docs/configuration.md).
     """
     path = config_file or os.environ.get("BRIDGE_CONFIG_FILE")
-    file_values = _read_toml(Path(path)) if path else {}
-    env_has = any(k.startswith("BRIDGE_KAFKA_BOOTSTRAP_SERVERS") for k in os.environ)
-    if not env_has and os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        overrides.setdefault("kafka_bootstrap_servers", os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-    # Environment beats the file: pydantic-settings gives init kwargs the highest priority, so
-    # pass the file's values through a settings class that places them below the env source.
-    settings = _with_file_defaults(file_values)(**overrides)
-    return settings
-
-
-def _with_file_defaults(file_values: dict[str, Any]) -> type[Settings]:
-    if not file_values:
-        return Settings
-
-    from pydantic_settings import InitSettingsSource, PydanticBaseSettingsSource
-
-    class _FileSettings(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            file_source = InitSettingsSource(settings_cls, init_kwargs=file_values)
-            return (init_settings, env_settings, file_source)
-
-    return _FileSettings
+    overrides = rename_keys(overrides, "keyword argument")
+    plain = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    named = ("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
+    if plain and not any(name in os.environ for name in named):
+        kafka = overrides.setdefault("kafka", {})
+        if isinstance(kafka, dict):
+            kafka.setdefault("bootstrap_servers", plain)
+    # Environment beats the file: pydantic-settings gives init kwargs the highest priority, and
+    # the settings class places the file's source below the environment's.
+    cls = _from_file(Path(path).expanduser().absolute()) if path else Settings
+    return cls(**overrides)
 
 
 def running_in_ci() -> bool:

@@ -1,6 +1,6 @@
 """The task-event vocabulary: one home for what producers, the log side and the server share.
 
-* the bridge's own event types, ``<event_type_prefix>.<suffix>`` (:class:`TaskEventTypes`);
+* the bridge's own event types, ``<tasks.event_type_prefix>.<suffix>`` (:class:`TaskEventTypes`);
 * task statuses (:class:`TaskStatus`: the wire name, and the int the index stores);
 * the payloads of ``task.created`` and status events (:class:`CreatedPayload`,
   :class:`StatusPayload`), which workers write and the index and tasks/get read;

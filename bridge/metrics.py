@@ -327,7 +327,7 @@ class Metrics:
         )
         self.canary_lost = Counter(
             "bridge_canary_lost_total",
-            "Canary probes not delivered on the stream path within canary_timeout_s",
+            "Canary probes not delivered on the stream path within canary.timeout_s",
             ["partition"],
             registry=r,
         )
@@ -337,6 +337,40 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # Rolling updates and fail-over (docs/operations.md, the Rollouts row): how long each
+        # events partition had no serving owner as this replica saw it, and how close retention
+        # is to what open streams still need. Fed by sample_availability() and
+        # refresh_data_loss(), which the composition runs (bridge/server/app.py).
+        self.partition_unavailable_seconds = Counter(
+            "bridge_partition_unavailable_seconds_total",
+            "Seconds an events partition had no serving owner as this replica saw it (revoked "
+            "and not yet assigned, or assigned here and still restoring)",
+            ["partition"],
+            registry=r,
+        )
+        self.partition_unavailable = Gauge(
+            "bridge_partition_unavailable",
+            "1 while an events partition has no serving owner as this replica sees it, else 0",
+            ["partition"],
+            registry=r,
+        )
+        self.data_loss_distance_records = Gauge(
+            "bridge_data_loss_distance_records",
+            "Offsets from an owned events partition's log start to the oldest position an open "
+            "stream or a webhook subscription still needs (retention deletes from the log start)",
+            ["partition"],
+            registry=r,
+        )
+        self.data_loss_distance_seconds = Gauge(
+            "bridge_data_loss_distance_seconds",
+            "Record time from an owned events partition's log start to the oldest position an "
+            "open stream or a webhook subscription still needs",
+            ["partition"],
+            registry=r,
+        )
+        self._unserved: set[int] = set()
+        self._needed: set[int] = set()
+        self._stamps: dict[tuple[int, int], int] = {}
         # --- crash fail-over and replay pacing (issue 30: bridge/server/suspects.py,
         # bridge/server/failover.py, the stream hub's pacing) ---
         self.peer_suspicions = Counter(
@@ -527,3 +561,87 @@ class Metrics:
         for counter in (self.canary_probes, self.canary_lost):
             with contextlib.suppress(KeyError):
                 counter.remove(str(partition))
+
+    # --- rolling updates: partitions without an owner, distance to data loss ------------------
+
+    def sample_availability(self, indexer: Indexer, own_url: str | None, elapsed_s: float) -> None:
+        """One look at who serves each events partition, ``elapsed_s`` after the previous one:
+        a partition found unserved then adds that time to its unavailability."""
+        for p in self._unserved:
+            self.partition_unavailable_seconds.labels(str(p)).inc(elapsed_s)
+        unserved = {p for p in range(indexer.partition_count) if not _served(indexer, p, own_url)}
+        for p in range(indexer.partition_count):
+            label = str(p)
+            self.partition_unavailable.labels(label).set(1 if p in unserved else 0)
+            self.partition_unavailable_seconds.labels(label)  # every partition's series, from 0
+        self._unserved = unserved
+
+    async def refresh_data_loss(
+        self, indexer: Indexer, reader: Reader, positions: list[tuple[str, int]]
+    ) -> None:
+        """Per owned events partition, the distance from its log start to the oldest position
+        an open stream or a webhook subscription still needs (``positions``: task id and last
+        delivered seq); with none behind its task's head, to the log end."""
+        owned = sorted(indexer.partitions)
+        starts = await reader.log_starts(owned)
+        ends = await indexer.end_offsets()
+        needed = _oldest_needed(indexer, positions)
+        for p in self._needed - set(owned):  # moved away: its new owner reports it
+            for gauge in (self.data_loss_distance_records, self.data_loss_distance_seconds):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(str(p))
+        for p in owned:
+            if p not in starts or p not in ends:
+                continue
+            start, end = starts[p], ends[p]
+            offset = min(max(needed.get(p, end), start), end)
+            self.data_loss_distance_records.labels(str(p)).set(offset - start)
+            seconds = 0.0
+            if end > start:  # the needed record's time, or the newest one's when none is needed
+                first = await self._timestamp(reader, p, start)
+                then = await self._timestamp(reader, p, min(offset, end - 1))
+                if first is not None and then is not None:
+                    seconds = max(0.0, (then - first) / 1000)
+            self.data_loss_distance_seconds.labels(str(p)).set(seconds)
+        self._needed = set(owned)
+
+    async def _timestamp(self, reader: Reader, partition: int, offset: int) -> int | None:
+        """A record's timestamp, looked up once per (partition, offset) while it stays the one
+        asked for (positions and the log start move seldom between two refreshes)."""
+        key = (partition, offset)
+        if key not in self._stamps:
+            if len(self._stamps) >= 4 * max(1, len(self._needed)) + 16:
+                self._stamps.clear()  # bounded: two lookups per partition per refresh
+            found = await reader.record_timestamp(partition, offset)
+            if found is None:
+                return None  # not kept: asked again next time
+            self._stamps[key] = found
+        return self._stamps[key]
+
+
+def _served(indexer: Indexer, partition: int, own_url: str | None) -> bool:
+    """Whether ``partition`` has a serving owner as this replica sees it: itself (restored),
+    or another replica the group named (the router's view: forwarded there)."""
+    if indexer.owns(partition):
+        return True
+    if not indexer.group:
+        return False  # a single process serves every partition once restored
+    url = indexer.owner_url(partition)
+    return url is not None and url != own_url
+
+
+def _oldest_needed(indexer: Indexer, positions: list[tuple[str, int]]) -> dict[int, int]:
+    """Per owned partition, the lowest offset an open stream still has to read (from the
+    task's checkpoint at or before its next seq; a stream at its task's head needs nothing)."""
+    oldest: dict[int, int] = {}
+    for task_id, last in positions:
+        p = indexer.partition_of(task_id)
+        idx = indexer.partitions.get(p)
+        entry = idx.get(task_id) if idx is not None else None
+        if entry is None or last + 1 >= entry.next_seq:
+            continue
+        checkpoint = entry.checkpoint_at_or_before(last + 1)
+        offset = checkpoint[1] if checkpoint is not None else entry.first_offset
+        if offset >= 0:
+            oldest[p] = min(offset, oldest.get(p, offset))
+    return oldest

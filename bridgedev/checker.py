@@ -217,7 +217,7 @@ async def ground_truth(
     """
     wanted = None if task_ids is None else set(task_ids)
     decoder = RecordDecoder(
-        settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+        settings.tasks.event_type_prefix, settings.tasks.max_event_bytes, settings.type_rule
     )
     truth = Truth()
 

@@ -263,7 +263,7 @@ async def replay_command(
     if speed < 0:
         raise ReplayError("--speed must be 0 (as fast as possible) or more")
     events = load_session(file)
-    token = settings.client_token.get_secret_value() if settings.client_token else None
+    token = settings.client.token.get_secret_value() if settings.client.token else None
     if task_id is not None:
         await _check_existing(url, token, task_id)
     async with TaskEventPublisher(settings) as publisher:

@@ -131,18 +131,15 @@ def settings_of(name: str) -> Settings:
     """A replica's settings (made once per name: the validation costs milliseconds)."""
     return load_settings(
         topics={"prefix": "sim", "partitions": PARTITIONS, "min_insync_replicas": 1},
-        checkpoint_interval=4,
-        max_event_bytes=4096,
-        ownership="group",
-        advertised_url=f"http://{name}.sim:8081",
-        instance_id=name,
-        peer_secret="simulation-peer-secret-0123456789abcdef",
-        group_session_timeout_ms=SESSION_MS,
-        stream_queue_size=16,
-        stream_keepalive_s=2.0,
-        cursor_catch_up_s=1.0,
+        tasks={"checkpoint_interval": 4, "max_event_bytes": 4096},
+        replicas={"ownership": "group", "instance_id": name, "session_timeout_ms": SESSION_MS},
+        peers={
+            "advertised_url": f"http://{name}.sim:8081",
+            "secret": "simulation-peer-secret-0123456789abcdef",
+        },
+        streams={"queue_size": 16, "keepalive_s": 2.0, "cursor_catch_up_s": 1.0},
         auth={"mode": "bearer", "tokens": http.TOKENS},
-        allowed_hosts=[f"r{i}.sim" for i in range(10)],
+        server={"allowed_hosts": [f"r{i}.sim" for i in range(10)]},
     )
 
 

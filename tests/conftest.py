@@ -18,7 +18,7 @@ from bridgedev.kafka import Broker, KafkaProviderError, provide_broker
 # Kafka broker (bridgedev.kafka)
 #
 # `kafka_broker` (session): the one broker of the test run, from `provide_broker` — the cluster
-# in BRIDGE_KAFKA_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS if set, else Docker, else a local
+# in BRIDGE_KAFKA__BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS if set, else Docker, else a local
 # broker from the Maven jars. When none can be had the tests needing it are skipped, except
 # under CI (CI=true), where they fail. Tests marked `@pytest.mark.kafka` get it automatically,
 # and a test using a broker fixture is marked `kafka` from it (pytest_collection_modifyitems).
@@ -249,7 +249,7 @@ CLUSTER_READY_BOUND_S = 120.0
 
 async def _create_rf3_probe_topic(bootstrap: str) -> None:
     """Wait until the cluster creates a topic with three replicas (every broker registered)."""
-    settings = load_settings(kafka_bootstrap_servers=bootstrap)
+    settings = load_settings(kafka={"bootstrap_servers": bootstrap})
     name = f"cluster-ready-{fresh_prefix()}"
 
     async def created() -> bool:

@@ -21,7 +21,7 @@ SKIPPED = ("starlette/routing.py", "starlette/middleware/exceptions.py")
 
 
 def client(*, raise_app_exceptions: bool) -> httpx.AsyncClient:
-    app = create_app(load_settings(kafka_bootstrap_servers="127.0.0.1:1"))
+    app = create_app(load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
 
@@ -51,7 +51,7 @@ async def test_other_requests_and_methods_still_go_through_the_router():
 
 
 async def test_a_replica_whose_indexer_failed_is_not_ready_and_says_nothing_more() -> None:
-    app = create_app(load_settings(kafka_bootstrap_servers="127.0.0.1:1"))
+    app = create_app(load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}))
     indexer = SimpleNamespace(failed=None)
     app.state.components = SimpleNamespace(indexer=indexer)
     transport = httpx.ASGITransport(app=app)

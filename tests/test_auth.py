@@ -148,7 +148,7 @@ def bearer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
         NO_BROKER,
         fresh_prefix("a"),
         auth={"mode": "bearer", "tokens_file": str(tokens)},
-        max_active_tasks_per_principal=TASK_LIMIT,
+        tasks={"max_active_per_principal": TASK_LIMIT},
     )
     with memory_bridge(settings, log_path=root / "bridge.log") as running:
         yield running
@@ -162,7 +162,7 @@ def kafka_bearer(
     root = tmp_path_factory.mktemp("auth-bearer-kafka")
     settings = make_settings(kafka_bootstrap, fresh_prefix("a"))
     with running_bearer_bridge(
-        settings, root, TOKENS, BRIDGE_MAX_ACTIVE_TASKS_PER_PRINCIPAL=str(TASK_LIMIT)
+        settings, root, TOKENS, BRIDGE_TASKS__MAX_ACTIVE_PER_PRINCIPAL=str(TASK_LIMIT)
     ) as running:
         yield running
 

@@ -32,7 +32,7 @@ EC_KEY = ec.generate_private_key(ec.SECP256R1())
 
 
 def _settings(**auth: Any) -> Settings:
-    return load_settings(kafka_bootstrap_servers="127.0.0.1:1", auth=auth)
+    return load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, auth=auth)
 
 
 def _jwt_settings(**auth: Any) -> Settings:
@@ -168,7 +168,9 @@ def test_a_jwks_without_an_rs256_key_refuses_to_start(tmp_path: Path) -> None:
 
 def _none_on(host: str, **auth: Any) -> Settings:
     return load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1", http_host=host, auth={"mode": "none", **auth}
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+        server={"host": host},
+        auth={"mode": "none", **auth},
     )
 
 
@@ -198,8 +200,8 @@ def test_mode_none_beyond_loopback_when_allowed_starts_with_a_loud_warning(
 
 def test_an_authenticating_mode_may_listen_anywhere() -> None:
     settings = load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1",
-        http_host="0.0.0.0",
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+        server={"host": "0.0.0.0"},
         auth={"mode": "bearer", "tokens": {"t" * 20: "alice"}},
     )
     create_app(settings)
@@ -211,7 +213,7 @@ def test_bridge_serve_refuses_before_it_reaches_kafka(
     for name in ("BRIDGE_AUTH__MODE", "BRIDGE_AUTH__ALLOW_UNAUTHENTICATED", "BRIDGE_CONFIG_FILE"):
         monkeypatch.delenv(name, raising=False)
     # An address nothing listens on: reaching Kafka would fail differently (and slowly).
-    monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
     assert main(["serve", "--host", "0.0.0.0"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1

@@ -17,6 +17,7 @@ from typing import TypeVar
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
+from support.layout import changed
 from support.unavailable import unavailable
 from support.waits import wait_until_sync
 
@@ -47,12 +48,8 @@ def _local_settings(state_dir: Path | None = None, **local: object) -> Settings:
     update: dict[str, object] = {"use_docker": False, **local}
     if state_dir is not None:
         update["state_dir"] = state_dir
-    return base.model_copy(
-        update={
-            "kafka_bootstrap_servers": None,
-            "local_kafka": base.local_kafka.model_copy(update=update),
-        }
-    )
+    local = base.kafka.local.model_copy(update=update)
+    return changed(base, kafka={"bootstrap_servers": None, "local": local})
 
 
 def _or_skip(call: Callable[[], T]) -> T:
@@ -106,7 +103,7 @@ def _closed_port() -> int:
 
 
 async def _round_trip(bootstrap: str, topic: str) -> bytes:
-    async with kafka_admin(load_settings(kafka_bootstrap_servers=bootstrap)) as admin:
+    async with kafka_admin(load_settings(kafka={"bootstrap_servers": bootstrap})) as admin:
         await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
     await producer.start()
@@ -128,7 +125,7 @@ async def _round_trip(bootstrap: str, topic: str) -> bytes:
 
 
 async def _topics(bootstrap: str) -> set[str]:
-    async with kafka_admin(load_settings(kafka_bootstrap_servers=bootstrap)) as admin:
+    async with kafka_admin(load_settings(kafka={"bootstrap_servers": bootstrap})) as admin:
         return set(await admin.list_topics())
 
 
@@ -142,7 +139,7 @@ async def test_provided_broker_answers(kafka_bootstrap: str, topic_prefix: str) 
 
 @pytest.mark.kafka
 def test_external_bootstrap_that_answers(kafka_broker: Broker) -> None:
-    settings = load_settings(kafka_bootstrap_servers=kafka_broker.info.bootstrap_servers)
+    settings = load_settings(kafka={"bootstrap_servers": kafka_broker.info.bootstrap_servers})
     with provide_broker(settings, progress=lambda _: None) as external:
         assert external.info.provider == "external"
         assert external.info.bootstrap_servers == kafka_broker.info.bootstrap_servers
@@ -152,7 +149,7 @@ def test_external_bootstrap_that_answers(kafka_broker: Broker) -> None:
 
 def test_external_bootstrap_refused_fails_fast() -> None:
     port = _closed_port()
-    settings = load_settings(kafka_bootstrap_servers=f"127.0.0.1:{port}")
+    settings = load_settings(kafka={"bootstrap_servers": f"127.0.0.1:{port}"})
     started = time.monotonic()
     with pytest.raises(KafkaProviderError, match="does not answer") as info:
         provide_broker(settings, progress=lambda _: None)
@@ -217,8 +214,9 @@ import json, os, signal, sys, time
 from bridge.config import load_settings
 from bridgedev.kafka import provide_broker
 base = load_settings()
-settings = base.model_copy(update={"kafka_bootstrap_servers": None,
-    "local_kafka": base.local_kafka.model_copy(update={"use_docker": False})})
+local = base.kafka.local.model_copy(update={"use_docker": False})
+kafka = base.kafka.model_copy(update={"bootstrap_servers": None, "local": local})
+settings = base.model_copy(update={"kafka": kafka})
 broker = provide_broker(settings, progress=lambda _: None)
 print(json.dumps({"pid": broker.process.pid, "root": str(broker.root)}), flush=True)
 if sys.argv[1] == "hang":
@@ -344,7 +342,7 @@ def test_jars_are_fetched_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     settings = _local_settings()
     libs = _or_skip(lambda: ensure_kafka_jars(settings, progress=lambda _: None))
     jars = {p.name for p in libs.glob("*.jar")}
-    assert f"kafka_2.13-{settings.local_kafka.version}.jar" in jars
+    assert f"kafka_2.13-{settings.kafka.local.version}.jar" in jars
     assert any(j.startswith("log4j-slf4j") for j in jars)  # the slf4j binding Kafka lacks
     # cached: no Maven needed any more
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -363,7 +361,7 @@ def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.slow
 def test_concurrent_fetch_redoes_a_partial_one(tmp_path: Path) -> None:
     settings = _local_settings(cache_dir=tmp_path / "cache")
-    home = tmp_path / "cache" / f"kafka-{settings.local_kafka.version}"
+    home = tmp_path / "cache" / f"kafka-{settings.kafka.local.version}"
     # what a crashed fetch leaves: jars without the completion marker
     (home / "libs").mkdir(parents=True)
     (home / "libs" / "junk.jar").write_text("not a jar")
@@ -391,5 +389,5 @@ def test_concurrent_fetch_redoes_a_partial_one(tmp_path: Path) -> None:
     assert not (home / "libs" / "junk.jar").exists()
     assert not (home / "libs.partial").exists()
     assert (
-        json.loads((home / "complete.json").read_text())["version"] == settings.local_kafka.version
+        json.loads((home / "complete.json").read_text())["version"] == settings.kafka.local.version
     )

@@ -106,7 +106,7 @@ class Proxy:
 @pytest.fixture(scope="module")
 def wbridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     settings = make_settings(kafka_bootstrap, fresh_prefix("w"))
-    env = {"BRIDGE_STREAM_KEEPALIVE_S": "0.5", "BRIDGE_VIEW_RETRY_MS": "200"}
+    env = {"BRIDGE_STREAMS__KEEPALIVE_S": "0.5", "BRIDGE_VIEW__RETRY_MS": "200"}
     with running_bridge(settings, tmp_path_factory.mktemp("wbridge"), **env) as running:
         yield running
 

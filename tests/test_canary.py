@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.layout import fresh_prefix, make_settings
+from support.layout import fresh_prefix, make_settings, merged
 from support.mcp import call
 from support.served import Served, serving
 from support.waits import BOUND, wait_until
@@ -34,11 +34,10 @@ PARTITIONS = 3  # make_settings' events partitions
 
 def canary_settings(kafka_bootstrap: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "canary_interval_s": INTERVAL_S,
-        "canary_timeout_s": TIMEOUT_S,
-        "admin_endpoints": True,
+        "canary": {"interval_s": INTERVAL_S, "timeout_s": TIMEOUT_S},
+        "server": {"admin_endpoints": True},
     }
-    return make_settings(kafka_bootstrap, fresh_prefix("c"), **(values | overrides))
+    return make_settings(kafka_bootstrap, fresh_prefix("c"), **merged(values, overrides))
 
 
 @dataclass
@@ -82,7 +81,7 @@ async def partition_labels(served: Served) -> set[str]:
 
 def test_the_canary_is_off_by_default(kafka_bootstrap: str) -> None:
     settings = make_settings(kafka_bootstrap, fresh_prefix("c"))
-    assert settings.canary_interval_s == 0
+    assert settings.canary.interval_s == 0
 
 
 def test_a_probe_outcome_counts_a_probe_and_either_a_latency_or_a_loss() -> None:
@@ -146,7 +145,7 @@ async def test_canary_tasks_are_replaced_before_their_ttl_ended_and_unreadable_b
     kafka_bootstrap: str,
 ) -> None:
     # TTL 2 s: a new canary task per partition every second.
-    async with serving(canary_settings(kafka_bootstrap, canary_task_ttl_s=2)) as served:
+    async with serving(canary_settings(kafka_bootstrap, canary={"task_ttl_s": 2})) as served:
         canary = served.components.canary
         assert canary is not None
         indexer = served.components.indexer
@@ -187,13 +186,17 @@ async def test_replicas_each_probe_only_the_partitions_they_own_and_together_all
         return canary_settings(
             kafka_bootstrap,
             topics={"prefix": prefix, "partitions": 4, "min_insync_replicas": 1},
-            ownership="group",
-            instance_id=f"canary-{i}",
-            # No hop here: the peer listener is not served (create_app without one).
-            advertised_url=f"http://127.0.0.1:{socks[i].getsockname()[1]}",
-            peers={"port": socks[i].getsockname()[1]},
-            peer_secret=secret,
-            group_session_timeout_ms=6000,
+            replicas={
+                "ownership": "group",
+                "instance_id": f"canary-{i}",
+                "session_timeout_ms": 6000,
+            },
+            peers={
+                "port": socks[i].getsockname()[1],
+                # No hop here: the peer listener is not served (create_app without one).
+                "advertised_url": f"http://127.0.0.1:{socks[i].getsockname()[1]}",
+                "secret": secret,
+            },
         )
 
     async with serving(replica(0), socks[0]) as one, serving(replica(1), socks[1]) as two:

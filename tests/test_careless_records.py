@@ -59,7 +59,9 @@ def careless_bridge(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Bridge]:
     """One `bridge serve --with-workers` for every example (starting one costs seconds)."""
-    settings = make_settings(kafka_bootstrap, fresh_prefix("c"), max_event_bytes=MAX_EVENT_BYTES)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("c"), tasks={"max_event_bytes": MAX_EVENT_BYTES}
+    )
     logs = tmp_path_factory.mktemp("careless")
     with running_bridge(settings, logs, workers=0, with_workers=True) as bridge:
         yield bridge

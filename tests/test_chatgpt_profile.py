@@ -15,6 +15,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,7 +61,7 @@ TTL_MS = 40_000
 
 
 def updated(settings: Settings) -> str:
-    return f"{settings.event_type_prefix}.task.updated"
+    return f"{settings.tasks.event_type_prefix}.task.updated"
 
 
 def orders(settings: Settings) -> str:
@@ -98,25 +99,32 @@ def test_the_profile_is_one_setting_and_sep_3415_is_the_default() -> None:
 
 
 #: What the chatgpt profile needs besides itself: webhooks offered (a principal, a key).
-WEBHOOKS_ON = {"auth": {"mode": "bearer"}, "webhook_keys": {"file": "/keys/webhooks.json"}}
+WEBHOOKS_ON: dict[str, Any] = {
+    "auth": {"mode": "bearer"},
+    "webhooks": {"keys": {"file": "/keys/webhooks.json"}},
+}
 
 
 def test_the_chatgpt_profile_refuses_a_challenge_deadline_that_leaves_no_time_to_answer() -> None:
-    chatgpt = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON}
-    Settings.model_validate({**chatgpt, "webhook_timeout_s": 5})
+    def chatgpt(timeout_s: float) -> Settings:
+        webhooks = {**WEBHOOKS_ON["webhooks"], "timeout_s": timeout_s}
+        values = {"events": {"profile": "chatgpt"}, **WEBHOOKS_ON, "webhooks": webhooks}
+        return Settings.model_validate(values)
+
     bound = CHATGPT.answer_within_s
     assert bound is not None and bound < CHATGPT_TIMEOUT_S  # the profile's own figure
-    check_profile(Settings.model_validate({**chatgpt, "webhook_timeout_s": 5}))
-    with pytest.raises(ValueError, match=f"webhook_timeout_s below {bound:g} s"):
-        check_profile(Settings.model_validate({**chatgpt, "webhook_timeout_s": bound}))
-    check_profile(Settings.model_validate({"webhook_timeout_s": 9}))  # no such bound by default
+    check_profile(chatgpt(5))
+    with pytest.raises(ValueError, match=re.escape(f"webhooks.timeout_s below {bound:g} s")):
+        check_profile(chatgpt(bound))
+    # No such bound by default.
+    check_profile(Settings.model_validate({"webhooks": {"timeout_s": 9}}))
 
 
 @pytest.mark.parametrize(
     ("changed", "named"),
     [
         ({"auth": {"mode": "none"}}, "BRIDGE_AUTH__MODE"),
-        ({"webhook_keys": {}}, "BRIDGE_WEBHOOK_KEYS__FILE"),
+        ({"webhooks": {"keys": {}}}, "BRIDGE_WEBHOOKS__KEYS__FILE"),
     ],
     ids=["auth-none", "no-webhook-key"],
 )
@@ -710,20 +718,22 @@ def gbridge(
     ca_file = root / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     # Records up to 512 KiB, as a pipeline may write: some do not fit one 256 KiB body.
-    settings = make_settings(kafka_bootstrap, fresh_prefix("g"), max_event_bytes=512 * 1024)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("g"), tasks={"max_event_bytes": 512 * 1024}
+    )
     asyncio.run(_create_pipeline_topic(settings))
     with running_bearer_bridge(
         settings,
         root,
         TOKENS,
         BRIDGE_EVENTS__PROFILE="chatgpt",
-        BRIDGE_EVENT_SOURCES=json.dumps([orders_source(settings)]),
-        BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
-        BRIDGE_WEBHOOK_CA_FILE=str(ca_file),
-        BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
-        BRIDGE_WEBHOOK_TIMEOUT_S="2",
-        BRIDGE_WEBHOOK_TTL_MIN_MS="1000",
-        BRIDGE_WEBHOOK_TTL_DEFAULT_MS=str(TTL_MS),
+        BRIDGE_EVENTS__SOURCES=json.dumps([orders_source(settings)]),
+        BRIDGE_WEBHOOKS__ALLOWLIST='["127.0.0.1/32"]',
+        BRIDGE_WEBHOOKS__CA_FILE=str(ca_file),
+        BRIDGE_WEBHOOKS__POLL_INTERVAL_S="0.2",
+        BRIDGE_WEBHOOKS__TIMEOUT_S="2",
+        BRIDGE_WEBHOOKS__TTL_MIN_MS="1000",
+        BRIDGE_WEBHOOKS__TTL_DEFAULT_MS=str(TTL_MS),
     ) as running:
         yield running
 

@@ -53,7 +53,7 @@ def run_bridge(command: str, bootstrap: str, *args: str, **env: str) -> Run:
     environ = {
         k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "KAFKA_BOOTSTRAP"))
     }
-    environ.update(BRIDGE_KAFKA_BOOTSTRAP_SERVERS=bootstrap, PYTHONUNBUFFERED="1", **env)
+    environ.update(BRIDGE_KAFKA__BOOTSTRAP_SERVERS=bootstrap, PYTHONUNBUFFERED="1", **env)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "bridge.cli", *(args or COMMANDS[command])],
@@ -79,13 +79,13 @@ def assert_one_clear_line(run: Run, command: str, *needles: str) -> None:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_refused_port_is_one_line_naming_the_bootstrap_setting(command: str) -> None:
     run = run_bridge(command, "127.0.0.1:1")  # nothing listens on port 1 without root
-    assert_one_clear_line(run, command, "connection refused", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
+    assert_one_clear_line(run, command, "connection refused", "BRIDGE_KAFKA__BOOTSTRAP_SERVERS")
 
 
 @pytest.mark.parametrize("command", ["serve", "index migrate", "replay"])
 def test_an_unresolvable_host_is_one_line_naming_the_bootstrap_setting(command: str) -> None:
     run = run_bridge(command, "kafka.invalid:9092")  # .invalid never resolves (RFC 2606)
-    assert_one_clear_line(run, command, "cannot resolve", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
+    assert_one_clear_line(run, command, "cannot resolve", "BRIDGE_KAFKA__BOOTSTRAP_SERVERS")
 
 
 def listening(handler: type[socketserver.BaseRequestHandler]) -> Iterator[int]:
@@ -115,7 +115,7 @@ def test_a_port_that_is_not_kafka_is_one_line_naming_the_bootstrap_setting(
     http_listener: int,
 ) -> None:
     run = run_bridge("serve", f"127.0.0.1:{http_listener}")
-    assert_one_clear_line(run, "serve", "not a Kafka answer", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
+    assert_one_clear_line(run, "serve", "not a Kafka answer", "BRIDGE_KAFKA__BOOTSTRAP_SERVERS")
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_a_listener_that_gives_no_metadata_is_one_line_naming_the_protocol_setti
     command: str, apiversions_only_listener: int
 ) -> None:
     run = run_bridge(command, f"127.0.0.1:{apiversions_only_listener}")
-    assert_one_clear_line(run, command, "metadata", "BRIDGE_KAFKA_SECURITY_PROTOCOL")
+    assert_one_clear_line(run, command, "metadata", "BRIDGE_KAFKA__SECURITY_PROTOCOL")
 
 
 def test_tail_of_an_unreachable_bridge_is_one_line_naming_the_url_option() -> None:
@@ -157,11 +157,11 @@ def test_missing_topics_are_one_line_naming_them_and_how_to_create_them(
         command,
         kafka_bootstrap,
         BRIDGE_TOPICS__PREFIX=topic_prefix,
-        BRIDGE_AUTO_CREATE_TOPICS="false",
+        BRIDGE_TOPICS__AUTO_CREATE="false",
     )
     needles = [f"{topic_prefix}.task-events", "bridge topics create", "BRIDGE_TOPICS__PREFIX"]
     if command == "serve":
-        needles.append("BRIDGE_AUTO_CREATE_TOPICS")
+        needles.append("BRIDGE_TOPICS__AUTO_CREATE")
     assert_one_clear_line(run, command, *needles)
 
 
@@ -174,9 +174,9 @@ def test_a_security_protocol_the_clients_cannot_use_is_one_line_naming_the_setti
         "serve",
         kafka_bootstrap,
         BRIDGE_TOPICS__PREFIX=topic_prefix,
-        BRIDGE_KAFKA_SECURITY_PROTOCOL=protocol,
+        BRIDGE_KAFKA__SECURITY_PROTOCOL=protocol,
     )
-    assert_one_clear_line(run, "serve", f"BRIDGE_KAFKA_SECURITY_PROTOCOL={protocol}")
+    assert_one_clear_line(run, "serve", f"BRIDGE_KAFKA__SECURITY_PROTOCOL={protocol}")
 
 
 @pytest.mark.kafka
@@ -188,15 +188,15 @@ def test_a_declared_tool_whose_job_topic_is_missing_is_one_line_naming_tool_and_
     prefix = topics.topics.prefix
     run = run_bridge(
         "serve",
-        topics.kafka_bootstrap_servers or "",
+        topics.kafka.bootstrap_servers or "",
         BRIDGE_CONFIG_FILE=str(example),
         BRIDGE_TOPICS__PREFIX=prefix,
-        BRIDGE_AUTO_CREATE_TOPICS="false",
+        BRIDGE_TOPICS__AUTO_CREATE="false",
     )
     assert_one_clear_line(
         run,
         "serve",
         "tool 'java_count' (declared in the settings)",
         f"job topic '{prefix}.jobs.java_count' does not exist",
-        "BRIDGE_AUTO_CREATE_TOPICS=true",
+        "BRIDGE_TOPICS__AUTO_CREATE=true",
     )

@@ -79,7 +79,7 @@ def test_skips_warn_on_the_clock_they_are_given(caplog: pytest.LogCaptureFixture
 
 def test_the_stream_hubs_open_rate_window_runs_on_its_clock() -> None:
     clock = FakeClock()
-    settings = make_settings("127.0.0.1:1", "clock", max_stream_opens_per_minute=1)
+    settings = make_settings("127.0.0.1:1", "clock", streams={"opens_per_minute": 1})
     indexer = SimpleNamespace(add_ownership_listener=lambda listener: None)
     hub = StreamHub(
         settings,

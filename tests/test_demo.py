@@ -212,7 +212,7 @@ async def test_replay_at_speed_0_streams_exactly_the_files_events_in_order(rbrid
 
     events = await read_all(rbridge.url, task_id)  # ends by itself: the task is completed
     session = load_session(DATA)
-    prefix = rbridge.settings.event_type_prefix
+    prefix = rbridge.settings.tasks.event_type_prefix
     assert [e.seq for e in events] == list(range(len(session) + 2))
     assert events[0].type == f"{prefix}.task.created"
     created = events[0].payload
@@ -293,7 +293,7 @@ def test_demo_exit_runs_every_step_and_every_step_passes(kafka_bootstrap, tmp_pa
     from conftest import bridge_env, free_port, make_settings
 
     settings = make_settings(kafka_bootstrap, f"d-{secrets.token_hex(5)}")
-    env = bridge_env(settings, BRIDGE_HTTP_PORT=str(free_port()))
+    env = bridge_env(settings, BRIDGE_SERVER__PORT=str(free_port()))
     done = run_cli(env, "demo", "--exit", bound=300)
     (tmp_path / "demo.out").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n--- stderr ---\n{done.stderr[-3000:]}"

@@ -46,7 +46,9 @@ class MovingTasks:
     """
 
     def __init__(self, moves_after: int, on_read: Any = None) -> None:
-        self.settings = make_settings("127.0.0.1:1", "moving", direct_result_timeout_s=BOUND)
+        self.settings = make_settings(
+            "127.0.0.1:1", "moving", tasks={"direct_result_timeout_s": BOUND}
+        )
         self.moves_after = moves_after
         self.on_read = on_read
         self.reads = 0

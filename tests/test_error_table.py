@@ -186,7 +186,7 @@ class RaisingHub:
 
 
 def app(tasks: RaisingTasks, hub: RaisingHub) -> tuple[httpx.AsyncClient, BrowserView]:
-    config: Settings = load_settings(kafka_bootstrap_servers="127.0.0.1:1", tool_packs=[])
+    config: Settings = load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, tool_packs=[])
     events = EventsMethods([RaisingSource(tasks.exc)], streams=hub)  # type: ignore[list-item]
     handlers = MethodHandlers(config, tasks, [], hub, [events])  # type: ignore[arg-type]
     endpoint = McpHttp(config, Authenticator(config.auth), handlers, Metrics(), hub.cancel)

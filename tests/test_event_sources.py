@@ -81,8 +81,8 @@ def sbridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryBridge]:
         NO_BROKER,
         prefix,
         auth={"mode": "bearer", "tokens_file": str(tokens_file)},
-        stream_keepalive_s=HEARTBEAT_S,
-        event_sources=[orders_source(settings)],
+        streams={"keepalive_s": HEARTBEAT_S},
+        events={"sources": [orders_source(settings)]},
     )
     with memory_bridge(settings) as running:
 
@@ -106,8 +106,8 @@ def kafka_sbridge(
         settings,
         root,
         TOKENS,
-        BRIDGE_STREAM_KEEPALIVE_S=str(HEARTBEAT_S),
-        BRIDGE_EVENT_SOURCES=json.dumps([orders_source(settings)]),
+        BRIDGE_STREAMS__KEEPALIVE_S=str(HEARTBEAT_S),
+        BRIDGE_EVENTS__SOURCES=json.dumps([orders_source(settings)]),
     ) as running:
         yield running
 
@@ -423,7 +423,7 @@ async def test_the_bridges_own_status_changes_reach_task_updated_once_each(
     async with client() as http:
         task_id = await create_task(http, sbridge.url, "slow_compute", {"seconds": 600})
     async with log_of(sbridge) as log, TaskEventPublisher(settings, log=log) as pub:
-        status = f"{settings.event_type_prefix}.task.status"
+        status = f"{settings.tasks.event_type_prefix}.task.status"
         await pub.publish(task_id, "com.example.step", {"i": 1})
         await pub.publish(task_id, status, {"status": "completed", "statusMessage": "done"})
         await pub.publish(task_id, status, {"status": "failed"})  # after a terminal: no change

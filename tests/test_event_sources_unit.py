@@ -258,9 +258,9 @@ def test_a_configured_source_may_not_shadow_a_name_or_read_the_bridges_own_topic
     ours = {"name": ORDERS, "topic": "mcpbridge.task-events"}
     for sources, words in ((own, "already taken"), (ours, "own topics")):
         with pytest.raises(ValidationError, match=words):
-            Settings(event_sources=[sources])
+            Settings(events={"sources": [sources]})
     with pytest.raises(ValidationError, match="already taken"):
-        Settings(event_sources=twice)
+        Settings(events={"sources": twice})
 
 
 def test_the_input_schema_has_the_key_argument_required_and_the_header_arguments() -> None:

@@ -120,7 +120,7 @@ def test_configured_prefixes_must_be_dns_labels(prefix):
 
 @pytest.fixture
 def settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    return make_settings(kafka_bootstrap, topic_prefix, accepted_event_prefixes=ACCEPTED)
+    return make_settings(kafka_bootstrap, topic_prefix, tasks={"accepted_event_prefixes": ACCEPTED})
 
 
 @pytest.mark.kafka
@@ -132,7 +132,7 @@ async def test_the_indexer_and_reader_wrap_unprefixed_types_and_honour_configure
         ("com.example.ok", {"i": 2}),
         ("corp.internal.step", {"i": 3}),
     ]
-    raw = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await raw.start()
     try:
         for event_type, payload in written:
@@ -147,7 +147,7 @@ async def test_the_indexer_and_reader_wrap_unprefixed_types_and_honour_configure
             await indexer.wait_indexed(where.partition, where.offset)
             replayed = [(e.seq, e.event.type, e.event.payload) async for e in reader.read(task)]
         last = await reader.event_at(where.partition, where.offset)
-    wrapped = f"{settings.event_type_prefix}.{EventSuffix.UNPREFIXED}"
+    wrapped = f"{settings.tasks.event_type_prefix}.{EventSuffix.UNPREFIXED}"
     assert replayed == [
         (0, wrapped, {"type": "tool.call.started", "payload": {"i": 0}}),
         (1, "acme.internal.step", {"i": 1}),

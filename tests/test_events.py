@@ -36,7 +36,7 @@ def ebridge(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
     root: Path = tmp_path_factory.mktemp("events")
     settings = make_settings(kafka_bootstrap, fresh_prefix("e"))
     with running_bearer_bridge(
-        settings, root, TOKENS, BRIDGE_STREAM_KEEPALIVE_S=str(HEARTBEAT_S)
+        settings, root, TOKENS, BRIDGE_STREAMS__KEEPALIVE_S=str(HEARTBEAT_S)
     ) as running:
         yield running
 

@@ -1,6 +1,6 @@
 """Events, webhooks and subscriptions/listen when replicas divide the partitions (real broker).
 
-Two replicas (``ownership = "group"``, six events partitions, three each) in auth mode bearer;
+Two replicas (``replicas.ownership = "group"``, six events partitions, three each) in auth mode bearer;
 tasks are created through ``tools/call`` on each replica, so their ids land in that replica's
 own partitions, and every request is sent to replica A, whichever replica owns the task:
 
@@ -92,7 +92,7 @@ class Cluster:
         env = {
             **self.env,
             **peer_env(self.started % len(PEER_HOSTS), self.peer_port),
-            "BRIDGE_INSTANCE_ID": name,
+            "BRIDGE_REPLICAS__INSTANCE_ID": name,
         }
         proc = Proc(name, ["serve", "--port", str(port)], env, self.logs / f"{name}.log")
         replica = Replica(name, port, proc.start())
@@ -126,19 +126,19 @@ def cluster(
     ca.cert_pem.write_to_path(str(logs / "ca.pem"))
     env = bridge_env(
         settings,
-        BRIDGE_OWNERSHIP="group",
-        BRIDGE_PEER_SECRET=secrets.token_urlsafe(32),
-        BRIDGE_GROUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
-        BRIDGE_OWNER_WAIT_S="20",
+        BRIDGE_REPLICAS__OWNERSHIP="group",
+        BRIDGE_PEERS__SECRET=secrets.token_urlsafe(32),
+        BRIDGE_REPLICAS__SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
+        BRIDGE_REPLICAS__OWNER_WAIT_S="20",
         BRIDGE_AUTH__MODE="bearer",
         BRIDGE_AUTH__TOKENS_FILE=str(logs / "tokens.json"),
-        BRIDGE_STREAM_KEEPALIVE_S="0.5",
-        BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
-        BRIDGE_WEBHOOK_CA_FILE=str(logs / "ca.pem"),
-        BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
-        BRIDGE_WEBHOOK_TIMEOUT_S="2",
+        BRIDGE_STREAMS__KEEPALIVE_S="0.5",
+        BRIDGE_WEBHOOKS__ALLOWLIST='["127.0.0.1/32"]',
+        BRIDGE_WEBHOOKS__CA_FILE=str(logs / "ca.pem"),
+        BRIDGE_WEBHOOKS__POLL_INTERVAL_S="0.2",
+        BRIDGE_WEBHOOKS__TIMEOUT_S="2",
         # One principal verifies a callback URL per partition and task, all on one host.
-        BRIDGE_WEBHOOK_VERIFY_BURST="32",
+        BRIDGE_WEBHOOKS__VERIFY_BURST="32",
         **webhook_keys_env(logs),
     )
     running = Cluster(settings, logs, env)

@@ -478,7 +478,7 @@ async def test_during_a_rolling_upgrade_cursors_can_be_minted_in_the_old_form() 
         assert (await poll_task(source, "t", old_form))["events"] == []
         assert (await poll_task(source, "t", new_form))["events"] == []
     assert task_cursor_version(Settings()) == 2
-    assert task_cursor_version(Settings(event_cursors={"task_version": 1})) == 1
+    assert task_cursor_version(Settings(events={"cursors": {"task_version": 1}})) == 1
 
 
 # --- item 6 (g): access is checked again at each heartbeat ---------------------------------------
@@ -648,7 +648,7 @@ async def test_a_ttl_of_zero_or_less_is_clamped_to_the_minimum_grant(ttl: int) -
     out = await events.webhooks.subscribe(  # type: ignore[union-attr]
         call("events/subscribe", subscribe_params(TASK_EVENT, {"taskId": "t"}, ttlMs=ttl))
     )
-    assert out["refreshBefore"] == iso_ms(NOW_MS + Settings().webhook_ttl_min_ms)  # type: ignore[index]
+    assert out["refreshBefore"] == iso_ms(NOW_MS + Settings().webhooks.ttl_min_ms)  # type: ignore[index]
 
 
 @pytest.mark.parametrize("method", ["events/subscribe", "events/unsubscribe"])

@@ -149,16 +149,16 @@ def test_the_access_log_line_of_a_view_request_never_holds_the_token(caplog):
 
 def test_the_view_can_be_turned_off():
     on = BrowserView(load_settings(), lambda request: None)  # type: ignore[arg-type,return-value]
-    off = BrowserView(load_settings(view_enabled=False), lambda request: None)  # type: ignore[arg-type,return-value]
+    off = BrowserView(load_settings(view={"enabled": False}), lambda request: None)  # type: ignore[arg-type,return-value]
     assert {r.path for r in on.routes()} >= {"/view/", "/view/tasks/{task_id}/events"}
     assert off.routes() == []
 
 
 def test_a_short_view_key_is_refused_without_echoing_it():
     with pytest.raises(ValueError, match="at least 32 characters") as info:
-        load_settings(view_token_secret="short-secret")
+        load_settings(view={"token_secret": "short-secret"})
     assert "short-secret" not in str(info.value)
-    assert load_settings(view_token_secret="x" * 32).view_token_secret_value == "x" * 32
+    assert load_settings(view={"token_secret": "x" * 32}).view.token_secret_value == "x" * 32
 
 
 # --- over real HTTP: a bridge in auth mode bearer -------------------------------------------
@@ -180,9 +180,8 @@ def vbridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemoryBridge]:
         NO_BROKER,
         fresh_prefix("v"),
         auth={"mode": "bearer", "tokens_file": str(tokens_file)},
-        view_token_secret=VIEW_SECRET,
-        stream_keepalive_s=0.5,
-        max_streams_per_principal=LIMIT,
+        view={"token_secret": VIEW_SECRET},
+        streams={"keepalive_s": 0.5, "max_per_principal": LIMIT},
     )
     with memory_bridge(settings) as running:
         yield running
@@ -196,9 +195,9 @@ def kafka_vbridge(
     access log)."""
     settings = make_settings(kafka_bootstrap, fresh_prefix("v"))
     env = {
-        "BRIDGE_VIEW_TOKEN_SECRET": VIEW_SECRET,
-        "BRIDGE_STREAM_KEEPALIVE_S": "0.5",
-        "BRIDGE_MAX_STREAMS_PER_PRINCIPAL": str(LIMIT),
+        "BRIDGE_VIEW__TOKEN_SECRET": VIEW_SECRET,
+        "BRIDGE_STREAMS__KEEPALIVE_S": "0.5",
+        "BRIDGE_STREAMS__MAX_PER_PRINCIPAL": str(LIMIT),
     }
     root = tmp_path_factory.mktemp("vbridge-kafka")
     with running_bearer_bridge(settings, root, TOKENS, **env) as running:
@@ -584,10 +583,10 @@ async def test_with_replicas_any_replica_serves_any_tasks_view(kafka_bootstrap, 
             env = bridge_env(
                 settings,
                 **peer_env(i, peer_port),
-                BRIDGE_OWNERSHIP="group",
-                BRIDGE_INSTANCE_ID=f"view-replica-{i}",
-                BRIDGE_PEER_SECRET=secret,
-                BRIDGE_OWNER_WAIT_S="20",
+                BRIDGE_REPLICAS__OWNERSHIP="group",
+                BRIDGE_REPLICAS__INSTANCE_ID=f"view-replica-{i}",
+                BRIDGE_PEERS__SECRET=secret,
+                BRIDGE_REPLICAS__OWNER_WAIT_S="20",
             )
             args = ["serve", "--port", str(port)]
             replicas.append((port, Proc(f"r{i}", args, env, tmp_path / f"r{i}.log").start()))

@@ -399,7 +399,7 @@ async def test_retention_past_a_stalled_stream_and_an_old_cursor_answers_events_
         tool_arguments={"prompt": "retention", "steps": 100, "delay_ms": 50},
         pipeline_events=5000,
         pipeline_interval_s=0.03,
-        replica_env={"BRIDGE_STREAM_QUEUE_SIZE": "32"},
+        replica_env={"BRIDGE_STREAMS__QUEUE_SIZE": "32"},
     )
     settings = cluster_settings(kafka_cluster)
     async with LoadHarness(settings, tmp_path, plan) as load, httpx.AsyncClient() as http:
@@ -468,7 +468,7 @@ async def test_a_client_that_stops_reading_costs_bounded_memory_and_others_keep_
         tool_arguments={"prompt": "stalled client", "steps": 200, "delay_ms": 50},
         pipeline_events=5000,
         pipeline_interval_s=0.03,
-        replica_env={"BRIDGE_STREAM_QUEUE_SIZE": str(queue_size)},
+        replica_env={"BRIDGE_STREAMS__QUEUE_SIZE": str(queue_size)},
     )
     settings = cluster_settings(kafka_cluster)
     async with LoadHarness(settings, tmp_path, plan) as load, httpx.AsyncClient() as http:

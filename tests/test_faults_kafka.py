@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 from aiokafka.admin import NewTopic
-from support.layout import fresh_prefix, make_settings
+from support.layout import changed, fresh_prefix, make_settings
 from support.load import LoadHarness, LoadPlan
 from support.mcp import call
 from support.procs import Proc, bridge_env, free_port
@@ -96,19 +96,15 @@ def cluster_settings(cluster: LocalCluster, prefix: str) -> Settings:
             "min_insync_replicas": 2,
         },
         tool_packs=["conformance", "demo"],
-        kafka_request_timeout_ms=REQUEST_TIMEOUT_MS,
+        kafka={"request_timeout_ms": REQUEST_TIMEOUT_MS},
     )
 
 
 def direct_settings(cluster: LocalCluster, settings: Settings) -> Settings:
     """``settings`` past the proxy, with aiokafka's default request timeout: the outside world
     (pipeline writers, the test's own admin and checks)."""
-    return settings.model_copy(
-        update={
-            "kafka_bootstrap_servers": cluster.direct_bootstrap_servers,
-            "kafka_request_timeout_ms": None,
-        }
-    )
+    direct = {"bootstrap_servers": cluster.direct_bootstrap_servers, "request_timeout_ms": None}
+    return changed(settings, kafka=direct)
 
 
 def now_ms() -> int:
@@ -224,6 +220,87 @@ def active_controller(cluster: LocalCluster) -> int:
     return max(elected)[1]
 
 
+# --- where a failover's time goes ---------------------------------------------------------------
+
+#: Replica log lines that mark a step of a failover (Kafka clients' complaints, the group's
+#: rounds, partitions taken): shown on the breakdown's timeline.
+_STEPS = (
+    "WARNING",
+    "ERROR",
+    "owning events partitions",
+    "no longer owning",
+    "assigned ",
+    "rebalanc",
+    "Heartbeat",
+    "coordinator",
+)
+
+
+def first_fresh_events(load: LoadHarness, mark: int) -> dict[str, float]:
+    """Per client, the epoch seconds of its first pipeline event sent after ``mark`` (filled as
+    the load runs)."""
+    firsts: dict[str, float] = {}
+
+    def seen(client_id: str, type_: str, payload: dict[str, Any]) -> None:
+        at = payload.get("atMs")
+        if isinstance(at, int) and at > mark and client_id not in firsts:
+            firsts[client_id] = time.time()
+
+    load.on_delivery = seen
+    return firsts
+
+
+async def new_leader_seen(settings: Settings, partition: int, old: int) -> float | None:
+    """Epoch seconds when the metadata first names a leader of ``partition`` other than
+    ``old`` (polled; None if not within the recovery bound)."""
+    topic = settings.topics.events
+
+    async def moved() -> float | None:
+        with contextlib.suppress(KafkaError):
+            described = await _partitions_once(settings, [topic])
+            (leader,) = [p["leader"] for p in described if p["partition"] == partition]
+            return time.time() if leader not in (old, -1) else None
+        return None
+
+    with contextlib.suppress(AssertionError):
+        return await wait_until(moved, RECOVERY_BOUND_S, what="a new leader", poll_s=0.2)
+    return None
+
+
+def _log_steps(logs: Path, since: float, until: float) -> list[tuple[float, str]]:
+    """(epoch seconds, line) of the replicas' log lines in ``_STEPS`` between two times, each
+    kind of line once per replica (a client retrying a dead broker logs it every 0.1 s)."""
+    found, kinds = [], set()
+    for path in sorted(logs.glob("replica*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            stamp = line[:23]
+            try:
+                at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S"))
+                at += int(stamp[20:23]) / 1000
+            except ValueError:
+                continue
+            kind = (path.stem, "".join(c for c in line[24:84] if not c.isdigit()))
+            if since <= at <= until and any(s in line for s in _STEPS) and kind not in kinds:
+                kinds.add(kind)
+                found.append((at, f"{path.stem}: {line[24:220]}"))
+    return found
+
+
+def breakdown(
+    load: LoadHarness, mark: int, firsts: dict[str, float], elected: float | None, logs: Path
+) -> str:
+    """A failover's timeline from the kill (``mark``): the new leader in the metadata, the
+    replicas' log, the clients' drops and resumes, each stream's first fresh event."""
+    zero = mark / 1000
+    rows = [(t, what) for t, what in load.counters.timeline if t >= zero]
+    rows += _log_steps(logs, zero, zero + RECOVERY_BOUND_S)
+    if elected is not None:
+        rows.append((elected, "metadata names the partition's new leader"))
+    rows += [(t, f"{client} first event sent after the kill") for client, t in firsts.items()]
+    lines = [f"{t - zero:7.2f} s  {what}" for t, what in sorted(rows)]
+    return "\n[breakdown] from the kill:\n" + "\n".join(lines)
+
+
 # --- the load and its verdict -----------------------------------------------------------------
 
 
@@ -280,9 +357,9 @@ async def test_the_request_timeout_setting_reaches_every_kafka_client_and_unset_
         return [client._request_timeout_ms for client in inner]
 
     configured = clients(
-        load_settings(kafka_bootstrap_servers="x:1", kafka_request_timeout_ms=7000)
+        load_settings(kafka={"bootstrap_servers": "x:1", "request_timeout_ms": 7000})
     )
-    default = clients(load_settings(kafka_bootstrap_servers="x:1"))
+    default = clients(load_settings(kafka={"bootstrap_servers": "x:1"}))
     try:
         assert timeouts(configured) == [7000] * 5
         assert timeouts(default) == [40_000, 40_000, 40_000, 40_000, 30_000]
@@ -306,10 +383,13 @@ async def test_sigkill_of_the_busiest_partitions_leader_loses_nothing_and_it_rej
         await warm(load)
         partition, leader = await busiest_events_partition(direct)
         node = kafka_cluster.node(leader)
-        mark = now_ms()
+        firsts = first_fresh_events(load, mark := now_ms())
         node.kill()
+        elected = asyncio.create_task(new_leader_seen(direct, partition, leader))
         failover_s = await load.recovery_s(mark, RECOVERY_BOUND_S)
-        new_leader = (await partitions_of(direct, [settings.topics.events]))[partition]["leader"]
+        print(breakdown(load, mark, firsts, await elected, tmp_path))
+        described = await partitions_of(direct, [settings.topics.events])
+        (new_leader,) = [p["leader"] for p in described if p["partition"] == partition]
         assert new_leader not in (leader, -1), "another broker leads the partition"
         await asyncio.to_thread(node.start, HEAL_BOUND_S)
         rejoin_s = await wait_fully_replicated(direct)
@@ -619,7 +699,7 @@ async def test_a_writer_cannot_fence_one_whose_transaction_cannot_complete_and_s
             await wait_until(
                 lambda: leaderless(direct, topic), RECOVERY_BOUND_S, what=f"{topic} has no leader"
             )
-            short = settings.model_copy(update={"kafka_request_timeout_ms": 2_000})
+            short = changed(settings, kafka={"request_timeout_ms": 2_000})
             newer = KafkaLog(short).transactional_writer(writer_id)
             async with asyncio.timeout(60):  # without the bound, start() never returns
                 with pytest.raises(LogError, match="could not become the writer") as refused:

@@ -114,7 +114,7 @@ def test_any_request_gets_a_documented_status_and_code_and_never_a_fault(
 
 async def test_an_origin_that_is_no_url_is_refused_with_403_not_a_fault() -> None:
     # Origin "http://[::1" made urllib raise ValueError inside the host check: a 500.
-    config = load_settings(kafka_bootstrap_servers="127.0.0.1:1", tool_packs=[])
+    config = load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, tool_packs=[])
     handlers = MethodHandlers(config, None, [], None)  # type: ignore[arg-type]  # never reached
     endpoint = McpHttp(config, Authenticator(config.auth), handlers, Metrics(), lambda *_: 0)
     app = Starlette(routes=[Route("/mcp", endpoint.post, methods=["POST"])])

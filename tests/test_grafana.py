@@ -29,7 +29,10 @@ DASHBOARD = ROOT / "grafana" / "dashboards" / "mcp-kafka-bridge.json"
 PROVISIONING = ROOT / "grafana" / "provisioning"
 CHECKER = ROOT / "grafana" / "check_dashboard.py"
 
-ROWS = ["Streams", "Lag", "Retention", "Index", "Ownership", "Tasks", "Wire", "Canary", "Fail-over"]
+ROWS = [
+    *("Streams", "Lag", "Retention", "Index", "Ownership", "Tasks", "Wire", "Canary"),
+    *("Fail-over", "Rollouts"),
+]
 #: How every panel, query and the $job variable name their datasource: the dashboard variable.
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 

@@ -1,8 +1,8 @@
 """Partitions move between replicas without users noticing (issue 30, items 1 and 2).
 
-In-process replicas (``ownership = "group"``: an indexer each, a fan-out, a task service) on
-one in-memory log, no HTTP: the group's eager rebalances, the planned hand-over of a draining
-replica, and its return.
+In-process replicas (``replicas.ownership = "group"``: an indexer each, a fan-out, a task
+service) on one in-memory log, no HTTP: the group's eager rebalances, the planned hand-over of a
+draining replica, and its return.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from support.inmemory import memory_log
-from support.layout import fresh_prefix, make_settings
+from support.layout import fresh_prefix, make_settings, merged
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
@@ -43,13 +43,13 @@ HOLD = ToolSpec(name="hold", description="Never picked up", task="required")
 
 def replica_settings(prefix: str, name: str, **overrides: object) -> Settings:
     values: dict[str, Any] = {
-        "ownership": "group",
-        "instance_id": name,
-        "advertised_url": f"http://{name}.test:8081",
-        "peer_secret": "handover-test-peer-secret-0123456789abcdef",
-        "group_session_timeout_ms": 6_000,
+        "replicas": {"ownership": "group", "instance_id": name, "session_timeout_ms": 6_000},
+        "peers": {
+            "advertised_url": f"http://{name}.test:8081",
+            "secret": "handover-test-peer-secret-0123456789abcdef",
+        },
     }
-    return make_settings("127.0.0.1:9", prefix, **{**values, **overrides})
+    return make_settings("127.0.0.1:9", prefix, **merged(values, overrides))
 
 
 @dataclass
@@ -336,8 +336,8 @@ async def test_a_crashed_owner_s_partitions_are_served_from_the_survivor_s_stand
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     prefix = fresh_prefix("ho")
-    a_settings = replica_settings(prefix, "a", group_session_timeout_ms=1_000)
-    b_settings = replica_settings(prefix, "b", group_session_timeout_ms=1_000)
+    a_settings = replica_settings(prefix, "a", replicas={"session_timeout_ms": 1_000})
+    b_settings = replica_settings(prefix, "b", replicas={"session_timeout_ms": 1_000})
     log = group_log(a_settings)
     async with replica(b_settings, log) as b, replica(a_settings, log) as a:
         await wait_until(lambda: a.indexer.partitions and b.indexer.partitions, what="shared")

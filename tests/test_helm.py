@@ -260,13 +260,13 @@ def test_more_than_one_replica_divides_the_partitions_by_pod_name(
     env = _env(docs, server)
     if not divides:
         # One replica owns every partition: no group settings, no peer secret at all.
-        assert env.get("BRIDGE_OWNERSHIP", "all") == "all"
-        assert "BRIDGE_PEER_SECRET_FILE" not in env and "BRIDGE_INSTANCE_ID" not in env
+        assert env.get("BRIDGE_REPLICAS__OWNERSHIP", "all") == "all"
+        assert "BRIDGE_PEERS__SECRET_FILE" not in env and "BRIDGE_REPLICAS__INSTANCE_ID" not in env
         # The only Secret: the task identity keyring (a lone replica needs one too).
         assert [s["metadata"]["name"] for s in _kind(docs, "Secret")] == [IDENTITY]
         assert not [path for path in _secret_files(docs, server) if "/peer/" in path]
         return
-    assert env["BRIDGE_OWNERSHIP"] == "group"
+    assert env["BRIDGE_REPLICAS__OWNERSHIP"] == "group"
     peers = _one(docs, "Service", PEERS)
     (port,) = peers["spec"]["ports"]
     assert peers["spec"]["clusterIP"] == "None"
@@ -275,8 +275,8 @@ def test_more_than_one_replica_divides_the_partitions_by_pod_name(
     for ordinal in range(replicas):
         env = _env(docs, server, ordinal)
         pod = f"{RELEASE}-{ordinal}"
-        assert env["BRIDGE_INSTANCE_ID"] == pod
-        url = env["BRIDGE_ADVERTISED_URL"]
+        assert env["BRIDGE_REPLICAS__INSTANCE_ID"] == pod
+        url = env["BRIDGE_PEERS__ADVERTISED_URL"]
         assert url == f"http://{pod}.{PEERS}.{NAMESPACE}.svc.cluster.local:{port['port']}"
         assert port["port"] == int(env["BRIDGE_PEERS__PORT"]) == 8081  # the peer listener
         urls.add(url)
@@ -301,10 +301,10 @@ def test_more_than_one_replica_divides_the_partitions_by_pod_name(
                 for to in rule["to"]
             ):
                 assert {p["port"] for p in rule["ports"]} == {8081}
-    secret_file = env["BRIDGE_PEER_SECRET_FILE"]
+    secret_file = env["BRIDGE_PEERS__SECRET_FILE"]
     assert _secret_files(docs, server)[secret_file] == f"{RELEASE}-peer/secret"
     # Only the server divides partitions.
-    assert "BRIDGE_OWNERSHIP" not in _env(docs, _worker(docs))
+    assert "BRIDGE_REPLICAS__OWNERSHIP" not in _env(docs, _worker(docs))
 
 
 def test_autoscaling_leaves_the_count_to_the_autoscaler_and_divides(helm: str) -> None:
@@ -316,7 +316,7 @@ def test_autoscaling_leaves_the_count_to_the_autoscaler_and_divides(helm: str) -
     partitions = int(_one(docs, "ConfigMap", RELEASE)["data"]["BRIDGE_TOPICS__PARTITIONS"])
     assert 1 < hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= partitions
     assert {m["type"] for m in hpa["spec"]["metrics"]} == {"Resource", "Pods"}
-    assert _env(docs, server)["BRIDGE_OWNERSHIP"] == "group"
+    assert _env(docs, server)["BRIDGE_REPLICAS__OWNERSHIP"] == "group"
     # The operator's peer Secret: the chart renders none.
     assert not _kind(docs, "Secret")
     assert _one(docs, "PodDisruptionBudget", RELEASE)["spec"]["minAvailable"] == 2
@@ -398,10 +398,10 @@ def test_every_role_loads_its_settings(
     docs = _render(helm, values)
     for workload in _workloads(docs):
         settings = settings_from(docs, workload)
-        assert settings.auto_create_topics is not bool(_kind(docs, "KafkaTopic"))
+        assert settings.topics.auto_create is not bool(_kind(docs, "KafkaTopic"))
     server = settings_from(docs, _server(docs))
     for host in (RELEASE, f"{RELEASE}.{NAMESPACE}.svc", f"{RELEASE}.{NAMESPACE}.svc.cluster.local"):
-        assert host in server.allowed_hosts
+        assert host in server.server.allowed_hosts
 
 
 # --- Kafka security, topics, users -------------------------------------------------------------
@@ -428,7 +428,7 @@ def test_kafka_security_mounts_only_the_role_s_own_credentials(
     for workload in _workloads(docs):
         settings = settings_from(docs, workload)
         role = workload["metadata"]["labels"]["app.kubernetes.io/component"]
-        assert settings.kafka_security_protocol == protocol
+        assert settings.kafka.security_protocol == protocol
         kafka = {
             path.rsplit("/", 1)[1]: source
             for path, source in _secret_files(docs, workload).items()
@@ -438,11 +438,13 @@ def test_kafka_security_mounts_only_the_role_s_own_credentials(
         user_sources = {s.split("/")[0] for f, s in kafka.items() if f != "ca.crt"}
         assert len(user_sources) <= 1 and all(role in s for s in user_sources), user_sources
         if protocol == "SASL_SSL":
-            assert settings.kafka_sasl.username == f"{RELEASE}-{role}"
-            assert settings.kafka_sasl.mechanism == "SCRAM-SHA-512"
+            assert settings.kafka.sasl.username == f"{RELEASE}-{role}"
+            assert settings.kafka.sasl.mechanism == "SCRAM-SHA-512"
     policy = _one(docs, "NetworkPolicy", RELEASE)
     port = int(
-        _one(docs, "ConfigMap", RELEASE)["data"]["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1]
+        _one(docs, "ConfigMap", RELEASE)["data"]["BRIDGE_KAFKA__BOOTSTRAP_SERVERS"].rsplit(":", 1)[
+            1
+        ]
     )
     assert policy["spec"]["egress"][0]["ports"] == [{"port": port, "protocol": "TCP"}]
 
@@ -468,7 +470,7 @@ def test_kafka_topics_are_the_layout_the_bridge_would_create(
 ) -> None:
     docs = _render(helm, values, "bridge.toolPacks={demo,conformance}")
     settings = settings_from(docs, _server(docs))
-    assert settings.auto_create_topics is False
+    assert settings.topics.auto_create is False
     job_topics = [settings.topics.jobs(t.name) for t in pack_tools(["demo", "conformance"])]
     layout = topic_layout(settings, job_topics)
     topics = {t["spec"]["topicName"]: t for t in _kind(docs, "KafkaTopic")}
@@ -657,7 +659,7 @@ def test_webhooks_are_off_without_a_key_secret_and_the_notes_say_so(
 ) -> None:
     docs = _render(helm, "defaults")
     server = _server(docs)
-    assert "BRIDGE_WEBHOOK_KEYS__FILE" not in _env(docs, server)
+    assert "BRIDGE_WEBHOOKS__KEYS__FILE" not in _env(docs, server)
     assert webhook_sealer(settings_from(docs, server)) is None
     notes = _notes(helm, notes_dir, "defaults")
     assert "WARNING: webhook delivery is OFF" in notes and "webhooks.existingSecret" in notes
@@ -670,13 +672,13 @@ def test_a_webhook_key_secret_turns_webhooks_on_mounted_read_only(
     sets = ("webhooks.existingSecret=mcp-kafka-bridge-webhook-keys",)
     docs = _render(helm, "defaults", *sets)
     server = _server(docs)
-    keys_file = _env(docs, server)["BRIDGE_WEBHOOK_KEYS__FILE"]
+    keys_file = _env(docs, server)["BRIDGE_WEBHOOKS__KEYS__FILE"]
     assert _secret_files(docs, server)[keys_file] == "mcp-kafka-bridge-webhook-keys/keys.json"
     mounts = {m["mountPath"]: m for m in _container(server)["volumeMounts"]}
     assert mounts[keys_file.rsplit("/", 1)[0]]["readOnly"] is True
     settings = settings_from(docs, server)
-    assert settings.webhook_keys.file is not None and not settings.webhook_keys.create
-    assert KeyRing.load(settings.webhook_keys.file).current == "staged"
+    assert settings.webhooks.keys.file is not None and not settings.webhooks.keys.create
+    assert KeyRing.load(settings.webhooks.keys.file).current == "staged"
     assert webhook_sealer(settings) is not None
     notes = _notes(helm, notes_dir, "defaults", *sets)
     assert "Webhook delivery is on" in notes and "OFF" not in notes
@@ -714,7 +716,7 @@ def test_the_events_profile_is_set_only_when_it_is_not_the_default(
         (["kafka.users.server.secret="], "kafka.users.server.secret: the Secret"),
         (["kafka.security=sasl"], "kafka.security must be none, scram or mtls"),
         (["strimzi.kafkaUsers=true", "kafka.security=mtls"], "topics.create=true"),
-        (["bridge.extraSettings.BRIDGE_PEER_SECRET=abc"], "would put a secret in a ConfigMap"),
+        (["bridge.extraSettings.BRIDGE_PEERS__SECRET=abc"], "would put a secret in a ConfigMap"),
         (["bridge.toolPacks={nosuchpack}"], 'unknown tool pack "nosuchpack"'),
         (["image.tag=latest"], "not latest"),
         (["bridge.allowedHosts={*}"], "DNS-rebinding"),
@@ -779,8 +781,8 @@ def test_the_defaults_authenticate_callers_and_reach_kafka_over_sasl_ssl(
     )
     for workload in _workloads(docs):
         settings = settings_from(docs, workload)
-        assert settings.kafka_security_protocol == "SASL_SSL"
-        assert settings.kafka_tls.ca_file is not None and settings.kafka_tls.check_hostname
+        assert settings.kafka.security_protocol == "SASL_SSL"
+        assert settings.kafka.tls.ca_file is not None and settings.kafka.tls.check_hostname
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -790,7 +792,32 @@ def test_every_server_passes_the_bridge_s_own_start_checks(
     # The pod listens on 0.0.0.0: mode none only with the opt-in, which the chart passes on.
     docs = _render(helm, values)
     settings = settings_from(docs, _server(docs))
-    assert settings.http_host == "0.0.0.0"
+    assert settings.server.host == "0.0.0.0"
     assert unauthenticated_exposure(settings) is None
     allowed = _env(docs, _server(docs)).get("BRIDGE_AUTH__ALLOW_UNAUTHENTICATED")
     assert (allowed == "true") is (settings.auth.mode == "none")
+
+
+def test_an_extra_setting_under_its_0_2_0_name_is_written_under_its_grouped_name(
+    helm: str, notes_dir: Path, settings_from: Any, example_secrets: None
+) -> None:
+    # The chart's own keys are grouped; a user's extraSettings may still say what 0.2.0 said.
+    keepalive = "BRIDGE_STREAM_KEEPALIVE_S"  # 0.2.0's name
+    check_hostname = "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME"  # 0.2.0's name, under a moved group
+    sets = (
+        f"bridge.extraSettings.{keepalive}=20",
+        f"bridge.extraSettings.{check_hostname}=false",
+        "bridge.extraSettings.BRIDGE_CANARY__INTERVAL_S=10",
+    )
+    docs = _render(helm, "defaults", *sets)
+    data = _one(docs, "ConfigMap", RELEASE)["data"]
+    assert data["BRIDGE_STREAMS__KEEPALIVE_S"] == "20"
+    assert data["BRIDGE_KAFKA__TLS__CHECK_HOSTNAME"] == "false"
+    assert data["BRIDGE_CANARY__INTERVAL_S"] == "10"
+    assert not {keepalive, check_hostname} & set(data)
+    settings = settings_from(docs, _server(docs))
+    assert settings.streams.keepalive_s == 20 and settings.kafka.tls.check_hostname is False
+    notes = _notes(helm, notes_dir, "defaults", *sets)
+    assert f"{keepalive} is now BRIDGE_STREAMS__KEEPALIVE_S" in notes
+    assert f"{check_hostname} is now BRIDGE_KAFKA__TLS__CHECK_HOSTNAME" in notes
+    assert "BRIDGE_CANARY__INTERVAL_S is now" not in notes

@@ -21,6 +21,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.routing import Route
+from support.layout import merged
 
 from bridge.config import Settings, load_settings
 from bridge.metrics import Metrics
@@ -40,7 +41,7 @@ def endpoint_of(settings: Settings) -> McpHttp:
 
 async def gate_status(headers: dict[str, str], *, scheme: str = "http", **overrides: Any) -> int:
     """The status of ``POST /mcp`` with ``headers`` (403: refused by the Host/Origin check)."""
-    settings = load_settings(kafka_bootstrap_servers="127.0.0.1:1", tool_packs=[], **overrides)
+    settings = load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, tool_packs=[], **overrides)
     app = Starlette(routes=[Route("/mcp", endpoint_of(settings).post, methods=["POST"])])
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url=f"{scheme}://localhost") as http:
@@ -93,7 +94,7 @@ async def test_https_default_ports_are_handled():
 
 
 async def test_a_configured_origin_matches_on_scheme_host_and_port():
-    allowed = {"allowed_origins": ["https://App.example.com"]}
+    allowed = {"server": {"allowed_origins": ["https://App.example.com"]}}
     accepted = ["https://app.example.com", "https://app.example.com:443"]
     refused = ["https://app.example.com:8443", "http://app.example.com", "https://example.com"]
     for origin in accepted:
@@ -122,12 +123,12 @@ class FakeIndexer:
 
 
 def admin_app(**overrides: Any) -> tuple[httpx.AsyncClient, FakeIndexer]:
-    settings = load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1",
-        admin_endpoints=True,
-        auth={"mode": "bearer", "tokens": {"tok-ops": "ops"}},
-        **overrides,
-    )
+    values = {
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+        "server": {"admin_endpoints": True},
+        "auth": {"mode": "bearer", "tokens": {"tok-ops": "ops"}},
+    }
+    settings = load_settings(**merged(values, overrides))
     app = create_app(settings)
     indexer = FakeIndexer()
     # The lifespan is not run: the components the admin route uses, in place.
@@ -165,7 +166,7 @@ async def test_admin_requires_the_mcp_endpoints_authentication():
     ],
 )
 async def test_admin_refuses_cross_site_requests_even_with_a_valid_credential(headers):
-    http, indexer = admin_app(allowed_origins=["https://ops.example.com"])
+    http, indexer = admin_app(server={"allowed_origins": ["https://ops.example.com"]})
     async with http:
         reply = await http.post("/admin/indexer/pause", headers=OPS | headers)
     assert reply.status_code == 403
@@ -173,7 +174,7 @@ async def test_admin_refuses_cross_site_requests_even_with_a_valid_credential(he
 
 
 async def test_admin_refuses_cross_site_requests_when_any_host_is_allowed():
-    http, indexer = admin_app(allowed_hosts=["*"])
+    http, indexer = admin_app(server={"allowed_hosts": ["*"]})
     async with http:
         evil = OPS | {"origin": "http://evil.example"}
         assert (await http.post("/admin/indexer/pause", headers=evil)).status_code == 403
@@ -199,7 +200,7 @@ async def test_admin_accepts_same_origin_requests(headers):
 
 
 async def test_admin_stays_404_when_off():
-    settings = load_settings(kafka_bootstrap_servers="127.0.0.1:1")
+    settings = load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"})
     transport = httpx.ASGITransport(app=create_app(settings))
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         assert (await http.post("/admin/indexer/pause")).status_code == 404

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.layout import merged
 from support.legacy_index import legacy_marker_value, legacy_task_value
 
 from bridge.config import Settings
@@ -181,13 +182,12 @@ def test_the_configured_keyring_is_a_secret_the_settings_never_show(tmp_path: Pa
 
 def test_replicas_without_a_keyring_share_a_key_derived_from_the_peer_secret():
     group = {
-        "ownership": "group",
-        "advertised_url": "http://bridge-0:8081",
-        "peer_secret": "p" * 40,
+        "replicas": {"ownership": "group"},
+        "peers": {"advertised_url": "http://bridge-0:8081", "secret": "p" * 40},
     }
     one, other = load_keyring(Settings(**group)), load_keyring(Settings(**group))
     assert other.verify(b"m", one.sign(b"m"))
-    changed = load_keyring(Settings(**{**group, "peer_secret": "q" * 40}))
+    changed = load_keyring(Settings(**merged(group, {"peers": {"secret": "q" * 40}})))
     assert not changed.verify(b"m", one.sign(b"m"))
 
 
@@ -350,9 +350,8 @@ def test_a_child_process_is_given_the_same_keyring(tmp_path: Path):
     env = keyring_env(dev)
     assert env == {"BRIDGE_IDENTITY__KEYS_FILE": str(path)} and path.is_file()
     child = Settings(
-        ownership="group",
-        advertised_url="http://b:8081",
-        peer_secret="p" * 40,
+        replicas={"ownership": "group"},
+        peers={"advertised_url": "http://b:8081", "secret": "p" * 40},
         identity={"keys_file": env["BRIDGE_IDENTITY__KEYS_FILE"]},
     )
     assert load_keyring(child).verify(b"m", load_keyring(dev).sign(b"m"))

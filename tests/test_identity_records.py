@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from support.layout import changed
 from test_trust import BOUND, TOOL, bridge_side
 
 from bridge.config import Settings
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.kafka
 
 async def append_raw(settings: Settings, task_id: str, records: list[dict[str, Any]]) -> int:
     """Append JSON records as a pipeline with plain WRITE would; the last one's offset."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for record in records:
@@ -60,11 +61,11 @@ def forged_created(prefix: str, principal: str) -> dict[str, Any]:
 async def test_a_forged_task_created_is_no_task_of_the_victim_and_takes_none_of_its_slots(
     topics: Settings,
 ) -> None:
-    settings = topics.model_copy(update={"max_active_tasks_per_principal": 1})
+    settings = changed(topics, tasks={"max_active_per_principal": 1})
     async with bridge_side(settings) as side:
         fake = new_task_id()
         offset = await append_raw(
-            settings, fake, [forged_created(settings.event_type_prefix, "alice")]
+            settings, fake, [forged_created(settings.tasks.event_type_prefix, "alice")]
         )
         async with asyncio.timeout(BOUND):
             await side.indexer.wait_indexed(side.indexer.partition_of(fake), offset)
@@ -81,7 +82,7 @@ async def test_a_forged_task_created_is_no_task_of_the_victim_and_takes_none_of_
 async def test_a_pipeline_with_plain_write_still_appends_events_and_statuses_to_a_task(
     topics: Settings,
 ) -> None:
-    prefix = topics.event_type_prefix
+    prefix = topics.tasks.event_type_prefix
     async with bridge_side(topics) as side:
         task = await side.service.create(TOOL, {}, "alice")
         step = {"type": "com.example.step", "payload": {"n": 1}}
@@ -101,7 +102,7 @@ async def test_a_pipeline_with_plain_write_still_appends_events_and_statuses_to_
 async def test_an_index_rebuilt_after_retention_takes_no_owner_from_a_later_task_created(
     topics: Settings,
 ) -> None:
-    prefix = topics.event_type_prefix
+    prefix = topics.tasks.event_type_prefix
     async with bridge_side(topics) as side:
         task = await side.service.create(TOOL, {}, "alice")
         partition = side.indexer.partition_of(task.task_id)

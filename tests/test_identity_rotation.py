@@ -61,7 +61,7 @@ async def test_refused_identity_records_are_counted_in_the_metrics(topics: Setti
         metrics = Metrics()
         metrics.attach(side.indexer)  # what start_components does
         fake = new_task_id()
-        record = forged_created(topics.event_type_prefix, "alice")
+        record = forged_created(topics.tasks.event_type_prefix, "alice")
         offset = await append_raw(topics, fake, [record])
         async with asyncio.timeout(BOUND):
             await side.indexer.wait_indexed(side.indexer.partition_of(fake), offset)

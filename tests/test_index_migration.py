@@ -90,7 +90,7 @@ async def test_an_old_index_is_refused_then_migrated_with_every_count_kept(
         async with Indexer(settings, persist=True):
             pass
 
-    monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
     monkeypatch.setenv("BRIDGE_TOPICS__PREFIX", topic_prefix)
     monkeypatch.setenv("BRIDGE_TOPICS__PARTITIONS", str(PARTITIONS))
     monkeypatch.setenv("BRIDGE_TOPICS__MIN_INSYNC_REPLICAS", "1")

@@ -67,10 +67,11 @@ def group_settings(prefix: str, name: str, **overrides: object) -> Settings:
     return make_settings(
         "127.0.0.1:9",
         prefix,
-        ownership="group",
-        advertised_url=f"http://{name}.test:8081",
-        peer_secret="indexer-fence-peer-secret-0123456789abcdef",
-        group_session_timeout_ms=6_000,
+        replicas={"ownership": "group", "session_timeout_ms": 6_000},
+        peers={
+            "advertised_url": f"http://{name}.test:8081",
+            "secret": "indexer-fence-peer-secret-0123456789abcdef",
+        },
         **overrides,
     )
 

@@ -122,9 +122,9 @@ class JavaWorker:
         transaction (status, mark and offset sent, not committed: the worst kill point)."""
         env = {
             **os.environ,
-            "KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka_bootstrap_servers or "",
+            "KAFKA_BOOTSTRAP_SERVERS": self.settings.kafka.bootstrap_servers or "",
             "WORKER_TOPIC_PREFIX": self.settings.topics.prefix,
-            "WORKER_EVENT_TYPE_PREFIX": self.settings.event_type_prefix,
+            "WORKER_EVENT_TYPE_PREFIX": self.settings.tasks.event_type_prefix,
             # Static membership: a restarted worker takes its partitions back at once.
             "WORKER_INSTANCE_ID": "java-worker-1",
             "WORKER_STEP_MS": "150",
@@ -232,7 +232,7 @@ async def _input_then_cancel_then_crash(
     service: TaskService, seen: Seen, tool: ToolSpec, worker: JavaWorker
 ) -> list[str]:
     """The scenario; the ids of every task the Java worker ran."""
-    prefix = service.settings.event_type_prefix
+    prefix = service.settings.tasks.event_type_prefix
     status_type = f"{prefix}.{EventSuffix.STATUS}"
     progress_type = f"{prefix}.{EventSuffix.PROGRESS}"
 

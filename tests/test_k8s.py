@@ -352,7 +352,7 @@ def _config_map(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 def _kafka_port(docs: list[dict[str, Any]]) -> int:
     """The port of the Kafka listener the bridge connects to (9092 plain, 9093 TLS)."""
-    return int(_config_map(docs)["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1])
+    return int(_config_map(docs)["BRIDGE_KAFKA__BOOTSTRAP_SERVERS"].rsplit(":", 1)[1])
 
 
 def _container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -524,7 +524,7 @@ def test_kafka_topics_are_the_layout_the_bridge_would_create(
     docs = rendered[overlay]
     server = _workload(docs, "server")
     settings = settings_from(docs, server)
-    assert settings.auto_create_topics is False
+    assert settings.topics.auto_create is False
     served = _job_topics(docs, "server", settings)
     worked = _job_topics(docs, "worker", settings)
     every_pack = [settings.topics.jobs(t.name) for t in pack_tools(sorted(PACKS))]
@@ -673,13 +673,13 @@ def test_prod_keeps_two_replicas_through_disruptions(
 
 
 #: The server's settings of "replicas divide the work" (docs/deployment.md, "Ownership and
-#: failover"); BRIDGE_PEER_SECRET (inline) is the discouraged alternative of the _FILE one.
+#: failover"); BRIDGE_PEERS__SECRET (inline) is the discouraged alternative of the _FILE one.
 OWNERSHIP_ENV = (
-    "BRIDGE_OWNERSHIP",
-    "BRIDGE_INSTANCE_ID",
-    "BRIDGE_ADVERTISED_URL",
-    "BRIDGE_PEER_SECRET_FILE",
-    "BRIDGE_GROUP_SESSION_TIMEOUT_MS",
+    "BRIDGE_REPLICAS__OWNERSHIP",
+    "BRIDGE_REPLICAS__INSTANCE_ID",
+    "BRIDGE_PEERS__ADVERTISED_URL",
+    "BRIDGE_PEERS__SECRET_FILE",
+    "BRIDGE_REPLICAS__SESSION_TIMEOUT_MS",
 )
 PEERS = "bridge-peers"
 
@@ -696,8 +696,8 @@ def test_no_index_writer_runs_the_server_replicas_divide_the_partitions(
     assert not any("index-writer" in d["metadata"]["name"] for d in docs)
     server_env = _env(docs, _workload(docs, "server"))
     assert set(OWNERSHIP_ENV) <= set(server_env)
-    assert server_env["BRIDGE_OWNERSHIP"] == "group"
-    assert "BRIDGE_PEER_SECRET" not in server_env  # the file, never the value in the manifest
+    assert server_env["BRIDGE_REPLICAS__OWNERSHIP"] == "group"
+    assert "BRIDGE_PEERS__SECRET" not in server_env  # the file, never the value in the manifest
     # Only the server divides partitions: the workers keep their own consumer group.
     worker_env = _env(docs, _workload(docs, "worker"))
     assert not set(OWNERSHIP_ENV) & set(worker_env)
@@ -753,8 +753,10 @@ def test_each_replica_is_a_static_group_member_reachable_at_its_own_name(
     for ordinal in range(2):
         env = _env(docs, server, ordinal)
         pod = f"{NAME}-{ordinal}"
-        assert env["BRIDGE_INSTANCE_ID"] == pod  # stable across restarts: the static member id
-        url = urllib.parse.urlsplit(env["BRIDGE_ADVERTISED_URL"])
+        assert (
+            env["BRIDGE_REPLICAS__INSTANCE_ID"] == pod
+        )  # stable across restarts: the static member id
+        url = urllib.parse.urlsplit(env["BRIDGE_PEERS__ADVERTISED_URL"])
         # The pod's DNS name under the headless Service, on the port it listens on.
         assert url.scheme == "http" and url.path in ("", "/")
         assert url.hostname == f"{pod}.{PEERS}.{namespace}.svc.cluster.local"
@@ -763,7 +765,7 @@ def test_each_replica_is_a_static_group_member_reachable_at_its_own_name(
         urls.append(url.geturl())
     assert len(set(urls)) == 2
     # Within what Kafka brokers accept by default (group.min/max.session.timeout.ms).
-    timeout_ms = int(_env(docs, server)["BRIDGE_GROUP_SESSION_TIMEOUT_MS"])
+    timeout_ms = int(_env(docs, server)["BRIDGE_REPLICAS__SESSION_TIMEOUT_MS"])
     assert 6_000 <= timeout_ms <= 1_800_000
 
 
@@ -773,7 +775,7 @@ def test_the_peer_secret_is_a_mounted_file_and_only_dev_ships_a_placeholder(
 ) -> None:
     docs = rendered[overlay]
     server = _workload(docs, "server")
-    secret_file = _env(docs, server)["BRIDGE_PEER_SECRET_FILE"]
+    secret_file = _env(docs, server)["BRIDGE_PEERS__SECRET_FILE"]
     source = _secret_files(docs, server)[secret_file]
     secret_name, key = source.split("/")
     assert key == "secret"
@@ -797,7 +799,7 @@ def test_the_server_mounts_both_keys_from_secrets_and_only_dev_ships_placeholder
     env, files = _env(docs, server), _secret_files(docs, server)
     sources = {
         IDENTITY_SECRET: files[env["BRIDGE_IDENTITY__KEYS_FILE"]],
-        WEBHOOK_KEYS_SECRET: files[env["BRIDGE_WEBHOOK_KEYS__FILE"]],
+        WEBHOOK_KEYS_SECRET: files[env["BRIDGE_WEBHOOKS__KEYS__FILE"]],
     }
     generated = {s["metadata"]["name"]: s for s in _kind(docs, "Secret")}
     for name, source in sources.items():
@@ -817,9 +819,9 @@ def test_the_server_mounts_both_keys_from_secrets_and_only_dev_ships_placeholder
     # The server signs with the mounted keyring (never one derived from the peer secret or made
     # on a pod's disk) and seals webhook secrets with the mounted key file.
     settings = settings_from(docs, server)
-    assert settings.identity.keys_file is not None and settings.webhook_keys.file is not None
+    assert settings.identity.keys_file is not None and settings.webhooks.keys.file is not None
     assert load_keyring(settings).current == "staged"
-    assert KeyRing.load(settings.webhook_keys.file).current == "staged"
+    assert KeyRing.load(settings.webhooks.keys.file).current == "staged"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -830,14 +832,14 @@ def test_every_role_loads_its_settings(
     namespace = _workload(docs, "server")["metadata"]["namespace"]
     for workload in _workloads(docs):
         settings = settings_from(docs, workload)
-        assert settings.kafka_bootstrap_servers == f"my-cluster-kafka-bootstrap:{_kafka_port(docs)}"
-        assert settings.auto_create_topics is False
+        assert settings.kafka.bootstrap_servers == f"my-cluster-kafka-bootstrap:{_kafka_port(docs)}"
+        assert settings.topics.auto_create is False
     server = settings_from(docs, _workload(docs, "server"))
-    assert server.http_host == "0.0.0.0" and server.http_port == 8080
+    assert server.server.host == "0.0.0.0" and server.server.port == 8080
     # DNS rebinding protection: the names clients use for the Service must be allowed.
     for host in (NAME, f"{NAME}.{namespace}.svc", f"{NAME}.{namespace}.svc.cluster.local"):
-        assert host in server.allowed_hosts, host
-    assert "*" not in server.allowed_hosts
+        assert host in server.server.allowed_hosts, host
+    assert "*" not in server.server.allowed_hosts
     pack_tools(_worker_packs(_workload(docs, "worker")))  # the packs exist
 
 
@@ -859,18 +861,18 @@ def test_every_overlay_s_server_passes_the_bridge_s_own_start_checks(
 ) -> None:
     docs = rendered[overlay]
     settings = settings_from(docs, _workload(docs, "server"))
-    assert settings.http_host == "0.0.0.0"
+    assert settings.server.host == "0.0.0.0"
     assert unauthenticated_exposure(settings) is None
     if overlay == "prod":
         assert settings.auth.mode == "jwt"
         assert settings.auth.jwt_audience and settings.auth.jwt_issuer
-        assert settings.kafka_security_protocol == "SASL_SSL"
+        assert settings.kafka.security_protocol == "SASL_SSL"
     else:
         # The insecure choices, each written out in the overlay, never a silent default.
         config = _config_map(docs)
         assert config["BRIDGE_AUTH__MODE"] == "none"
         assert config["BRIDGE_AUTH__ALLOW_UNAUTHENTICATED"] == "true"
-        assert config["BRIDGE_KAFKA_SECURITY_PROTOCOL"] == "PLAINTEXT"
+        assert config["BRIDGE_KAFKA__SECURITY_PROTOCOL"] == "PLAINTEXT"
 
 
 def test_the_base_alone_refuses_to_start_until_an_overlay_chooses(
@@ -879,7 +881,7 @@ def test_the_base_alone_refuses_to_start_until_an_overlay_chooses(
     # Kafka: SASL_SSL without a mechanism; every role refuses, naming what to set.
     base = _docs(_build(kustomize, K8S / "base"))
     for workload in _workloads(base):
-        with pytest.raises(ValueError, match="BRIDGE_KAFKA_SASL__MECHANISM"):
+        with pytest.raises(ValueError, match="BRIDGE_KAFKA__SASL__MECHANISM"):
             settings_from(base, workload)
     # Callers: with Kafka chosen (components/kafka-mtls) but no auth, serving is refused.
     docs = secured["kafka-mtls"]
@@ -914,7 +916,7 @@ def test_no_secret_is_in_the_repository(
     assert all(n.startswith(f"{p}-") for n, p in zip(rendered_secrets, placeholders, strict=True))
     for key, value in _config_map(docs).items():
         if re.search(r"TOKEN|SECRET|PASSWORD", key):
-            # Only where a mounted Secret holds it (BRIDGE_KAFKA_SASL__PASSWORD_FILE).
+            # Only where a mounted Secret holds it (BRIDGE_KAFKA__SASL__PASSWORD_FILE).
             assert key.endswith("_FILE") and value.startswith("/etc/mcp-kafka-bridge/"), key
         assert not re.search(r"-----BEGIN|eyJ[\w-]{10,}\.", value), key
 
@@ -988,7 +990,7 @@ def test_every_role_has_a_kafka_user_of_the_chosen_authentication(
     assert roles == {_role(w) for w in _workloads(docs)} | {"pipeline"} == KAFKA_USER_ROLES
     assert roles <= set(ROLES)
     assert len(users) == len(KAFKA_USER_ROLES)
-    bootstrap = _config_map(docs)["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"]
+    bootstrap = _config_map(docs)["BRIDGE_KAFKA__BOOTSTRAP_SERVERS"]
     for user in users:
         # Managed by the User Operator of the cluster the bridge connects to.
         cluster = user["metadata"]["labels"]["strimzi.io/cluster"]
@@ -1012,24 +1014,24 @@ def test_each_role_connects_over_tls_as_its_own_kafka_user(
         files = _secret_files(docs, workload)
         user = _kafka_user(docs, _role(workload))["metadata"]["name"]
         # The broker's certificate is checked against Strimzi's cluster CA, hostname included.
-        assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9093"
-        assert files[env["BRIDGE_KAFKA_TLS__CA_FILE"]] == f"{CLUSTER_CA}/ca.crt"
-        assert settings.kafka_tls.check_hostname is True
+        assert settings.kafka.bootstrap_servers == "my-cluster-kafka-bootstrap:9093"
+        assert files[env["BRIDGE_KAFKA__TLS__CA_FILE"]] == f"{CLUSTER_CA}/ca.crt"
+        assert settings.kafka.tls.check_hostname is True
         # The pod sees its own user's Secret and nothing of any other user's.
         users = {u["metadata"]["name"] for u in _kind(docs, "KafkaUser")}
         mounted = {source.split("/")[0] for source in files.values()} & users
         assert mounted == {user}, workload["metadata"]["name"]
         if SECURED[variant] == "scram-sha-512":
-            assert settings.kafka_security_protocol == "SASL_SSL"
-            assert settings.kafka_sasl.mechanism == "SCRAM-SHA-512"
-            assert settings.kafka_sasl.username == user
-            assert files[env["BRIDGE_KAFKA_SASL__PASSWORD_FILE"]] == f"{user}/password"
+            assert settings.kafka.security_protocol == "SASL_SSL"
+            assert settings.kafka.sasl.mechanism == "SCRAM-SHA-512"
+            assert settings.kafka.sasl.username == user
+            assert files[env["BRIDGE_KAFKA__SASL__PASSWORD_FILE"]] == f"{user}/password"
             needed = {f"{user}/password"}
         else:
-            assert settings.kafka_security_protocol == "SSL"
-            assert not settings.kafka_sasl.configured
-            assert files[env["BRIDGE_KAFKA_TLS__CERT_FILE"]] == f"{user}/user.crt"
-            assert files[env["BRIDGE_KAFKA_TLS__KEY_FILE"]] == f"{user}/user.key"
+            assert settings.kafka.security_protocol == "SSL"
+            assert not settings.kafka.sasl.configured
+            assert files[env["BRIDGE_KAFKA__TLS__CERT_FILE"]] == f"{user}/user.crt"
+            assert files[env["BRIDGE_KAFKA__TLS__KEY_FILE"]] == f"{user}/user.key"
             needed = {f"{user}/user.crt", f"{user}/user.key"}
         # Only the keys the client reads (not user.p12 and its password, nor sasl.jaas.config).
         assert {s for s in files.values() if s.startswith(f"{user}/")} == needed
@@ -1104,9 +1106,9 @@ def test_dev_connects_in_plaintext_and_creates_no_kafka_users(
     assert not _kind(docs, "KafkaUser")
     for workload in _workloads(docs):
         settings = settings_from(docs, workload)
-        assert settings.kafka_bootstrap_servers == "my-cluster-kafka-bootstrap:9092"
-        assert settings.kafka_security_protocol == "PLAINTEXT"
-        assert not settings.kafka_tls.configured and not settings.kafka_sasl.configured
+        assert settings.kafka.bootstrap_servers == "my-cluster-kafka-bootstrap:9092"
+        assert settings.kafka.security_protocol == "PLAINTEXT"
+        assert not settings.kafka.tls.configured and not settings.kafka.sasl.configured
         # No Kafka credentials; the server mounts only the peer secret and its two keys.
         mounted = {source.split("/")[0] for source in _secret_files(docs, workload).values()}
         ours = tuple(f"{p}-" for p in (PEER_SECRET, IDENTITY_SECRET, WEBHOOK_KEYS_SECRET))
@@ -1298,7 +1300,7 @@ def test_docker_run_with_the_image_s_defaults_refuses_to_serve_unauthenticated(
     env = dict(
         pair.split("=", 1) for i, a in runtime if i == "ENV" for pair in a.split() if "=" in pair
     )
-    assert env["BRIDGE_HTTP_HOST"] == "0.0.0.0"
+    assert env["BRIDGE_SERVER__HOST"] == "0.0.0.0"
     for key in list(os.environ):
         if key.startswith("BRIDGE_"):
             monkeypatch.delenv(key)

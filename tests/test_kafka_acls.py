@@ -199,12 +199,12 @@ def user_env(
     secret.write_text((password or broker.info.users[user]) + "\n")
     secret.chmod(0o600)
     security = {
-        "BRIDGE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-        "BRIDGE_KAFKA_TLS__CA_FILE": str(broker.info.ca_file),
-        "BRIDGE_KAFKA_SASL__MECHANISM": "SCRAM-SHA-512",
-        "BRIDGE_KAFKA_SASL__USERNAME": user,
-        "BRIDGE_KAFKA_SASL__PASSWORD_FILE": str(secret),
-        "BRIDGE_AUTO_CREATE_TOPICS": "false",
+        "BRIDGE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "BRIDGE_KAFKA__TLS__CA_FILE": str(broker.info.ca_file),
+        "BRIDGE_KAFKA__SASL__MECHANISM": "SCRAM-SHA-512",
+        "BRIDGE_KAFKA__SASL__USERNAME": user,
+        "BRIDGE_KAFKA__SASL__PASSWORD_FILE": str(secret),
+        "BRIDGE_TOPICS__AUTO_CREATE": "false",
     }
     return bridge_env(settings, **{**security, **extra})
 
@@ -455,10 +455,10 @@ async def test_a_replica_asked_to_create_topics_under_acls_is_told_that_it_is_an
 ) -> None:
     acls = roles_acls(("server",), layout.topics, job_topics(layout))
     await create_acls(layout, "User:server", acls)
-    env = user_env(secure_kafka, layout, "server", tmp_path, BRIDGE_AUTO_CREATE_TOPICS="true")
+    env = user_env(secure_kafka, layout, "server", tmp_path, BRIDGE_TOPICS__AUTO_CREATE="true")
     done = await run_bridge(COMMANDS["server"], env)
     done.one_clear_line(
-        "serve", "an operator creates the topics", "BRIDGE_AUTO_CREATE_TOPICS=false"
+        "serve", "an operator creates the topics", "BRIDGE_TOPICS__AUTO_CREATE=false"
     )
 
 
@@ -470,7 +470,7 @@ async def test_a_wrong_password_fails_fast_in_one_line(
 ) -> None:
     env = user_env(secure_kafka, layout, "server", tmp_path, password="not-the-password")
     done = await run_bridge(COMMANDS["server"], env)
-    done.one_clear_line("serve", "SCRAM-SHA-512", "'server'", "BRIDGE_KAFKA_SASL__PASSWORD")
+    done.one_clear_line("serve", "SCRAM-SHA-512", "'server'", "BRIDGE_KAFKA__SASL__PASSWORD")
 
 
 async def test_a_ca_the_client_does_not_trust_fails_fast_in_one_line(
@@ -479,10 +479,10 @@ async def test_a_ca_the_client_does_not_trust_fails_fast_in_one_line(
     other_ca = tmp_path / "other-ca.pem"
     trustme.CA().cert_pem.write_to_path(str(other_ca))
     env = user_env(
-        secure_kafka, layout, "server", tmp_path, BRIDGE_KAFKA_TLS__CA_FILE=str(other_ca)
+        secure_kafka, layout, "server", tmp_path, BRIDGE_KAFKA__TLS__CA_FILE=str(other_ca)
     )
     done = await run_bridge(COMMANDS["server"], env)
-    done.one_clear_line("serve", "not trusted", "BRIDGE_KAFKA_TLS__CA_FILE")
+    done.one_clear_line("serve", "not trusted", "BRIDGE_KAFKA__TLS__CA_FILE")
 
 
 async def test_an_expired_certificate_of_a_trusted_ca_fails_fast_in_one_line(
@@ -504,8 +504,8 @@ async def test_an_expired_certificate_of_a_trusted_ca_fails_fast_in_one_line(
             layout,
             "server",
             tmp_path,
-            BRIDGE_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{port}",
-            BRIDGE_KAFKA_TLS__CA_FILE=str(ca_file),
+            BRIDGE_KAFKA__BOOTSTRAP_SERVERS=f"127.0.0.1:{port}",
+            BRIDGE_KAFKA__TLS__CA_FILE=str(ca_file),
         )
         done = await run_bridge(COMMANDS["server"], env)
     done.one_clear_line("serve", "not valid now", "expired")
@@ -521,10 +521,10 @@ async def test_an_address_the_certificate_does_not_name_fails_fast_in_one_line(
             layout,
             "server",
             tmp_path,
-            BRIDGE_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.2:{forwarded}",
+            BRIDGE_KAFKA__BOOTSTRAP_SERVERS=f"127.0.0.2:{forwarded}",
         )
         done = await run_bridge(COMMANDS["server"], env)
-    done.one_clear_line("serve", "does not name the host", "BRIDGE_KAFKA_BOOTSTRAP_SERVERS")
+    done.one_clear_line("serve", "does not name the host", "BRIDGE_KAFKA__BOOTSTRAP_SERVERS")
 
 
 @contextlib.asynccontextmanager

@@ -54,9 +54,7 @@ SECRET = "s3cr:t/+ä"  # characters RFC 6749 section 2.3.1 form-encodes before B
 
 def sasl_settings(**sasl: Any) -> Settings:
     return load_settings(
-        kafka_bootstrap_servers="127.0.0.1:9093",
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl=sasl,
+        kafka={"bootstrap_servers": "127.0.0.1:9093", "security_protocol": "SASL_SSL", "sasl": sasl}
     )
 
 
@@ -96,7 +94,7 @@ def test_a_password_file_wins_and_is_read_again_for_each_client(tmp_path: Path) 
     written(secret_file, "rotated")  # a Kubernetes Secret updated in place
     assert client_security_options(settings)["sasl_plain_password"] == "rotated"
     secret_file.unlink()
-    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA_SASL__PASSWORD_FILE"):
+    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA__SASL__PASSWORD_FILE"):
         client_security_options(settings)
 
 
@@ -143,9 +141,11 @@ def ca() -> trustme.CA:
 
 def tls_settings(ca_file: Path | None, **tls: Any) -> Settings:
     return load_settings(
-        kafka_bootstrap_servers="127.0.0.1:9093",
-        kafka_security_protocol="SSL",
-        kafka_tls={"ca_file": ca_file, **tls},
+        kafka={
+            "bootstrap_servers": "127.0.0.1:9093",
+            "security_protocol": "SSL",
+            "tls": {"ca_file": ca_file, **tls},
+        }
     )
 
 
@@ -186,13 +186,13 @@ def test_an_encrypted_client_key_loads_with_its_password_and_a_wrong_one_is_one_
         settings = tls_settings(**files, **wrong)  # type: ignore[arg-type]
         with pytest.raises(KafkaSecurityError) as refused:
             client_security_options(settings)
-        assert "BRIDGE_KAFKA_TLS__KEY_PASSWORD" in str(refused.value)
+        assert "BRIDGE_KAFKA__TLS__KEY_PASSWORD" in str(refused.value)
         assert str(files["key_file"]) in str(refused.value)
 
 
 def test_a_ca_file_that_is_not_pem_is_one_clear_error(tmp_path: Path) -> None:
     settings = tls_settings(written(tmp_path / "ca.pem", "not a certificate"))
-    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA_TLS__CA_FILE must hold PEM"):
+    with pytest.raises(KafkaSecurityError, match="BRIDGE_KAFKA__TLS__CA_FILE must hold PEM"):
         client_security_options(settings)
 
 
@@ -237,9 +237,11 @@ async def refusal(settings: Settings) -> str:
 
 def secured(server: TlsServer, ca_file: Path | None, host: str = "127.0.0.1") -> Settings:
     return load_settings(
-        kafka_bootstrap_servers=f"{host}:{server.port}",
-        kafka_security_protocol="SSL",
-        kafka_tls={"ca_file": ca_file},
+        kafka={
+            "bootstrap_servers": f"{host}:{server.port}",
+            "security_protocol": "SSL",
+            "tls": {"ca_file": ca_file},
+        }
     )
 
 
@@ -255,7 +257,7 @@ async def test_a_broker_certificate_from_another_ca_is_one_line_naming_the_ca_se
 ) -> None:
     other = pem(tmp_path, "other-ca.pem", trustme.CA().cert_pem.bytes())
     line = await refusal(secured(tls_server, other))
-    assert "is not trusted" in line and "BRIDGE_KAFKA_TLS__CA_FILE" in line and str(other) in line
+    assert "is not trusted" in line and "BRIDGE_KAFKA__TLS__CA_FILE" in line and str(other) in line
     line = await refusal(secured(tls_server, None))
     assert "is not trusted" in line and "the system's CAs" in line
 
@@ -272,7 +274,7 @@ async def test_an_address_the_certificate_does_not_name_is_one_line_naming_the_s
 ) -> None:
     line = await refusal(secured(tls_server, tls_server.ca_file))
     assert "does not name the host" in line
-    assert "BRIDGE_KAFKA_BOOTSTRAP_SERVERS" in line and "BRIDGE_KAFKA_TLS__CHECK_HOSTNAME" in line
+    assert "BRIDGE_KAFKA__BOOTSTRAP_SERVERS" in line and "BRIDGE_KAFKA__TLS__CHECK_HOSTNAME" in line
 
 
 @pytest.mark.parametrize("tls_server", [LOCALHOST_ONLY], indirect=True)
@@ -295,28 +297,30 @@ def test_the_cli_preflight_reports_a_refused_handshake_as_one_kafka_unavailable_
 def test_unusable_settings_are_one_line_naming_the_command_and_the_setting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("BRIDGE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__MECHANISM", "PLAIN")
-    monkeypatch.setenv("BRIDGE_KAFKA_SASL__PASSWORD", SECRET)
+    monkeypatch.setenv("BRIDGE_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__MECHANISM", "PLAIN")
+    monkeypatch.setenv("BRIDGE_KAFKA__SASL__PASSWORD", SECRET)
     assert main(["topics", "create"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line == (
-        "bridge topics create: bad settings: kafka_sasl: BRIDGE_KAFKA_SASL__MECHANISM=PLAIN "
-        "needs BRIDGE_KAFKA_SASL__USERNAME"
+        "bridge topics create: bad settings: kafka.sasl: BRIDGE_KAFKA__SASL__MECHANISM=PLAIN "
+        "needs BRIDGE_KAFKA__SASL__USERNAME"
     )
 
 
 def test_a_refused_sasl_login_is_one_line_naming_the_user_and_the_settings() -> None:
     settings = load_settings(
-        kafka_bootstrap_servers="kafka:9093",
-        kafka_security_protocol="SASL_SSL",
-        kafka_sasl={"mechanism": "SCRAM-SHA-512", "username": "svc", "password": SECRET},
+        kafka={
+            "bootstrap_servers": "kafka:9093",
+            "security_protocol": "SASL_SSL",
+            "sasl": {"mechanism": "SCRAM-SHA-512", "username": "svc", "password": SECRET},
+        }
     )
     broker_said = "Authentication failed during authentication due to invalid credentials"
     line = explain_connect_failure(SaslAuthenticationFailed(broker_said), settings)
     assert line is not None
     assert "refused the SCRAM-SHA-512 login of user 'svc'" in line and broker_said in line
-    assert "BRIDGE_KAFKA_SASL__PASSWORD" in line and SECRET not in line
+    assert "BRIDGE_KAFKA__SASL__PASSWORD" in line and SECRET not in line
     assert explain_connect_failure(ValueError("unrelated"), settings) is None
 
 
@@ -505,7 +509,7 @@ async def test_a_401_from_the_token_endpoint_is_one_clear_error_naming_the_setti
         await provider.token()
     line = str(refused.value)
     assert "refused client 'bridge client' (HTTP 401: invalid_client: Bad client secret)" in line
-    assert "BRIDGE_KAFKA_SASL__OAUTH_CLIENT_SECRET" in line and token_endpoint.url in line
+    assert "BRIDGE_KAFKA__SASL__OAUTH_CLIENT_SECRET" in line and token_endpoint.url in line
     assert SECRET not in line and "\n" not in line
 
 
@@ -537,5 +541,5 @@ def test_clients_of_one_process_share_the_token_of_an_endpoint(
         oauth_client_secret=SECRET,
     )
     options = client_security_options(settings)
-    assert options["sasl_oauth_token_provider"] is token_provider(settings.kafka_sasl)
+    assert options["sasl_oauth_token_provider"] is token_provider(settings.kafka.sasl)
     assert SECRET not in repr(options)

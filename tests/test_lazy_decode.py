@@ -17,6 +17,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.layout import changed
 from support.waits import BOUND
 from test_envelope import as_bytes, avro_record, json_objects, record
 
@@ -286,7 +287,7 @@ def _mixed_log() -> list[tuple[bytes | None, Headers]]:
 
 @pytest.mark.kafka
 async def test_listeners_readers_and_the_index_agree_with_an_eager_recount(topics):
-    config = topics.model_copy(update={"max_event_bytes": 1024})
+    config = changed(topics, tasks={"max_event_bytes": 1024})
     log = _mixed_log()
     await _produce(config, b"task-lazy", log)
     seen: list[IndexedEvent] = []
@@ -298,7 +299,7 @@ async def test_listeners_readers_and_the_index_agree_with_an_eager_recount(topic
             read = [(e.seq, e.event) async for e in reader.read("task-lazy")]
         entry = indexer.lookup("task-lazy")
     assert entry is not None
-    recount = PartitionIndex(entry[0], config.checkpoint_interval)
+    recount = PartitionIndex(entry[0], config.tasks.checkpoint_interval)
     assert [i.seq for i in seen] == [seq for seq, _ in read] == list(range(len(log)))
     for (value, headers), indexed, (_, read_event) in zip(log, seen, read, strict=True):
         rec = consumer_record(value, headers, offset=indexed.offset)

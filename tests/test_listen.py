@@ -111,7 +111,7 @@ class FakeStreams:
 
 
 def config(**overrides: Any) -> Settings:
-    return load_settings(kafka_bootstrap_servers="127.0.0.1:1", tool_packs=[], **overrides)
+    return load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, tool_packs=[], **overrides)
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def streams() -> FakeStreams:
 @pytest.fixture
 def handlers(tasks: FakeTasks, streams: FakeStreams) -> MethodHandlers:
     # Keep-alives far apart: a listen that ends must be woken, not find out at its next tick.
-    listen = Listen(config(stream_keepalive_s=3600), tasks, streams, max_task_ids=3)
+    listen = Listen(config(streams={"keepalive_s": 3600}), tasks, streams, max_task_ids=3)
     return MethodHandlers(config(), tasks, [], streams, [listen])
 
 
@@ -249,7 +249,7 @@ async def test_a_task_the_caller_may_not_see_is_left_out_with_the_error_tasks_ge
 async def test_a_listen_without_task_ids_is_acknowledged_with_nothing_and_kept_alive(
     tasks: FakeTasks, streams: FakeStreams
 ) -> None:
-    listen = Listen(config(stream_keepalive_s=0.01), tasks, streams)
+    listen = Listen(config(streams={"keepalive_s": 0.01}), tasks, streams)
     handlers = MethodHandlers(config(), tasks, [], streams, [listen])
     c = call("subscriptions/listen", {"notifications": {"toolsListChanged": True}}, caps={})
     messages = await opened(handlers, c)
@@ -395,7 +395,7 @@ def replicas() -> FakeReplicas:
 
 @pytest.fixture
 def grouped(tasks: FakeTasks, streams: FakeStreams, replicas: FakeReplicas) -> MethodHandlers:
-    listen = Listen(config(stream_keepalive_s=3600), tasks, streams, replicas=replicas)
+    listen = Listen(config(streams={"keepalive_s": 3600}), tasks, streams, replicas=replicas)
     return MethodHandlers(config(), tasks, [], streams, [listen])
 
 

@@ -70,7 +70,7 @@ async def test_three_concurrent_writers_on_one_task_get_seq_0_1_2_in_log_order(t
             for i in range(n)
         )
         proc = await asyncio.create_subprocess_exec(
-            "kcat", "-P", "-b", settings.kafka_bootstrap_servers, "-t", settings.topics.events,
+            "kcat", "-P", "-b", settings.kafka.bootstrap_servers, "-t", settings.topics.events,
             "-k", task, "-X", "partitioner=murmur2_random", "-H", "content-type=application/json",
             stdin=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
@@ -91,7 +91,7 @@ async def test_three_concurrent_writers_on_one_task_get_seq_0_1_2_in_log_order(t
 async def test_aborted_transactions_get_no_seq_and_committed_ones_do(topics):
     settings, task = topics, "task-txn"
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         transactional_id=f"{settings.topics.prefix}-t",
     )
     await producer.start()
@@ -160,7 +160,7 @@ async def test_every_cursor_position_resumes_with_exactly_the_remaining_events(t
 async def test_undecodable_and_oversized_records_keep_their_seq_as_prefixed_placeholders(topics):
     settings, task = topics, "task-bad"
     raw = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers, max_request_size=2_000_000
+        bootstrap_servers=settings.kafka.bootstrap_servers, max_request_size=2_000_000
     )
     await raw.start()
     try:
@@ -177,7 +177,7 @@ async def test_undecodable_and_oversized_records_keep_their_seq_as_prefixed_plac
             await pub.publish(task, "com.example.e", {"i": 3})
     finally:
         await raw.stop()
-    prefix = settings.event_type_prefix
+    prefix = settings.tasks.event_type_prefix
     async with Indexer(settings) as indexer, Reader(settings, indexer) as reader:
         await caught_up(indexer)
         events = await collect(reader, task)
@@ -258,7 +258,7 @@ async def test_two_indexers_built_independently_agree(topics):
         for i in range(200):
             await pub.publish(f"task-{i % 13}", "com.example.e", {"i": i})
         await pub.publish(
-            "task-1", f"{settings.event_type_prefix}.task.status", {"status": "completed"}
+            "task-1", f"{settings.tasks.event_type_prefix}.task.status", {"status": "completed"}
         )
     async with Indexer(settings, persist=True, flush_interval_s=0.05) as first:
         await caught_up(first)
@@ -363,7 +363,7 @@ async def test_sigkill_of_the_indexer_while_persisting_never_changes_any_seq(top
 
 async def test_a_foreign_unprefixed_type_is_served_under_our_prefix_and_keeps_its_seq(topics):
     settings, task = topics, "task-foreign"
-    raw = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    raw = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await raw.start()
     try:
         value = json.dumps({"type": "task.status", "payload": {"status": "done"}}).encode()
@@ -378,7 +378,7 @@ async def test_a_foreign_unprefixed_type_is_served_under_our_prefix_and_keeps_it
     assert events == [
         (
             0,
-            f"{settings.event_type_prefix}.event.unprefixed",
+            f"{settings.tasks.event_type_prefix}.event.unprefixed",
             {"type": "task.status", "payload": {"status": "done"}},
         ),
         (1, "com.example.e", {"i": 1}),

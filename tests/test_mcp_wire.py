@@ -224,7 +224,7 @@ def test_get_and_delete_are_405(client: httpx.Client, bridge: Bridge, verb: str)
 
 
 def test_body_over_the_limit_is_413(client: httpx.Client, bridge: Bridge) -> None:
-    limit = bridge.settings.max_request_bytes
+    limit = bridge.settings.server.max_request_bytes
     assert limit == 1024 * 1024
     padding = "x" * (2 * limit)
     message = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": padding}}
@@ -234,7 +234,7 @@ def test_body_over_the_limit_is_413(client: httpx.Client, bridge: Bridge) -> Non
 
 def test_chunked_body_over_the_limit_is_413(client: httpx.Client, bridge: Bridge) -> None:
     """Without a Content-Length the limit is enforced while the body streams in."""
-    limit = bridge.settings.max_request_bytes
+    limit = bridge.settings.server.max_request_bytes
     chunk = b"x" * 65_536
 
     def body() -> Iterator[bytes]:
@@ -250,7 +250,7 @@ def test_chunked_body_over_the_limit_is_413(client: httpx.Client, bridge: Bridge
 
 
 def test_body_just_under_the_limit_is_served(client: httpx.Client, bridge: Bridge) -> None:
-    limit = bridge.settings.max_request_bytes
+    limit = bridge.settings.server.max_request_bytes
     params = {"_meta": meta() | {"pad": ""}}
     message = {"jsonrpc": "2.0", "id": "big", "method": "server/discover", "params": params}
     params["_meta"]["pad"] = "y" * (limit - len(json.dumps(message)) - 1)

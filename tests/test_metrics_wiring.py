@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from support.imports import bridge_modules
-from support.layout import fresh_prefix, make_settings
+from support.layout import fresh_prefix, make_settings, merged
 from support.served import Served, serving
 from support.waits import BOUND, wait_until
 
@@ -51,7 +51,7 @@ TASKS = 6
 
 
 def canary_on(kafka_bootstrap: str, **overrides: Any) -> Settings:
-    values = {"canary_interval_s": 0.2, "canary_timeout_s": 2.0} | overrides
+    values = merged({"canary": {"interval_s": 0.2, "timeout_s": 2.0}}, overrides)
     return make_settings(kafka_bootstrap, fresh_prefix("mw"), **values)
 
 
@@ -128,7 +128,7 @@ async def read_all(reader: Reader, task: str) -> int:
 @pytest.fixture
 async def served(kafka_bootstrap: str) -> AsyncIterator[Served]:
     # Canary tasks replaced every second: new canary streams keep reading while the test runs.
-    async with serving(canary_on(kafka_bootstrap, canary_task_ttl_s=2)) as running:
+    async with serving(canary_on(kafka_bootstrap, canary={"task_ttl_s": 2})) as running:
         assert running.components.canary is not None
         await wait_until(lambda: probes_delivered(running), what="a canary probe delivered")
         yield running

@@ -94,7 +94,7 @@ def kcat(settings: Settings, records: dict[str, dict[str, object]], *options: st
     """One JSON event per task id through kcat, with its default partitioner unless told."""
     lines = "".join(f"{task_id}\t{json.dumps(event)}\n" for task_id, event in records.items())
     done = subprocess.run(
-        ["kcat", "-P", "-b", settings.kafka_bootstrap_servers or "", "-t", settings.topics.events,
+        ["kcat", "-P", "-b", settings.kafka.bootstrap_servers or "", "-t", settings.topics.events,
          "-K", "\t", "-H", "content-type=application/json", *options],
         input=lines.encode(), capture_output=True, timeout=BOUND, check=False,
     )  # fmt: skip

@@ -62,6 +62,8 @@ ALERTS = {
     "BridgeRebalanceStorm": "warning",
     "BridgeCanaryLost": "warning",
     "BridgeCanaryLatencyHigh": "warning",
+    "BridgePartitionUnavailable": "warning",
+    "BridgeDataLossNear": "warning",
 }
 JOB = "mcp-kafka-bridge"
 #: Grafana's variables, as concrete values: windows long enough to cover the whole test run.
@@ -434,10 +436,59 @@ CANARY_RULE_TESTS: list[dict[str, Any]] = [
 ]
 
 
+# The rollout alerts: a partition unserved again and again, and a stream close to retention's
+# cut, fire; a single fail-over and a stream far from the cut (or a young topic) do not.
+ROLLOUT_RULE_TESTS: list[dict[str, Any]] = [
+    {  # p0: unserved 20 s of every minute (flapping); p1: one 40 s fail-over at 2m, then
+        # served; p2: never unserved. bridge-1 saw p0 served (it owned it).
+        "interval": "1m",
+        "input_series": [
+            _series("bridge_partition_unavailable_seconds_total", "0+20x20", partition="0"),
+            _series(
+                "bridge_partition_unavailable_seconds_total",
+                "0x20",
+                partition="0",
+                instance="bridge-1:8080",
+            ),
+            _series("bridge_partition_unavailable_seconds_total", "0 0 40x18", partition="1"),
+            _series("bridge_partition_unavailable_seconds_total", "0x20", partition="2"),
+        ],
+        "alert_rule_test": [
+            _alert("BridgePartitionUnavailable", "3m"),
+            _alert("BridgePartitionUnavailable", "6m", {"job": JOB, "partition": "0"}),
+            _alert("BridgePartitionUnavailable", "15m", {"job": JOB, "partition": "0"}),
+        ],
+    },
+    {  # p0: a stream 300 s behind the log start's record time, retention deleting; p1: no
+        # stream behind (the distance is the whole retained span, 200 s: a short retention);
+        # p2: a stream just as close, but nothing ever deleted (a young topic)
+        "interval": "1m",
+        "input_series": [
+            _series("bridge_data_loss_distance_seconds", "300x20", partition="0"),
+            _series("bridge_data_loss_distance_records", "50x20", partition="0"),
+            _series("bridge_log_start_offset", "100x20", partition="0"),
+            _series("bridge_log_end_offset", "1000x20", partition="0"),
+            _series("bridge_data_loss_distance_seconds", "200x20", partition="1"),
+            _series("bridge_data_loss_distance_records", "900x20", partition="1"),
+            _series("bridge_log_start_offset", "100x20", partition="1"),
+            _series("bridge_log_end_offset", "1000x20", partition="1"),
+            _series("bridge_data_loss_distance_seconds", "300x20", partition="2"),
+            _series("bridge_data_loss_distance_records", "50x20", partition="2"),
+            _series("bridge_log_start_offset", "0x20", partition="2"),
+            _series("bridge_log_end_offset", "1000x20", partition="2"),
+        ],
+        "alert_rule_test": [
+            _alert("BridgeDataLossNear", "3m"),
+            _alert("BridgeDataLossNear", "7m", {"job": JOB, "partition": "0"}),
+        ],
+    },
+]
+
+
 def test_every_alert_fires_on_its_condition_and_not_on_a_healthy_look_alike(tmp_path):
     promtool = require_tool("promtool")
     (tmp_path / "rules.yaml").write_text(without_annotations(rules_spec()))
-    rule_tests = RULE_TESTS + OWNERSHIP_RULE_TESTS + CANARY_RULE_TESTS
+    rule_tests = RULE_TESTS + OWNERSHIP_RULE_TESTS + CANARY_RULE_TESTS + ROLLOUT_RULE_TESTS
     tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": rule_tests}
     (tmp_path / "tests.yaml").write_text(json.dumps(tests, indent=1))  # JSON is YAML
     tested = [x["alertname"] for t in rule_tests for x in t["alert_rule_test"]]
@@ -519,13 +570,15 @@ def running_prometheus(workdir: Path, target_port: int) -> Iterator[str]:
 def observed(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     require_tool("prometheus")
     # Large events let a client that stops reading fill the socket buffers (MBs) quickly.
-    settings = make_settings(kafka_bootstrap, fresh_prefix("o"), max_event_bytes=256 * 1024)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("o"), tasks={"max_event_bytes": 256 * 1024}
+    )
     env = {
-        "BRIDGE_ADMIN_ENDPOINTS": "true",
-        "BRIDGE_METRICS_REFRESH_S": "1",
-        "BRIDGE_STREAM_QUEUE_SIZE": "8",  # a small queue: a client that stops reading overflows it
-        "BRIDGE_STREAM_KEEPALIVE_S": "1",
-        "BRIDGE_CANARY_INTERVAL_S": "1",  # the canary's panels need its probes
+        "BRIDGE_SERVER__ADMIN_ENDPOINTS": "true",
+        "BRIDGE_SERVER__METRICS_REFRESH_S": "1",
+        "BRIDGE_STREAMS__QUEUE_SIZE": "8",  # a small queue: a client that stops reading overflows it
+        "BRIDGE_STREAMS__KEEPALIVE_S": "1",
+        "BRIDGE_CANARY__INTERVAL_S": "1",  # the canary's panels need its probes
     }
     work = tmp_path_factory.mktemp("observability")
     with (

@@ -116,9 +116,10 @@ def test_a_member_whose_metadata_cannot_be_read_still_gets_a_share() -> None:
 def test_the_secret_never_shows_in_a_repr() -> None:
     assert SECRET not in repr(PeerAuth(SECRET))
     settings = load_settings(
-        kafka_bootstrap_servers="k:9092", ownership="group", advertised_url="http://a:8081",
-        peer_secret=SECRET,
-    )  # fmt: skip
+        kafka={"bootstrap_servers": "k:9092"},
+        replicas={"ownership": "group"},
+        peers={"advertised_url": "http://a:8081", "secret": SECRET},
+    )
     assert SECRET not in repr(settings)
 
 
@@ -148,13 +149,18 @@ def test_only_requests_about_one_task_are_routed_to_its_owner(method, params, ro
 
 
 def test_group_ownership_without_a_url_or_a_long_enough_secret_is_refused() -> None:
-    with pytest.raises(ValueError, match="BRIDGE_ADVERTISED_URL"):
-        load_settings(kafka_bootstrap_servers="k:9092", ownership="group", peer_secret=SECRET)
+    with pytest.raises(ValueError, match="BRIDGE_PEERS__ADVERTISED_URL"):
+        load_settings(
+            kafka={"bootstrap_servers": "k:9092"},
+            replicas={"ownership": "group"},
+            peers={"secret": SECRET},
+        )
     with pytest.raises(ValueError, match="at least 32 characters"):
         load_settings(
-            kafka_bootstrap_servers="k:9092", ownership="group", advertised_url="http://a:8081",
-            peer_secret="short",
-        )  # fmt: skip
+            kafka={"bootstrap_servers": "k:9092"},
+            replicas={"ownership": "group"},
+            peers={"advertised_url": "http://a:8081", "secret": "short"},
+        )
 
 
 # --- task ids ------------------------------------------------------------------------------

@@ -126,12 +126,16 @@ def test_a_development_command_without_the_development_install_is_one_clear_line
 def test_without_kafka_settings_a_runtime_install_names_the_bootstrap_setting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for name in ("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS", "BRIDGE_CONFIG_FILE"):
+    for name in (
+        "BRIDGE_KAFKA__BOOTSTRAP_SERVERS",
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "BRIDGE_CONFIG_FILE",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert cli.main(["topics", "create"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert "no Kafka configured: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS" in err
+    assert "no Kafka configured: set BRIDGE_KAFKA__BOOTSTRAP_SERVERS" in err
     assert "development install" in err
 
 

@@ -24,6 +24,7 @@ import pytest
 import trustme
 from starlette.applications import Starlette
 from starlette.routing import Route
+from support.layout import merged
 from support.mcp import request
 from support.procs import free_port
 from test_listen import FakeStreams, FakeTasks
@@ -58,16 +59,13 @@ ALICE = PeerIdentity("alice", "alice")
 
 def group_settings(**overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "kafka_bootstrap_servers": "127.0.0.1:1",
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
         "tool_packs": [],
-        "ownership": "group",
-        "advertised_url": HERE,
-        "peers": {"port": 18081},
-        "peer_secret": SECRET,
+        "replicas": {"ownership": "group"},
+        "peers": {"port": 18081, "advertised_url": HERE, "secret": SECRET},
         "auth": {"mode": "bearer", "tokens": TOKENS},
-        **overrides,
     }
-    return load_settings(**values)
+    return load_settings(**merged(values, overrides))
 
 
 class Replica:
@@ -485,10 +483,10 @@ def test_owner_urls_must_name_a_peer_listener_of_this_configuration(
     url: str, origin: str | None
 ) -> None:
     settings = group_settings(
-        advertised_url="http://bridge-0.bridge-peers.ns.svc:8081", peers={"port": 8081}
+        peers={"port": 8081, "advertised_url": "http://bridge-0.bridge-peers.ns.svc:8081"}
     )
     peers = settings.peers
-    hosts = peers.accepted_hosts(settings.advertised_url or "")
+    hosts = peers.accepted_hosts(settings.peers.advertised_url or "")
     assert hosts == ["bridge-0.bridge-peers.ns.svc", ".bridge-peers.ns.svc"]
     if origin is None:
         with pytest.raises(ValueError):
@@ -499,8 +497,11 @@ def test_owner_urls_must_name_a_peer_listener_of_this_configuration(
 
 def test_configured_peer_hosts_replace_the_default_and_an_address_accepts_itself_only() -> None:
     settings = group_settings(
-        advertised_url="http://10.0.0.7:18081",
-        peers={"port": 18081, "hosts": ["10.0.0.7", ".peers.example"]},
+        peers={
+            "port": 18081,
+            "hosts": ["10.0.0.7", ".peers.example"],
+            "advertised_url": "http://10.0.0.7:18081",
+        }
     )
     hosts = settings.peers.accepted_hosts(HERE)
     assert settings.peers.origin("http://a.peers.example:18081", hosts)
@@ -514,9 +515,9 @@ def test_configured_peer_hosts_replace_the_default_and_an_address_accepts_itself
 
 def test_an_advertised_url_that_is_not_the_peer_listener_refuses_to_start() -> None:
     with pytest.raises(ValueError, match="BRIDGE_PEERS__PORT"):
-        group_settings(advertised_url="http://127.0.0.1:8080")  # the public port
+        group_settings(peers={"advertised_url": "http://127.0.0.1:8080"})  # the public port
     with pytest.raises(ValueError, match="scheme is not http"):
-        group_settings(advertised_url="https://127.0.0.1:18081")
+        group_settings(peers={"advertised_url": "https://127.0.0.1:18081"})
 
 
 class FakeIndexer:
@@ -573,8 +574,7 @@ async def test_a_hop_over_tls_reaches_the_peer_listener_with_certificates_made_f
     url = f"https://127.0.0.1:{port}"
     files = tls_files(tmp_path, trustme.CA())
     settings = group_settings(
-        advertised_url=url,
-        peers={"port": port, "tls_client_auth": mutual, **files},
+        peers={"port": port, "tls_client_auth": mutual, **files, "advertised_url": url},
         log_level="WARNING",
     )
     auth = PeerAuth(SECRET, url)
@@ -613,7 +613,7 @@ async def test_a_stream_left_before_its_end_leaves_a_spare_connection_for_the_ne
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    settings = group_settings(peers={"port": port, "advertised_url": url}, log_level="WARNING")
     seen: list[tuple[str, int]] = []
 
     async def owner(scope: Any, receive: Any, send: Any) -> None:
@@ -664,7 +664,7 @@ async def test_a_hop_imports_nothing_per_request() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    settings = group_settings(peers={"port": port, "advertised_url": url}, log_level="WARNING")
 
     async def owner(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -694,7 +694,7 @@ async def test_many_forwarded_streams_neither_wait_for_a_connection_nor_starve_t
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    settings = group_settings(advertised_url=url, peers={"port": port}, log_level="WARNING")
+    settings = group_settings(peers={"port": port, "advertised_url": url}, log_level="WARNING")
     release = asyncio.Event()
 
     async def owner(scope: Any, receive: Any, send: Any) -> None:

@@ -2,7 +2,7 @@
 
 A rebalance closes the fan-out subscriptions of the partitions a replica loses; a waiter that
 did not see the closure looped on it without an await that suspends (no HTTP, no tail, no
-heartbeats). Two in-process replicas (``ownership = "group"``, a task service each, no HTTP and
+heartbeats). Two in-process replicas (``replicas.ownership = "group"``, a task service each, no HTTP and
 no workers): the first owns every partition while calls wait on a task in each of them; the
 second joins and takes some; each wait on a partition that moved must end with the retriable
 answer, the others wait on. :class:`Subscription.wait` is counted: a waiter that calls it
@@ -63,14 +63,14 @@ def replica(bootstrap: str, prefix: str, secret: str, i: int) -> Settings:
         bootstrap,
         prefix,
         topics={"prefix": prefix, "partitions": PARTITIONS, "min_insync_replicas": 1},
-        ownership="group",
-        instance_id=f"moving-{i}",
-        # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
-        advertised_url=f"http://127.0.0.{2 + i}:8081",
-        peers={"hosts": ["127.0.0.2", "127.0.0.3"]},
-        peer_secret=secret,
-        group_session_timeout_ms=6000,
-        direct_result_timeout_s=3600,  # the calls end by the move, never by this
+        replicas={"ownership": "group", "instance_id": f"moving-{i}", "session_timeout_ms": 6000},
+        peers={
+            "hosts": ["127.0.0.2", "127.0.0.3"],
+            # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
+            "advertised_url": f"http://127.0.0.{2 + i}:8081",
+            "secret": secret,
+        },
+        tasks={"direct_result_timeout_s": 3600},  # the calls end by the move, never by this
     )
 
 

@@ -88,9 +88,8 @@ def test_a_pace_needs_a_rate_and_a_burst() -> None:
 
 def paced_hub(log: FakeLog, clock: Clock, rate: float, burst: int) -> tuple[StreamHub, list[Any]]:
     settings = load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1",
-        stream_queue_size=100,
-        stream_keepalive_s=60,
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+        streams={"queue_size": 100, "keepalive_s": 60},
         recovery={"replay_events_per_s": rate, "replay_burst": burst},
     )
     paced: list[float] = []
@@ -147,7 +146,7 @@ async def test_pacing_is_off_by_default() -> None:
     for _ in range(50):
         log.append()
     log.append(terminal=True)
-    settings = load_settings(kafka_bootstrap_servers="127.0.0.1:1")
+    settings = load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"})
     assert settings.recovery.replay_events_per_s == 0
     hub = StreamHub(settings, log, log, Fanout(log), StreamMetrics())  # type: ignore[arg-type]
     assert hub._pace() is None
@@ -158,7 +157,7 @@ async def test_a_drain_ends_a_paced_wait_at_once() -> None:
     for _ in range(20):
         log.append()
     settings = load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1",
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
         recovery={"replay_events_per_s": 0.001, "replay_burst": 1},  # a wait of hours
     )
     hub = StreamHub(settings, log, log, Fanout(log), StreamMetrics())  # type: ignore[arg-type]

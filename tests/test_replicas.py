@@ -82,11 +82,11 @@ def start_replicas(settings: Settings, logs: Path, secret: str) -> list[Replica]
         env = bridge_env(
             settings,
             **peer_env(i, peer_port),  # hops go to each replica's peer listener
-            BRIDGE_OWNERSHIP="group",
-            BRIDGE_INSTANCE_ID=f"replica-{i}",
-            BRIDGE_PEER_SECRET=secret,
-            BRIDGE_GROUP_SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
-            BRIDGE_OWNER_WAIT_S="20",
+            BRIDGE_REPLICAS__OWNERSHIP="group",
+            BRIDGE_REPLICAS__INSTANCE_ID=f"replica-{i}",
+            BRIDGE_PEERS__SECRET=secret,
+            BRIDGE_REPLICAS__SESSION_TIMEOUT_MS=str(SESSION_TIMEOUT_MS),
+            BRIDGE_REPLICAS__OWNER_WAIT_S="20",
         )
         proc = Proc(f"replica{i}", ["serve", "--port", str(port)], env, logs / f"replica{i}.log")
         replicas.append(Replica(f"replica{i}", port, proc.start()))
@@ -156,7 +156,7 @@ async def ground_truth(settings: Settings) -> dict[str, list[str]]:
     from bridge.log.records import RecordDecoder
 
     decoder = RecordDecoder(
-        settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+        settings.tasks.event_type_prefix, settings.tasks.max_event_bytes, settings.type_rule
     )
     truth: dict[str, list[str]] = {}
 
@@ -187,7 +187,7 @@ async def produce(settings: Settings, task_ids: list[str], kill_at: int, kill) -
                 kill()
         for t in task_ids:
             await pub.publish(
-                t, f"{settings.event_type_prefix}.task.status", {"status": "completed"}
+                t, f"{settings.tasks.event_type_prefix}.task.status", {"status": "completed"}
             )
 
 

@@ -85,15 +85,15 @@ def test_the_client_settings_file_names_a_private_password_file_and_loads_as_set
     text = config.read_text()
     assert info.admin_password not in text
     values = tomllib.loads(text)
-    assert values["kafka_bootstrap_servers"] == "127.0.0.1:9093"
-    password_file = Path(values["kafka_sasl"]["password_file"])
+    assert values["kafka"]["bootstrap_servers"] == "127.0.0.1:9093"
+    password_file = Path(values["kafka"]["sasl"]["password_file"])
     assert password_file == tmp_path / "client" / "secure.password"
     assert password_file.read_text() == info.admin_password
     assert password_file.stat().st_mode & 0o077 == 0
     settings = load_settings(config)
-    assert settings.kafka_security_protocol == "SASL_SSL"
-    assert settings.kafka_tls.ca_file == security.ca_file
-    assert (settings.kafka_sasl.mechanism, settings.kafka_sasl.username) == (
+    assert settings.kafka.security_protocol == "SASL_SSL"
+    assert settings.kafka.tls.ca_file == security.ca_file
+    assert (settings.kafka.sasl.mechanism, settings.kafka.sasl.username) == (
         "SCRAM-SHA-512",
         "admin",
     )
@@ -286,8 +286,8 @@ def test_kafka_start_secure_writes_client_settings_that_outlive_a_restart(
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     env.update(
-        BRIDGE_LOCAL_KAFKA__STATE_DIR=str(tmp_path / "state"),
-        BRIDGE_LOCAL_KAFKA__USE_DOCKER="false",
+        BRIDGE_KAFKA__LOCAL__STATE_DIR=str(tmp_path / "state"),
+        BRIDGE_KAFKA__LOCAL__USE_DOCKER="false",
         BRIDGE_TOPICS__PREFIX=topic_prefix,
     )
     try:

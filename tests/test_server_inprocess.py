@@ -288,7 +288,7 @@ class FakeStreams:
 
 
 def settings() -> Settings:
-    return load_settings(kafka_bootstrap_servers="127.0.0.1:1", tool_packs=[])
+    return load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, tool_packs=[])
 
 
 @pytest.fixture
@@ -510,7 +510,7 @@ async def test_a_cancelled_stream_ends_without_its_result(
 
 
 def app_for(handlers: MethodHandlers, streams: FakeStreams, **overrides: Any) -> httpx.AsyncClient:
-    config = load_settings(kafka_bootstrap_servers="127.0.0.1:1", **overrides)
+    config = load_settings(kafka={"bootstrap_servers": "127.0.0.1:1"}, **overrides)
     endpoint = McpHttp(
         config, Authenticator(config.auth), handlers, Metrics(), on_cancelled=streams.cancel
     )
@@ -545,7 +545,7 @@ async def test_bearer_mode_refuses_a_missing_token_with_401(
 
 
 async def test_a_body_over_the_limit_is_413(handlers: MethodHandlers, streams: FakeStreams) -> None:
-    async with app_for(handlers, streams, max_request_bytes=1024) as http:
+    async with app_for(handlers, streams, server={"max_request_bytes": 1024}) as http:
         reply = await http.post("/mcp", content=b" " * 2000 + body("ping"))
     assert reply.status_code == 413 and reply.json()["error"]["code"] == INVALID_REQUEST
 

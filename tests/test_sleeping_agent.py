@@ -146,8 +146,8 @@ def agent_bridge(kafka_bootstrap: str, root: Path) -> Iterator[tuple[Bridge, Any
         with_workers=True,
         BRIDGE_AUTH__MODE="bearer",
         BRIDGE_AUTH__TOKENS_FILE=str(tokens),
-        BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
-        BRIDGE_WEBHOOK_CA_FILE=str(tls.ca_file),
+        BRIDGE_WEBHOOKS__ALLOWLIST='["127.0.0.1/32"]',
+        BRIDGE_WEBHOOKS__CA_FILE=str(tls.ca_file),
         **webhook_keys_env(root),
     ) as running:
         yield running, tls
@@ -166,7 +166,7 @@ def story(agent_bridge: tuple[Bridge, Any], root: Path) -> tuple[SleepOutcome, l
             token=TOKEN,
             callback=callback,
             secret=secret,
-            event=f"{bridge.settings.event_type_prefix}.task.updated",
+            event=f"{bridge.settings.tasks.event_type_prefix}.task.updated",
             tool=AGENT_TOOL,
             arguments=AGENT_ARGUMENTS,
             read_before_sleep=AGENT_READS_BEFORE_SLEEP,

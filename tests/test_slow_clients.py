@@ -125,11 +125,8 @@ async def test_a_whole_request_is_answered_and_its_long_response_is_not_cut(serv
 
 def test_the_settings_reach_uvicorn() -> None:
     settings = load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1",
-        server_http="h11",
-        server_read_timeout_s=12.5,
-        server_max_head_bytes=20_000,
-        server_keep_alive_s=7,
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+        server={"http": "h11", "read_timeout_s": 12.5, "max_head_bytes": 20_000, "keep_alive_s": 7},
     )
     config = bridge_server(settings)._server.config
     config.load()
@@ -143,8 +140,7 @@ async def test_the_in_memory_bridge_is_served_by_the_production_runner() -> None
     settings = make_settings(
         NO_BROKER,
         fresh_prefix("runner"),
-        server_read_timeout_s=READ_TIMEOUT_S,
-        server_max_head_bytes=MAX_HEAD,
+        server={"read_timeout_s": READ_TIMEOUT_S, "max_head_bytes": MAX_HEAD},
     )
     with memory_bridge(settings, workers=False) as running:
         silent_reader, silent = await _open(running.port)

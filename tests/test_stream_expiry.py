@@ -206,7 +206,9 @@ async def test_a_forwarded_stream_ends_when_the_callers_credential_expires():
             headers = {"content-type": "text/event-stream"}
             return Forwarded(200, headers, owner_stream(), close, None)
 
-    settings = load_settings(kafka_bootstrap_servers="127.0.0.1:1", tool_packs=[], auth=JWT_AUTH)
+    settings = load_settings(
+        kafka={"bootstrap_servers": "127.0.0.1:1"}, tool_packs=[], auth=JWT_AUTH
+    )
     handlers = MethodHandlers(settings, None, [], None)  # type: ignore[arg-type]  # not reached
     endpoint = McpHttp(
         settings,
@@ -239,8 +241,8 @@ async def jwt_bridge(kafka_bootstrap: str) -> AsyncIterator[tuple[Settings, str]
         kafka_bootstrap,
         fresh_prefix("x"),
         auth=JWT_AUTH,
-        view_token_secret=VIEW_SECRET,
-        stream_keepalive_s=0.5,
+        view={"token_secret": VIEW_SECRET},
+        streams={"keepalive_s": 0.5},
     )
     create_served_topics(settings)
     async with serving_app(create_app(settings)) as base:

@@ -28,7 +28,7 @@ from bridge.server.wire import RpcError
 
 TASK = "task-1"
 CONFIG = load_settings(
-    kafka_bootstrap_servers="127.0.0.1:1", stream_queue_size=3, stream_keepalive_s=60
+    kafka={"bootstrap_servers": "127.0.0.1:1"}, streams={"queue_size": 3, "keepalive_s": 60}
 )
 STATUS = CONFIG.own_types.status
 
@@ -223,3 +223,23 @@ def test_a_live_stream_whose_task_became_untrusted_ends_with_seq_untrusted() -> 
     delivered, ended = asyncio.run(scenario())
     assert delivered == [0]
     assert isinstance(ended, RpcError) and ended.data["reason"] == "seq_untrusted", ended
+
+
+def test_the_hub_knows_each_open_stream_s_last_delivered_seq_until_it_ends() -> None:
+    """What the distance to data loss is computed from: an open stream's position (its task
+    and the last seq it was handed), gone once the stream ended."""
+    log = FakeLog(lambda: 5)
+    for _ in range(5):
+        log.append()
+
+    async def scenario() -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[int]]:
+        stream = open_stream(log, Fanout(log))  # type: ignore[arg-type]
+        async with asyncio.timeout(5):
+            await stream.first.wait()  # the catch-up's one chunk: seqs 0-4
+            open_ = stream.hub.positions()
+            log.append(terminal=True)
+            await stream.task
+        return open_, stream.hub.positions(), stream.delivered
+
+    open_, ended, delivered = asyncio.run(scenario())
+    assert open_ == [(TASK, 4)] and ended == [] and delivered == [0, 1, 2, 3, 4, 5]

@@ -42,10 +42,7 @@ Opener = Callable[[httpx.AsyncClient, str], contextlib.AbstractAsyncContextManag
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served() -> AsyncIterator[Served]:
     settings = make_settings(
-        NO_BROKER,
-        fresh_prefix("slots"),
-        max_streams_per_principal=LIMIT,
-        stream_keepalive_s=1,
+        NO_BROKER, fresh_prefix("slots"), streams={"max_per_principal": LIMIT, "keepalive_s": 1}
     )
     sock = socket.create_server(("127.0.0.1", 0))
     async with serving(settings, sock, log=memory_log(settings)) as running:
@@ -254,7 +251,7 @@ async def _completed_task(served: Served) -> str:
         headers, body = request("tools/call", {"name": "slow_compute", "arguments": {}})
         reply = await http.post(f"{served.base}/mcp", json=body, headers=headers)
         ended = str(loads(reply.content)["result"]["taskId"])
-    status = f"{served.settings.event_type_prefix}.task.status"
+    status = f"{served.settings.tasks.event_type_prefix}.task.status"
     async with TaskEventPublisher(served.settings, log=served.log) as publisher:
         await publisher.publish(ended, status, {"status": "completed"})
     return ended

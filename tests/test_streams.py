@@ -41,9 +41,7 @@ def sbridge():
     settings = make_settings(
         NO_BROKER,
         fresh_prefix("s"),
-        stream_keepalive_s=KEEPALIVE_S,
-        stream_queue_size=16,
-        max_streams_per_principal=64,
+        streams={"keepalive_s": KEEPALIVE_S, "queue_size": 16, "max_per_principal": 64},
     )
     with memory_bridge(settings) as running:
         yield running
@@ -439,7 +437,7 @@ async def test_a_finished_task_whose_events_are_all_gone_ends_at_once_without_a_
 
 async def test_stream_opens_are_rate_limited_per_client(kafka_bootstrap, tmp_path):
     settings = make_settings(kafka_bootstrap, fresh_prefix("r"))
-    with running_bridge(settings, tmp_path, BRIDGE_MAX_STREAM_OPENS_PER_MINUTE="3") as bridge:
+    with running_bridge(settings, tmp_path, BRIDGE_STREAMS__OPENS_PER_MINUTE="3") as bridge:
         url, task = bridge.url, await long_task(bridge.url)
         await cancel(url, task)
         async with asyncio.timeout(BOUND):

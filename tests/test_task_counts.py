@@ -64,11 +64,11 @@ def offline_service(
 ) -> TaskService:
     """A task service over an indexer that owns partition 0 of 1, restored with ``tasks``."""
     settings = make_settings(
-        "127.0.0.1:9", fresh_prefix("cnt"), max_active_tasks_per_principal=limit
+        "127.0.0.1:9", fresh_prefix("cnt"), tasks={"max_active_per_principal": limit}
     )
     indexer = Indexer(settings)
     indexer.partition_count = 1
-    idx = PartitionIndex(0, settings.checkpoint_interval, through=len(tasks))
+    idx = PartitionIndex(0, settings.tasks.checkpoint_interval, through=len(tasks))
     for task_id, restored in tasks:
         idx.restore_task(task_id, restored)
     indexer.partitions = {0: idx}
@@ -153,7 +153,9 @@ async def test_a_create_written_elsewhere_is_released_unless_this_replica_owns_n
 
 @pytest.mark.kafka
 async def test_after_a_restart_the_limit_counts_the_persisted_tasks(kafka_bootstrap: str) -> None:
-    settings = make_settings(kafka_bootstrap, fresh_prefix("cnt"), max_active_tasks_per_principal=2)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("cnt"), tasks={"max_active_per_principal": 2}
+    )
     await create_topics(settings, [HOLD.name])
     async with task_service(settings, persist=True) as service:
         views = await create_many(service, "alice", 2)
@@ -181,14 +183,18 @@ async def test_a_moved_partition_counts_at_its_new_owner_only(kafka_bootstrap: s
             kafka_bootstrap,
             prefix,
             topics={"prefix": prefix, "partitions": 4, "min_insync_replicas": 1},
-            max_active_tasks_per_principal=limit,
-            ownership="group",
-            instance_id=f"counts-{i}",
-            # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
-            advertised_url=f"http://127.0.0.{2 + i}:8081",
-            peers={"hosts": ["127.0.0.2", "127.0.0.3"]},
-            peer_secret=secret,
-            group_session_timeout_ms=6000,
+            tasks={"max_active_per_principal": limit},
+            replicas={
+                "ownership": "group",
+                "instance_id": f"counts-{i}",
+                "session_timeout_ms": 6000,
+            },
+            peers={
+                "hosts": ["127.0.0.2", "127.0.0.3"],
+                # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
+                "advertised_url": f"http://127.0.0.{2 + i}:8081",
+                "secret": secret,
+            },
         )
 
     await create_topics(replica(0), [HOLD.name])

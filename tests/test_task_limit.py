@@ -2,7 +2,7 @@
 
 A create takes its place before its first await, so many concurrent creates cannot all pass a
 check made before any of them was indexed; a creation that wrote nothing gives its place back.
-With replicas (``ownership = "group"``) each replica counts the tasks of its own partitions
+With replicas (``replicas.ownership = "group"``) each replica counts the tasks of its own partitions
 and its own creations: the cluster-wide bound is the limit times the replicas, here two
 in-process replicas of a task service each (no HTTP, no workers).
 """
@@ -28,7 +28,7 @@ CREATES = 50
 
 async def test_concurrent_creates_pass_the_limit_exactly(kafka_bootstrap: str) -> None:
     settings = make_settings(
-        kafka_bootstrap, fresh_prefix("lim"), max_active_tasks_per_principal=LIMIT
+        kafka_bootstrap, fresh_prefix("lim"), tasks={"max_active_per_principal": LIMIT}
     )
     await create_topics(settings, [HOLD.name])
     async with task_service(settings) as service:
@@ -39,7 +39,9 @@ async def test_concurrent_creates_pass_the_limit_exactly(kafka_bootstrap: str) -
 
 
 async def test_a_creation_that_wrote_nothing_gives_its_place_back(kafka_bootstrap: str) -> None:
-    settings = make_settings(kafka_bootstrap, fresh_prefix("lim"), max_active_tasks_per_principal=1)
+    settings = make_settings(
+        kafka_bootstrap, fresh_prefix("lim"), tasks={"max_active_per_principal": 1}
+    )
     await create_topics(settings, [HOLD.name])
     async with task_service(settings) as service:
         publish = service.publisher.publish
@@ -66,14 +68,18 @@ async def test_with_two_replicas_a_principal_has_at_most_twice_the_limit(
             kafka_bootstrap,
             prefix,
             topics={"prefix": prefix, "partitions": 4, "min_insync_replicas": 1},
-            max_active_tasks_per_principal=LIMIT,
-            ownership="group",
-            instance_id=f"limit-{i}",
-            # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
-            advertised_url=f"http://127.0.0.{2 + i}:8081",
-            peers={"hosts": ["127.0.0.2", "127.0.0.3"]},
-            peer_secret=secret,
-            group_session_timeout_ms=6000,
+            tasks={"max_active_per_principal": LIMIT},
+            replicas={
+                "ownership": "group",
+                "instance_id": f"limit-{i}",
+                "session_timeout_ms": 6000,
+            },
+            peers={
+                "hosts": ["127.0.0.2", "127.0.0.3"],
+                # No hop is made here; the owner URLs only need to be valid peer listeners' URLs.
+                "advertised_url": f"http://127.0.0.{2 + i}:8081",
+                "secret": secret,
+            },
         )
 
     await create_topics(replica(0), [HOLD.name])

@@ -65,7 +65,7 @@ async def test_existing_topics_that_would_break_seq_are_refused(settings, role, 
 
 
 def test_the_cli_creates_topics_and_refuses_a_compacted_events_topic(settings, monkeypatch, capsys):
-    monkeypatch.setenv("BRIDGE_KAFKA_BOOTSTRAP_SERVERS", settings.kafka_bootstrap_servers)
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", settings.kafka.bootstrap_servers)
     monkeypatch.setenv("BRIDGE_TOPICS__PREFIX", settings.topics.prefix)
     assert main(["topics", "create"]) == 0
     assert f"{settings.topics.events} (events): created" in capsys.readouterr().out
@@ -104,7 +104,7 @@ async def test_events_round_trip_through_the_broker_in_the_key_partition(topics,
 
     consumer = AIOKafkaConsumer(
         settings.topics.events,
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset="earliest",
         isolation_level="read_committed",
     )

@@ -100,7 +100,7 @@ async def call_tool(base: str, headers: dict[str, str]) -> str:
 async def produce(settings: Settings, task_id: str, event_type: str, trace: bytes) -> None:
     """An existing pipeline's record: a plain producer, its own ``traceparent`` header."""
     value, headers = encode_event(TaskEvent(event_type, {"from": "pipeline"}), fmt="json")
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         await producer.send_and_wait(
@@ -215,7 +215,7 @@ async def test_with_tracing_off_no_span_is_made_and_no_record_carries_a_trace(
     # Neither the job record nor any task event carries a trace header.
     topics = [settings.topics.events, settings.topics.jobs(TOOL)]
     tps = [TopicPartition(t, p) for t in topics for p in await topic_partition_ids(settings, t)]
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await consumer.start()
     try:
         consumer.assign(tps)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from support.layout import create_topics
+from support.layout import changed, create_topics
 
 from bridge.config import Settings, ToolSpec
 from bridge.events import EventSuffix
@@ -58,7 +58,7 @@ async def bridge_side(settings: Settings) -> AsyncIterator[Side]:
 
 async def write_raw(side: Side, task_id: str, records: list[dict[str, Any]]) -> None:
     """Write JSON records as any producer could (no SDK checks), and wait until indexed."""
-    producer = AIOKafkaProducer(bootstrap_servers=side.settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=side.settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for record in records:
@@ -84,8 +84,8 @@ def hostile_records(prefix: str, owner: str) -> list[dict[str, Any]]:
 async def test_a_hostile_producer_cannot_take_over_a_task_and_its_records_keep_their_seq(
     topics: Settings,
 ) -> None:
-    settings = topics.model_copy(update={"max_active_tasks_per_principal": 1})
-    prefix = settings.event_type_prefix
+    settings = changed(topics, tasks={"max_active_per_principal": 1})
+    prefix = settings.tasks.event_type_prefix
     async with bridge_side(settings) as side:
         task = await side.service.create(TOOL, {}, "alice")
         hostile = hostile_records(prefix, owner_digest("mallory"))

@@ -49,7 +49,7 @@ def upgrade_settings(bootstrap: str) -> Settings:
             "min_insync_replicas": 1,
             "retention_ms": -1,  # the records keep their 8fd441c timestamps
         },
-        event_type_prefix=FIXTURE["eventTypePrefix"],
+        tasks={"event_type_prefix": FIXTURE["eventTypePrefix"]},
     )
 
 
@@ -80,7 +80,9 @@ async def assert_owners_kept(service: TaskService) -> None:
 
 async def forge(settings: Settings, indexer: Indexer, victim: str) -> str:
     fake = new_task_id()
-    offset = await append_raw(settings, fake, [forged_created(settings.event_type_prefix, victim)])
+    offset = await append_raw(
+        settings, fake, [forged_created(settings.tasks.event_type_prefix, victim)]
+    )
     async with asyncio.timeout(BOUND):
         await indexer.wait_indexed(indexer.partition_of(fake), offset)
     return fake

@@ -110,9 +110,9 @@ def test_task_event_cursors_are_of_version_1_during_the_upgrade_unless_set() -> 
     settings = Settings()
     assert config.task_cursor_version(settings) == 2
     assert config.task_cursor_version(rolling(settings)) == 1
-    explicit = Settings(event_cursors={"task_version": 2}, upgrade={"from": "0.1"})
+    explicit = Settings(events={"cursors": {"task_version": 2}}, upgrade={"from": "0.1"})
     assert config.task_cursor_version(explicit) == 2
-    assert config.task_cursor_version(Settings(event_cursors={"task_version": 1})) == 1
+    assert config.task_cursor_version(Settings(events={"cursors": {"task_version": 1}})) == 1
     assert not Settings(upgrade={"from": ""}).upgrade.legacy  # a template's empty value
 
 
@@ -127,7 +127,7 @@ async def append_as_8fd441c(settings: Settings, partition: int) -> str:
     task_id = new_task_id()
     while partition_for_key(task_id.encode(), FIXTURE["partitions"]) != partition:
         task_id = new_task_id()
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         await producer.send_and_wait(
@@ -255,7 +255,7 @@ async def test_a_signed_task_created_copied_into_another_partition_defines_nothi
             if _b(r["key"]) == task.task_id.encode()
         )
         other = (home + 1) % FIXTURE["partitions"]
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
         await producer.start()
         try:
             sent = await producer.send_and_wait(

@@ -26,7 +26,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
 from support.inmemory import NO_BROKER, MemoryBridge, memory_bridge, memory_log
-from support.layout import create_served_topics, fresh_prefix, make_settings
+from support.layout import changed, create_served_topics, fresh_prefix, make_settings, merged
 from support.mcp import call, create_task, result
 from support.procs import Bridge, running_bearer_bridge, webhook_keys_env
 from support.subscriptions import NAME, SECRET, subscription
@@ -162,16 +162,16 @@ def receiver(ca: trustme.CA) -> Iterator[Receiver]:
 #: The bridge's webhook settings here, as environment variables (the broker's bridge runs as a
 #: process) and as settings (the in-memory one runs in this one).
 WEBHOOK_ENV = {
-    "BRIDGE_WEBHOOK_ALLOWLIST": '["127.0.0.1/32"]',
-    "BRIDGE_WEBHOOK_POLL_INTERVAL_S": "0.2",
-    "BRIDGE_WEBHOOK_TIMEOUT_S": "2",
-    "BRIDGE_WEBHOOK_MAX_ATTEMPTS": str(ATTEMPTS),
-    "BRIDGE_WEBHOOK_MAX_RETRY_S": str(RETRY_S),
-    "BRIDGE_WEBHOOK_BACKOFF_BASE_S": "0.2",
-    "BRIDGE_WEBHOOK_BACKOFF_MAX_S": "1",
-    "BRIDGE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_PRINCIPAL": str(LIMIT),
-    "BRIDGE_WEBHOOK_VERIFY_BURST": str(BURST),
-    "BRIDGE_WEBHOOK_VERIFY_PER_MINUTE": "0.1",
+    "BRIDGE_WEBHOOKS__ALLOWLIST": '["127.0.0.1/32"]',
+    "BRIDGE_WEBHOOKS__POLL_INTERVAL_S": "0.2",
+    "BRIDGE_WEBHOOKS__TIMEOUT_S": "2",
+    "BRIDGE_WEBHOOKS__MAX_ATTEMPTS": str(ATTEMPTS),
+    "BRIDGE_WEBHOOKS__MAX_RETRY_S": str(RETRY_S),
+    "BRIDGE_WEBHOOKS__BACKOFF_BASE_S": "0.2",
+    "BRIDGE_WEBHOOKS__BACKOFF_MAX_S": "1",
+    "BRIDGE_WEBHOOKS__MAX_SUBSCRIPTIONS_PER_PRINCIPAL": str(LIMIT),
+    "BRIDGE_WEBHOOKS__VERIFY_BURST": str(BURST),
+    "BRIDGE_WEBHOOKS__VERIFY_PER_MINUTE": "0.1",
 }
 
 
@@ -184,7 +184,7 @@ def wbridge(
     ca_file = root / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     settings = make_settings(kafka_bootstrap, fresh_prefix("w"))
-    env = {**WEBHOOK_ENV, "BRIDGE_WEBHOOK_CA_FILE": str(ca_file)}
+    env = {**WEBHOOK_ENV, "BRIDGE_WEBHOOKS__CA_FILE": str(ca_file)}
     with running_bearer_bridge(settings, root, TOKENS, **env) as running:
         yield running
 
@@ -205,15 +205,15 @@ def memory_settings(root: Path, ca: trustme.CA, tokens: dict[str, str], **env: s
     ca.cert_pem.write_to_path(str(ca_file))
     tokens_file = root / "tokens.json"
     tokens_file.write_text(json.dumps(tokens))
-    env = {**WEBHOOK_ENV, **webhook_keys_env(root), "BRIDGE_WEBHOOK_CA_FILE": str(ca_file), **env}
-    values: dict[str, Any] = {
-        name.removeprefix("BRIDGE_").lower(): value for name, value in env.items()
-    }
-    values["webhook_keys"] = {"file": values.pop("webhook_keys__file")}
-    values["webhook_allowlist"] = json.loads(values["webhook_allowlist"])
-    upgrade = values.pop("upgrade__clear_subscriptions", None)
-    if upgrade is not None:
-        values["upgrade"] = {"clear_subscriptions": upgrade == "true"}
+    env = {**WEBHOOK_ENV, **webhook_keys_env(root), "BRIDGE_WEBHOOKS__CA_FILE": str(ca_file), **env}
+    values: dict[str, Any] = {}
+    for name, value in env.items():
+        *groups, field = name.removeprefix("BRIDGE_").lower().split("__")
+        nested: dict[str, Any] = {field: value}
+        for group in reversed(groups):
+            nested = {group: nested}
+        values = merged(values, nested)
+    values["webhooks"]["allowlist"] = json.loads(values["webhooks"]["allowlist"])
     return make_settings(
         NO_BROKER,
         fresh_prefix("mw"),
@@ -494,7 +494,7 @@ async def test_a_callback_refused_at_delivery_time_suspends_delivery_until_a_ref
         task = await started_task(first, "hal")
         params = hook(task, receiver.url("k"))
         await subscribed(first, "hal", params)
-    refusing = settings.model_copy(update={"webhook_allowlist": []})
+    refusing = changed(settings, webhooks={"allowlist": []})
     with memory_bridge(refusing, memory=memory) as second:
         await publish(second, task, range(2))
 
@@ -637,9 +637,9 @@ async def test_subscriptions_stored_by_8fd441c_keep_their_deliveries_and_are_sea
             settings,
             tmp_path,
             {"tok-upgrader": meta["principal"]},
-            BRIDGE_WEBHOOK_ALLOWLIST='["127.0.0.1/32"]',
-            BRIDGE_WEBHOOK_CA_FILE=str(tmp_path / "ca.pem"),
-            BRIDGE_WEBHOOK_POLL_INTERVAL_S="0.2",
+            BRIDGE_WEBHOOKS__ALLOWLIST='["127.0.0.1/32"]',
+            BRIDGE_WEBHOOKS__CA_FILE=str(tmp_path / "ca.pem"),
+            BRIDGE_WEBHOOKS__POLL_INTERVAL_S="0.2",
             BRIDGE_UPGRADE__CLEAR_SUBSCRIPTIONS="true",  # step 2 of the upgrade from 0.1
         ) as running,
     ):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from support.layout import create_topics
+from support.layout import changed, create_topics
 from support.procs import bridge_env
 from support.waits import wait_until
 
@@ -91,7 +91,7 @@ class Bridge:
 
     @property
     def prefix(self) -> str:
-        return self.settings.event_type_prefix
+        return self.settings.tasks.event_type_prefix
 
     async def terminal(self, task_id: str, principal: str = "alice") -> Any:
         async with asyncio.timeout(BOUND):
@@ -516,7 +516,7 @@ async def test_another_principal_cannot_see_or_touch_a_task(settings: Settings) 
 
 @pytest.mark.kafka
 async def test_active_tasks_per_principal_are_limited(settings: Settings) -> None:
-    limited = settings.model_copy(update={"max_active_tasks_per_principal": 2})
+    limited = changed(settings, tasks={"max_active_per_principal": 2})
     async with (
         bridge_side(limited, ["slow_compute"]) as bridge,
         worker(settings, ["slow_compute"]),

@@ -290,7 +290,7 @@ def roles_acls(
 
 def source_acls(topics: Iterable[str]) -> list[Acl]:
     """READ on each pipeline topic a configured event source reads (not a role's: which topics
-    depends on the settings' ``event_sources``)."""
+    depends on the settings' ``events.sources``)."""
     return [Acl(_T, topic, _READ, why="a configured event source reads it") for topic in topics]
 
 
@@ -302,7 +302,7 @@ class Access:
     roles: tuple[Role, ...]
     job_topics: tuple[str, ...] = ()
     only: frozenset[Operation] | None = None
-    #: Pipelines' topics that configured event sources read (``event_sources``): READ each.
+    #: Pipelines' topics that configured event sources read (``events.sources``): READ each.
     source_topics: tuple[str, ...] = ()
 
     def acls(self, topics: TopicSettings) -> list[Acl]:
@@ -316,7 +316,7 @@ class Access:
         roles: list[Role] = ["server"]
         if workers:
             roles.append("worker")
-        sources = tuple(dict.fromkeys(source.topic for source in settings.event_sources))
+        sources = tuple(dict.fromkeys(source.topic for source in settings.events.sources))
         return cls(tuple(roles), tuple(job_topics), source_topics=sources)
 
 
@@ -378,14 +378,14 @@ def kafka_acls_commands(principal: str, acls: Iterable[Acl]) -> list[str]:
 
 def principal_of(settings: Settings) -> str:
     """The Kafka principal the settings authenticate as, as the authorizer names it."""
-    protocol = settings.kafka_security_protocol
+    protocol = settings.kafka.security_protocol
     if protocol.startswith("SASL_"):
-        sasl = settings.kafka_sasl
+        sasl = settings.kafka.sasl
         if sasl.mechanism != "OAUTHBEARER" and sasl.username:
             return f"User:{sasl.username}"
         return "User:<the OAUTHBEARER token's subject>"
-    if protocol == "SSL" and settings.kafka_tls.cert_file is not None:
-        return f"User:<the subject of {settings.kafka_tls.cert_file}>"
+    if protocol == "SSL" and settings.kafka.tls.cert_file is not None:
+        return f"User:<the subject of {settings.kafka.tls.cert_file}>"
     return "User:ANONYMOUS"
 
 
@@ -506,7 +506,7 @@ async def check_access(settings: Settings, access: Access) -> None:
         raise AccessDenied(principal_of(settings), access.roles, missing)
     if absent:
         raise TopicLayoutError(
-            f"topics missing on Kafka at {settings.kafka_bootstrap_servers}: "
+            f"topics missing on Kafka at {settings.kafka.bootstrap_servers}: "
             f"{', '.join(absent)}; under ACLs an operator creates them (`bridge topics create` "
             f"as an admin principal; {DOC})"
         )

@@ -55,12 +55,12 @@ __all__ = [
 
 def bootstrap(settings: Settings) -> str:
     """The bootstrap servers of ``settings``; a clear error when none is configured."""
-    if not settings.kafka_bootstrap_servers:
+    if not settings.kafka.bootstrap_servers:
         raise RuntimeError(
-            "no Kafka cluster configured: set BRIDGE_KAFKA_BOOTSTRAP_SERVERS (or "
+            "no Kafka cluster configured: set BRIDGE_KAFKA__BOOTSTRAP_SERVERS (or "
             "KAFKA_BOOTSTRAP_SERVERS), or start the local broker with `bridge kafka start`"
         )
-    return settings.kafka_bootstrap_servers
+    return settings.kafka.bootstrap_servers
 
 
 def retriable(exc: KafkaError) -> bool:
@@ -72,13 +72,13 @@ def retriable(exc: KafkaError) -> bool:
     return exc.retriable or not isinstance(exc, BrokerResponseError)
 
 
-#: aiokafka's request timeout when ``kafka_request_timeout_ms`` is unset.
+#: aiokafka's request timeout when ``kafka.request_timeout_ms`` is unset.
 DEFAULT_REQUEST_TIMEOUT_MS = 40_000
 
 
 def request_timeout_s(settings: Settings) -> float:
     """Seconds a client waits for a broker's answer (the setting, or aiokafka's default)."""
-    return (settings.kafka_request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+    return (settings.kafka.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
 
 
 def fence_timeout_s(settings: Settings) -> float:
@@ -91,11 +91,11 @@ def _common(settings: Settings, role: str) -> dict[str, Any]:
     # Built anew for each client: secrets in files are read now, so a rotated one is used.
     options = {
         "bootstrap_servers": bootstrap(settings),
-        "client_id": f"{settings.kafka_client_id}-{role}",
+        "client_id": f"{settings.kafka.client_id}-{role}",
         **client_security_options(settings),
     }
-    if settings.kafka_request_timeout_ms is not None:
-        options["request_timeout_ms"] = settings.kafka_request_timeout_ms
+    if settings.kafka.request_timeout_ms is not None:
+        options["request_timeout_ms"] = settings.kafka.request_timeout_ms
     return options
 
 
@@ -133,13 +133,13 @@ def admin_client(settings: Settings) -> AIOKafkaAdminClient:
 def idempotent_producer(
     settings: Settings, role: str = "producer", **overrides: Any
 ) -> AIOKafkaProducer:
-    """An idempotent acks=all producer whose request size admits ``max_event_bytes`` records."""
+    """An idempotent acks=all producer whose request size admits ``tasks.max_event_bytes`` records."""
     options: dict[str, Any] = {
         **_common(settings, role),
         "enable_idempotence": True,
         "acks": "all",
         "linger_ms": 2,
-        "max_request_size": max(1_048_576, settings.max_event_bytes + 64 * 1024),
+        "max_request_size": max(1_048_576, settings.tasks.max_event_bytes + 64 * 1024),
     }
     options.update(overrides)
     return AIOKafkaProducer(**options)
@@ -155,7 +155,7 @@ def committed_consumer(
         "enable_auto_commit": False,
         "isolation_level": "read_committed",
         "auto_offset_reset": "none",
-        "max_partition_fetch_bytes": max(1_048_576, settings.max_event_bytes + 64 * 1024),
+        "max_partition_fetch_bytes": max(1_048_576, settings.tasks.max_event_bytes + 64 * 1024),
         "fetch_max_wait_ms": 100,
     }
     options.update(overrides)

@@ -1,6 +1,6 @@
 """Who owns which events partition: a sticky assignment through Kafka's consumer group.
 
-Where it sits: serving replicas running with ``ownership = "group"`` join one consumer group on
+Where it sits: serving replicas running with ``replicas.ownership = "group"`` join one consumer group on
 the events topic (bridge.log.indexer); Kafka's group coordinator picks a leader, and the leader
 runs :class:`OwnershipAssignor` over every member's metadata. Each member's metadata carries
 the URL its peers reach it at and the partitions it owns now; the leader keeps every partition

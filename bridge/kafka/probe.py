@@ -61,7 +61,7 @@ def check_bootstrap(
     raise KafkaProviderError(
         f"the configured Kafka cluster {bootstrap_servers!r} does not answer ("
         + "; ".join(errors)
-        + "). Start it, fix BRIDGE_KAFKA_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS, or unset "
+        + "). Start it, fix BRIDGE_KAFKA__BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS, or unset "
         "them to use a local broker."
     )
 

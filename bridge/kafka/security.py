@@ -92,12 +92,12 @@ class _Redacted(str):
 
 def client_security_options(settings: Settings) -> dict[str, Any]:
     """The aiokafka options (protocol, TLS context, SASL) every client of ``settings`` gets."""
-    protocol = settings.kafka_security_protocol
+    protocol = settings.kafka.security_protocol
     options: dict[str, Any] = {"security_protocol": protocol}
     if protocol in _TLS_PROTOCOLS:
-        options["ssl_context"] = ssl_context(settings.kafka_tls)
+        options["ssl_context"] = ssl_context(settings.kafka.tls)
     if protocol in _SASL_PROTOCOLS:
-        options.update(_sasl_options(settings.kafka_sasl))
+        options.update(_sasl_options(settings.kafka.sasl))
     return options
 
 
@@ -108,7 +108,7 @@ def ssl_context(tls: KafkaTlsSettings) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise KafkaSecurityError(
             f"cannot load the CA file {tls.ca_file} ({_reason(exc)}): "
-            f"{env_name('kafka_tls', 'ca_file')} must hold PEM certificates"
+            f"{env_name('kafka', 'tls', 'ca_file')} must hold PEM certificates"
         ) from exc
     context.check_hostname = tls.check_hostname
     if tls.cert_file is not None and tls.key_file is not None:
@@ -124,15 +124,15 @@ def _load_key_pair(context: ssl.SSLContext, tls: KafkaTlsSettings, cert: Path, k
     except (OSError, ssl.SSLError) as exc:
         raise KafkaSecurityError(
             f"cannot load the client certificate {cert} with the key {key} "
-            f"({_reason(exc)}): check {env_name('kafka_tls', 'cert_file')}, "
-            f"{env_name('kafka_tls', 'key_file')} and {env_name('kafka_tls', 'key_password')}"
+            f"({_reason(exc)}): check {env_name('kafka', 'tls', 'cert_file')}, "
+            f"{env_name('kafka', 'tls', 'key_file')} and {env_name('kafka', 'tls', 'key_password')}"
             "(_FILE) for an encrypted key"
         ) from exc
 
 
 def _sasl_options(sasl: KafkaSaslSettings) -> dict[str, Any]:
     if sasl.mechanism is None:  # the settings refuse this; kept for settings built unvalidated
-        raise KafkaSecurityError(f"a SASL protocol needs {env_name('kafka_sasl', 'mechanism')}")
+        raise KafkaSecurityError(f"a SASL protocol needs {env_name('kafka', 'sasl', 'mechanism')}")
     if sasl.mechanism == "OAUTHBEARER":
         return {"sasl_mechanism": sasl.mechanism, "sasl_oauth_token_provider": token_provider(sasl)}
     try:
@@ -140,7 +140,7 @@ def _sasl_options(sasl: KafkaSaslSettings) -> dict[str, Any]:
     except OSError as exc:
         raise KafkaSecurityError(
             f"cannot read {sasl.password_file} ({_reason(exc)}): check "
-            f"{env_name('kafka_sasl', 'password_file')}"
+            f"{env_name('kafka', 'sasl', 'password_file')}"
         ) from exc
     return {
         "sasl_mechanism": sasl.mechanism,
@@ -202,7 +202,7 @@ class FileTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
         return await asyncio.to_thread(self._read)
 
     def _read(self) -> str:
-        setting = env_name("kafka_sasl", "oauth_token_file")
+        setting = env_name("kafka", "sasl", "oauth_token_file")
         try:
             token = self._path.read_text(encoding="utf-8").strip()
         except OSError as exc:
@@ -241,8 +241,8 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
     ) -> None:
         if sasl.oauth_token_endpoint is None or sasl.oauth_client_id is None:
             raise KafkaSecurityError(
-                f"{env_name('kafka_sasl', 'oauth_token_endpoint')} and "
-                f"{env_name('kafka_sasl', 'oauth_client_id')} are needed for a token"
+                f"{env_name('kafka', 'sasl', 'oauth_token_endpoint')} and "
+                f"{env_name('kafka', 'sasl', 'oauth_client_id')} are needed for a token"
             )
         self._sasl = sasl
         self._endpoint = sasl.oauth_token_endpoint
@@ -312,7 +312,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
             raise KafkaSecurityError(
                 f"cannot reach the OAuth token endpoint {self._endpoint} "
                 f"({type(exc).__name__}: {exc}); check "
-                f"{env_name('kafka_sasl', 'oauth_token_endpoint')}"
+                f"{env_name('kafka', 'sasl', 'oauth_token_endpoint')}"
             ) from exc
         value, lifetime_s = self._parse(response)
         return _Token.issued(value, started, lifetime_s)
@@ -323,7 +323,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         except OSError as exc:
             raise KafkaSecurityError(
                 f"cannot read {self._sasl.oauth_client_secret_file} ({_reason(exc)}): check "
-                f"{env_name('kafka_sasl', 'oauth_client_secret_file')}"
+                f"{env_name('kafka', 'sasl', 'oauth_client_secret_file')}"
             ) from exc
         form = {"grant_type": "client_credentials"}
         if self._sasl.oauth_scope:
@@ -345,7 +345,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise KafkaSecurityError(
                 f"the OAuth token endpoint {self._endpoint} answered without an access_token "
-                f"({type(exc).__name__}); check {env_name('kafka_sasl', 'oauth_token_endpoint')}"
+                f"({type(exc).__name__}); check {env_name('kafka', 'sasl', 'oauth_token_endpoint')}"
             ) from exc
         if not isinstance(value, str) or not value or lifetime_s <= 0:
             raise KafkaSecurityError(
@@ -358,10 +358,10 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         if 400 <= response.status_code < 500:
             return (
                 f"the OAuth token endpoint {self._endpoint} refused client {self._client_id!r} "
-                f"({status}): check {env_name('kafka_sasl', 'oauth_client_id')}, "
-                f"{env_name('kafka_sasl', 'oauth_client_secret')}(_FILE), "
-                f"{env_name('kafka_sasl', 'oauth_scope')} and "
-                f"{env_name('kafka_sasl', 'oauth_client_auth')}"
+                f"({status}): check {env_name('kafka', 'sasl', 'oauth_client_id')}, "
+                f"{env_name('kafka', 'sasl', 'oauth_client_secret')}(_FILE), "
+                f"{env_name('kafka', 'sasl', 'oauth_scope')} and "
+                f"{env_name('kafka', 'sasl', 'oauth_client_auth')}"
             )
         return f"the OAuth token endpoint {self._endpoint} failed ({status})"
 
@@ -396,7 +396,7 @@ def explain_connect_failure(exc: BaseException, settings: Settings) -> str | Non
 
     ``None`` when ``exc`` is not a security failure (the caller keeps its own message).
     """
-    at = f"Kafka at {settings.kafka_bootstrap_servers}"
+    at = f"Kafka at {settings.kafka.bootstrap_servers}"
     if isinstance(exc, KafkaSecurityError):
         return str(exc)
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -408,8 +408,8 @@ def explain_connect_failure(exc: BaseException, settings: Settings) -> str | Non
     if isinstance(exc, IllegalSaslStateError | KafkaConnectionError | ConnectionError):
         return (
             f"{at} closed the connection while this client set up "
-            f"{settings.kafka_security_protocol} ({_reason(exc)}): check that "
-            f"{env_name('kafka_security_protocol')}={settings.kafka_security_protocol} matches "
+            f"{settings.kafka.security_protocol} ({_reason(exc)}): check that "
+            f"{env_name('kafka', 'security_protocol')}={settings.kafka.security_protocol} matches "
             "the listener"
         )
     return None
@@ -425,13 +425,13 @@ def _explain_certificate(exc: ssl.SSLCertVerificationError, at: str, settings: S
     if exc.verify_code in (_HOSTNAME_MISMATCH, _IP_ADDRESS_MISMATCH):
         return (
             f"the TLS certificate of {at} does not name the host connected to ({why}): use an "
-            f"address the certificate lists in {env_name('kafka_bootstrap_servers')} (for "
-            f"development only, {env_name('kafka_tls', 'check_hostname')}=false)"
+            f"address the certificate lists in {env_name('kafka', 'bootstrap_servers')} (for "
+            f"development only, {env_name('kafka', 'tls', 'check_hostname')}=false)"
         )
-    trusted = settings.kafka_tls.ca_file or "the system's CAs"
+    trusted = settings.kafka.tls.ca_file or "the system's CAs"
     return (
         f"the TLS certificate of {at} is not trusted ({why}): set "
-        f"{env_name('kafka_tls', 'ca_file')} to the CA that signed it (now {trusted})"
+        f"{env_name('kafka', 'tls', 'ca_file')} to the CA that signed it (now {trusted})"
     )
 
 
@@ -440,26 +440,26 @@ def _explain_handshake(exc: ssl.SSLError, at: str, settings: Settings) -> str:
     if "ALERT" in reason and ("CERTIFICATE" in reason or "UNKNOWN_CA" in reason):
         return (
             f"{at} refused this client's TLS certificate ({reason}): check "
-            f"{env_name('kafka_tls', 'cert_file')} and {env_name('kafka_tls', 'key_file')} "
+            f"{env_name('kafka', 'tls', 'cert_file')} and {env_name('kafka', 'tls', 'key_file')} "
             "(signed by a CA the broker trusts, not expired)"
         )
     return (
         f"the TLS handshake with {at} failed ({reason}): check that "
-        f"{env_name('kafka_security_protocol')}={settings.kafka_security_protocol} matches the "
+        f"{env_name('kafka', 'security_protocol')}={settings.kafka.security_protocol} matches the "
         "listener (PLAINTEXT and SASL_PLAINTEXT listeners do not speak TLS)"
     )
 
 
 def _explain_login(exc: Exception, at: str, settings: Settings) -> str:
-    sasl = settings.kafka_sasl
+    sasl = settings.kafka.sasl
     said = str(exc.args[0]) if exc.args else type(exc).__name__
     if isinstance(exc, UnsupportedSaslMechanismError):
-        mechanism = env_name("kafka_sasl", "mechanism")
+        mechanism = env_name("kafka", "sasl", "mechanism")
         return f"{at} does not offer {sasl.mechanism} ({said}): check {mechanism}"
     if sasl.mechanism == "OAUTHBEARER":
         source = "oauth_token_file" if sasl.oauth_token_file else "oauth_token_endpoint"
-        return f"{at} refused the OAuth token ({said}): check {env_name('kafka_sasl', source)}"
+        return f"{at} refused the OAuth token ({said}): check {env_name('kafka', 'sasl', source)}"
     return (
         f"{at} refused the {sasl.mechanism} login of user {sasl.username!r} ({said}): check "
-        f"{env_name('kafka_sasl', 'username')} and {env_name('kafka_sasl', 'password')}(_FILE)"
+        f"{env_name('kafka', 'sasl', 'username')} and {env_name('kafka', 'sasl', 'password')}(_FILE)"
     )

@@ -73,7 +73,7 @@ def topic_layout(settings: Settings, job_topics: Iterable[str] = ()) -> list[Top
     t = settings.topics
     rf = t.replication_factor
     min_isr = str(min(t.min_insync_replicas, rf))
-    max_message = str(settings.max_event_bytes + _RECORD_OVERHEAD)
+    max_message = str(settings.tasks.max_event_bytes + _RECORD_OVERHEAD)
     events = TopicSpec(
         t.events,
         "events",

@@ -15,7 +15,7 @@ appending ordinary events, and a ``task.created`` they write defines nothing.
 Keys come from a :class:`Keyring`: the first key signs, every key verifies, so a rotation
 (add the new key first, keep the old one listed) never orphans a task created before it. Where
 the keyring comes from (:func:`load_keyring`): ``identity.keys_file`` or ``identity.keys``;
-else, with replicas (``ownership = "group"``), a key derived from the peer secret every
+else, with replicas (``replicas.ownership = "group"``), a key derived from the peer secret every
 replica already shares; else (one process, development) a key file made once in
 ``identity.dev_keys_file``. Key material is never logged and has no repr.
 
@@ -88,8 +88,8 @@ def load_keyring(settings: Settings) -> Keyring:
             return parse_keyring(text)
         except KeyringError as exc:
             raise KeyringError(f"{env_name('identity', 'keys_file')}: {exc}") from None
-    peer = settings.peer_secret_value
-    if settings.ownership == "group" and peer:
+    peer = settings.peers.secret_value
+    if settings.replicas.ownership == "group" and peer:
         derived = hmac.digest(peer.encode("utf-8"), _DOMAIN, "sha256")
         return Keyring([(PEER_KEY_ID, derived)])
     return _dev_keyring(settings.identity.dev_keys_file)
@@ -166,7 +166,7 @@ def keyring_env(settings: Settings) -> dict[str, str]:
         return {env_name("identity", "keys_file"): str(identity.keys_file)}
     if identity.keys is not None:
         return {env_name("identity", "keys"): identity.keys.get_secret_value()}
-    if settings.ownership == "group" and settings.peer_secret_value:
+    if settings.replicas.ownership == "group" and settings.peers.secret_value:
         return {}  # a child given the same peer secret derives the same key
     path = identity.dev_keys_file.expanduser()
     _dev_keyring(path)  # made now if it is not there yet

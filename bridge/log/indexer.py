@@ -5,7 +5,7 @@ which ask it what is indexed (:meth:`Indexer.lookup`, :meth:`Indexer.wait_indexe
 a partition's owner is. Every bridge replica runs one :class:`Indexer`: the composition of its
 parts, which each say where they sit.
 
-* :mod:`bridge.log.ownership`: which partitions it owns (every one with ``ownership = "all"``,
+* :mod:`bridge.log.ownership`: which partitions it owns (every one with ``replicas.ownership = "all"``,
   or the share the replicas' consumer group gives it with ``"group"``, see
   :mod:`bridge.kafka.ownership`); a partition gained is fenced, restored and sought to, a
   partition lost is flushed and dropped.
@@ -76,7 +76,7 @@ class Indexer(Component):
     """Derives seq for the committed records of the events partitions this process owns, and
     (``persist``) writes their index, one fenced transactional writer per partition.
 
-    Ownership is every partition (``settings.ownership == "all"``), or what the consumer group
+    Ownership is every partition (``settings.replicas.ownership == "all"``), or what the consumer group
     assigns (``"group"``: see :mod:`bridge.kafka.ownership`). A partition gained is restored
     from its index slice and tailed from there; a partition lost is flushed and dropped, and
     the ownership listeners are told (streams on it end so that clients resume on its owner).
@@ -96,7 +96,7 @@ class Indexer(Component):
         self.settings = settings
         self.persist = persist
         self.flush_interval_s = flush_interval_s
-        self.group = settings.ownership == "group"
+        self.group = settings.replicas.ownership == "group"
         self.assignor: OwnershipAssignor | None = None
         self._owned = OwnedPartitions()
         #: Events in a partition their task id does not map to (``on_misrouted`` counts each).
@@ -235,12 +235,12 @@ class Indexer(Component):
 
     async def _join_group(self) -> None:
         s = self.settings
-        if s.advertised_url is None:  # the settings refuse this; a guard for direct use
-            raise IndexerError("ownership 'group' needs advertised_url")
+        if s.peers.advertised_url is None:  # the settings refuse this; a guard for direct use
+            raise IndexerError("ownership 'group' needs peers.advertised_url")
         self.assignor = OwnershipAssignor(
-            s.advertised_url,
+            s.peers.advertised_url,
             s.topics.events,
-            s.instance_id,
+            s.replicas.instance_id,
             standbys=s.handover.standbys if self.persist else 0,
         )
         self.assignor.warm = self._ownership.standbys.warm
@@ -256,15 +256,15 @@ class Indexer(Component):
             [s.topics.events],
             self._callbacks,
             assignor=self.assignor,
-            instance_id=s.instance_id,
-            session_timeout_ms=s.group_session_timeout_ms,
+            instance_id=s.replicas.instance_id,
+            session_timeout_ms=s.replicas.session_timeout_ms,
             reset="none",
             role="indexer",
         )
         self._reader = self._member = tail
         await tail.start()
         self._tasks.append(self._tailing(tail))
-        async with asyncio.timeout(max(60.0, 3 * s.group_session_timeout_ms / 1000)):
+        async with asyncio.timeout(max(60.0, 3 * s.replicas.session_timeout_ms / 1000)):
             await self._ownership.assigned.wait()
         failed = self._ownership.failed
         if failed is not None:  # the first share could not be taken: say why, do not serve

@@ -73,7 +73,7 @@ async def load_index(
     co-partitioned layout, or found in another partition's slice, is refused
     (:func:`index_layout_error`): restoring around it could miss counts it holds.
     """
-    index = {p: PartitionIndex(p, settings.checkpoint_interval) for p in partitions}
+    index = {p: PartitionIndex(p, settings.tasks.checkpoint_interval) for p in partitions}
     if not index:
         return index
     # By partition and key: a migrated index holds a key's record in its partition and a

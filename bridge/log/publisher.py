@@ -29,16 +29,16 @@ class UnprefixedEventType(ValueError):
         super().__init__(
             f"event type {event_type!r} has no vendor prefix: use a reverse-DNS prefix under a "
             f"real top-level domain such as 'com.example.{event_type or 'thing'}', or a prefix "
-            "listed in accepted_event_prefixes (unprefixed types are reserved for MCP)"
+            "listed in tasks.accepted_event_prefixes (unprefixed types are reserved for MCP)"
         )
 
 
 class EventTooLarge(ValueError):
-    """The encoded event exceeds ``max_event_bytes``."""
+    """The encoded event exceeds ``tasks.max_event_bytes``."""
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(
-            f"encoded event is {size} bytes, over the {limit}-byte limit (BRIDGE_MAX_EVENT_BYTES); "
+            f"encoded event is {size} bytes, over the {limit}-byte limit (BRIDGE_TASKS__MAX_EVENT_BYTES); "
             "put large data in an artifact and reference it from the event"
         )
         self.size = size
@@ -107,8 +107,8 @@ class TaskEventPublisher(Component):
             else TaskEvent(event_type, payload, meta, timestamp_ms)
         )
         value, headers = encode_event(event, fmt=self.fmt)
-        if len(value) > self.settings.max_event_bytes:
-            raise EventTooLarge(len(value), self.settings.max_event_bytes)
+        if len(value) > self.settings.tasks.max_event_bytes:
+            raise EventTooLarge(len(value), self.settings.tasks.max_event_bytes)
         return value, headers
 
     async def publish(

@@ -209,7 +209,7 @@ class Reader(Component):
         # Reads decode every event they return, eagerly: a stream sends all of them (the tail
         # is the one that decodes only what it needs).
         self._decoder = RecordDecoder(
-            settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+            settings.tasks.event_type_prefix, settings.tasks.max_event_bytes, settings.type_rule
         )
         self.chunk = chunk
         # The pool of ``pool_size`` consumers every read fetches through (bridge.kafka.pool),

@@ -76,7 +76,7 @@ def event_from_record(
     """Decode the record's event, or describe why it cannot be decoded (never raises).
 
     ``types`` decides which types are vendor-prefixed: pass ``settings.type_rule`` so the
-    configured ``accepted_event_prefixes`` count; the default knows reverse-DNS types only.
+    configured ``tasks.accepted_event_prefixes`` count; the default knows reverse-DNS types only.
     """
     return _event_of(record, prefix, max_bytes, types.is_prefixed)
 

@@ -155,7 +155,7 @@ class SeqTail:
         self._writer = writer
         self._log = log_
         self._decoder = RecordDecoder(
-            settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+            settings.tasks.event_type_prefix, settings.tasks.max_event_bytes, settings.type_rule
         )
 
     async def run(self, tail: Tail) -> None:

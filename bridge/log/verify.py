@@ -81,7 +81,7 @@ async def _verify_partition(
     offsets: dict[str, list[int]] = defaultdict(list)
     recount = PartitionIndex(
         tp.partition,
-        settings.checkpoint_interval,
+        settings.tasks.checkpoint_interval,
         track_dirty=False,
         unsigned_below=persisted.unsigned_below,
     )
@@ -90,7 +90,7 @@ async def _verify_partition(
     recount.legacy = persisted.marker_version in (1, 2)
     # The tail's own decoder and keyring: the same facts, decoding only the bridge's own types.
     decoder = RecordDecoder(
-        settings.event_type_prefix, settings.max_event_bytes, settings.type_rule
+        settings.tasks.event_type_prefix, settings.tasks.max_event_bytes, settings.type_rule
     )
     keyring = load_keyring(settings)
 

@@ -1,12 +1,12 @@
 """Configured event sources: an existing pipeline's Kafka topic as an event type.
 
-Each ``event_sources`` entry of the settings (:class:`~bridge.config.EventSourceSpec`) becomes
+Each ``events.sources`` entry of the settings (:class:`~bridge.config.EventSourceSpec`) becomes
 one :class:`ConfiguredSource`. Every partition of the topic is read (a pipeline's partitioner is
 its own business, so a key filter cannot pick one partition for sure); a record is an
 occurrence when it passes the filters (a fixed key or the key named by an argument, headers
 fixed or named by arguments) and its value is a JSON object that the declared payload schema
 accepts. Records that pass the filters but fail the value checks (no value, larger than
-``max_event_bytes``, not wire JSON, not an object, schema) are skipped and counted: whatever
+``tasks.max_event_bytes``, not wire JSON, not an object, schema) are skipped and counted: whatever
 bytes a producer writes, a poll or a stream goes on.
 
 * **Authorization**: the principals the entry lists (``"*"``: every caller); nobody by default.

@@ -151,15 +151,15 @@ class DeliveryPolicy:
         max_body_bytes: int | None = None,
     ) -> DeliveryPolicy:
         retry = RetryPolicy(
-            max_attempts=settings.webhook_max_attempts,
-            max_elapsed_seconds=settings.webhook_max_retry_s,
-            base_delay_seconds=settings.webhook_backoff_base_s,
-            max_delay_seconds=settings.webhook_backoff_max_s,
+            max_attempts=settings.webhooks.max_attempts,
+            max_elapsed_seconds=settings.webhooks.max_retry_s,
+            base_delay_seconds=settings.webhooks.backoff_base_s,
+            max_delay_seconds=settings.webhooks.backoff_max_s,
         )
         return cls(
             retry,
-            settings.webhook_poll_interval_s,
-            settings.webhook_suspend_after_failures,
+            settings.webhooks.poll_interval_s,
+            settings.webhooks.suspend_after_failures,
             control_envelopes=control_envelopes,
             max_body_bytes=max_body_bytes,
         )
@@ -467,16 +467,16 @@ class WebhookService(Component):
         self.policy = policy or DeliveryPolicy.of(settings)
         self.shape = shape
         self.sender = WebhookSender(
-            allowlist=settings.webhook_allowlist,
+            allowlist=settings.webhooks.allowlist,
             ssl_context=_callback_tls(settings),
-            timeout_seconds=settings.webhook_timeout_s,
+            timeout_seconds=settings.webhooks.timeout_s,
         )
         #: Verification challenges per principal and per (principal, callback host).
         self.verifications = VerificationThrottle(
-            settings.webhook_verify_per_minute / 60,
-            settings.webhook_verify_burst,
-            principal_rate_per_s=settings.webhook_verify_principal_per_minute / 60,
-            principal_burst=settings.webhook_verify_principal_burst,
+            settings.webhooks.verify_per_minute / 60,
+            settings.webhooks.verify_burst,
+            principal_rate_per_s=settings.webhooks.verify_principal_per_minute / 60,
+            principal_burst=settings.webhooks.verify_principal_burst,
         )
         self.on_throttled = on_throttled
         self.on_too_large = on_too_large
@@ -536,6 +536,6 @@ class WebhookService(Component):
 
 def _callback_tls(settings: Settings) -> ssl.SSLContext:
     context = ssl.create_default_context()
-    if settings.webhook_ca_file is not None:
-        context.load_verify_locations(cafile=str(settings.webhook_ca_file))
+    if settings.webhooks.ca_file is not None:
+        context.load_verify_locations(cafile=str(settings.webhooks.ca_file))
     return context

@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import rfc8785
 
+from bridge.mcpevents.cursor import BadCursor, decode_task
+
 __all__ = [
     "BadRecord",
     "DeliveryStatus",
@@ -333,6 +335,21 @@ class SubscriptionTable:
 
     def get(self, sub_id: str) -> Subscription | None:
         return self._subs.get(sub_id)
+
+    def task_positions(self, now_ms: int) -> list[tuple[str, int]]:
+        """``(task id, last delivered seq)`` of every live subscription to a task's events
+        whose cursor says where it is (a copy: the view may change meanwhile); what
+        retention must not pass, like an open stream's position."""
+        found = []
+        for sub in list(self._subs.values()):
+            task_id = sub.arguments.get("taskId")
+            if sub.cursor is None or not isinstance(task_id, str) or sub.expired(now_ms):
+                continue
+            try:
+                found.append((task_id, decode_task(sub.cursor, task_id)))
+            except BadCursor:
+                continue  # not a task event cursor (another source's subscription)
+        return found
 
     def live(self, sub_id: str, now_ms: int) -> Subscription | None:
         """The subscription unless it is unknown or expired (the owner tombstones it soon)."""

@@ -7,7 +7,7 @@ when on (:mod:`bridge.canary`). ``/healthz`` answers while
 the process serves HTTP (liveness); ``/readyz`` answers 200 once the indexer has caught up with
 the log as it was at start (readiness), so a replica never serves a stale view.
 
-With ``ownership = "group"`` a second app, the peer listener's (:func:`peer_app`), serves the
+With ``replicas.ownership = "group"`` a second app, the peer listener's (:func:`peer_app`), serves the
 hops other replicas forward (``/mcp`` and the view's GETs, nothing else) from the same
 components, on its own port: it is started once they are and stopped before them. Only there
 is a signed hop believed; the public app authenticates every request.
@@ -187,15 +187,21 @@ async def start_components(
     except AccessDenied as denied:
         logger.error("%s", denied)
         raise
-    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, settings))
+
+    def positions() -> list[tuple[str, int]]:  # what open streams and webhooks still need
+        return [*hub.positions(), *events.subscription_positions()]
+
+    refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, positions, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
+    watcher = asyncio.create_task(_watch_availability(metrics, indexer, settings))
+    stack.push_async_callback(cancel_and_wait, watcher)
     canary = None
-    if settings.canary_interval_s > 0:  # probes the stream path; stops first, ending its tasks
+    if settings.canary.interval_s > 0:  # probes the stream path; stops first, ending its tasks
         probes = StreamHub(settings, indexer, reader, fanout, metrics.canary_streams())
         canary = Canary(settings, indexer, probes, service.publisher, metrics)
         await canary.start()
         stack.push_async_callback(canary.stop)
-    logger.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka_bootstrap_servers)
+    logger.info("bridge ready: %d tools, Kafka at %s", len(tools), settings.kafka.bootstrap_servers)
     return Components(settings, metrics, indexer, reader, service, hub, endpoint, canary)
 
 
@@ -224,7 +230,7 @@ def create_app(
             app.state.components = await start_components(
                 settings, stack, metrics=metrics, companions=companions, log=log
             )
-            if peer_listener is not None and settings.ownership == "group":
+            if peer_listener is not None and settings.replicas.ownership == "group":
                 await peer_listener(peer_app(settings, lambda: app.state.components), stack)
             try:
                 yield
@@ -251,7 +257,7 @@ def create_app(
 
     async def indexer_admin(request: Request) -> Response:
         # Operations drills (pausing the indexer to watch the lag alerts fire); off by default.
-        if not settings.admin_endpoints:
+        if not settings.server.admin_endpoints:
             return JSONResponse({"error": "admin endpoints are disabled"}, 404)
         served = running(request)
         caller = served.endpoint.admin_gate(request)  # /mcp's authentication, same-origin only
@@ -328,7 +334,7 @@ def peer_app(settings: Settings, components: Callable[[], Components | None]) ->
         Route("/mcp", RawEndpoint(get), methods=["GET"]),
         Route(PEER_HEALTH_PATH, healthz, methods=["GET"]),
     ]
-    if settings.view_enabled:
+    if settings.view.enabled:
         view = BrowserView(settings, running)
         routes += [
             Route("/view/tasks/{task_id}", view.state, methods=["GET"]),
@@ -380,8 +386,8 @@ def _peers(
     """The client of the hops to other replicas, and the check of the hops they send here,
     when replicas divide the partitions; an owner whose peer port keeps refusing is dropped
     from the group (:class:`~bridge.server.failover.Removals`)."""
-    secret = settings.peer_secret_value
-    if settings.ownership != "group" or secret is None:
+    secret = settings.peers.secret_value
+    if settings.replicas.ownership != "group" or secret is None:
         return None
     p, r = settings.peers, settings.recovery
     auth = PeerAuth(secret, routing.own_url, max_age_s=p.max_age_s, max_nonces=p.max_nonces)
@@ -399,11 +405,11 @@ def _peers(
     peers = Peers(
         auth,
         tls=client_tls(p),
-        max_streams=settings.max_streams,
-        keep_alive_s=settings.server_keep_alive_s,
+        max_streams=settings.streams.max_total,
+        keep_alive_s=settings.server.keep_alive_s,
         connect_s=p.connect_timeout_s,
         suspect_s=p.suspect_s,
-        session_s=settings.group_session_timeout_ms / 1000,
+        session_s=settings.replicas.session_timeout_ms / 1000,
         refusals=r.refusals,
         refusal_window_s=r.refusal_window_s,
         generation=lambda: routing.generation,
@@ -439,11 +445,32 @@ def _warn_ttl_beyond_retention(settings: Settings, tools: list[ToolSpec]) -> Non
 
 
 async def _refresh_gauges(
-    metrics: Metrics, indexer: Indexer, reader: Reader, settings: Settings
+    metrics: Metrics,
+    indexer: Indexer,
+    reader: Reader,
+    positions: Callable[[], list[tuple[str, int]]],
+    settings: Settings,
 ) -> None:
     while True:
         try:
             await metrics.refresh_log_gauges(indexer, reader)
+            await metrics.refresh_data_loss(indexer, reader, positions())
         except Exception:
             logger.exception("could not refresh the Kafka gauges")
-        await asyncio.sleep(settings.metrics_refresh_s)  # the refresh cadence, not synchronisation
+        await asyncio.sleep(
+            settings.server.metrics_refresh_s
+        )  # the refresh cadence, not synchronisation
+
+
+#: How often each events partition's owner is looked at (the unavailability's resolution).
+AVAILABILITY_SAMPLE_S = 0.25
+
+
+async def _watch_availability(metrics: Metrics, indexer: Indexer, settings: Settings) -> None:
+    """Sample who serves each events partition (no Kafka call: the last assignment)."""
+    before = time.monotonic()
+    while True:
+        await asyncio.sleep(AVAILABILITY_SAMPLE_S)  # the sampling cadence
+        now = time.monotonic()
+        metrics.sample_availability(indexer, settings.peers.advertised_url, now - before)
+        before = now

@@ -190,12 +190,12 @@ def unauthenticated_exposure(settings: Settings) -> str | None:
     (mode ``none`` on an address other than loopback, without the opt-in), else None."""
     if settings.auth.mode != "none" or settings.auth.allow_unauthenticated:
         return None
-    if _is_loopback(settings.http_host):
+    if _is_loopback(settings.server.host):
         return None
     return (
-        f"{env_name('auth', 'mode')}=none on {settings.http_host!r} would serve every caller "
+        f"{env_name('auth', 'mode')}=none on {settings.server.host!r} would serve every caller "
         f"who reaches the port as one principal: set {env_name('auth', 'mode')}=jwt or bearer, "
-        f"bind loopback ({env_name('http_host')}=127.0.0.1), or confirm with "
+        f"bind loopback ({env_name('server', 'host')}=127.0.0.1), or confirm with "
         f"{env_name('auth', 'allow_unauthenticated')}=true (only behind an authenticating gateway)"
     )
 
@@ -207,13 +207,13 @@ def check_exposure(settings: Settings) -> None:
     if problem is not None:
         raise ValueError(problem)
     auth = settings.auth
-    if auth.mode == "none" and not _is_loopback(settings.http_host):
+    if auth.mode == "none" and not _is_loopback(settings.server.host):
         log.warning(
             "AUTHENTICATION IS OFF on %s:%d (%s=true): every caller who reaches this port is "
             "the one principal %r and may read and cancel every task; only behind a gateway "
             "that authenticates",
-            settings.http_host,
-            settings.http_port,
+            settings.server.host,
+            settings.server.port,
             env_name("auth", "allow_unauthenticated"),
             ANONYMOUS,
         )

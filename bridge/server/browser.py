@@ -136,9 +136,9 @@ class ViewTokens:
     def for_settings(cls, settings: Settings) -> ViewTokens:
         """The configured key; else the peer secret's (replicas accept each other's tokens);
         else a random key that lives as long as this process."""
-        secret = settings.view_token_secret_value or settings.peer_secret_value
+        secret = settings.view.token_secret_value or settings.peers.secret_value
         key = secret.encode() if secret is not None else secrets.token_bytes(32)
-        return cls(key, settings.view_token_ttl_s)
+        return cls(key, settings.view.token_ttl_s)
 
     def _mac(self, claims: str) -> str:
         digest = self._key.mac(claims.encode("ascii"))
@@ -306,11 +306,11 @@ class BrowserView:
         self.settings = settings
         self.tokens = ViewTokens.for_settings(settings)
         self._running = running
-        self._placeholder = TaskEventTypes.of(settings.event_type_prefix).undecodable
+        self._placeholder = TaskEventTypes.of(settings.tasks.event_type_prefix).undecodable
         install_log_redaction()
 
     def routes(self) -> list[Route]:
-        if not self.settings.view_enabled:
+        if not self.settings.view.enabled:
             return []
         return [
             Route("/view/", self.page, methods=["GET"]),
@@ -542,7 +542,7 @@ class BrowserView:
 
     def _preamble(self) -> bytes:
         # retry: how soon the browser reconnects; the comment makes the open visible at once.
-        return f"retry: {self.settings.view_retry_ms}\n: open\n\n".encode()
+        return f"retry: {self.settings.view.retry_ms}\n: open\n\n".encode()
 
     async def _gone_only(self, exc: RpcError) -> AsyncIterator[bytes]:
         yield self._preamble()

@@ -22,7 +22,7 @@ task becoming invisible, end the stream with ``notifications/events/terminated``
 status event); a draining process closes streams without it, so clients resume elsewhere, and
 so does a stream whose task's partition moved to another replica.
 
-Several replicas (``ownership = "group"``): a request naming a task is served by the owner of
+Several replicas (``replicas.ownership = "group"``): a request naming a task is served by the owner of
 its partition (the HTTP layer forwards it). A webhook delivery loop runs wherever the webhooks
 group placed its subscription, so its read of a task goes to the task's owner as an internal
 ``events/poll`` (:func:`delivery_poll`), signed for the subscription's principal.
@@ -235,11 +235,11 @@ def events_extension(
         log,
         live,
         status_type=settings.own_types.status,
-        queue_size=settings.stream_queue_size,
-        heartbeat_s=settings.stream_keepalive_s,
+        queue_size=settings.streams.queue_size,
+        heartbeat_s=settings.streams.keepalive_s,
         stopping=stopping,
         catch_up=catch_up,
-        catch_up_s=settings.cursor_catch_up_s,
+        catch_up_s=settings.streams.cursor_catch_up_s,
         bind_cursors=task_cursor_version(settings) == 2,
     )
     sources: list[EventSource] = [
@@ -261,7 +261,7 @@ def events_extension(
         streams=streams,
         stopping=stopping,
         webhooks=webhooks,
-        recheck_s=settings.stream_keepalive_s,
+        recheck_s=settings.streams.keepalive_s,
     )
 
 
@@ -285,8 +285,8 @@ def offset_sources(
     else:
         reader = TopicReader(log)
     common: dict[str, Any] = {
-        "queue_size": settings.stream_queue_size,
-        "heartbeat_s": settings.stream_keepalive_s,
+        "queue_size": settings.streams.queue_size,
+        "heartbeat_s": settings.streams.keepalive_s,
         "stopping": stopping,
     }
     live = LiveTopics(log, reader)
@@ -300,8 +300,10 @@ def offset_sources(
         **common,
     )
     configured = [
-        ConfiguredSource(spec, reader, live, max_value_bytes=settings.max_event_bytes, **common)
-        for spec in settings.event_sources
+        ConfiguredSource(
+            spec, reader, live, max_value_bytes=settings.tasks.max_event_bytes, **common
+        )
+        for spec in settings.events.sources
     ]
     return [updates, *configured]
 
@@ -344,6 +346,12 @@ class EventsMethods:
         if self.webhooks is not None:
             await self.webhooks.stop()
         await self.close()
+
+    def subscription_positions(self) -> list[tuple[str, int]]:
+        """``(task id, last delivered seq)`` of every live webhook subscription to a task's
+        events (none without webhook delivery): for the distance to data loss."""
+        service = self.webhooks.service if self.webhooks is not None else None
+        return [] if service is None else service.registry.table.task_positions(_now_ms())
 
     async def close(self) -> None:
         """Close the Kafka clients of the sources that hold any."""
@@ -826,13 +834,13 @@ def _encoded(message: dict[str, Any]) -> bytes:
 def webhook_sealer(settings: Settings) -> Sealer | None:
     """The sealer of webhook secrets at rest, or None (webhooks off) without a key file.
 
-    A missing file is created only when ``webhook_keys.create`` says so (development).
+    A missing file is created only when ``webhooks.keys.create`` says so (development).
     """
-    keys = settings.webhook_keys
+    keys = settings.webhooks.keys
     if keys.file is None:
         log.warning(
             "webhook delivery is off: no key seals webhook secrets at rest (set %s)",
-            env_name("webhook_keys", "file"),
+            env_name("webhooks", "keys", "file"),
         )
         return None
     if keys.create and not keys.file.exists():
@@ -916,12 +924,12 @@ class WebhookMethods:
         #: Measures the profile's deadline on events/subscribe (seconds, monotonic).
         self.clock = clock
         self.ttl = TtlPolicy(
-            settings.webhook_ttl_default_ms,
-            settings.webhook_ttl_min_ms,
-            settings.webhook_ttl_max_ms,
+            settings.webhooks.ttl_default_ms,
+            settings.webhooks.ttl_min_ms,
+            settings.webhooks.ttl_max_ms,
         )
-        self.max_per_principal = settings.webhook_max_subscriptions_per_principal
-        self.grace_ms = int(settings.webhook_rotation_grace_s * 1000)
+        self.max_per_principal = settings.webhooks.max_subscriptions_per_principal
+        self.grace_ms = int(settings.webhooks.rotation_grace_s * 1000)
 
     @property
     def offered(self) -> bool:

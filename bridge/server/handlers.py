@@ -406,7 +406,7 @@ class MethodHandlers:
         A call that streams its progress is a long-lived response: it takes a stream slot
         before the job starts (a refused call creates no task) and gives it back when the
         response ends. A call answered as JSON is bounded by the active-task limit instead
-        (each is a task until it ends) and by ``direct_result_timeout_s``.
+        (each is a task until it ends) and by ``tasks.direct_result_timeout_s``.
         """
         token = call.meta.get("progressToken")
         if token is not None and call.accepts_sse:
@@ -425,7 +425,7 @@ class MethodHandlers:
     async def _direct_stream(
         self, call: Call, task_id: str, start: Callable[[], Awaitable[Any]], token: Any
     ) -> AsyncIterator[dict[str, Any]]:
-        timeout = self.settings.direct_result_timeout_s
+        timeout = self.settings.tasks.direct_result_timeout_s
         rising = _RisingProgress()
         with self.service.watch(task_id) as sub:
             await start()
@@ -565,7 +565,7 @@ class MethodHandlers:
                 yield Frame(None)
                 continue
             if render is None:
-                render = renderer(task_id, self.settings.event_type_prefix)
+                render = renderer(task_id, self.settings.tasks.event_type_prefix)
                 cursor = cursor_prefix(request_id, task_id)
             texts = self._texts
             with tracing.deliver(task_id, batch):  # a span around this write, if traced

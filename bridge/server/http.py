@@ -363,15 +363,15 @@ class McpHttp:
         self.routing = routing
         self.peers = peers
         self._methods = Methods(modern=handlers.modern.keys(), legacy=handlers.legacy.keys())
-        self._allowed_hosts = {h.lower() for h in settings.allowed_hosts} | _LOOPBACK
-        if settings.http_host not in ("0.0.0.0", "::", ""):
-            self._allowed_hosts.add(settings.http_host.lower())
-        self._allowed_origins = {o for o in map(_origin, settings.allowed_origins) if o}
+        self._allowed_hosts = {h.lower() for h in settings.server.allowed_hosts} | _LOOPBACK
+        if settings.server.host not in ("0.0.0.0", "::", ""):
+            self._allowed_hosts.add(settings.server.host.lower())
+        self._allowed_origins = {o for o in map(_origin, settings.server.allowed_origins) if o}
 
     def _origin_allowed(self, request: Request, *, configured: bool = True) -> bool:
         """The DNS-rebinding check: the ``Host`` names this server, and an ``Origin``, when
         sent, is this server itself (scheme, host and port) or, with ``configured``, one of
-        ``allowed_origins``."""
+        ``server.allowed_origins``."""
         any_host = "*" in self._allowed_hosts
         if any_host and configured:
             return True  # every Host and Origin: the operator's explicit choice
@@ -383,7 +383,7 @@ class McpHttp:
             return True
         seen = _origin(origin)
         if seen is None:  # "null", not a URL, or no http(s) origin: never this server's
-            return configured and origin in self.settings.allowed_origins
+            return configured and origin in self.settings.server.allowed_origins
         if configured and seen in self._allowed_origins:
             return True
         scheme, origin_host, port = seen
@@ -394,7 +394,7 @@ class McpHttp:
         return origin_host in names or f"[{origin_host}]" in names
 
     async def _read_body(self, request: Request) -> bytes:
-        limit = self.settings.max_request_bytes
+        limit = self.settings.server.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RpcError(INVALID_REQUEST, f"request body over {limit} bytes", http_status=413)

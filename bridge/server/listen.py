@@ -12,7 +12,7 @@ the bounded buffer) makes the listen re-read the task's state, so nothing depend
 every event. The current state of each task is sent first, right after the acknowledgement:
 a change between the client's last ``tasks/get`` and its listen is never missed.
 
-Several replicas (``ownership = "group"``, :class:`Replicas`): a listen names tasks that may
+Several replicas (``replicas.ownership = "group"``, :class:`Replicas`): a listen names tasks that may
 live on several owners, so it is served where it arrives. Each state is read where the task is
 served: here, or at its owner by a signed internal ``tasks/get`` (the owner's answer, as the
 client would get it). Changes of tasks owned elsewhere come from the task-updates topic, which
@@ -212,7 +212,7 @@ class Listen:
         self.max_task_ids = max_task_ids
         self.listens_per_client = listens_per_client
         self._listens: Counter[str] = Counter()
-        self._errors_meta = f"{config.event_type_prefix}/taskErrors"
+        self._errors_meta = f"{config.tasks.event_type_prefix}/taskErrors"
 
     def methods(self) -> dict[str, MethodHandler]:
         return {"subscriptions/listen": self.listen}
@@ -347,7 +347,7 @@ class Listen:
     async def _changes(self, listening: _Listening) -> AsyncIterator[dict[str, Any] | Frame]:
         """One ``notifications/tasks`` per changed state, keep-alives while nothing changes."""
         sent: dict[str, dict[str, Any]] = {}
-        keepalive = self.config.stream_keepalive_s
+        keepalive = self.config.streams.keepalive_s
         while not self._ended(listening):
             if not listening.changed:
                 if not await _woken(listening.wake, keepalive):

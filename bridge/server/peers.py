@@ -1,7 +1,7 @@
 """One hop to a partition's owner: which requests are about a task, and how they are forwarded.
 
 Where it sits: between the HTTP gate (the caller is verified) and the handlers. With
-``ownership = "group"`` each replica indexes only its share of the events partitions
+``replicas.ownership = "group"`` each replica indexes only its share of the events partitions
 (bridge.log.indexer); a request about a task whose partition another replica owns is sent to
 that owner's peer listener, once, and its response (JSON, or the SSE body as it is written) is
 passed back.

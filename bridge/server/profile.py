@@ -54,7 +54,7 @@ EVENTS_METHODS = ("events/list", "events/subscribe", "events/unsubscribe")
 CHATGPT_MAX_BODY_BYTES = 256 * 1024
 #: About how long ChatGPT waits for an answer (to its MCP requests; its receiver answers within
 #: it too): ``events/subscribe`` runs the verification challenge inside it, so the challenge's
-#: own deadline (``webhook_timeout_s``) must leave room for the answer (a settings check holds
+#: own deadline (``webhooks.timeout_s``) must leave room for the answer (a settings check holds
 #: it below 8 s under this profile).
 CHATGPT_TIMEOUT_S = 10.0
 #: The bridge answers ChatGPT's ``events/subscribe`` within this (or refuses it, retriable,
@@ -106,10 +106,10 @@ class EventsProfile:
         found: list[str] = []
         named = f"{env_name('events', 'profile')}={self.name}"
         bound = self.answer_within_s
-        if bound is not None and settings.webhook_timeout_s >= bound:
+        if bound is not None and settings.webhooks.timeout_s >= bound:
             found.append(
-                f"{named} needs webhook_timeout_s below {bound:g} s "
-                f"({env_name('webhook_timeout_s')}): the client waits about "
+                f"{named} needs webhooks.timeout_s below {bound:g} s "
+                f"({env_name('webhooks', 'timeout_s')}): the client waits about "
                 f"{CHATGPT_TIMEOUT_S:g} s for events/subscribe, which runs the verification "
                 "challenge inside it"
             )
@@ -118,10 +118,10 @@ class EventsProfile:
                 f"{named} needs an authenticating auth mode ({env_name('auth', 'mode')}): "
                 "the client subscribes by webhook only, and webhooks need a principal"
             )
-        if self.needs_webhooks and settings.webhook_keys.file is None:
+        if self.needs_webhooks and settings.webhooks.keys.file is None:
             found.append(
                 f"{named} needs a key that seals webhook secrets at rest "
-                f"({env_name('webhook_keys', 'file')}): without it webhooks are off, and the "
+                f"({env_name('webhooks', 'keys', 'file')}): without it webhooks are off, and the "
                 "client subscribes by webhook only"
             )
         return found

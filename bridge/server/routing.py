@@ -1,10 +1,10 @@
 """Where a request about a task is served: here, at its partition's owner, or not yet.
 
 Where it sits: the MCP endpoint (bridge.server.http) asks :meth:`Routing.where` for every
-request that names a task (:func:`~bridge.server.peers.routed_task_id`). With ``ownership =
+request that names a task (:func:`~bridge.server.peers.routed_task_id`). With ``replicas.ownership =
 "all"`` the answer is always here. In a group, the partition's owner is this replica (here), or
 another one whose URL the last assignment named (forward there), or nobody for a moment (the
-partition is moving): the request then waits for the next assignment, up to ``owner_wait_s``,
+partition is moving): the request then waits for the next assignment, up to ``replicas.owner_wait_s``,
 and is answered with :func:`partition_moving_error` if it is still unowned.
 
 Owner URLs come from the group's metadata, which any member of the consumer group writes: each
@@ -79,7 +79,7 @@ class Routing:
         self.settings = settings
         self.indexer = indexer
         self._on_refused = on_refused
-        url = settings.advertised_url
+        url = settings.peers.advertised_url
         self._hosts = settings.peers.accepted_hosts(url) if url else []
         self._checked: dict[str, str | None] = {}
         self.own_url = self._origin(url) if url else None
@@ -127,11 +127,11 @@ class Routing:
 
     async def where(self, task_id: str) -> str | None:
         """None to serve here, or the owner's base URL; :func:`partition_moving_error` after
-        waiting ``owner_wait_s`` for an owner."""
+        waiting ``replicas.owner_wait_s`` for an owner."""
         if not self.divided:
             return None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.owner_wait_s
+        deadline = loop.time() + self.settings.replicas.owner_wait_s
         while True:
             try:
                 return self._owner(task_id)

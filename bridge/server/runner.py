@@ -18,7 +18,7 @@ resume elsewhere at once; a second signal stops at once. The bridge drains its o
 until its bound, and then be cut off instead of told to resume. A second SIGINT forces the exit,
 as in uvicorn.
 
-With replicas (``ownership = "group"``) the process serves a second listener, the peer
+With replicas (``replicas.ownership = "group"``) the process serves a second listener, the peer
 listener (:func:`peer_listener`): another uvicorn server in the same loop, started by the app
 once its components run and closed before they stop; it never handles signals.
 """
@@ -274,28 +274,28 @@ def bridge_server(
 
     return AppServer(
         app,
-        host=settings.http_host,
-        port=settings.http_port,
+        host=settings.server.host,
+        port=settings.server.port,
         sock=sock,
         log_level="warning" if quiet else settings.log_level.lower(),
         access_log=not quiet,
         on_stop=drain_streams,
         handle_signals=handle_signals,
-        loop=settings.server_loop,
-        http=settings.server_http,
-        gc_young_threshold=settings.gc_young_threshold,
-        read_timeout_s=settings.server_read_timeout_s,
-        max_head_bytes=settings.server_max_head_bytes,
-        keep_alive_s=settings.server_keep_alive_s,
+        loop=settings.server.loop,
+        http=settings.server.http,
+        gc_young_threshold=settings.server.gc_young_threshold,
+        read_timeout_s=settings.server.read_timeout_s,
+        max_head_bytes=settings.server.max_head_bytes,
+        keep_alive_s=settings.server.keep_alive_s,
         configure_logging=configure_logging,
-        hand_over=hand_over if settings.ownership == "group" else None,
+        hand_over=hand_over if settings.replicas.ownership == "group" else None,
     )
 
 
 def peer_listener(
     settings: Settings, *, quiet: bool = False, configure_logging: bool = True
 ) -> PeerListener:
-    """Serves the peer listener's app at ``peers.host`` (else ``http_host``) and
+    """Serves the peer listener's app at ``peers.host`` (else ``server.host``) and
     ``peers.port``, with TLS when configured, in the running loop; closed with the stack.
 
     Its open hop streams were drained with the others by then (the same stream hub)."""
@@ -303,15 +303,15 @@ def peer_listener(
     async def serve(app: ASGIApp, stack: contextlib.AsyncExitStack) -> None:
         server = AppServer(
             app,
-            host=settings.peers.host or settings.http_host,
+            host=settings.peers.host or settings.server.host,
             port=settings.peers.port,
             log_level="warning" if quiet else settings.log_level.lower(),
             access_log=not quiet,
             handle_signals=False,  # the public server's: one stop for both
-            http=settings.server_http,
-            read_timeout_s=settings.server_read_timeout_s,
-            max_head_bytes=settings.server_max_head_bytes,
-            keep_alive_s=settings.server_keep_alive_s,
+            http=settings.server.http,
+            read_timeout_s=settings.server.read_timeout_s,
+            max_head_bytes=settings.server.max_head_bytes,
+            keep_alive_s=settings.server.keep_alive_s,
             tls=server_tls(settings.peers),
             configure_logging=configure_logging,
         )

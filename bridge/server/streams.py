@@ -170,12 +170,15 @@ class StreamHub:
         self.metrics = metrics
         self.draining = asyncio.Event()
         self._streams: dict[Subscription, Ticket] = {}
+        #: Each open stream's last delivered seq (its cursor's at first, -1 without one): what
+        #: it needs next from the log, for the distance to data loss (bridge.metrics).
+        self._positions: dict[Subscription, int] = {}
         indexer.add_ownership_listener(self._partitions_moved)
         self.admission = Admission(
             Limits(
-                streams_per_client=settings.max_streams_per_principal,
-                opens_per_minute=settings.max_stream_opens_per_minute,
-                streams_total=settings.max_streams,
+                streams_per_client=settings.streams.max_per_principal,
+                opens_per_minute=settings.streams.opens_per_minute,
+                streams_total=settings.streams.max_total,
             ),
             clock.monotonic,
         )
@@ -249,7 +252,7 @@ class StreamHub:
 
     async def _head_after_catch_up(self, task_id: str, head: int) -> int:
         try:
-            async with asyncio.timeout(self.settings.cursor_catch_up_s):
+            async with asyncio.timeout(self.settings.streams.cursor_catch_up_s):
                 await self.indexer.catch_up()
         except TimeoutError:
             log.warning("catch-up for a cursor at the head of task %s timed out", task_id)
@@ -295,17 +298,26 @@ class StreamHub:
         m = self.metrics
         (m.opened_fresh if after is None else m.opened_resume)()
         partition = self.indexer.partition_of(task_id)
-        with self.fanout.subscribe(task_id, self.settings.stream_queue_size) as sub:
+        with self.fanout.subscribe(task_id, self.settings.streams.queue_size) as sub:
             ticket.on_cancel.append(sub.close)
             self._streams[sub] = ticket
+            self._positions[sub] = -1 if after is None else after
             try:
                 async for item in self._run(sub, partition, after, log_start, wire):
+                    if item:
+                        self._positions[sub] = item[-1][0]
                     yield item
                     del item  # not held while the stream waits
             except NotOwner:
                 ticket.moved = True  # the partition moved during a read: resume at its owner
             finally:
                 self._streams.pop(sub, None)
+                self._positions.pop(sub, None)
+
+    def positions(self) -> list[tuple[str, int]]:
+        """``(task id, last delivered seq)`` of every open stream (-1: nothing delivered yet
+        and no cursor): the oldest of these is what retention must not pass."""
+        return [(sub.task_id, seq) for sub, seq in self._positions.items()]
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
@@ -324,7 +336,7 @@ class StreamHub:
         task_id = sub.task_id
         last = -1 if after is None else after
         any_first = after is None  # without a cursor the earliest retained seq comes first
-        keepalive = self.settings.stream_keepalive_s
+        keepalive = self.settings.streams.keepalive_s
         ends = functools.partial(self._ends, task_id)
         status = self._status_type
         pace = self._pace()

@@ -400,7 +400,7 @@ class TaskService:
             owner_key(owner),
             task_id,
             now + (tool.ttl_ms if tool.ttl_ms is not None else _NO_EXPIRY_MS),
-            self.settings.max_active_tasks_per_principal,
+            self.settings.tasks.max_active_per_principal,
             now,
         )
         tracing.set_task_id(task_id)

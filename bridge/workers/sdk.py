@@ -261,7 +261,7 @@ class Worker(Component):
         self._control_tail = tail
         await tail.start()
         parts = [TopicPart(topic, p) for p in await self._log.partitions(topic)]
-        since = int(self._clock.wall() * 1000) - self.settings.control_lookback_ms
+        since = int(self._clock.wall() * 1000) - self.settings.tasks.control_lookback_ms
         starts = await self._log.offsets_for_times({p: max(since, 0) for p in parts})
         ends = await self._log.log_ends(parts)
         first = {p: _or(starts.get(p), ends[p]) for p in parts}

@@ -86,12 +86,13 @@ def _settings_for_demo(settings: Settings, progress: Callable[[str], None]) -> S
             "bridge demo runs the bridge with a bearer token of its own (made for the run); "
             f"unset BRIDGE_AUTH__MODE (it is {settings.auth.mode!r})"
         )
-    if not settings.kafka_bootstrap_servers:
+    if not settings.kafka.bootstrap_servers:
         from bridgedev.kafka import start_local_detached
 
         progress("starting the local Kafka broker (the first start downloads ~45 MB of jars)")
         info = start_local_detached(settings, progress=progress)
-        settings = settings.model_copy(update={"kafka_bootstrap_servers": info.bootstrap_servers})
+        kafka = settings.kafka.model_copy(update={"bootstrap_servers": info.bootstrap_servers})
+        settings = settings.model_copy(update={"kafka": kafka})
     packs = list(dict.fromkeys([*settings.tool_packs, "demo"]))
     return settings.model_copy(update={"tool_packs": packs})
 
@@ -103,18 +104,14 @@ def _with_auth_and_webhooks(
     its CA trusted, loopback allowed (nothing else is added to what the SSRF rules allow), the
     secrets sealed by a key made for the run (unless one is configured)."""
     auth = AuthSettings(mode="bearer", tokens={token: DEMO_PRINCIPAL})
-    allow = list(dict.fromkeys([*settings.webhook_allowlist, f"{LOOPBACK}/32"]))
-    keys = settings.webhook_keys
+    allow = list(dict.fromkeys([*settings.webhooks.allowlist, f"{LOOPBACK}/32"]))
+    keys = settings.webhooks.keys
     if keys.file is None:
         keys = WebhookKeySettings(file=workdir / "webhook-keys.json", create=True)
-    return settings.model_copy(
-        update={
-            "auth": auth,
-            "webhook_allowlist": allow,
-            "webhook_ca_file": tls.ca_file,
-            "webhook_keys": keys,
-        }
+    webhooks = settings.webhooks.model_copy(
+        update={"allowlist": allow, "ca_file": tls.ca_file, "keys": keys}
     )
+    return settings.model_copy(update={"auth": auth, "webhooks": webhooks})
 
 
 @dataclass(frozen=True)
@@ -150,14 +147,14 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise DemoError(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass --port or set "
-            "BRIDGE_HTTP_PORT"
+            "BRIDGE_SERVER__PORT"
         ) from None
     return sock
 
 
 def _url_of(settings: Settings, sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    shown_host = settings.http_host if settings.http_host not in ("0.0.0.0", "::") else host
+    shown_host = settings.server.host if settings.server.host not in ("0.0.0.0", "::") else host
     return f"http://{shown_host}:{port}/mcp"
 
 
@@ -170,7 +167,7 @@ async def _run_demo(
     settings = demo.settings
     say = Narrator(sys.stdout)
     stop = stop_signal()  # the demo handles SIGINT/SIGTERM: a step is interrupted, not killed
-    sock = _listen(settings.http_host, settings.http_port)
+    sock = _listen(settings.server.host, settings.server.port)
     url = _url_of(settings, sock)
     server = bridge_server(
         settings,
@@ -180,7 +177,7 @@ async def _run_demo(
         handle_signals=False,
     )
     say.title("SEP-2694 resumable task event streams: the reviewer demo")
-    say.say(f"Kafka: {settings.kafka_bootstrap_servers} · topics {settings.topics.prefix}.*")
+    say.say(f"Kafka: {settings.kafka.bootstrap_servers} · topics {settings.topics.prefix}.*")
     say.say(
         f"Auth: bearer. The demo token of this run (principal {DEMO_PRINCIPAL!r}; every client "
         f"below presents it; it dies with the run): {demo.token}"
@@ -299,7 +296,7 @@ async def _until_done_or_stopped(stop: asyncio.Event, *tasks: asyncio.Task[Any] 
 def _suggest_next(say: Narrator, url: str, task_id: str, source: str, token: str) -> None:
     tail_url = "" if url == "http://127.0.0.1:8080/mcp" else f" --url {url}"
     say.say(f"The bridge keeps serving at {url}. Try, in another terminal:")
-    say.command(f"export BRIDGE_CLIENT_TOKEN={token}")
+    say.command(f"export BRIDGE_CLIENT__TOKEN={token}")
     say.note("    (the demo token: the bridge answers 401 without it)")
     say.command(f"bridge tail {task_id}{tail_url}")
     say.note("    (the whole session again, from seq 0; add --after N to resume)")

@@ -6,7 +6,7 @@ each signature with the ``standardwebhooks`` library, echoes the verification ch
 when a task reaches a status the agent must act on (it ended) calls ``wake`` once per
 ``webhook-id`` (delivery is at least once). :func:`serve_https` serves a receiver on loopback
 with a throwaway certificate (:func:`throwaway_tls`); the bridge trusts its CA through
-``webhook_ca_file`` and reaches loopback through ``webhook_allowlist``.
+``webhooks.ca_file`` and reaches loopback through ``webhooks.allowlist``.
 
 What it does not do: start processes itself (``wake`` is the caller's), or trust anything a
 body says before its signature verified.
@@ -150,7 +150,7 @@ def _header(headers: Mapping[str, str], name: str) -> str:
 
 @dataclass(frozen=True)
 class ReceiverTls:
-    """A throwaway CA (its PEM file, for the bridge's ``webhook_ca_file``) and the receiver's
+    """A throwaway CA (its PEM file, for the bridge's ``webhooks.ca_file``) and the receiver's
     certificate for 127.0.0.1 and localhost."""
 
     ca_file: Path

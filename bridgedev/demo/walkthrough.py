@@ -365,7 +365,7 @@ class Walkthrough:
         )
         self.b.on_event = lambda seen: say.event(seen.seq, seen.type, seen.payload, who="B")
         kcat = shutil.which("kcat") or shutil.which("kafkacat")
-        if kcat is not None and settings.kafka_security_protocol == "PLAINTEXT":
+        if kcat is not None and settings.kafka.security_protocol == "PLAINTEXT":
             await self._write_with_kcat(kcat, _EXPORT_JOB)
             writer_name = "kcat"
         else:
@@ -405,7 +405,7 @@ class Walkthrough:
 
     async def _write_with_kcat(self, kcat: str, lines: list[dict[str, Any]]) -> None:
         """``lines`` as plain JSON records, keyed by the task id, written by kcat."""
-        servers, topic = self.settings.kafka_bootstrap_servers, self.settings.topics.events
+        servers, topic = self.settings.kafka.bootstrap_servers, self.settings.topics.events
         command = [
             kcat, "-P", "-b", servers or "", "-t", topic, "-k", self.task_id,
             "-H", "content-type=application/json", "-X", "partitioner=murmur2_random",
@@ -554,7 +554,7 @@ class Walkthrough:
         say.say(
             f"An agent runs as its own process with the demo token. It starts {AGENT_TOOL} (the "
             "demo pack's long task) with tools/call, subscribes a webhook for that task's "
-            f"updates ({self.settings.event_type_prefix}.task.updated, events/subscribe), "
+            f"updates ({self.settings.tasks.event_type_prefix}.task.updated, events/subscribe), "
             "processes the first events, saves its cursor, and exits. The receiver is a small "
             "HTTPS endpoint on loopback (a certificate of a CA made for this run, which the "
             "bridge trusts); it verifies every signature with the standardwebhooks library."
@@ -576,7 +576,7 @@ class Walkthrough:
             token=self.token,
             callback=callback,
             secret=secret,
-            event=f"{self.settings.event_type_prefix}.task.updated",
+            event=f"{self.settings.tasks.event_type_prefix}.task.updated",
             tool=AGENT_TOOL,
             arguments=AGENT_ARGUMENTS,
             read_before_sleep=AGENT_READS_BEFORE_SLEEP,

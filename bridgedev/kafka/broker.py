@@ -61,11 +61,14 @@ class SecureBrokerInfo(BrokerInfo):
 
     def client_settings(self, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, Any]:
         """Settings overrides (``load_settings(**them)``) connecting as ``user``."""
+        sasl = {"mechanism": mechanism, "username": user, "password": self.users[user]}
         return {
-            "kafka_bootstrap_servers": self.bootstrap_servers,
-            "kafka_security_protocol": "SASL_SSL",
-            "kafka_tls": {"ca_file": str(self.ca_file)},
-            "kafka_sasl": {"mechanism": mechanism, "username": user, "password": self.users[user]},
+            "kafka": {
+                "bootstrap_servers": self.bootstrap_servers,
+                "security_protocol": "SASL_SSL",
+                "tls": {"ca_file": str(self.ca_file)},
+                "sasl": sasl,
+            }
         }
 
 

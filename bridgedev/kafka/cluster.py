@@ -228,7 +228,7 @@ def start_cluster(
 ) -> LocalCluster:
     """Start a throwaway cluster of ``brokers`` combined KRaft nodes (Maven jars, temp dir).
 
-    Returns once every node answers ApiVersions; ``settings.local_kafka`` gives the Kafka
+    Returns once every node answers ApiVersions; ``settings.kafka.local`` gives the Kafka
     version and the start timeout (each node's heap is :data:`CLUSTER_HEAP`, a third of a
     single broker's default, as three share the machine).
     """
@@ -251,11 +251,11 @@ def start_cluster(
         raise
     cluster = _handle(settings, root, nodes, proxy)
     try:
-        say(f"starting {brokers} local Kafka {settings.local_kafka.version} nodes")
+        say(f"starting {brokers} local Kafka {settings.kafka.local.version} nodes")
         # the JVMs start together: a node answers only once the quorum has a leader
         offsets = [node.spawn() for node in nodes]
         for node, offset in zip(nodes, offsets, strict=True):
-            node.wait_ready(settings.local_kafka.start_timeout_s, offset)
+            node.wait_ready(settings.kafka.local.start_timeout_s, offset)
     except BaseException:
         cluster.stop()
         raise
@@ -314,7 +314,7 @@ def _handle(
     else:
         bootstrap, via = _direct(nodes), ""
     detail = (
-        f"{len(nodes)} Kafka {settings.local_kafka.version} nodes from Maven jars, "
+        f"{len(nodes)} Kafka {settings.kafka.local.version} nodes from Maven jars, "
         f"RF {REPLICATION_FACTOR}, min ISR {MIN_INSYNC_REPLICAS}{via}, logs {root}/node-*/server.log "
         "(temporary)"
     )

@@ -1,7 +1,7 @@
 """The long-lived local broker of ``bridge kafka start|status|stop``.
 
 Same jars and configuration as the throwaway broker (:mod:`bridgedev.kafka.kraft`), but its
-data, config, log and ``state.json`` live in ``settings.local_kafka.state_dir``, it runs in a
+data, config, log and ``state.json`` live in ``settings.kafka.local.state_dir``, it runs in a
 session of its own and outlives the CLI; its data persists across stop/start. A lock file in
 the state directory serialises the commands. Nothing here is used by the test fixtures'
 throwaway broker (:mod:`bridgedev.kafka.local`).
@@ -73,8 +73,8 @@ def start_local_detached(
     broker runs at a time: asking for the other kind while one runs is an error.
     """
     say = progress or _stderr_progress
-    _heap_bytes(settings.local_kafka.heap)  # a bad setting fails before any slow step
-    state_dir = _abs(settings.local_kafka.state_dir)
+    _heap_bytes(settings.kafka.local.heap)  # a bad setting fails before any slow step
+    state_dir = _abs(settings.kafka.local.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     with _file_lock(state_dir / ".lock", say, "another `bridge kafka` command holds the lock"):
         state = _running_state(state_dir, say)
@@ -117,16 +117,16 @@ def _start(settings: Settings, say: Progress, state_dir: Path, secure: bool) -> 
         _format_storage(java, libs, root, security)
     _rotate_log(root / "server.log")
     log_offset = _file_size(root / "server.log")
-    say(f"starting local Kafka {settings.local_kafka.version} in the background")
+    say(f"starting local Kafka {settings.kafka.local.version} in the background")
     pid = _spawn_detached(
-        _broker_command(java, libs, root, settings.local_kafka.heap), root, root / "server.log"
+        _broker_command(java, libs, root, settings.kafka.local.heap), root, root / "server.log"
     )
     state = {
         "pid": pid,
         "bootstrap_servers": f"127.0.0.1:{port}",
         "port": port,
         "controller_port": cport,
-        "version": settings.local_kafka.version,
+        "version": settings.kafka.local.version,
         "log": str(root / "server.log"),
         "data_dir": str(root / "kraft"),
         "config": str(root / "server.properties"),
@@ -137,7 +137,7 @@ def _start(settings: Settings, say: Progress, state_dir: Path, secure: bool) -> 
     _write_atomic(root / "ports.json", json.dumps({"port": port, "controller_port": cport}))
     try:
         tls = security.ssl_context() if security else None
-        _wait_ready(pid, root, port, settings.local_kafka.start_timeout_s, log_offset, tls)
+        _wait_ready(pid, root, port, settings.kafka.local.start_timeout_s, log_offset, tls)
     except KafkaProviderError:
         _terminate_group(pid, 0.0, None)
         (state_dir / "state.json").unlink(missing_ok=True)
@@ -181,7 +181,7 @@ def _kind(state: dict[str, Any]) -> str:
 
 def stop_local_detached(settings: Settings, timeout_s: float = 30.0) -> bool:
     """Stop the detached broker: SIGTERM, then SIGKILL after ``timeout_s``. False if none ran."""
-    state_dir = _abs(settings.local_kafka.state_dir)
+    state_dir = _abs(settings.kafka.local.state_dir)
     if not (state_dir / "state.json").exists():
         return False
     with _file_lock(state_dir / ".lock", None, ""):
@@ -197,7 +197,7 @@ def stop_local_detached(settings: Settings, timeout_s: float = 30.0) -> bool:
 
 def local_status(settings: Settings) -> BrokerInfo | None:
     """The detached broker's info if it runs and answers, else None (stale state removed)."""
-    state_dir = _abs(settings.local_kafka.state_dir)
+    state_dir = _abs(settings.kafka.local.state_dir)
     state = _read_state(state_dir)
     if state is None:
         return None

@@ -100,7 +100,7 @@ def _start_docker(settings: Settings, say: Progress) -> Broker:
         for key, value in _SINGLE_NODE_CONFIG.items():
             if not key.startswith("share."):  # Kafka 3.9 has no share coordinator
                 container.with_env("KAFKA_" + key.upper().replace(".", "_"), value)
-        container.start(timeout=int(settings.local_kafka.start_timeout_s))
+        container.start(timeout=int(settings.kafka.local.start_timeout_s))
         bootstrap = container.get_bootstrap_server()
         _api_versions(*_parse_bootstrap(bootstrap)[0], timeout_s=10.0)
         container_id = container.get_wrapped_container().short_id

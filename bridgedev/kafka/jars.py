@@ -36,8 +36,8 @@ def ensure_kafka_jars(settings: Settings, progress: Progress | None = None) -> P
     and then finds the jars complete).
     """
     say = progress or _stderr_progress
-    version = settings.local_kafka.version
-    home = _abs(settings.local_kafka.cache_dir) / f"kafka-{version}"
+    version = settings.kafka.local.version
+    home = _abs(settings.kafka.local.cache_dir) / f"kafka-{version}"
     libs = home / "libs"
     marker = home / "complete.json"
     if _jars_complete(libs, marker):
@@ -46,7 +46,7 @@ def ensure_kafka_jars(settings: Settings, progress: Progress | None = None) -> P
     if mvn is None:
         raise KafkaProviderError(
             "Maven (`mvn`) is not on PATH; it fetches the Kafka jars for the local broker. "
-            "Install Maven (e.g. `apt-get install maven`) or point BRIDGE_KAFKA_BOOTSTRAP_SERVERS "
+            "Install Maven (e.g. `apt-get install maven`) or point BRIDGE_KAFKA__BOOTSTRAP_SERVERS "
             "at a running cluster."
         )
     _java_command()  # a missing/old Java is worth knowing before a 100 MB download
@@ -192,7 +192,7 @@ def _java_command() -> str:
     if java is None:
         raise KafkaProviderError(
             "Java (`java`) is not on PATH; the local Kafka broker needs Java 17+. Install a JDK "
-            "(e.g. `apt-get install openjdk-17-jre-headless`) or set BRIDGE_KAFKA_BOOTSTRAP_SERVERS."
+            "(e.g. `apt-get install openjdk-17-jre-headless`) or set BRIDGE_KAFKA__BOOTSTRAP_SERVERS."
         )
     if java in _JAVA:
         return _JAVA[java]
@@ -216,7 +216,7 @@ def _java_command() -> str:
     if major < 17:
         raise KafkaProviderError(
             f"{java} is Java {major}; Kafka 4 needs Java 17 or newer. Install a newer JDK or set "
-            "BRIDGE_KAFKA_BOOTSTRAP_SERVERS to a running cluster."
+            "BRIDGE_KAFKA__BOOTSTRAP_SERVERS to a running cluster."
         )
     _JAVA[java] = java
     return java

@@ -102,7 +102,7 @@ def _heap_bytes(heap: str) -> int:
     match = re.fullmatch(r"(\d+)([kKmMgG]?)", heap.strip())
     if not match:
         raise KafkaProviderError(
-            f"local_kafka.heap {heap!r} is not a JVM heap size such as 512m or 1g"
+            f"kafka.local.heap {heap!r} is not a JVM heap size such as 512m or 1g"
         )
     unit = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[match.group(2).lower()]
     return int(match.group(1)) * unit
@@ -281,7 +281,7 @@ def _wait_ready(
         if time.monotonic() > deadline:
             raise KafkaProviderError(
                 f"the local Kafka broker (pid {pid}) did not answer within {timeout_s:g} s "
-                f"(local_kafka.start_timeout_s); last lines of {log}:\n"
+                f"(kafka.local.start_timeout_s); last lines of {log}:\n"
                 f"{_tail_file(log, 30, since=log_offset)}"
             )
         time.sleep(0.1)

@@ -143,7 +143,7 @@ def start_secure(
 
 def _java_and_jars(settings: Settings, say: Progress) -> tuple[str, Path]:
     """The checks and the fetch before any broker directory exists."""
-    _heap_bytes(settings.local_kafka.heap)  # a bad setting fails before any slow step
+    _heap_bytes(settings.kafka.local.heap)  # a bad setting fails before any slow step
     libs = ensure_kafka_jars(settings, say)
     java = _java_command()
     _sweep_orphans()
@@ -179,16 +179,16 @@ def _run_broker(
     tls = security.ssl_context() if security else None
     for attempt in (1, 2, 3):
         say(
-            f"starting local Kafka {settings.local_kafka.version} (heap {settings.local_kafka.heap})"
+            f"starting local Kafka {settings.kafka.local.version} (heap {settings.kafka.local.heap})"
         )
         log_offset = _file_size(root / "server.log")
-        process = _spawn_child(java, libs, root, settings.local_kafka.heap)
+        process = _spawn_child(java, libs, root, settings.kafka.local.heap)
         _write_atomic(
             root / "owner.json", json.dumps({"owner_pid": os.getpid(), "java_pid": process.pid})
         )
         try:
             _wait_ready(
-                process.pid, root, port, settings.local_kafka.start_timeout_s, log_offset, tls
+                process.pid, root, port, settings.kafka.local.start_timeout_s, log_offset, tls
             )
             break
         except KafkaProviderError:
@@ -205,7 +205,7 @@ def _run_broker(
 
 def _detail(settings: Settings, process: subprocess.Popen[bytes], root: Path) -> str:
     return (
-        f"Kafka {settings.local_kafka.version} from Maven jars, pid {process.pid}, "
+        f"Kafka {settings.kafka.local.version} from Maven jars, pid {process.pid}, "
         f"log {root / 'server.log'} (temporary)"
     )
 

@@ -2,12 +2,12 @@
 
 :func:`provide_broker` hands out a running broker, trying in order
 
-1. the cluster named by ``settings.kafka_bootstrap_servers`` (checked with an ApiVersions
+1. the cluster named by ``settings.kafka.bootstrap_servers`` (checked with an ApiVersions
    request; :meth:`Broker.stop` leaves it alone),
-2. a Docker engine, if ``settings.local_kafka.use_docker`` and one answers within ~1.5 s
+2. a Docker engine, if ``settings.kafka.local.use_docker`` and one answers within ~1.5 s
    (testcontainers' ``KafkaContainer`` in KRaft mode, :mod:`bridgedev.kafka.docker`),
 3. a single-node KRaft broker run from the Maven Central jars of
-   ``org.apache.kafka:kafka_2.13:<settings.local_kafka.version>`` in a fresh temporary
+   ``org.apache.kafka:kafka_2.13:<settings.kafka.local.version>`` in a fresh temporary
    directory, killed (process group) on :meth:`Broker.stop` and at interpreter exit
    (:mod:`bridgedev.kafka.local`).
 
@@ -39,20 +39,20 @@ class ExternalBroker(Broker):
 def provide_broker(settings: Settings, *, progress: Progress | None = None) -> Broker:
     """A running broker: the configured cluster, else Docker, else local jars (see module doc)."""
     say = progress or _stderr_progress
-    if settings.kafka_bootstrap_servers:
+    if settings.kafka.bootstrap_servers:
         addr = check_bootstrap(
-            settings.kafka_bootstrap_servers,
-            settings.kafka_security_protocol,
+            settings.kafka.bootstrap_servers,
+            settings.kafka.security_protocol,
             timeout_s=EXTERNAL_PROBE_TIMEOUT_S,
         )
         return ExternalBroker(
             BrokerInfo(
-                settings.kafka_bootstrap_servers,
+                settings.kafka.bootstrap_servers,
                 "external",
-                f"configured cluster ({settings.kafka_security_protocol}); {addr} answered",
+                f"configured cluster ({settings.kafka.security_protocol}); {addr} answered",
             )
         )
-    if settings.local_kafka.use_docker:
+    if settings.kafka.local.use_docker:
         probe = detect_docker()
         if probe.available:
             try:

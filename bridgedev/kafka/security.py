@@ -217,8 +217,9 @@ def write_client_config(info: SecureBrokerInfo, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(password_file, info.admin_password, private=True)
     settings = info.client_settings(info.admin_user)
-    del settings["kafka_sasl"]["password"]
-    settings["kafka_sasl"]["password_file"] = str(password_file)
+    sasl = settings["kafka"]["sasl"]
+    del sasl["password"]
+    sasl["password_file"] = str(password_file)
     _write_atomic(path, _CLIENT_CONFIG_HEADER.format(path=path) + _toml(settings))
 
 
@@ -228,11 +229,18 @@ _CLIENT_CONFIG_HEADER = """\
 """
 
 
-def _toml(values: Mapping[str, Any]) -> str:
-    """``values`` as TOML: its scalars, then a table for each mapping (one level deep, as the
-    settings are); JSON's string escapes are TOML's too."""
+def _toml(values: Mapping[str, Any], table: str = "") -> str:
+    """``values`` as TOML: its scalars, then a table for each mapping (``[kafka.sasl]``);
+    JSON's string escapes are TOML's too."""
     scalars = [
         f"{key} = {json.dumps(v)}\n" for key, v in values.items() if not isinstance(v, Mapping)
     ]
-    tables = [f"\n[{key}]\n{_toml(v)}" for key, v in values.items() if isinstance(v, Mapping)]
+    tables = [_table(f"{table}{key}", v) for key, v in values.items() if isinstance(v, Mapping)]
     return "".join(scalars + tables)
+
+
+def _table(name: str, values: Mapping[str, Any]) -> str:
+    # A table with only subtables (``[kafka]`` here) gets no header of its own.
+    body = _toml(values, f"{name}.")
+    has_scalars = any(not isinstance(v, Mapping) for v in values.values())
+    return f"\n[{name}]\n{body}" if has_scalars else body

@@ -22,7 +22,7 @@
 
 Records are written and read through the log port: the in-memory log of the bridge the suite
 started (its ``details["log"]``), else Kafka. Against a bridge the suite did not start
-(``--server-url``), the Kafka settings come from the environment (``BRIDGE_KAFKA_BOOTSTRAP_SERVERS``, ``BRIDGE_TOPICS__PREFIX``, …) as for the bridge.
+(``--server-url``), the Kafka settings come from the environment (``BRIDGE_KAFKA__BOOTSTRAP_SERVERS``, ``BRIDGE_TOPICS__PREFIX``, …) as for the bridge.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class BridgeHooks(Hooks):
         ending = _ENDINGS.get(outcome or "")
         if ending is None:
             raise NotSupported(f"our hooks cannot end a task as {outcome!r}")
-        status_type = f"{self.settings.event_type_prefix}.{EventSuffix.STATUS}"
+        status_type = f"{self.settings.tasks.event_type_prefix}.{EventSuffix.STATUS}"
         async with asyncio.timeout(BOUND):
             await self.publisher.publish(task_id, status_type, ending.payload())
         # The worker still runs the job: "finished" says its outcome is written (so it writes

@@ -149,9 +149,8 @@ _TOKENS = {"conformance-token-a": "conformance-alice", "conformance-token-b": "c
 #: client (limits), the per-stream buffer (a slow consumer overflows it quickly), and a record
 #: size that lets 5000-level nesting and 5000-digit integers reach the decoder.
 SUITE_LIMITS: dict[str, int] = {
-    "max_streams_per_principal": 8,
-    "stream_queue_size": 16,
-    "max_event_bytes": 32 * 1024,
+    "streams": {"max_per_principal": 8, "queue_size": 16},
+    "tasks": {"max_event_bytes": 32 * 1024},
 }
 
 

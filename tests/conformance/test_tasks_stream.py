@@ -795,7 +795,7 @@ async def test_concurrent_streams_per_client_stop_at_the_configured_limit(
     client: McpClient, tasks: TaskPool, server_under_test: ServerUnderTest
 ) -> None:
     settings = our_bridge_only(server_under_test, "the concurrent streams limit")["settings"]
-    limit = int(settings.max_streams_per_principal)
+    limit = int(settings.streams.max_per_principal)
     task_ids = [await tasks.new() for _ in range(limit + 1)]
     async with open_streams() as opened:
         for task_id in task_ids[:limit]:
@@ -814,7 +814,7 @@ async def test_a_record_over_the_size_limit_is_not_delivered_but_keeps_its_seq(
     hooks: Hooks, client: McpClient, tasks: TaskPool, server_under_test: ServerUnderTest
 ) -> None:
     settings = our_bridge_only(server_under_test, "the event size limit")["settings"]
-    limit = int(settings.max_event_bytes)
+    limit = int(settings.tasks.max_event_bytes)
     task_id = await tasks.new()
     await hooks.emit(task_id, 1)
     await emit_raw(hooks, task_id, [envelope(b'{"pad": "%s"}' % (b"x" * limit))])
@@ -1160,7 +1160,7 @@ async def test_retention_under_an_open_stream_gives_every_event_or_events_gone(
     async with client.stream(task_id) as stream:
         await stream.until(has_own(hooks, 1), "emitted event 1")
         if ours:  # the read back below must not start at a checkpoint: from one that is gone
-            interval = int(server_under_test.details["settings"].checkpoint_interval)
+            interval = int(server_under_test.details["settings"].tasks.checkpoint_interval)
             while (stream.seqs[-1] + 1) % interval == 0:
                 await hooks.emit(task_id, 1)
                 emitted += 1

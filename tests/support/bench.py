@@ -23,7 +23,7 @@ def run_small(
     ``kafka_bootstrap`` None: a bench that needs no Kafka."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     if kafka_bootstrap is not None:
-        env["BRIDGE_KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
+        env["BRIDGE_KAFKA__BOOTSTRAP_SERVERS"] = kafka_bootstrap
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / script), "--small", "--json", str(out)],
         env=env,

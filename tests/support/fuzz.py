@@ -710,10 +710,10 @@ class Endpoint:
         self._apps: dict[str, tuple[Settings, Authenticator, Any]] = {}
         for mode in AUTH_MODES:
             config = load_settings(
-                kafka_bootstrap_servers="127.0.0.1:1",
+                kafka={"bootstrap_servers": "127.0.0.1:1"},
                 tool_packs=[],
                 auth=auth[mode],
-                max_request_bytes=MAX_REQUEST_BYTES,
+                server={"max_request_bytes": MAX_REQUEST_BYTES},
             )
             self._apps[mode] = (config, Authenticator(config.auth), create_app(config))
         self._errors = _ErrorLog()

@@ -1,4 +1,4 @@
-"""A process that only indexes and persists (every partition, ``ownership = "all"``), for tests
+"""A process that only indexes and persists (every partition, ``replicas.ownership = "all"``), for tests
 that SIGKILL a writer mid-transaction: ``python -m support.index_writer`` with settings in the
 environment (tests/support/procs.bridge_env)."""
 

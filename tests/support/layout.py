@@ -19,11 +19,13 @@ from bridge.kafka.topics import create_layout
 from bridge.tasks.tools import job_topics
 
 __all__ = [
+    "changed",
     "create_served_topics",
     "create_topics",
     "delete_events_before",
     "fresh_prefix",
     "make_settings",
+    "merged",
 ]
 
 
@@ -36,18 +38,34 @@ def make_settings(bootstrap: str, prefix: str, **overrides: Any) -> Settings:
     """Small, test-sized settings: 3 events partitions, checkpoints every 4 events, and the
     conformance tools (production offers no built-in tools by default)."""
     values: dict[str, Any] = {
-        "kafka_bootstrap_servers": bootstrap,
+        "kafka": {"bootstrap_servers": bootstrap},
         "topics": {
             "prefix": prefix,
             "partitions": 3,
             "min_insync_replicas": 1,
         },
-        "checkpoint_interval": 4,
-        "max_event_bytes": 4096,
+        "tasks": {"checkpoint_interval": 4, "max_event_bytes": 4096},
         "tool_packs": ["conformance"],
     }
-    values.update(overrides)
-    return load_settings(**values)
+    return load_settings(**merged(values, overrides))
+
+
+def changed(settings: Settings, **groups: dict[str, Any]) -> Settings:
+    """``settings`` with some fields of its groups replaced, unvalidated as ``model_copy``:
+    ``changed(settings, tasks={"max_active_per_principal": 1})``."""
+    update = {name: getattr(settings, name).model_copy(update=f) for name, f in groups.items()}
+    return settings.model_copy(update=update)
+
+
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` over it, group by group: ``{"tasks": {"a": 1}}`` and
+    ``{"tasks": {"b": 2}}`` give ``{"tasks": {"a": 1, "b": 2}}`` (settings are grouped)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = merged(out[key], value)
+        out[key] = value
+    return out
 
 
 async def create_topics(settings: Settings, tools: Iterable[str] = ()) -> Settings:

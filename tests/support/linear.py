@@ -224,9 +224,9 @@ def _incoming_trace(params: dict[str, Any]) -> object:
 
 def _config() -> Any:
     return load_settings(
-        kafka_bootstrap_servers="127.0.0.1:1",
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
         tool_packs=[],
-        max_request_bytes=16 * 1024 * KIB,
+        server={"max_request_bytes": 16 * 1024 * KIB},
         auth={
             "mode": "jwt",
             "jwt_algorithms": ["HS256"],

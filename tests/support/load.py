@@ -24,7 +24,7 @@ processes (``kill()`` is SIGKILL, :meth:`Replica.restart` starts it again on its
 sees every event a client is handed (the soak's recovery clock). Under broker faults, plan
 ``idempotent_pipeline`` (idempotent acks=all writers, so that "produced" is what the log holds);
 a pipeline send that fails is sent again (bounded), so a fault cannot end a writer early.
-The cluster is whatever ``settings.kafka_bootstrap_servers`` names.
+The cluster is whatever ``settings.kafka.bootstrap_servers`` names.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ SESSION_TIMEOUT_MS = 6000
 MAX_LATENCY_SAMPLES = 100_000
 #: Events of a burst sent before waiting for their acknowledgements.
 BURST_CHUNK = 200
+#: Entries of the clients' timeline kept (the most recent).
+TIMELINE = 5_000
 #: Type of the pipeline tasks' events.
 PIPELINE_EVENT = "com.example.load.step"
 #: How long a pipeline writer keeps sending one event again while Kafka refuses it.
@@ -95,8 +97,11 @@ class LoadPlan:
     idempotent_pipeline: bool = False
     #: A client's pause before resuming elsewhere after its replica stopped answering.
     retry_backoff_s: float = 0.2
-    #: Extra environment of every replica (e.g. ``BRIDGE_STREAM_QUEUE_SIZE``).
+    #: Extra environment of every replica (e.g. ``BRIDGE_STREAMS__QUEUE_SIZE``).
     replica_env: dict[str, str] = field(default_factory=dict)
+    #: Headers of every request of the clients (e.g. a bearer token when the replicas
+    #: authenticate).
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +119,9 @@ class Counters:
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=20))
     #: Seconds from a pipeline event's record timestamp to its receipt by a client.
     latencies_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_LATENCY_SAMPLES))
+    #: (epoch seconds, what) of each client's drops and first event after one: the client's
+    #: side of a fault's timeline, beside the replicas' logs (the most recent kept).
+    timeline: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=TIMELINE))
 
 
 @dataclass
@@ -190,6 +198,8 @@ class LoadHarness:
         #: The newest pipeline send time (ms) each open pipeline stream was handed (0: none yet).
         self._newest_ms: dict[str, int] = {}
         self._publisher: TaskEventPublisher | None = None
+        #: Clients dropped since their last event (their next one goes on the timeline).
+        self._dropped: set[str] = set()
 
     @property
     def open_streams(self) -> int:
@@ -223,8 +233,12 @@ class LoadHarness:
         create_served_topics(self.settings)
         # Streams hold their connection: no pool limit. The read bound is far above the
         # keep-alive interval, so only a peer that vanished without a reset trips it.
-        timeout = httpx.Timeout(30.0, read=4 * self.settings.stream_keepalive_s)
-        self._http = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+        timeout = httpx.Timeout(30.0, read=4 * self.settings.streams.keepalive_s)
+        self._http = httpx.AsyncClient(
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None),
+            headers=self.plan.headers,
+        )
         self._start_processes()
         await self.wait_ready()
         make = idempotent_producer if self.plan.idempotent_pipeline else plain_producer
@@ -243,11 +257,11 @@ class LoadHarness:
             extra = (
                 {
                     **peer_env(i, peer_port),
-                    "BRIDGE_OWNERSHIP": "group",
-                    "BRIDGE_INSTANCE_ID": f"replica-{i}",
-                    "BRIDGE_PEER_SECRET": secret,
-                    "BRIDGE_GROUP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
-                    "BRIDGE_OWNER_WAIT_S": "20",
+                    "BRIDGE_REPLICAS__OWNERSHIP": "group",
+                    "BRIDGE_REPLICAS__INSTANCE_ID": f"replica-{i}",
+                    "BRIDGE_PEERS__SECRET": secret,
+                    "BRIDGE_REPLICAS__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+                    "BRIDGE_REPLICAS__OWNER_WAIT_S": "20",
                 }
                 if group
                 else {}
@@ -291,6 +305,12 @@ class LoadHarness:
         self.tool_task_ids.extend(created)
         self._follow_all(created)
         return created
+
+    def adopt_tool_tasks(self, task_ids: list[str], streams: int | None = None) -> None:
+        """Tool tasks the caller created itself (e.g. counting its own retries), streamed by
+        ``streams`` clients each (default: the plan's) and checked like the others."""
+        self.tool_task_ids.extend(task_ids)
+        self._follow_all(task_ids, streams)
 
     async def add_pipeline_tasks(self, count: int) -> list[str]:
         """``count`` tasks fed by the raw pipeline producer, streamed."""
@@ -367,8 +387,8 @@ class LoadHarness:
                     await asyncio.sleep(self.plan.retry_backoff_s)  # the writer's backoff
         self.counters.produced += 1
 
-    def _follow_all(self, task_ids: list[str]) -> None:
-        k = self.plan.streams_per_task
+    def _follow_all(self, task_ids: list[str], streams: int | None = None) -> None:
+        k = self.plan.streams_per_task if streams is None else streams
         for t, task_id in enumerate(task_ids):
             for j in range(k):
                 client_id = f"{task_id[:8]}-c{j}"
@@ -419,6 +439,9 @@ class LoadHarness:
                 # Refused (a partition moving), or the replica gave out mid-reply: elsewhere.
                 self.counters.stream_errors += 1
                 self.counters.errors.append(f"{client_id} at {replica.name}: {exc!r}"[:300])
+                self._dropped.add(client_id)
+                what = f"{client_id} dropped at {replica.name}: {exc!r}"[:200]
+                self.counters.timeline.append((time.time(), what))
             attempt += 1
             self.counters.retries += 1
             await asyncio.sleep(self.plan.retry_backoff_s)  # the client's retry backoff
@@ -431,6 +454,9 @@ class LoadHarness:
 
     def _take(self, client_id: str, type_: str, payload: dict[str, Any]) -> None:
         self.counters.delivered += 1
+        if client_id in self._dropped:
+            self._dropped.discard(client_id)
+            self.counters.timeline.append((time.time(), f"{client_id} handed an event again"))
         if self.on_delivery is not None:
             self.on_delivery(client_id, type_, payload)
         at = payload.get("atMs") if type_ == PIPELINE_EVENT else None

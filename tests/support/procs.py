@@ -68,7 +68,7 @@ def peer_env(index: int, port: int) -> dict[str, str]:
     address and the shared ``port``, advertised as such."""
     host = PEER_HOSTS[index]
     return {
-        "BRIDGE_ADVERTISED_URL": f"http://{host}:{port}",
+        "BRIDGE_PEERS__ADVERTISED_URL": f"http://{host}:{port}",
         "BRIDGE_PEERS__HOST": host,
         "BRIDGE_PEERS__PORT": str(port),
         "BRIDGE_PEERS__HOSTS": json.dumps(PEER_HOSTS),
@@ -80,18 +80,18 @@ def bridge_env(settings: Settings, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     t = settings.topics
     env.update(
-        BRIDGE_KAFKA_BOOTSTRAP_SERVERS=settings.kafka_bootstrap_servers or "",
+        BRIDGE_KAFKA__BOOTSTRAP_SERVERS=settings.kafka.bootstrap_servers or "",
         BRIDGE_TOPICS__PREFIX=t.prefix,
         BRIDGE_TOPICS__PARTITIONS=str(t.partitions),
         BRIDGE_TOPICS__MIN_INSYNC_REPLICAS=str(t.min_insync_replicas),
-        BRIDGE_CHECKPOINT_INTERVAL=str(settings.checkpoint_interval),
-        BRIDGE_MAX_EVENT_BYTES=str(settings.max_event_bytes),
+        BRIDGE_TASKS__CHECKPOINT_INTERVAL=str(settings.tasks.checkpoint_interval),
+        BRIDGE_TASKS__MAX_EVENT_BYTES=str(settings.tasks.max_event_bytes),
         BRIDGE_TOOL_PACKS=json.dumps(settings.tool_packs),
         BRIDGE_LOG_LEVEL="INFO",
         PYTHONUNBUFFERED="1",
     )
-    if settings.kafka_request_timeout_ms is not None:
-        env["BRIDGE_KAFKA_REQUEST_TIMEOUT_MS"] = str(settings.kafka_request_timeout_ms)
+    if settings.kafka.request_timeout_ms is not None:
+        env["BRIDGE_KAFKA__REQUEST_TIMEOUT_MS"] = str(settings.kafka.request_timeout_ms)
     env.update(keyring_env(settings))  # replicas verify what the test's publishers sign
     env.update(extra)
     return env
@@ -241,4 +241,4 @@ def webhook_keys_env(logs: Path) -> dict[str, str]:
     keys = logs / "webhook-keys.json"
     if not keys.exists():
         KeyRing.with_new_key(keys)
-    return {"BRIDGE_WEBHOOK_KEYS__FILE": str(keys)}
+    return {"BRIDGE_WEBHOOKS__KEYS__FILE": str(keys)}

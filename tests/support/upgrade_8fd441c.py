@@ -46,14 +46,14 @@ def _settings(bootstrap: str, prefix: str) -> Any:
     from bridge.config import load_settings
 
     return load_settings(
-        kafka_bootstrap_servers=bootstrap,
+        kafka={"bootstrap_servers": bootstrap},
         topics={
             "prefix": prefix,
             "partitions": PARTITIONS,
             "min_insync_replicas": 1,
             "retention_ms": -1,
         },
-        checkpoint_interval=4,
+        tasks={"checkpoint_interval": 4},
     )
 
 
@@ -77,7 +77,7 @@ async def produce(bootstrap: str) -> dict[str, Any]:
     settings = _settings(bootstrap, f"upgrade-{secrets.token_hex(4)}")
     tool = ToolSpec(name=TOOL_NAME, ttl_ms=None)  # never expires: the fixture outlives its day
     await create_layout(settings, [settings.topics.jobs(TOOL_NAME)])
-    prefix = settings.event_type_prefix
+    prefix = settings.tasks.event_type_prefix
     tasks: list[dict[str, Any]] = []
     async with Indexer(settings, persist=True) as indexer:
         reader = Reader(settings, indexer)
@@ -131,7 +131,7 @@ def _publisher(settings: Any) -> Any:
 async def dump(settings: Any, topic: str) -> list[dict[str, Any]]:
     """Every committed record of ``topic``, in partition and offset order."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         isolation_level="read_committed",
         enable_auto_commit=False,
     )
@@ -179,7 +179,7 @@ async def replay(fixture: dict[str, Any], settings: Any) -> None:
     to its partition, with its key, value, headers and timestamp; the events topic's records
     land at their original offsets."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers, enable_idempotence=True
+        bootstrap_servers=settings.kafka.bootstrap_servers, enable_idempotence=True
     )
     await producer.start()
     try:

@@ -113,7 +113,7 @@ read-only and sets its setting; NOTES.txt says which are on.
 {{- define "bridge.keyFiles" -}}
 {{- $files := list (dict "name" "identity-keys" "env" "BRIDGE_IDENTITY__KEYS_FILE" "dir" "/etc/mcp-kafka-bridge/identity" "secret" (include "bridge.identitySecretName" .) "key" .Values.identity.key "file" "identity.keys") -}}
 {{- if .Values.webhooks.existingSecret -}}
-{{- $files = append $files (dict "name" "webhook-keys" "env" "BRIDGE_WEBHOOK_KEYS__FILE" "dir" "/etc/mcp-kafka-bridge/webhook-keys" "secret" .Values.webhooks.existingSecret "key" .Values.webhooks.key "file" "keys.json") -}}
+{{- $files = append $files (dict "name" "webhook-keys" "env" "BRIDGE_WEBHOOKS__KEYS__FILE" "dir" "/etc/mcp-kafka-bridge/webhook-keys" "secret" .Values.webhooks.existingSecret "key" .Values.webhooks.key "file" "keys.json") -}}
 {{- end -}}
 {{- range $files -}}
 {{- if not .key -}}
@@ -314,7 +314,7 @@ seccompProfile:
 {{/* Kafka credential env of a role (only what differs per role: the SCRAM user name). */}}
 {{- define "bridge.kafkaEnv" -}}
 {{- if eq (include "bridge.security" .root) "scram" }}
-- name: BRIDGE_KAFKA_SASL__USERNAME
+- name: BRIDGE_KAFKA__SASL__USERNAME
   value: {{ include "bridge.kafkaUsername" . | quote }}
 {{- end }}
 {{- end -}}
@@ -364,7 +364,7 @@ seccompProfile:
 
 {{/*
 The group session timeout: at least what brokers accept by default (group.min.session.timeout.ms,
-6 s), at most the bridge setting's maximum (BRIDGE_GROUP_SESSION_TIMEOUT_MS, 300 s).
+6 s), at most the bridge setting's maximum (BRIDGE_REPLICAS__SESSION_TIMEOUT_MS, 300 s).
 */}}
 {{- define "bridge.sessionTimeoutMs" -}}
 {{- $ms := int .Values.server.groupSessionTimeoutMs -}}
@@ -387,4 +387,16 @@ clients (tests/test_k8s.py checks the base's sum). */ -}}
 
 {{- define "bridge.terminationGraceS" -}}
 {{- add 25 (include "bridge.handoverTimeoutS" . | int) -}}
+{{- end -}}
+
+{{/*
+A BRIDGE_* name under its current spelling: a name of 0.2.0 becomes its grouped one from
+files/renamed-settings.json, which tests/test_settings_renames.py keeps equal to the table of
+bridge/settings_renames.py; under a group that moved too (0.2.0's BRIDGE_KAFKA_TLS__CA_FILE).
+*/}}
+{{- define "bridge.currentName" -}}
+{{- $renamed := .root.Files.Get "files/renamed-settings.json" | fromJson -}}
+{{- $parts := splitn "__" 2 .name -}}
+{{- $head := index $renamed $parts._0 | default $parts._0 -}}
+{{- if $parts._1 -}}{{ printf "%s__%s" $head $parts._1 }}{{- else -}}{{ $head }}{{- end -}}
 {{- end -}}
