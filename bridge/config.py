@@ -47,6 +47,7 @@ __all__ = [
     "EventCursorSettings",
     "EventSourceSpec",
     "EventsSettings",
+    "HandoverSettings",
     "IdentitySettings",
     "KafkaLocalSettings",
     "KafkaSaslSettings",
@@ -752,6 +753,27 @@ class EventsSettings(BaseModel):
     sources: list[EventSourceSpec] = Field(default_factory=list)
 
 
+class HandoverSettings(BaseModel):
+    """How partitions move between replicas without their users noticing
+    (``BRIDGE_HANDOVER__*``; docs/deployment.md, "A replica is stopped").
+
+    ``timeout_s`` bounds a hand-over: how long a stopping replica (SIGTERM,
+    ``replicas.ownership = "group"``) waits for the others to take and serve its partitions
+    before it ends what is left, and how long any replica keeps a lost partition's streams open
+    waiting for its new owner to serve it. The pod's ``terminationGracePeriodSeconds`` must
+    exceed preStop + this + the streams' drain (10 s). 0: no hand-over (partitions are told lost
+    at once, a stopping replica keeps its partitions until the session timeout).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(20.0, ge=0, le=600)
+    #: Replicas that keep a warm copy of each partition's index (bridge/log/standby.py): each
+    #: costs about as much memory as the partitions' owners hold, and one more read of the
+    #: index topic. 0: none (a gained partition is restored from its whole index slice).
+    standbys: int = Field(1, ge=0, le=3)
+
+
 class UpgradeSettings(BaseModel):
     """A rolling upgrade in progress (CHANGELOG.md "Upgrade", docs/operations.md). Set as
     ``BRIDGE_UPGRADE__FROM``.
@@ -1164,6 +1186,8 @@ class Settings(BaseSettings):
     peers: PeerSettings = PeerSettings()
     #: Crash fail-over and replay pacing (``BRIDGE_RECOVERY__*``, :class:`RecoverySettings`).
     recovery: RecoverySettings = RecoverySettings()
+    #: Planned hand-over and warm standbys (``BRIDGE_HANDOVER__*``, :class:`HandoverSettings`).
+    handover: HandoverSettings = HandoverSettings()
     webhooks: WebhookSettings = WebhookSettings()
     events: EventsSettings = EventsSettings()
     view: ViewSettings = ViewSettings()

@@ -72,6 +72,7 @@ KNOWN_METHODS = frozenset(
 )
 
 _LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_HANDOVER_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 _BACKLOG_BUCKETS = (0, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10_000, 100_000)
 
 
@@ -392,6 +393,43 @@ class Metrics:
             registry=r,
         )
         # --- end of the crash fail-over block ---
+        # --- Partitions handed over between replicas (bridge/log/handover.py) -------------
+        # Losing side: from a partition's loss to its streams ending here (once its new owner
+        # serves it, or the bound). Gaining side: fence, restore and seek of a gained share.
+        self.handover_seconds = Histogram(
+            "bridge_partition_handover_seconds",
+            "From an events partition's loss in a rebalance to the end of its streams here, by "
+            "outcome (served: its new owner was seen serving it; timeout: handover.timeout_s)",
+            ["outcome"],
+            buckets=_HANDOVER_BUCKETS,
+            registry=r,
+        )
+        for outcome in ("served", "timeout"):
+            self.handover_seconds.labels(outcome)
+        self.gain_seconds = Histogram(
+            "bridge_partition_gain_seconds",
+            "From an assignment to serving the events partitions it gave (fence, restore, seek)",
+            buckets=_HANDOVER_BUCKETS,
+            registry=r,
+        )
+        self.partitions_held = Gauge(
+            "bridge_partitions_held",
+            "Events partitions lost in a rebalance whose streams stay open here until their new "
+            "owner serves them",
+            registry=r,
+        )
+        self.standby_partitions = Gauge(
+            "bridge_standby_partitions",
+            "Events partitions this replica keeps a warm standby copy of the index of",
+            registry=r,
+        )
+        self.standby_lag_records = Gauge(
+            "bridge_standby_lag_records",
+            "Index records the standby copies are behind their index partitions, in all",
+            registry=r,
+        )
+        self._rebalances_seen = 0  # the indexer's count at the last report (see _moved)
+        # --- end of the hand-over block ---------------------------------------------------
         self._tasks = _TaskCounts()
         r.register(self._tasks)
         self._refused_identities = _RefusedIdentities()
@@ -402,10 +440,17 @@ class Metrics:
         self._refused_identities.indexer = indexer
         self.events_partitions.set(indexer.partition_count)
         self.owned_partitions.set(len(indexer.partitions))
+        self._rebalances_seen = indexer.rebalances
         indexer.add_ownership_listener(lambda gained, lost: self._moved(indexer, gained, lost))
 
+    def handed_over(self, seconds: float, served: bool) -> None:
+        """A lost partition's streams ended here (its new owner serves it, or the bound)."""
+        self.handover_seconds.labels("served" if served else "timeout").observe(seconds)
+
     def _moved(self, indexer: Indexer, gained: set[int], lost: set[int]) -> None:
-        self.rebalances.inc()
+        # A held partition's loss is told after its rebalance: count assignments, not calls.
+        self.rebalances.inc(indexer.rebalances - self._rebalances_seen)
+        self._rebalances_seen = indexer.rebalances
         self.partitions_moved.labels("gained").inc(len(gained))
         self.partitions_moved.labels("lost").inc(len(lost))
         self.owned_partitions.set(len(indexer.partitions))

@@ -228,8 +228,14 @@ class Replica:
         await asyncio.gather(*self.indexer._tasks, return_exceptions=True)
         self.indexer._tasks = []
 
-    async def stop(self) -> None:
-        """A graceful stop: streams drained, the index flushed, the member gone (static)."""
+    async def stop(self, *, hand_over: bool = True) -> None:
+        """A graceful stop (SIGTERM): the partitions handed over to the others first (their
+        streams end "moved" once their new owner serves them), then what is left drained, the
+        index flushed, the member gone (static). The run's end stops without the hand-over
+        (a rebalance and restores per replica that no check looks at)."""
+        if hand_over:
+            handed = await self.indexer.hand_over()
+            self.world.stats["hand-over complete" if handed else "hand-over incomplete"] += 1
         self.up = False
         self.hub.drain()
         await asyncio.gather(*self.attempts, return_exceptions=True)
@@ -834,7 +840,7 @@ async def _run(world: World, drawn: list[str]) -> Outcome:
         await worker.stop()
     for replica in list(world.replicas.values()):
         if replica.up:
-            await replica.stop()
+            await replica.stop(hand_over=False)
         else:
             await replica.kill_zombie()
     return await _judge(world, owners, virtual_s)

@@ -46,7 +46,7 @@ import jsonschema
 import pytest
 from support.unavailable import unavailable
 
-from bridge.config import Settings, load_settings
+from bridge.config import HandoverSettings, Settings, load_settings
 from bridge.kafka.acls import (
     ROLES,
     Access,
@@ -63,6 +63,7 @@ from bridge.log.identity import load_keyring
 from bridge.sealing import KeyRing
 from bridge.server.app import tool_catalog
 from bridge.server.auth import unauthenticated_exposure
+from bridge.server.runner import GRACEFUL_SHUTDOWN_S
 from bridge.workers.packs import PACKS, pack_tools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -633,8 +634,11 @@ def test_the_server_probes_drains_and_spreads(
     assert {"name": "peer", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    # preStop, then the 10 s graceful drain of streams, with time left to close Kafka clients.
-    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + 10
+    # preStop, the hand-over of the partitions, then the 10 s graceful drain of streams, with
+    # time left to close Kafka clients.
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    handover = float(env.get("BRIDGE_HANDOVER__TIMEOUT_S") or HandoverSettings().timeout_s)
+    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + handover + GRACEFUL_SHUTDOWN_S
     assert pod.get("topologySpreadConstraints") or pod.get("affinity", {}).get("podAntiAffinity")
     # One pod at a time, the next only once the new one is ready (a StatefulSet cannot surge).
     assert server["spec"]["updateStrategy"] == {"type": "RollingUpdate"}

@@ -109,3 +109,59 @@ def test_run_serves_in_the_chosen_loop(loop, module, request):
     # The server's own process: once started, its start-up objects are frozen out of the
     # collector's scans and young collections are rarer (runner.tune_gc).
     assert answer["young"] == 12345 and answer["frozen"] > 1000
+
+
+async def test_sigterm_hands_over_while_serving_then_stops_and_a_second_signal_stops_at_once():
+    import signal
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/whoami"
+    steps: list[str] = []
+    handing_over, release = asyncio.Event(), asyncio.Event()
+
+    async def hand_over() -> None:
+        steps.append("hand-over")
+        handing_over.set()
+        await release.wait()
+
+    served = app()
+    server = AppServer(
+        served, sock=sock, log_level="warning", access_log=False, handle_signals=False,
+        on_stop=lambda: steps.append("drain"), hand_over=hand_over,
+    )  # fmt: skip
+    served.state.server = server
+    async with asyncio.timeout(BOUND):
+        await server.start()
+        server._server.handle_exit(signal.SIGTERM, None)
+        await handing_over.wait()
+        async with httpx.AsyncClient() as client:  # still serving during the hand-over
+            assert (await client.get(url)).status_code == 200
+        assert steps == ["hand-over"] and not server._server.should_exit
+        release.set()
+        assert server.task is not None
+        await server.task  # the stop follows the hand-over
+    assert steps == ["hand-over", "drain"]
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    steps.clear()
+    release.clear()
+    handing_over.clear()
+    served = app()
+    server = AppServer(
+        served, sock=sock, log_level="warning", access_log=False, handle_signals=False,
+        on_stop=lambda: steps.append("drain"), hand_over=hand_over,
+    )  # fmt: skip
+    served.state.server = server
+    async with asyncio.timeout(BOUND):
+        await server.start()
+        server._server.handle_exit(signal.SIGTERM, None)
+        await handing_over.wait()
+        server._server.handle_exit(signal.SIGTERM, None)  # impatient: stop now
+        assert server.task is not None
+        await server.task
+        release.set()
+        assert server._handing_over is not None
+        await server._handing_over
+    assert steps[:2] == ["hand-over", "drain"]

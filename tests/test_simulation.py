@@ -195,5 +195,5 @@ def test_the_simulation_finds_a_terminal_status_overwritten(
         return seq
 
     monkeypatch.setattr(seqindex.PartitionIndex, "apply", apply)
-    outcome = run_seed(3)
+    outcome = run_seed(0)
     assert any("not COMPLETED" in p for p in outcome.problems), outcome.summary()

@@ -20,6 +20,8 @@ parts, which each say where they sit.
   the upgrade rule for unsigned ``task.created`` records.
 * :mod:`bridge.log.owned`: the owned partitions' state the parts share, and the progress
   waiters wait on.
+* :mod:`bridge.log.handover`: a lost partition's streams end once its new owner serves it;
+  :meth:`Indexer.hand_over` gives every partition away before a replica stops.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from bridge.component import Component, NotStarted, cancel_and_wait
@@ -35,6 +38,7 @@ from bridge.kafka.acls import bridge_group
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.ownership import OwnershipAssignor
 from bridge.kafka.port import GroupTail, Log, Tail, TopicPart, UnknownTopic
+from bridge.log.handover import Handovers
 from bridge.log.identity import Keyring, load_keyring
 from bridge.log.indexrestore import IndexerError, index_layout_error, load_index, topic_partitions
 from bridge.log.indexwriter import IndexWriter
@@ -50,6 +54,7 @@ from bridge.log.seqtail import (
     out_of_place,
     task_partition,
 )
+from bridge.log.standby import Standbys
 
 __all__ = [
     "CREATED_SKEW_MS",
@@ -103,6 +108,9 @@ class Indexer(Component):
         self._own_log = log is None
         #: The tail of the owned partitions (the group's member in ``group`` mode).
         self._reader: Tail | GroupTail | None = None
+        #: The same tail, as the group's member (``group`` mode, while started).
+        self._member: GroupTail | None = None
+        self._callbacks: GroupCallbacks | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._writer = IndexWriter(settings, self._log, self._owned, group=self.group)
         self._seq = SeqTail(
@@ -117,6 +125,8 @@ class Indexer(Component):
         self._ownership = Ownership(
             settings, self._owned, self._writer, self._started_tail, log_=self._log, persist=persist
         )
+        #: How long the last :meth:`hand_over` took.
+        self.hand_over_seconds = 0.0
 
     # --- the parts' state, as attributes ------------------------------------------------------
 
@@ -228,7 +238,14 @@ class Indexer(Component):
         if s.peers.advertised_url is None:  # the settings refuse this; a guard for direct use
             raise IndexerError("ownership 'group' needs peers.advertised_url")
         self.assignor = OwnershipAssignor(
-            s.peers.advertised_url, s.topics.events, s.replicas.instance_id
+            s.peers.advertised_url,
+            s.topics.events,
+            s.replicas.instance_id,
+            standbys=s.handover.standbys if self.persist else 0,
+        )
+        self.assignor.warm = self._ownership.standbys.warm
+        self._callbacks = GroupCallbacks(
+            self._ownership, self._writer, self.assignor, self._group_member
         )
         # Positions come from the index (seek on assignment); a committed offset, when there
         # is one, is only ever at or below it, and records below ``through`` are skipped.
@@ -237,14 +254,14 @@ class Indexer(Component):
         tail = self._log.group_tail(
             bridge_group(s.topics),
             [s.topics.events],
-            GroupCallbacks(self._ownership, self._writer, self.assignor),
+            self._callbacks,
             assignor=self.assignor,
             instance_id=s.replicas.instance_id,
             session_timeout_ms=s.replicas.session_timeout_ms,
             reset="none",
             role="indexer",
         )
-        self._reader = tail
+        self._reader = self._member = tail
         await tail.start()
         self._tasks.append(self._tailing(tail))
         async with asyncio.timeout(max(60.0, 3 * s.replicas.session_timeout_ms / 1000)):
@@ -255,10 +272,69 @@ class Indexer(Component):
                 raise failed
             raise IndexerError(f"could not take the assigned partitions: {failed!r}") from failed
 
+    def _group_member(self) -> GroupTail | None:
+        return self._member
+
+    async def hand_over(self) -> bool:
+        """Before a stop (SIGTERM, ``group`` mode): rejoin *draining*, so the others take every
+        partition, and return once each new owner serves what it took (each stream of a
+        partition given away ends then, "moved"), within ``handover.timeout_s``.
+
+        True when nothing is owned any more (every partition was handed over); False when
+        there is no hand-over (``all`` mode, the setting at 0, no other replica, or a group
+        leader of an older version that does not know draining) or the bound passed.
+        """
+        member = self._group_member()
+        bound = self.settings.handover.timeout_s
+        if member is None or self.assignor is None or bound <= 0:
+            return False
+        started = time.monotonic()
+        self.assignor.draining = True
+        self._ownership.standbys.want(set())  # about to stop: no copy is worth keeping
+        rebalanced = asyncio.create_task(self.next_rebalance(), name="indexer-handover")
+        try:
+            async with asyncio.timeout(bound):
+                member.rejoin()
+                await rebalanced
+                await self._ownership.handovers.settled()
+        except TimeoutError:
+            log.warning("the hand-over did not complete within %g s", bound)
+        finally:
+            await cancel_and_wait(rebalanced)
+        self.hand_over_seconds = time.monotonic() - started
+        handed = not self.partitions
+        log.info(
+            "hand-over %s in %.2fs",
+            "complete" if handed else f"incomplete: still owning {sorted(self.partitions)}",
+            self.hand_over_seconds,
+        )
+        return handed
+
+    def report_hand_overs(
+        self, on_handed_over: Callable[[float, bool], None], on_gained: Callable[[float], None]
+    ) -> None:
+        """Where the hand-overs are reported (metrics, wired at composition): each lost
+        partition's seconds until its streams ended and whether its new owner was seen serving
+        it; each gain's seconds from the assignment to serving."""
+        self._ownership.handovers.on_done = on_handed_over
+        self._ownership.on_gained = on_gained
+
+    @property
+    def standbys(self) -> Standbys:
+        """The warm copies of the partitions this replica stands by for."""
+        return self._ownership.standbys
+
+    @property
+    def handovers(self) -> Handovers:
+        """Lost partitions whose streams stay open until their new owner serves them."""
+        return self._ownership.handovers
+
     async def stop(self) -> None:
         """Stop tailing; a persisting indexer flushes what it has first."""
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
+        if self._callbacks is not None:
+            await self._callbacks.stop()
         await self._ownership.stop()
         if self._writer.writers:
             with contextlib.suppress(Exception):
@@ -266,7 +342,7 @@ class Indexer(Component):
         await self._writer.close(set(self._writer.writers))
         if self._reader is not None:
             await self._reader.close()  # a dynamic member leaves the group here
-            self._reader = None
+            self._reader = self._member = None
         if self._own_log and isinstance(self._log, KafkaLog):
             await self._log.close()
 

@@ -28,7 +28,13 @@ from bridge.log.seqindex import (
     decode_index_record,
 )
 
-__all__ = ["IndexerError", "index_layout_error", "load_index", "topic_partitions"]
+__all__ = [
+    "IndexerError",
+    "apply_index_record",
+    "index_layout_error",
+    "load_index",
+    "topic_partitions",
+]
 
 
 class IndexerError(Exception):
@@ -75,23 +81,37 @@ async def load_index(
     async with _log_of(settings, log) as source:
         latest = await latest_by_key(source, settings.topics.index, index, role="index-restore")
     for (slice_, key), value in latest.items():
-        if value is None:  # a tombstone: the entry was deleted on purpose
-            continue
-        record = _decoded(settings, key, value)
-        if strict_layout and (record.version < 2 or record.partition != slice_):
-            raise index_layout_error(settings, "was written by an older version of the bridge")
-        target = index.get(record.partition)
-        if target is None:
-            continue  # only with strict_layout off: another slice's record
-        if isinstance(record, TaskRecord):
-            target.restore_task(record.task_id, record.entry)
-        elif record.version < 3:  # indexed before identities were signed: the upgrade rule
-            target.restore_marker(
-                record.through, record.lost_before, UNSIGNED_UNDECIDED, record.version
-            )
-        else:
-            target.restore_marker(record.through, record.lost_before, record.unsigned_below)
+        if value is not None:  # a tombstone: the entry was deleted on purpose
+            apply_index_record(settings, index, slice_, key, value, strict_layout=strict_layout)
     return index
+
+
+def apply_index_record(
+    settings: Settings,
+    index: dict[int, PartitionIndex],
+    slice_: int,
+    key: bytes,
+    value: bytes,
+    *,
+    strict_layout: bool = True,
+) -> None:
+    """Apply one index record of index partition ``slice_`` to ``index`` (a restore, in any
+    order of keys; a standby copy, in offset order: the later record of a key wins either way).
+    :class:`IndexerError` for a record this version must not restore from."""
+    record = _decoded(settings, key, value)
+    if strict_layout and (record.version < 2 or record.partition != slice_):
+        raise index_layout_error(settings, "was written by an older version of the bridge")
+    target = index.get(record.partition)
+    if target is None:
+        return  # only with strict_layout off: another slice's record
+    if isinstance(record, TaskRecord):
+        target.restore_task(record.task_id, record.entry)
+    elif record.version < 3:  # indexed before identities were signed: the upgrade rule
+        target.restore_marker(
+            record.through, record.lost_before, UNSIGNED_UNDECIDED, record.version
+        )
+    else:
+        target.restore_marker(record.through, record.lost_before, record.unsigned_below)
 
 
 @contextlib.asynccontextmanager

@@ -85,12 +85,12 @@ class IndexWriter:
         self.fenced.discard(partition)
 
     def took(self, idx: PartitionIndex, upgraded: bool) -> None:
-        """``idx`` was restored and is owned now; ``upgraded``: its upgrade offset was set now,
-        so its marker is written with the next flush even if nothing else changed."""
-        if idx.marker_version and not upgraded:
-            self._markers[idx.partition] = idx.marker()
-        else:
-            self._markers.pop(idx.partition, None)
+        """``idx`` was restored and is owned now: its marker is written with the next flush
+        even if nothing else changed. That first write is how the partition's previous owner
+        sees that this one serves it (:mod:`bridge.log.handover`); ``upgraded`` (its upgrade
+        offset was set now) needs the write too."""
+        del upgraded  # written either way
+        self._markers.pop(idx.partition, None)
         self._updates[idx.partition] = []
 
     async def close(self, parts: set[int]) -> None:

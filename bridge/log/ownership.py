@@ -6,7 +6,9 @@ partitions) and the indexer's other parts. A partition gained has its previous i
 fenced (:mod:`bridge.log.indexwriter`), its slice of the index restored
 (:mod:`bridge.log.indexrestore`) and reconciled with the log (:mod:`bridge.log.reconcile`),
 and the tail sought to it; a partition lost is flushed and dropped, and the ownership listeners
-are told (streams on it end so that clients resume on its owner). It applies no record
+are told (streams on it end so that clients resume on its owner) once its new owner serves it
+(:mod:`bridge.log.handover`). A partition kept through the eager revoke that starts every
+rebalance is neither dropped nor restored: its streams never notice. It applies no record
 (:mod:`bridge.log.seqtail`).
 """
 
@@ -21,11 +23,14 @@ from collections.abc import Callable
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
 from bridge.kafka.ownership import OwnershipAssignor
-from bridge.kafka.port import Log, LogError, Tail, TopicPart
+from bridge.kafka.port import GroupTail, Log, LogError, Tail, TopicPart
+from bridge.log.handover import Handovers
 from bridge.log.indexrestore import IndexerError, load_index
 from bridge.log.indexwriter import IndexWriter
 from bridge.log.owned import OwnedPartitions
 from bridge.log.reconcile import decide, mark_lost
+from bridge.log.seqindex import PartitionIndex
+from bridge.log.standby import Standbys, catch_up_copy
 
 __all__ = ["GroupCallbacks", "Ownership", "OwnershipListener"]
 
@@ -77,6 +82,47 @@ class Ownership:
         #: The group's latest assignment (what a retry takes).
         self._assignment: set[int] = set()
         self._retrying: asyncio.Task[None] | None = None
+        #: Called with the seconds from an assignment to serving what it gained (a metric).
+        self.on_gained: Callable[[float], None] = lambda seconds: None
+        #: Lost partitions whose loss is told once their new owner serves them (persisting
+        #: replicas only: the signal is the new owner's index write).
+        #: Warm copies of the partitions this replica stands by for (taken on a gain).
+        self.standbys = Standbys(settings, log_)
+        self.handovers = Handovers(
+            settings.topics.index,
+            log_,
+            self._tell_lost,
+            timeout_s=settings.handover.timeout_s if persist else 0.0,
+        )
+
+    def _tell_lost(self, lost: set[int]) -> None:
+        """A held partition's new owner serves it (or the bound passed): tell the listeners."""
+        lost -= set(self._owned.partitions)  # taken back meanwhile: nothing to end
+        if lost:
+            self.moved["lost"] += len(lost)
+            self._notify(set(), lost)
+
+    def _notify(self, taken: set[int], lost: set[int]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(taken, lost)
+            except Exception:
+                log.exception("ownership listener failed")
+
+    def owned_now(self) -> set[int]:
+        """The partitions owned now."""
+        return set(self._owned.partitions)
+
+    def stand_by(self, assignor: OwnershipAssignor) -> None:
+        """Keep warm copies of what the last assignment names this replica standby for (none
+        while draining: it is about to stop)."""
+        named = set() if assignor.draining else assignor.map.standing_by(assignor.url)
+        self.standbys.want(named - set(self._owned.partitions))
+
+    async def revoked(self) -> None:
+        """The revoke before a rebalance (after the flush): note where the owned partitions'
+        index slices end, so that their next owner's first write can be seen."""
+        await self.handovers.note_ends(set(self._owned.partitions))
 
     async def next_rebalance(self) -> None:
         """Return after the next assignment has been applied."""
@@ -94,7 +140,7 @@ class Ownership:
             await self._writer.open(parts)
         started = time.perf_counter()
         try:
-            restored = await load_index(self.settings, parts, log=self._log)
+            restored = await self._restored(parts)
         except LogError as exc:
             # Without its index a partition's seq cannot be known: nothing is served from it.
             raise IndexerError(
@@ -123,6 +169,21 @@ class Ownership:
             self.restore_seconds,
         )
 
+    async def _restored(self, parts: set[int]) -> dict[int, PartitionIndex]:
+        """The index of ``parts`` as their previous owner committed it (after the fence): a
+        standby copy caught up from where it stands, else the slice restored in full."""
+        warm = {p: taken for p in sorted(parts) if (taken := self.standbys.take(p)) is not None}
+        restored = await load_index(self.settings, parts - set(warm), log=self._log)
+        if warm:
+            topic = self.settings.topics.index
+            ends = await self._log.log_ends([TopicPart(topic, p) for p in warm])
+            for p, (standby, position) in warm.items():
+                end = ends[TopicPart(topic, p)]
+                await catch_up_copy(self.settings, self._log, standby, position, end)
+                restored[p] = standby
+            log.info("events partitions %s taken from warm standby copies", sorted(warm))
+        return restored
+
     async def lose(self, parts: set[int]) -> None:
         """Give up ``parts``: persist what they have (if still allowed) and drop their state."""
         if not parts:
@@ -149,9 +210,12 @@ class Ownership:
         async with self._moving:
             owned = set(self._owned.partitions)
             lost, gained, kept = owned - assigned, assigned - owned, owned & assigned
+            started = time.perf_counter()
             try:
                 await self.lose(lost)
                 await self.gain(gained)
+                if gained:
+                    self.on_gained(time.perf_counter() - started)
             except Exception as exc:
                 await self._writer.close(gained - set(self._owned.partitions))
                 self.failed = exc
@@ -167,18 +231,16 @@ class Ownership:
                         TopicPart(self.settings.topics.events, p),
                         self._owned.partitions[p].through,
                     )
+                self.handovers.regained(taken)
+                told = self.handovers.hold(lost)
                 self.rebalances += 1
                 self.moved["gained"] += len(taken)
-                self.moved["lost"] += len(lost)
+                self.moved["lost"] += len(told)
                 self.assigned.set()
                 self._owned.notify_progress()  # waiters re-check: their partition may have moved
                 self._rebalanced.set()
                 self._rebalanced = asyncio.Event()
-                for listener in self.listeners:
-                    try:
-                        listener(taken, lost)
-                    except Exception:
-                        log.exception("ownership listener failed")
+                self._notify(taken, told)
 
     def _retry_later(self) -> None:
         if self._retrying is None or self._retrying.done():
@@ -197,21 +259,32 @@ class Ownership:
                 )
 
     async def stop(self) -> None:
-        """Stop retrying a failed gain."""
+        """Stop retrying a failed gain; what is held is told lost now."""
         if self._retrying is not None:
             await cancel_and_wait(self._retrying)
+        await self.handovers.stop()
+        await self.standbys.stop()
 
 
 class GroupCallbacks:
     """The group's callbacks (a port GroupListener): flush before giving partitions back, then
-    apply the new share."""
+    apply the new share.
+
+    ``member``: the group's member these callbacks serve (asked to rejoin when the assignment
+    still counts this replica as draining: it came back on the static replace path)."""
 
     def __init__(
-        self, ownership: Ownership, writer: IndexWriter, assignor: OwnershipAssignor | None
+        self,
+        ownership: Ownership,
+        writer: IndexWriter,
+        assignor: OwnershipAssignor | None,
+        member: Callable[[], GroupTail | None] = lambda: None,
     ) -> None:
         self.ownership = ownership
         self.writer = writer
         self.assignor = assignor
+        self._member = member
+        self._waiting: asyncio.Task[None] | None = None
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
         # Eager rebalancing revokes everything before the new round: persist now, so whoever
@@ -219,6 +292,7 @@ class GroupCallbacks:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5):
                 await self.writer.flush()
+        await self.ownership.revoked()
 
     async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
         if self.assignor is not None:
@@ -227,3 +301,37 @@ class GroupCallbacks:
             await self.ownership.assigned_now({p.partition for p in parts})
         except Exception:
             log.exception("could not take the assigned partitions")
+        if self.assignor is None:
+            return
+        self.ownership.stand_by(self.assignor)
+        member = self._member()
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
+        if self.assignor.thought_draining and member is not None:
+            # Back from a restart with the old (draining) metadata the broker kept: one rejoin,
+            # once the copies of what it gave away are warm (bounded), to get a share again.
+            log.info("the group counts this replica as draining: rejoining once warm")
+            self._waiting = asyncio.create_task(
+                self._rejoin_when_warm(member, self.assignor), name="indexer-rejoin-when-warm"
+            )
+
+    async def _rejoin_when_warm(self, member: GroupTail, assignor: OwnershipAssignor) -> None:
+        standbys = self.ownership.standbys
+        named = assignor.map.standing_by(assignor.url) - set(self.ownership.owned_now())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.ownership.settings.handover.timeout_s or None):
+                while not named <= standbys.warm():
+                    await standbys.warmed()
+        _rejoin(member)
+
+    async def stop(self) -> None:
+        """Stop waiting to rejoin."""
+        await cancel_and_wait(self._waiting)
+
+
+def _rejoin(member: GroupTail) -> None:
+    try:
+        member.rejoin()
+    except LogError as exc:  # closed meanwhile: it is stopping anyway
+        log.info("no rejoin: %s", exc)

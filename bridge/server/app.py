@@ -137,6 +137,10 @@ async def start_components(
             await service.start()
             stack.push_async_callback(service.stop)
             metrics.attach(indexer)
+            indexer.report_hand_overs(metrics.handed_over, metrics.gain_seconds.observe)
+            metrics.partitions_held.set_function(lambda: len(indexer.handovers.held))
+            metrics.standby_partitions.set_function(lambda: len(indexer.standbys.copies))
+            metrics.standby_lag_records.set_function(indexer.standbys.lag)
             hub = StreamHub(
                 settings,
                 indexer,

@@ -10,7 +10,10 @@ Two uses, one class (:class:`AppServer`):
 
 Whatever asks for the stop (a signal, or the caller), it takes one path: ``on_stop`` first, then
 uvicorn's graceful shutdown (bounded by ``timeout_graceful_shutdown``), then the app's lifespan
-shutdown. The bridge drains its open streams in ``on_stop`` (:func:`bridge_server`): an open
+shutdown. SIGTERM with ``hand_over`` set runs it first, serving on meanwhile: a replica of a
+group gives its partitions to the others and waits until they serve them (bounded by
+``handover.timeout_s``, docs/deployment.md), so its streams end only once their clients can
+resume elsewhere at once; a second signal stops at once. The bridge drains its open streams in ``on_stop`` (:func:`bridge_server`): an open
 ``tasks/stream`` never ends by itself, so without the drain every viewer would hold the shutdown
 until its bound, and then be cut off instead of told to resume. A second SIGINT forces the exit,
 as in uvicorn.
@@ -30,7 +33,7 @@ import io
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any, Literal
 
@@ -93,6 +96,7 @@ class AppServer:
         keep_alive_s: int = 5,
         tls: Mapping[str, Any] | None = None,
         configure_logging: bool = True,
+        hand_over: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         #: The app served.
         self.app = app
@@ -118,6 +122,9 @@ class AppServer:
         self._tune_gc = False  # set by run(): only a process that is the server tunes its GC
         self._sockets = [sock] if sock is not None else None
         self._on_stop = on_stop
+        self._hand_over = hand_over
+        self._handing_over: asyncio.Task[None] | None = None  # held: a task needs a reference
+        self._hand_over_begun = False
         self._stopping = False
         self._started = asyncio.Event()
         #: The serving task once :meth:`start` ran (done when the server has stopped).
@@ -169,6 +176,29 @@ class AppServer:
             if self._on_stop is not None:
                 self._on_stop()
 
+    def _begin_hand_over(self, then: Callable[[], None]) -> bool:
+        """SIGTERM's first step: run ``hand_over`` in the server's loop, then ``then`` (the
+        stop). False when there is none, or it already began (a second signal stops now)."""
+        if self._hand_over is None or self._hand_over_begun or self._stopping:
+            return False
+        hand_over = self._hand_over
+        loop = asyncio.get_running_loop()  # a signal handler runs in the loop's (main) thread
+
+        async def handing_over() -> None:
+            try:
+                await hand_over()
+            except Exception:
+                log.exception("the hand-over failed; stopping")
+            finally:
+                then()
+
+        def begin() -> None:
+            self._handing_over = loop.create_task(handing_over(), name="hand-over")
+
+        loop.call_soon_threadsafe(begin)
+        self._hand_over_begun = True  # a second signal is not a hand-over: it stops now
+        return True
+
     def _mark_started(self) -> None:
         self._started.set()
         if self._tune_gc and self._gc_young_threshold > 0:
@@ -198,6 +228,11 @@ class _Uvicorn(uvicorn.Server):
             yield
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._owner._begin_hand_over(lambda: self._exit(sig, frame)):
+            return
+        self._exit(sig, frame)
+
+    def _exit(self, sig: int, frame: FrameType | None) -> None:
         self._owner._before_stop()
         super().handle_exit(sig, frame)
 
@@ -232,6 +267,11 @@ def bridge_server(
         if components is not None:  # None until the lifespan has started them
             components.hub.drain()  # open streams end now; clients resume elsewhere or later
 
+    async def hand_over() -> None:
+        components = app.state.components
+        if components is not None:
+            await components.indexer.hand_over()  # bounded by handover.timeout_s
+
     return AppServer(
         app,
         host=settings.server.host,
@@ -248,6 +288,7 @@ def bridge_server(
         max_head_bytes=settings.server.max_head_bytes,
         keep_alive_s=settings.server.keep_alive_s,
         configure_logging=configure_logging,
+        hand_over=hand_over if settings.replicas.ownership == "group" else None,
     )
 
 

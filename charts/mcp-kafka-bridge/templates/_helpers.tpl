@@ -374,6 +374,21 @@ The group session timeout: at least what brokers accept by default (group.min.se
 {{- $ms -}}
 {{- end -}}
 
+{{- /* The hand-over bound (s) and the pods' grace period it needs: preStop (5 s) + the
+hand-over + the streams' drain (10 s, the server's graceful shutdown) + 10 s to close the Kafka
+clients (tests/test_k8s.py checks the base's sum). */ -}}
+{{- define "bridge.handoverTimeoutS" -}}
+{{- $s := int .Values.server.handoverTimeoutS -}}
+{{- if or (lt $s 0) (gt $s 600) -}}
+{{- fail (printf "server.handoverTimeoutS must be 0..600, not %d" $s) -}}
+{{- end -}}
+{{- $s -}}
+{{- end -}}
+
+{{- define "bridge.terminationGraceS" -}}
+{{- add 25 (include "bridge.handoverTimeoutS" . | int) -}}
+{{- end -}}
+
 {{/*
 A BRIDGE_* name under its current spelling: a name of 0.2.0 becomes its grouped one from
 files/renamed-settings.json, which tests/test_settings_renames.py keeps equal to the table of

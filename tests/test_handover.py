@@ -1,0 +1,410 @@
+"""Partitions move between replicas without users noticing (issue 30, items 1 and 2).
+
+In-process replicas (``replicas.ownership = "group"``: an indexer each, a fan-out, a task
+service) on one in-memory log, no HTTP: the group's eager rebalances, the planned hand-over of a
+draining replica, and its return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from support.inmemory import memory_log
+from support.layout import fresh_prefix, make_settings, merged
+from support.waits import wait_until
+
+from bridge.config import Settings, ToolSpec
+from bridge.kafka.acls import bridge_group
+from bridge.kafka.memory import MemoryGroupTail, MemoryLog
+from bridge.kafka.ownership import (
+    Claim,
+    OwnershipAssignor,
+    name_standbys,
+    sticky_assign,
+)
+from bridge.kafka.port import TopicPart
+from bridge.log import ownership
+from bridge.log.fanout import MOVED, Fanout, Subscription
+from bridge.log.indexer import Indexer
+from bridge.log.reader import Reader
+from bridge.log.standby import Standbys
+from bridge.tasks.messages import new_task_id
+from bridge.tasks.service import TaskService
+
+PARTITIONS = 3
+HOLD = ToolSpec(name="hold", description="Never picked up", task="required")
+
+
+def replica_settings(prefix: str, name: str, **overrides: object) -> Settings:
+    values: dict[str, Any] = {
+        "replicas": {"ownership": "group", "instance_id": name, "session_timeout_ms": 6_000},
+        "peers": {
+            "advertised_url": f"http://{name}.test:8081",
+            "secret": "handover-test-peer-secret-0123456789abcdef",
+        },
+    }
+    return make_settings("127.0.0.1:9", prefix, **merged(values, overrides))
+
+
+@dataclass
+class Replica:
+    indexer: Indexer
+    fanout: Fanout
+    service: TaskService
+
+    def task_in(self, partition: int) -> str:
+        """A fresh task id of ``partition``."""
+        while True:
+            task_id = new_task_id()
+            if self.indexer.partition_of(task_id) == partition:
+                return task_id
+
+
+@contextlib.asynccontextmanager
+async def replica(settings: Settings, log: MemoryLog) -> AsyncIterator[Replica]:
+    """A started replica: an indexer (persisting its index), a fan-out and a task service."""
+    indexer = Indexer(settings, persist=True, flush_interval_s=0.05, log=log)
+    await indexer.start()
+    try:
+        fanout = Fanout(indexer)
+        reader = Reader(settings, indexer, log=log)
+        service = TaskService(settings, indexer, reader, {HOLD.name: HOLD}, fanout, log=log)
+        await service.start()
+        try:
+            yield Replica(indexer, fanout, service)
+        finally:
+            await service.stop()
+            await reader.close()
+    finally:
+        await indexer.stop()
+
+
+def group_log(settings: Settings) -> MemoryLog:
+    log = memory_log(settings)
+    log.create_topic(settings.topics.jobs(HOLD.name), 1)
+    return log
+
+
+# --- item 1: kept partitions survive the eager revoke ----------------------------------------
+
+
+async def test_a_rebalance_ends_no_stream_of_a_partition_its_replica_keeps() -> None:
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a:
+        assert set(a.indexer.partitions) == set(range(PARTITIONS))
+        before = dict(a.indexer.partitions)
+        with contextlib.ExitStack() as subs:
+            live: dict[int, Subscription] = {
+                p: subs.enter_context(a.fanout.subscribe(a.task_in(p), 16))
+                for p in range(PARTITIONS)
+            }
+            async with replica(replica_settings(prefix, "b"), log) as b:
+                await wait_until(
+                    lambda: b.indexer.partitions and len(a.indexer.partitions) < PARTITIONS,
+                    what="b takes a share from a",
+                )
+                kept = set(a.indexer.partitions)
+                lost = set(range(PARTITIONS)) - kept
+                assert kept and lost
+                # Every partition was revoked (eager), yet what a keeps was never dropped:
+                # the same state, not restored again, and its subscriptions open.
+                assert all(a.indexer.partitions[p] is before[p] for p in kept)
+                assert all(not live[p].closed for p in kept)
+                # A lost partition's streams end once b serves it.
+                await wait_until(lambda: all(live[p].closed for p in lost), what="moved")
+                assert all(live[p].reason == MOVED for p in lost)
+                # A kept partition goes on being indexed: a task created in it is found.
+                p = min(kept)
+                task_id = a.task_in(p)
+                sub = subs.enter_context(a.fanout.subscribe(task_id, 16))
+                await a.service.create(HOLD, {}, "alice", task_id=task_id)
+                await wait_until(
+                    lambda: a.indexer.lookup(task_id) is not None, what="a indexes the new task"
+                )
+                assert sub.take() and not live[p].closed
+
+
+# --- item 2: the planned hand-over -------------------------------------------------------------
+
+
+def test_a_draining_member_is_given_nothing_and_its_partitions_go_to_the_others() -> None:
+    claims = {
+        "m-a": Claim("http://a", frozenset({0, 1, 2}), draining=True),
+        "m-b": Claim("http://b", frozenset({3, 4, 5})),
+        "m-c": Claim("http://c", frozenset()),
+    }
+    shares = sticky_assign(range(6), claims)
+    assert shares["m-a"] == []
+    assert sorted(shares["m-b"] + shares["m-c"]) == list(range(6))
+    assert shares["m-b"] == [3, 4, 5]  # the others keep what they own
+
+
+def test_when_every_member_drains_the_partitions_stay_where_they_are() -> None:
+    claims = {
+        "m-a": Claim("http://a", frozenset({0, 1}), draining=True),
+        "m-b": Claim("http://b", frozenset({2}), draining=True),
+    }
+    assert sticky_assign(range(3), claims) == {"m-a": [0, 1], "m-b": [2]}
+
+
+def test_a_member_of_an_older_version_or_a_garbled_flag_counts_as_not_draining() -> None:
+    assignor = OwnershipAssignor("http://a", "events")
+    members = {
+        "old": json.dumps({"url": "http://old", "owned": [0]}).encode(),
+        "odd": json.dumps({"url": "http://odd", "owned": [1], "draining": "yes"}).encode(),
+    }
+    shares = assignor.assign([TopicPart("events", p) for p in range(2)], members)
+    assert [tp.partition for tp in shares["old"].parts] == [0]
+    assert [tp.partition for tp in shares["odd"].parts] == [1]
+    assert "draining" not in json.loads(shares["old"].user_data)
+    assert "draining" not in json.loads(assignor.metadata())  # 0.2.0 reads the same claim
+
+
+async def test_a_stopping_replica_hands_every_partition_over_before_its_streams_end() -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        group = log.group(bridge_group(a_settings.topics))
+        await wait_until(
+            lambda: a.indexer.partitions and b.indexer.partitions and not a.indexer.handovers.held,
+            what="a and b share, b's share handed over",
+        )
+        a_parts, b_parts = set(a.indexer.partitions), set(b.indexer.partitions)
+        # When a tells its streams that a partition moved, b must serve it already.
+        served_at_loss: dict[int, bool] = {}
+        a.indexer.add_ownership_listener(
+            lambda gained, lost: served_at_loss.update({p: b.indexer.owns(p) for p in lost})
+        )
+        with contextlib.ExitStack() as subs:
+            a_subs = {p: subs.enter_context(a.fanout.subscribe(a.task_in(p), 16)) for p in a_parts}
+            b_subs = {p: subs.enter_context(b.fanout.subscribe(b.task_in(p), 16)) for p in b_parts}
+            rebalances = group.rebalances
+            assert await a.indexer.hand_over()
+            assert group.rebalances == rebalances + 1  # one rebalance hands everything over
+            assert not a.indexer.partitions
+            assert set(b.indexer.partitions) == set(range(PARTITIONS))
+            assert served_at_loss == {p: True for p in a_parts}
+            assert all(sub.reason == MOVED for sub in a_subs.values())
+            assert not any(sub.closed for sub in b_subs.values())
+            assert not a.indexer.handovers.held
+
+
+async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b:
+        group = log.group(bridge_group(a_settings.topics))
+        async with replica(a_settings, log) as a:
+            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
+            rebalances = group.rebalances
+            assert await a.indexer.hand_over()
+        # a stopped (a static member: it stays in the group, draining, owning nothing); the
+        # same instance comes back on the replace path with the old metadata, warms copies of
+        # what it gave away (the assignment named it their standby), and rejoins.
+        # Its copies are held back: it must not rejoin (a rebalance) before they are warm.
+        gate, held = asyncio.Event(), asyncio.Event()
+        real_restore = Standbys._restore
+
+        async def restore(self: Standbys, parts: set[int]) -> None:
+            held.set()
+            await gate.wait()
+            await real_restore(self, parts)
+
+        monkeypatch.setattr(Standbys, "_restore", restore)
+        with full_restores(monkeypatch) as restored:
+            async with replica(a_settings, log) as a:
+                await wait_until(held.is_set, what="the restarted a restores its copies")
+                assert a.indexer.assignor is not None and a.indexer.assignor.thought_draining
+                assert group.rebalances - rebalances == 1 and group.round is None
+                gate.set()
+                await wait_until(
+                    lambda: a.indexer.partitions and b.indexer.partitions,
+                    what="the restarted a has a share again",
+                )
+                assert group.rebalances - rebalances == 2  # the hand-over, and the return
+                assert a.indexer.assignor is not None and not a.indexer.assignor.thought_draining
+        assert not set(restored) & set(range(PARTITIONS))  # a took its share from its copies
+
+
+async def test_a_lost_partition_whose_new_owner_is_never_seen_is_told_lost_at_the_bound() -> None:
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", handover={"timeout_s": 0.2})
+    log = group_log(a_settings)
+    outcomes: list[bool] = []
+    async with replica(a_settings, log) as a:
+        a.indexer.handovers.on_done = lambda seconds, served: outcomes.append(served)
+        with contextlib.ExitStack() as subs:
+            live = {
+                p: subs.enter_context(a.fanout.subscribe(a.task_in(p), 16))
+                for p in range(PARTITIONS)
+            }
+            # b persists nothing: it never writes the index, so a cannot see it serve.
+            b = Indexer(replica_settings(prefix, "b"), persist=False, log=log)
+            await b.start()
+            try:
+                await wait_until(lambda: b.partitions, what="b takes a share")
+                lost = set(range(PARTITIONS)) - set(a.indexer.partitions)
+                await wait_until(
+                    lambda: all(live[p].closed for p in lost), what="a ends the lost streams"
+                )
+                assert outcomes == [False] * len(lost)
+                assert all(live[p].reason == MOVED for p in lost)
+            finally:
+                await b.stop()
+
+
+# --- items 3 and 4: warm standbys ---------------------------------------------------------------
+
+
+def test_each_partition_gets_a_standby_that_is_not_its_owner_and_a_drainer_its_old_share() -> None:
+    shares = {"m-a": [], "m-b": [0, 1, 2], "m-c": [3, 4, 5]}
+    claims = {
+        "m-a": Claim("http://a", frozenset({0, 1}), draining=True),
+        "m-b": Claim("http://b", frozenset({2})),
+        "m-c": Claim("http://c", frozenset({3, 4, 5})),
+    }
+    named = name_standbys(shares, claims, 1)
+    assert named[0] == ["m-a"] and named[1] == ["m-a"]  # what it gave away: its share back
+    assert all(
+        len(ms) == 1 and m not in ms for m, ps in shares.items() for p in ps for ms in [named[p]]
+    )
+    assert name_standbys(shares, claims, 0) == {p: [] for p in range(6)}
+
+
+@contextlib.contextmanager
+def full_restores(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The partitions gains restored from their whole index slice (not from a standby)."""
+    restored: list[int] = []
+    real = ownership.load_index
+
+    async def load_index(settings: Settings, partitions: Any, **kwargs: Any) -> Any:
+        restored.extend(partitions)
+        return await real(settings, partitions, **kwargs)
+
+    monkeypatch.setattr(ownership, "load_index", load_index)
+    yield restored
+
+
+async def created_in(r: Replica, partitions: set[int]) -> dict[int, str]:
+    """A task created by ``r`` in each of ``partitions`` (which it owns), indexed."""
+    ids = {p: r.task_in(p) for p in partitions}
+    for task_id in ids.values():
+        await r.service.create(HOLD, {}, "alice", task_id=task_id)
+    await wait_until(lambda: all(r.indexer.lookup(t) for t in ids.values()), what="indexed")
+    return ids
+
+
+async def test_a_handed_over_partition_is_served_from_a_warm_standby_without_a_restore(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        await wait_until(lambda: a.indexer.partitions and b.indexer.partitions, what="shared")
+        a_parts = set(a.indexer.partitions)
+        ids = await created_in(a, a_parts)
+        # b stands by for a's partitions, and its copies follow a's flushes.
+        await wait_until(
+            lambda: (
+                b.indexer.standbys.warm() == a_parts
+                and all(ids[p] in b.indexer.standbys.copies[p] for p in a_parts)
+            ),
+            what="b's copies of a's partitions are warm and hold a's new tasks",
+        )
+        await a.indexer.flush()
+        expected = {p: a.indexer.partitions[p].entries() for p in a_parts}
+        with full_restores(monkeypatch) as restored:
+            assert await a.indexer.hand_over()
+        assert restored == []  # served from the copies: no slice read in full
+        assert {p: b.indexer.partitions[p].entries() for p in a_parts} == expected
+
+
+async def test_a_crashed_owner_s_partitions_are_served_from_the_survivor_s_standby(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", replicas={"session_timeout_ms": 1_000})
+    b_settings = replica_settings(prefix, "b", replicas={"session_timeout_ms": 1_000})
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b, replica(a_settings, log) as a:
+        await wait_until(lambda: a.indexer.partitions and b.indexer.partitions, what="shared")
+        a_parts = set(a.indexer.partitions)
+        ids = await created_in(a, a_parts)
+        await a.indexer.flush()
+        expected = {p: a.indexer.partitions[p].entries() for p in a_parts}
+        await wait_until(
+            lambda: (
+                b.indexer.standbys.warm() == a_parts
+                and all(ids[p] in b.indexer.standbys.copies[p] for p in a_parts)
+            ),
+            what="b's copies of a's partitions are warm",
+        )
+        with full_restores(monkeypatch) as restored:
+            member = a.indexer._member
+            assert isinstance(member, MemoryGroupTail)
+            member.crash()  # no goodbye: a's session expires, then b takes its partitions
+            await wait_until(
+                lambda: set(b.indexer.partitions) == set(range(PARTITIONS)),
+                what="b takes the crashed a's partitions",
+            )
+        assert restored == []
+        assert {p: b.indexer.partitions[p].entries() for p in a_parts} == expected
+
+
+def test_an_owner_over_its_share_gives_away_first_what_another_member_has_warm() -> None:
+    owner = Claim("http://a", frozenset({0, 1, 2, 3}))
+    back = Claim("http://b", warm=frozenset({2, 3}))  # a replica back, its copies warm
+    assert sticky_assign(range(4), {"m-a": owner, "m-b": back}) == {"m-a": [0, 1], "m-b": [2, 3]}
+    cold = Claim("http://b")
+    assert sticky_assign(range(4), {"m-a": owner, "m-b": cold}) == {"m-a": [0, 1], "m-b": [2, 3]}
+    back = Claim("http://b", warm=frozenset({0, 1}))
+    assert sticky_assign(range(4), {"m-a": owner, "m-b": back}) == {"m-a": [2, 3], "m-b": [0, 1]}
+
+
+async def test_a_lagging_standby_copy_is_caught_up_after_the_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = fresh_prefix("ho")
+    a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    stalled = asyncio.Event()
+
+    async def stall(self: Standbys, tail: object) -> None:  # the copies stop following
+        stalled.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(Standbys, "_step", stall)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        await wait_until(lambda: a.indexer.partitions and b.indexer.partitions, what="shared")
+        a_parts = set(a.indexer.partitions)
+        await wait_until(lambda: set(b.indexer.standbys.copies) == a_parts, what="b's copies")
+        await wait_until(stalled.is_set, what="b's copies stalled")
+        ids = await created_in(a, a_parts)  # written after b's copies stopped following
+        await a.indexer.flush()
+        assert not any(ids[p] in b.indexer.standbys.copies[p] for p in a_parts)
+        expected = {p: a.indexer.partitions[p].entries() for p in a_parts}
+        # b's state the moment it takes the partitions (before its tail reads on: a stale
+        # state would be made good from the events, slower, and not past retention).
+        taken: dict[int, Any] = {}
+        b.indexer.add_ownership_listener(
+            lambda gained, lost: taken.update(
+                {p: b.indexer.partitions[p].entries() for p in gained}
+            )
+        )
+        with full_restores(monkeypatch) as restored:
+            assert await a.indexer.hand_over()
+        assert restored == []
+        assert taken == expected
