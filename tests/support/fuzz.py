@@ -58,7 +58,9 @@ from bridge.envelope import (
     CONTENT_TYPE_HEADER,
     JSON_CONTENT_TYPE,
     EnvelopeError,
+    Item,
     TaskEvent,
+    WireMembers,
     decode_event,
     encode_event,
     may_have_type,
@@ -77,6 +79,7 @@ from bridge.events import (
 )
 from bridge.log.fanout import Subscription
 from bridge.log.records import (
+    Batch,
     LazyEvent,
     RecordDecoder,
     event_from_record,
@@ -629,16 +632,19 @@ class MemoryStreams:
 
     async def events(
         self, ticket: Ticket, after: int | None, log_start: int | None = None, *, wire: bool
-    ) -> AsyncIterator[list[tuple[int, TaskEvent | str]] | None]:
+    ) -> AsyncIterator[Batch[Item] | None]:
         first = EARLIEST_SEQ if after is None else after + 1
         meta = {"note": "line\nbreak \u2028"}
-        # With wire (what tasks/stream asks for), odd seqs come as a replay's wire texts.
-        yield [
-            (seq, f'"type":"com.example.step","payload":{{"i":{seq}}}')
+        seqs = range(first, NEXT_SEQ)
+        # With wire (what tasks/stream asks for), odd seqs come as a replay's wire members.
+        items: list[Item] = [
+            WireMembers(f'"type":"com.example.step","payload":{{"i":{seq}}}')
             if wire and seq % 2
-            else (seq, TaskEvent("com.example.step", {"i": seq}, meta, 5))
-            for seq in range(first, NEXT_SEQ)
+            else TaskEvent("com.example.step", {"i": seq}, meta, 5)
+            for seq in seqs
         ]
+        full = [i for i, item in enumerate(items) if isinstance(item, TaskEvent)]
+        yield Batch(seqs, list(seqs), items, full)
         yield None
 
     def count_gone(self) -> None:
