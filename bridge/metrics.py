@@ -35,7 +35,7 @@ __all__ = [
 
 #: What a report of a dead owner ended in (bridge.server.failover ``RemovalOutcome``): the
 #: bounded label set of ``bridge_peer_removals_total``.
-REMOVAL_OUTCOMES = ("removed", "failed", "not_owner", "rate_limited", "off")
+REMOVAL_OUTCOMES = ("removed", "failed", "not_owner", "rate_limited", "rejoined", "off")
 
 #: Why a peer hop was refused (bridge.server.hops ``RefusalReason``), the bounded label set of
 #: ``bridge_peer_hops_refused_total`` (anything else: ``other``).

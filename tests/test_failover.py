@@ -180,3 +180,37 @@ async def test_an_owner_whose_port_refuses_is_removed_after_a_run_of_refusals() 
     await peers.close()
     await guard.close()
     assert recorder.removed == ["replica-1"] and outcomes == ["removed"]
+
+
+async def test_a_removed_owner_that_rejoined_is_not_removed_again_until_it_answers() -> None:
+    """Replicas cut off from each other's peer ports (a network policy that rejects) but not
+    from Kafka: each removal is followed by the live member rejoining. Without this guard
+    they removed each other every ``interval_s``, forever: a group rebalance each time."""
+    clock, recorder, outcomes = Clock(), Recorder(), []
+    current = [owners(HERE, DEAD)]
+    guard = Removals(
+        lambda: current[0],
+        recorder,
+        own_url=HERE,
+        interval_s=30.0,
+        clock=clock,
+        on_outcome=outcomes.append,
+    )
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    recorder.done.clear()
+    # It rejoined (its process talks to Kafka): a newer map names it again, still refusing.
+    rejoined = owners(HERE, DEAD)
+    rejoined.generation = 2
+    current[0] = rejoined
+    clock.now += 300.0
+    guard.refusing(DEAD)
+    assert recorder.removed == ["replica-1"] and outcomes == ["removed", "rejoined"]
+    # Once it has answered this replica, a later run of refusals is a crash again.
+    guard.answered(DEAD)
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    await guard.close()
+    assert recorder.removed == ["replica-1", "replica-1"]

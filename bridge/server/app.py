@@ -411,6 +411,7 @@ def _peers(
         generation=lambda: routing.generation,
         on_suspected=metrics.peer_suspicions.inc,
         on_refusing=removals.refusing,
+        on_answered=removals.answered,
     )
     stack.push_async_callback(peers.close)
     stack.push_async_callback(removals.close)

@@ -13,6 +13,11 @@ Guards, because removing a member costs every replica a rebalance:
   metadata claimed, distributed by the group's leader), never from a request;
 * only an owner of at least one partition in the current map, never this replica itself;
 * at most one removal in flight, and at most one per ``interval_s`` from this replica;
+* a member this replica removed that a later map names again (it rejoined: its process talks
+  to Kafka, so the refusals come from the network between the replicas, e.g. a policy that
+  rejects) is not removed again until it has answered this replica once. Without this, two
+  replicas cut off from each other's peer ports removed each other every ``interval_s``,
+  forever, each removal a rebalance of the whole group;
 * each removal (and each one skipped) is logged and counted.
 
 What it does not do: detect anything (Suspects does), or serve the partitions (the group's
@@ -33,7 +38,10 @@ __all__ = ["RemovalOutcome", "Removals"]
 log = logging.getLogger(__name__)
 
 #: How a report of a dead owner ended (the bounded label of its metric).
-RemovalOutcome = Literal["removed", "failed", "not_owner", "rate_limited", "off"]
+RemovalOutcome = Literal["removed", "failed", "not_owner", "rate_limited", "rejoined", "off"]
+
+#: Members this replica removed, remembered until they answer (more is noise: one per replica).
+MAX_REMOVED = 64
 
 
 class Removals:
@@ -41,7 +49,8 @@ class Removals:
 
     ``ownership()`` is the group's current map (None while this replica has none);
     ``remove(instance_id)`` removes a static member from the group; ``on_outcome`` counts
-    each report's :data:`RemovalOutcome` (a metric, wired at composition).
+    each report's :data:`RemovalOutcome` (a metric, wired at composition). :meth:`answered`
+    is told of every answer from an owner URL (wired at composition to the peer client).
     """
 
     def __init__(
@@ -67,6 +76,15 @@ class Removals:
         self._last: float | None = None
         self._running: asyncio.Task[None] | None = None
         self._closing = False
+        #: Owner URL -> (instance id, map generation) of each removal made from here, until
+        #: that URL answers this replica (bounded: MAX_REMOVED).
+        self._removed: dict[str, tuple[str, int]] = {}
+
+    def answered(self, url: str) -> None:
+        """``url`` answered this replica: a member removed from here is alive and reachable
+        again, so a later run of refusals is a crash again."""
+        if self._removed:
+            self._removed.pop(url, None)
 
     def refusing(self, url: str) -> None:
         """``url``'s peer port kept refusing connections: remove its member when the guards
@@ -80,8 +98,9 @@ class Removals:
             return
         ownership = self._ownership()
         instance = ownership.instance_owning(url) if ownership is not None else None
-        assert instance is not None  # checked
+        assert ownership is not None and instance is not None  # checked
         self._last = self._clock()
+        self._remember(url, instance, ownership.generation)
         self._running = asyncio.create_task(self._removing(url, instance), name=f"remove {url}")
 
     def _check(self, url: str) -> RemovalOutcome | None:
@@ -91,9 +110,24 @@ class Removals:
         ownership = self._ownership()
         if url == self._own_url or ownership is None or ownership.instance_owning(url) is None:
             return "not_owner"
+        if self._rejoined(url, ownership):
+            return "rejoined"  # alive to Kafka, unreachable from here: not a crash
         busy = self._running is not None and not self._running.done()
         recent = self._last is not None and self._clock() - self._last < self._interval_s
         return "rate_limited" if busy or recent else None
+
+    def _rejoined(self, url: str, ownership: OwnershipMap) -> bool:
+        """Whether this replica removed ``url``'s member and a later map names it again."""
+        removed = self._removed.get(url)
+        if removed is None or removed[0] != ownership.instance_owning(url):
+            return False
+        return ownership.generation > removed[1]
+
+    def _remember(self, url: str, instance: str, generation: int) -> None:
+        self._removed.pop(url, None)
+        if len(self._removed) >= MAX_REMOVED:
+            del self._removed[next(iter(self._removed))]  # the oldest
+        self._removed[url] = (instance, generation)
 
     async def _removing(self, url: str, instance: str) -> None:
         log.warning(
@@ -106,6 +140,7 @@ class Removals:
             await self._remove(instance)
         except Exception as exc:  # the session timeout still removes it: nothing is lost
             log.warning("could not remove instance %s from the group: %r", instance, exc)
+            self._removed.pop(url, None)  # not removed: a later map naming it proves nothing
             self._on_outcome("failed")
             return
         self._on_outcome("removed")
