@@ -76,6 +76,10 @@ _DEFAULT_CACHE = Path.home() / ".cache" / "mcp-kafka-bridge"
 class TopicSettings(BaseModel):
     """The topic layout (docs/architecture.md): names derive from one prefix."""
 
+    # Unknown keys refused: ``auto_create`` moved in here from the top level, where a misspelt
+    # ``auto_create_topics`` was refused; a misspelt ``auto_create = false`` must not be ignored.
+    model_config = ConfigDict(extra="forbid")
+
     prefix: str = Field("mcpbridge", pattern=r"^[A-Za-z0-9._-]{1,120}$")
     #: Partitions of the events topic; the index and updates topics are co-partitioned with it
     #: (a task's index and update records live in the partition number of its events).

@@ -195,6 +195,11 @@ def test_the_toml_file_must_exist_parse_and_name_only_settings(tmp_path: Path) -
     unknown.write_text("[streams]\nqueue_sise = 3\n")
     with pytest.raises(ValidationError, match=r"streams\.queue_sise"):
         load_settings(unknown)
+    # A setting moved into a group keeps its typo check: 0.1.0 refused a misspelt
+    # ``auto_create_topics``, so ``[topics] auto_creat = false`` must not create topics.
+    unknown.write_text("[topics]\nauto_creat = false\n")
+    with pytest.raises(ValidationError, match=r"topics\.auto_creat"):
+        load_settings(unknown)
     unknown.write_text("no_such_setting = 3\n")
     with pytest.raises(ValidationError, match="no_such_setting"):
         load_settings(unknown)
