@@ -412,6 +412,8 @@ def _peers(
         on_suspected=metrics.peer_suspicions.inc,
         on_refusing=removals.refusing,
         on_answered=removals.answered,
+        # A refusing owner is dropped within the refusal window: what its clients are told.
+        refusal_wait_s=r.refusal_window_s if r.remove_dead_owners else None,
     )
     stack.push_async_callback(peers.close)
     stack.push_async_callback(removals.close)

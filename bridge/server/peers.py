@@ -186,7 +186,8 @@ class Peers:
     to ``suspect_s``; 0 turns suspicion off) reaches it again. ``session_s`` is the group's
     session timeout (what a client is told to wait); ``on_suspected`` and ``on_refusing`` (an
     owner whose port kept refusing, see :class:`~bridge.server.suspects.Suspects`) and
-    ``on_answered`` (each answer of an owner, or of its probe) are wired at composition.
+    ``on_answered`` (each answer of an owner, or of its probe) are wired at composition;
+    ``refusal_wait_s``: how soon the crash fail-over drops a refusing owner (None: off).
     """
 
     def __init__(
@@ -208,6 +209,7 @@ class Peers:
         on_suspected: Callable[[], object] = lambda: None,
         on_refusing: Callable[[str], object] = lambda url: None,
         on_answered: Callable[[str], object] = lambda url: None,
+        refusal_wait_s: float | None = None,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
         in process); None for real connections."""
@@ -235,6 +237,7 @@ class Peers:
             generation=generation,
             on_suspected=on_suspected,
             on_refusing=on_refusing,
+            refusal_wait_s=refusal_wait_s,
         )
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
