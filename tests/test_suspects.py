@@ -170,6 +170,41 @@ async def test_a_run_of_refusals_within_the_window_reports_a_crash_once() -> Non
     await known.close()
 
 
+async def test_refusals_count_once_per_suspicion_and_never_across_a_new_map() -> None:
+    """Requests in flight when the owner went away all fail together: that is one moment, not
+    a run. A probe refused after the map changed under it speaks of an owner the new map may
+    not name (or names under another instance): it counts for nothing."""
+    clock, steps, generation = Clock(), Steps(), [1]
+    refusing: list[str] = []
+
+    class Moving(Probe):
+        async def __call__(self, url: str) -> None:
+            generation[0] += 1  # a rebalance ends while the probe is under way
+            await super().__call__(url)
+
+    no = ProbeFailed(refused=True)
+    known = suspects(
+        Moving(no, no),
+        steps,
+        clock,
+        refusals=2,
+        refusal_window_s=5.0,
+        generation=lambda: generation[0],
+        on_refusing=refusing.append,
+    )
+    for _ in range(3):  # three requests begun together, refused together
+        known.suspect(URL, refusal())
+    assert refusing == []
+    probe = known.probe_of(URL)
+    await steps.slept(1)
+    steps.step()  # refused, but under a map that is gone
+    assert probe is not None
+    async with asyncio.timeout(5):
+        await asyncio.gather(probe, return_exceptions=True)
+    assert refusing == [] and URL not in known
+    await known.close()
+
+
 @pytest.mark.parametrize("breaker", ["timeout", "outside the window"])
 async def test_timeouts_and_old_refusals_never_make_a_crash(breaker: str) -> None:
     clock, steps = Clock(), Steps()

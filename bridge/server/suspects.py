@@ -164,7 +164,9 @@ class Suspects:
             self._on_suspected()
             log.warning("suspecting %s (%s); probing it in the background", url, exc)
             suspect.probe = asyncio.create_task(self._probing(url), name=f"peer-probe {url}")
-        self._count(url, suspect, refused(exc))
+            # Only the failure that made the suspicion counts: requests in flight then fail
+            # together (one moment, not a run); the probes count from here.
+            self._count(url, suspect, refused(exc))
 
     def removed(self, url: str) -> None:
         """The group was asked to drop ``url``'s member: its partitions move at once."""
@@ -224,6 +226,8 @@ class Suspects:
             try:
                 await self._probe(url)
             except ProbeFailed as failed:
+                if not self.is_suspected(url):
+                    return  # the map changed under the probe: it speaks of an owner gone from it
                 self._count(url, suspect, failed.refused)
                 delay = min(self._max_s, delay * 2)
                 continue
