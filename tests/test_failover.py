@@ -214,3 +214,24 @@ async def test_a_removed_owner_that_rejoined_is_not_removed_again_until_it_answe
         await recorder.done.wait()
     await guard.close()
     assert recorder.removed == ["replica-1", "replica-1"]
+
+
+async def test_an_owner_is_found_by_the_origin_its_requests_go_to_not_its_spelling() -> None:
+    """The hops (and so the refusals) name an owner by its origin (``scheme://host:port``,
+    lower case); the map by the URL its replica advertised, which may be spelt otherwise."""
+    spelt = "HTTP://Replica-1.Peers:8081"
+    recorder, outcomes = Recorder(), []
+    guard = Removals(
+        lambda: OwnershipMap({0: spelt}, 1, {spelt: "replica-1"}),
+        recorder,
+        own_url=HERE,
+        interval_s=30.0,
+        clock=Clock(),
+        on_outcome=outcomes.append,
+        origin=str.lower,
+    )
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    await guard.close()
+    assert recorder.removed == ["replica-1"] and outcomes == ["removed"]

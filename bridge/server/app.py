@@ -397,6 +397,7 @@ def _peers(
         enabled=r.remove_dead_owners,
         on_outcome=metrics.peer_removal,
         on_removed=lambda url: peers.suspects.removed(url),
+        origin=routing.origin,
     )
     peers = Peers(
         auth,

@@ -49,7 +49,9 @@ class Removals:
 
     ``ownership()`` is the group's current map (None while this replica has none);
     ``remove(instance_id)`` removes a static member from the group; ``on_outcome`` counts
-    each report's :data:`RemovalOutcome` (a metric, wired at composition). :meth:`answered`
+    each report's :data:`RemovalOutcome` (a metric, wired at composition); ``origin(url)`` is
+    the peer origin an advertised URL names (the form hops and refusals use: the map keeps
+    each replica's spelling). :meth:`answered`
     is told of every answer from an owner URL (wired at composition to the peer client).
     """
 
@@ -64,15 +66,18 @@ class Removals:
         enabled: bool = True,
         on_outcome: Callable[[RemovalOutcome], object] = lambda outcome: None,
         on_removed: Callable[[str], object] = lambda url: None,
+        origin: Callable[[str], str | None] = lambda url: url,
     ) -> None:
         self._ownership = ownership
         self._remove = remove
-        self._own_url = own_url
         self._interval_s = interval_s
         self._clock = clock
         self._enabled = enabled
         self._on_outcome = on_outcome
         self._on_removed = on_removed
+        self._origin = origin
+        #: This replica's URL in both spellings (as advertised, and as a hop names it).
+        self._own = {own_url, origin(own_url)} - {None} if own_url is not None else set()
         self._last: float | None = None
         self._running: asyncio.Task[None] | None = None
         self._closing = False
@@ -97,7 +102,7 @@ class Removals:
             log.info("not removing the owner at %s from the group: %s", url, outcome)
             return
         ownership = self._ownership()
-        instance = ownership.instance_owning(url) if ownership is not None else None
+        instance = self._instance(ownership, url) if ownership is not None else None
         assert ownership is not None and instance is not None  # checked
         self._last = self._clock()
         self._remember(url, instance, ownership.generation)
@@ -108,7 +113,7 @@ class Removals:
         if not self._enabled:
             return "off"
         ownership = self._ownership()
-        if url == self._own_url or ownership is None or ownership.instance_owning(url) is None:
+        if url in self._own or ownership is None or self._instance(ownership, url) is None:
             return "not_owner"
         if self._rejoined(url, ownership):
             return "rejoined"  # alive to Kafka, unreachable from here: not a crash
@@ -119,9 +124,18 @@ class Removals:
     def _rejoined(self, url: str, ownership: OwnershipMap) -> bool:
         """Whether this replica removed ``url``'s member and a later map names it again."""
         removed = self._removed.get(url)
-        if removed is None or removed[0] != ownership.instance_owning(url):
+        if removed is None or removed[0] != self._instance(ownership, url):
             return False
         return ownership.generation > removed[1]
+
+    def _instance(self, ownership: OwnershipMap, url: str) -> str | None:
+        """The instance id of the owner whose advertised URL has the origin ``url`` (what hops
+        and refusals name) when it owns a partition now, else None."""
+        owning = set(ownership.owners.values())
+        for advertised, instance in ownership.instances.items():
+            if advertised in owning and self._origin(advertised) == url:
+                return instance
+        return None
 
     def _remember(self, url: str, instance: str, generation: int) -> None:
         self._removed.pop(url, None)
