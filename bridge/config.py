@@ -424,6 +424,17 @@ class AuthSettings(BaseModel):
 
     _blank = field_validator("jwt_audience", "jwt_issuer", mode="before")(_blank_is_unset)
 
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens_never_named(cls, value: object) -> object:
+        """Refuse a bad entry without naming it: a static token is the dict's key, and
+        pydantic's own error would give it as the entry's location."""
+        if isinstance(value, dict):
+            for token, principal in value.items():
+                if not isinstance(token, str) or not isinstance(principal, str):
+                    raise ValueError("every static token must map to a principal name (text)")
+        return value
+
     @model_validator(mode="after")
     def _jwt_is_bound_to_this_api(self) -> Self:
         if self.mode != "jwt":
