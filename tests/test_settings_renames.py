@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, SecretStr, ValidationError
+from support.layout import changed
 
 from bridge.config import Settings, env_name, load_settings
 from bridge.settings_renames import RENAMED, RenameConflict, rename_keys
@@ -252,3 +253,16 @@ def test_the_tree_speaks_the_grouped_names(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.chdir(Path(__file__).parent.parent)
     assert main(["--check"]) == 0
+
+
+def test_the_tests_copy_helper_refuses_a_name_it_would_drop() -> None:
+    """``model_copy(update=...)`` takes any key and drops nothing: an old or misspelt field
+    name made the copy silently keep the default (the trap docs/configuration.md names)."""
+    settings = load_settings()
+    assert (
+        changed(settings, tasks={"max_active_per_principal": 2}).tasks.max_active_per_principal == 2
+    )
+    with pytest.raises(TypeError, match="max_active_tasks_per_principal"):
+        changed(settings, tasks={"max_active_tasks_per_principal": 2})
+    with pytest.raises(TypeError, match="task"):
+        changed(settings, task={"max_active_per_principal": 2})
