@@ -150,6 +150,31 @@ def test_an_old_group_name_in_the_environment_conflicts_field_by_field(
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("BRIDGE_KAFKA_TLS", "BRIDGE_KAFKA__TLS__CA_FILE"),  # the old group whole, a new field
+        ("BRIDGE_KAFKA_TLS__CA_FILE", "BRIDGE_KAFKA__TLS"),  # an old field, the new group whole
+    ],
+)
+def test_an_old_and_a_new_name_of_one_group_at_different_depths_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, old: str, new: str
+) -> None:
+    """Values at different depths cannot be compared: the old one silently won (it was
+    renamed last), so both given is an error naming both."""
+    a, b = tmp_path / "a.pem", tmp_path / "b.pem"
+    a.write_text("pem")
+    b.write_text("pem")
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "kafka:9093")
+    monkeypatch.setenv("BRIDGE_KAFKA__SECURITY_PROTOCOL", "SSL")
+    as_group = lambda path: json.dumps({"ca_file": str(path)})  # noqa: E731
+    monkeypatch.setenv(old, as_group(a) if old.endswith("_TLS") else str(a))
+    monkeypatch.setenv(new, as_group(b) if new.endswith("__TLS") else str(b))
+    with pytest.raises(RenameConflict) as refused:
+        load_settings()
+    assert old in str(refused.value) and new in str(refused.value)
+
+
 def test_an_old_and_a_new_toml_key_that_differ_are_refused_naming_both(tmp_path: Path) -> None:
     config = tmp_path / "both.toml"
     config.write_text("http_port = 9001\n[server]\nport = 9002\n")
