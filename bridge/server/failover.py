@@ -15,7 +15,8 @@ Guards, because removing a member costs every replica a rebalance:
 * at most one removal in flight, and at most one per ``interval_s`` from this replica;
 * a member this replica removed that a later map names again (it rejoined: its process talks
   to Kafka, so the refusals come from the network between the replicas, e.g. a policy that
-  rejects) is not removed again until it has answered this replica once. Without this, two
+  rejects) is not removed again until it has answered this replica once, or has refused nothing
+  for ``PARDON_INTERVALS`` intervals (then a refusal run is a new crash). Without this, two
   replicas cut off from each other's peer ports removed each other every ``interval_s``,
   forever, each removal a rebalance of the whole group;
 * each removal (and each one skipped) is logged and counted.
@@ -42,6 +43,9 @@ RemovalOutcome = Literal["removed", "failed", "not_owner", "rate_limited", "rejo
 
 #: Members this replica removed, remembered until they answer (more is noise: one per replica).
 MAX_REMOVED = 64
+
+#: A rejoined member's pardon lapses after this many ``interval_s`` without a refusal run.
+PARDON_INTERVALS = 10
 
 
 class Removals:
@@ -82,8 +86,9 @@ class Removals:
         self._running: asyncio.Task[None] | None = None
         self._closing = False
         #: Owner URL -> (instance id, map generation) of each removal made from here, until
-        #: that URL answers this replica (bounded: MAX_REMOVED).
-        self._removed: dict[str, tuple[str, int]] = {}
+        #: that URL answers this replica, or refuses nothing for PARDON_INTERVALS intervals;
+        #: the last value is when it was last reported refusing (bounded: MAX_REMOVED).
+        self._removed: dict[str, tuple[str, int, float]] = {}
 
     def answered(self, url: str) -> None:
         """``url`` answered this replica: a member removed from here is alive and reachable
@@ -122,11 +127,21 @@ class Removals:
         return "rate_limited" if busy or recent else None
 
     def _rejoined(self, url: str, ownership: OwnershipMap) -> bool:
-        """Whether this replica removed ``url``'s member and a later map names it again."""
+        """Whether this replica removed ``url``'s member, a later map names it again, and it
+        has kept refusing since (a pardon that lapses after a long quiet: a member back and
+        serving that this replica never happened to ask, crashing weeks later, is a crash)."""
         removed = self._removed.get(url)
         if removed is None or removed[0] != self._instance(ownership, url):
             return False
-        return ownership.generation > removed[1]
+        instance, generation, last = removed
+        if ownership.generation <= generation:
+            return False
+        now = self._clock()
+        if now - last > PARDON_INTERVALS * self._interval_s:
+            del self._removed[url]
+            return False
+        self._removed[url] = (instance, generation, now)
+        return True
 
     def _instance(self, ownership: OwnershipMap, url: str) -> str | None:
         """The instance id of the owner whose advertised URL has the origin ``url`` (what hops
@@ -141,7 +156,7 @@ class Removals:
         self._removed.pop(url, None)
         if len(self._removed) >= MAX_REMOVED:
             del self._removed[next(iter(self._removed))]  # the oldest
-        self._removed[url] = (instance, generation)
+        self._removed[url] = (instance, generation, self._clock())
 
     async def _removing(self, url: str, instance: str) -> None:
         log.warning(
