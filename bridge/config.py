@@ -77,6 +77,10 @@ _DEFAULT_CACHE = Path.home() / ".cache" / "mcp-kafka-bridge"
 class TopicSettings(BaseModel):
     """The topic layout (docs/architecture.md): names derive from one prefix."""
 
+    # Unknown keys refused: ``auto_create`` moved in here from the top level, where a misspelt
+    # ``auto_create_topics`` was refused; a misspelt ``auto_create = false`` must not be ignored.
+    model_config = ConfigDict(extra="forbid")
+
     prefix: str = Field("mcpbridge", pattern=r"^[A-Za-z0-9._-]{1,120}$")
     #: Partitions of the events topic; the index and updates topics are co-partitioned with it
     #: (a task's index and update records live in the partition number of its events).
@@ -420,6 +424,17 @@ class AuthSettings(BaseModel):
     jwt_principal_claim: str = "sub"
 
     _blank = field_validator("jwt_audience", "jwt_issuer", mode="before")(_blank_is_unset)
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens_never_named(cls, value: object) -> object:
+        """Refuse a bad entry without naming it: a static token is the dict's key, and
+        pydantic's own error would give it as the entry's location."""
+        if isinstance(value, dict):
+            for token, principal in value.items():
+                if not isinstance(token, str) or not isinstance(principal, str):
+                    raise ValueError("every static token must map to a principal name (text)")
+        return value
 
     @model_validator(mode="after")
     def _jwt_is_bound_to_this_api(self) -> Self:

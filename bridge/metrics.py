@@ -35,7 +35,7 @@ __all__ = [
 
 #: What a report of a dead owner ended in (bridge.server.failover ``RemovalOutcome``): the
 #: bounded label set of ``bridge_peer_removals_total``.
-REMOVAL_OUTCOMES = ("removed", "failed", "not_owner", "rate_limited", "off")
+REMOVAL_OUTCOMES = ("removed", "failed", "not_owner", "rate_limited", "rejoined", "off")
 
 #: Why a peer hop was refused (bridge.server.hops ``RefusalReason``), the bounded label set of
 #: ``bridge_peer_hops_refused_total`` (anything else: ``other``).
@@ -564,12 +564,22 @@ class Metrics:
 
     # --- rolling updates: partitions without an owner, distance to data loss ------------------
 
-    def sample_availability(self, indexer: Indexer, own_url: str | None, elapsed_s: float) -> None:
+    def sample_availability(
+        self,
+        indexer: Indexer,
+        own_url: str | None,
+        elapsed_s: float,
+        reachable: Callable[[str], bool] = lambda url: True,
+    ) -> None:
         """One look at who serves each events partition, ``elapsed_s`` after the previous one:
-        a partition found unserved then adds that time to its unavailability."""
+        a partition found unserved then adds that time to its unavailability. ``reachable(url)``
+        says whether this replica can forward to an owner the group names (False while it
+        suspects it: a dead owner stays named until its removal or session timeout)."""
         for p in self._unserved:
             self.partition_unavailable_seconds.labels(str(p)).inc(elapsed_s)
-        unserved = {p for p in range(indexer.partition_count) if not _served(indexer, p, own_url)}
+        unserved = {
+            p for p in range(indexer.partition_count) if not _served(indexer, p, own_url, reachable)
+        }
         for p in range(indexer.partition_count):
             label = str(p)
             self.partition_unavailable.labels(label).set(1 if p in unserved else 0)
@@ -619,15 +629,18 @@ class Metrics:
         return self._stamps[key]
 
 
-def _served(indexer: Indexer, partition: int, own_url: str | None) -> bool:
+def _served(
+    indexer: Indexer, partition: int, own_url: str | None, reachable: Callable[[str], bool]
+) -> bool:
     """Whether ``partition`` has a serving owner as this replica sees it: itself (restored),
-    or another replica the group named (the router's view: forwarded there)."""
+    or another replica the group named that it can reach (the router's view: forwarded
+    there, not answered at once as unavailable)."""
     if indexer.owns(partition):
         return True
     if not indexer.group:
         return False  # a single process serves every partition once restored
     url = indexer.owner_url(partition)
-    return url is not None and url != own_url
+    return url is not None and url != own_url and reachable(url)
 
 
 def _oldest_needed(indexer: Indexer, positions: list[tuple[str, int]]) -> dict[int, int]:

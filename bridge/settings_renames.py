@@ -180,9 +180,27 @@ def rename_env(env: Mapping[str, str | None], prefix: str = "bridge_") -> dict[s
                 f"{name.upper()} and {new_name.upper()} are the same setting (renamed) and both "
                 f"are given, differently: keep {new_name.upper()} only"
             )
+        nested = _nested(env, new_name)
+        if nested is not None:
+            raise RenameConflict(
+                f"{name.upper()} and {nested.upper()} both set {new_name.upper()} (renamed), one "
+                f"as a whole group and one field by field: keep {nested.upper()} only"
+            )
         out[new_name] = value
         _warn(name.upper(), new_name.upper())
     return out
+
+
+def _nested(env: Mapping[str, str | None], new_name: str) -> str | None:
+    """A name of ``env`` that sets part of ``new_name`` or a group around it (values at
+    different depths cannot be compared, and the renamed one would silently win)."""
+    parts = new_name.split("__")
+    for depth in range(1, len(parts)):
+        around = "__".join(parts[:depth])
+        if around in env:
+            return around
+    deeper = new_name + "__"
+    return next((name for name in env if name.startswith(deeper)), None)
 
 
 def _old_names(env: Iterable[str], prefix: str) -> list[str]:

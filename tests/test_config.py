@@ -225,6 +225,10 @@ def test_no_secret_shows_in_the_settings_or_in_a_validation_error(no_bridge_env)
             }
         )
     assert SECRET not in str(refused.value)
+    # A static token is a dict key: pydantic names a bad entry by its key, the token.
+    with pytest.raises(ValidationError, match=r"auth\.tokens") as refused:
+        load_settings(auth={"mode": "bearer", "tokens": {SECRET: 5}})
+    assert SECRET not in str(refused.value)
 
 
 def test_an_empty_security_variable_means_unset(monkeypatch, no_bridge_env):

@@ -180,3 +180,91 @@ async def test_an_owner_whose_port_refuses_is_removed_after_a_run_of_refusals() 
     await peers.close()
     await guard.close()
     assert recorder.removed == ["replica-1"] and outcomes == ["removed"]
+
+
+async def test_a_removed_owner_that_rejoined_is_not_removed_again_until_it_answers() -> None:
+    """Replicas cut off from each other's peer ports (a network policy that rejects) but not
+    from Kafka: each removal is followed by the live member rejoining. Without this guard
+    they removed each other every ``interval_s``, forever: a group rebalance each time."""
+    clock, recorder, outcomes = Clock(), Recorder(), []
+    current = [owners(HERE, DEAD)]
+    guard = Removals(
+        lambda: current[0],
+        recorder,
+        own_url=HERE,
+        interval_s=30.0,
+        clock=clock,
+        on_outcome=outcomes.append,
+    )
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    recorder.done.clear()
+    # It rejoined (its process talks to Kafka): a newer map names it again, still refusing.
+    rejoined = owners(HERE, DEAD)
+    rejoined.generation = 2
+    current[0] = rejoined
+    clock.now += 60.0  # past the rate limit
+    guard.refusing(DEAD)
+    assert recorder.removed == ["replica-1"] and outcomes == ["removed", "rejoined"]
+    # Once it has answered this replica, a later run of refusals is a crash again.
+    guard.answered(DEAD)
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    await guard.close()
+    assert recorder.removed == ["replica-1", "replica-1"]
+
+
+async def test_an_owner_is_found_by_the_origin_its_requests_go_to_not_its_spelling() -> None:
+    """The hops (and so the refusals) name an owner by its origin (``scheme://host:port``,
+    lower case); the map by the URL its replica advertised, which may be spelt otherwise."""
+    spelt = "HTTP://Replica-1.Peers:8081"
+    recorder, outcomes = Recorder(), []
+    guard = Removals(
+        lambda: OwnershipMap({0: spelt}, 1, {spelt: "replica-1"}),
+        recorder,
+        own_url=HERE,
+        interval_s=30.0,
+        clock=Clock(),
+        on_outcome=outcomes.append,
+        origin=str.lower,
+    )
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    await guard.close()
+    assert recorder.removed == ["replica-1"] and outcomes == ["removed"]
+
+
+async def test_a_rejoined_owner_s_pardon_lapses_when_nothing_has_refused_for_long() -> None:
+    """The guard must not last forever: a member removed once, back and serving (this replica
+    never happened to ask it), that crashes weeks later is removed again. While the refusals
+    go on (the replicas stay cut off), the pardon goes on too."""
+    clock, recorder, outcomes = Clock(), Recorder(), []
+    current = [owners(HERE, DEAD)]
+    guard = Removals(
+        lambda: current[0],
+        recorder,
+        own_url=HERE,
+        interval_s=30.0,
+        clock=clock,
+        on_outcome=outcomes.append,
+    )
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    recorder.done.clear()
+    rejoined = owners(HERE, DEAD)
+    rejoined.generation = 2
+    current[0] = rejoined
+    for _ in range(3):  # still cut off: a run of refusals every few minutes, never a removal
+        clock.now += 200.0
+        guard.refusing(DEAD)
+    assert outcomes == ["removed", "rejoined", "rejoined", "rejoined"]
+    clock.now += 301.0  # nothing refused for longer than ten intervals: a new crash
+    guard.refusing(DEAD)
+    async with asyncio.timeout(5):
+        await recorder.done.wait()
+    await guard.close()
+    assert recorder.removed == ["replica-1", "replica-1"]

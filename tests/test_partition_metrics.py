@@ -83,6 +83,23 @@ def test_a_partition_counts_unavailable_while_revoked_restoring_or_unassigned_no
     assert now == [0, 0, 0, 1]
 
 
+def test_a_partition_whose_named_owner_this_replica_suspects_counts_unavailable():
+    """A dead owner is named by the group until its removal or session timeout: its
+    partitions are forwarded to nobody that answers (users saw 20-25 s pauses counted as
+    0.3-0.5 s by the group's view alone)."""
+    metrics = Metrics()
+    indexer = FakeIndexer(owned={0: object()}, owners={0: OWN, 1: OTHER, 2: OTHER, 3: OWN})
+    indexer.owned[3] = object()
+    suspected = {OTHER}
+    metrics.sample_availability(indexer, OWN, 0.25, reachable=lambda url: url not in suspected)  # type: ignore[arg-type]
+    metrics.sample_availability(indexer, OWN, 0.5, reachable=lambda url: url not in suspected)  # type: ignore[arg-type]
+    seconds = "bridge_partition_unavailable_seconds_total"
+    assert [value(metrics, seconds, p) for p in range(4)] == [0, 0.5, 0.5, 0]
+    suspected.clear()  # its probe reached it again
+    metrics.sample_availability(indexer, OWN, 0.25, reachable=lambda url: url not in suspected)  # type: ignore[arg-type]
+    assert [value(metrics, "bridge_partition_unavailable", p) for p in range(4)] == [0, 0, 0, 0]
+
+
 def test_a_single_process_that_owns_every_partition_counts_none_unavailable():
     metrics = Metrics()
     indexer = FakeIndexer(owned={p: object() for p in range(4)}, group=False)

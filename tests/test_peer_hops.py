@@ -797,17 +797,20 @@ async def test_a_suspected_owner_is_tried_again_once_its_probe_reaches_it() -> N
             return httpx.Response(200)
         return httpx.Response(200, json={"jsonrpc": "2.0", "id": 1, "result": {"taskId": "t1"}})
 
-    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=0.01, clock=clock)
+    answered: list[str] = []  # what the crash fail-over hears (a removed owner is back)
+    peers = Peers(PeerAuth(SECRET, HERE), suspect_s=0.01, clock=clock, on_answered=answered.append)
     peers._client = peers._calls = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     with pytest.raises(RpcError):
         await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE)
+    assert answered == []
     probe = peers.suspects.probe_of(HERE)
     assert probe is not None
     up.set()  # the owner is back: the background probe (not a request) finds it
     async with asyncio.timeout(10):
         await probe
-    assert reached.is_set() and HERE not in peers.suspects
+    assert reached.is_set() and HERE not in peers.suspects and answered == [HERE]
     assert probed and (await peers.call(HERE, "tasks/get", {"taskId": "t1"}, ALICE))
+    assert answered == [HERE, HERE]
     await peers.close()
 
 

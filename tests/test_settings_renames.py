@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, SecretStr, ValidationError
+from support.layout import changed
 
 from bridge.config import Settings, env_name, load_settings
 from bridge.settings_renames import RENAMED, RenameConflict, rename_keys
@@ -149,6 +150,31 @@ def test_an_old_group_name_in_the_environment_conflicts_field_by_field(
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("BRIDGE_KAFKA_TLS", "BRIDGE_KAFKA__TLS__CA_FILE"),  # the old group whole, a new field
+        ("BRIDGE_KAFKA_TLS__CA_FILE", "BRIDGE_KAFKA__TLS"),  # an old field, the new group whole
+    ],
+)
+def test_an_old_and_a_new_name_of_one_group_at_different_depths_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, old: str, new: str
+) -> None:
+    """Values at different depths cannot be compared: the old one silently won (it was
+    renamed last), so both given is an error naming both."""
+    a, b = tmp_path / "a.pem", tmp_path / "b.pem"
+    a.write_text("pem")
+    b.write_text("pem")
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "kafka:9093")
+    monkeypatch.setenv("BRIDGE_KAFKA__SECURITY_PROTOCOL", "SSL")
+    as_group = lambda path: json.dumps({"ca_file": str(path)})  # noqa: E731
+    monkeypatch.setenv(old, as_group(a) if old.endswith("_TLS") else str(a))
+    monkeypatch.setenv(new, as_group(b) if new.endswith("__TLS") else str(b))
+    with pytest.raises(RenameConflict) as refused:
+        load_settings()
+    assert old in str(refused.value) and new in str(refused.value)
+
+
 def test_an_old_and_a_new_toml_key_that_differ_are_refused_naming_both(tmp_path: Path) -> None:
     config = tmp_path / "both.toml"
     config.write_text("http_port = 9001\n[server]\nport = 9002\n")
@@ -194,6 +220,11 @@ def test_the_toml_file_must_exist_parse_and_name_only_settings(tmp_path: Path) -
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[streams]\nqueue_sise = 3\n")
     with pytest.raises(ValidationError, match=r"streams\.queue_sise"):
+        load_settings(unknown)
+    # A setting moved into a group keeps its typo check: 0.1.0 refused a misspelt
+    # ``auto_create_topics``, so ``[topics] auto_creat = false`` must not create topics.
+    unknown.write_text("[topics]\nauto_creat = false\n")
+    with pytest.raises(ValidationError, match=r"topics\.auto_creat"):
         load_settings(unknown)
     unknown.write_text("no_such_setting = 3\n")
     with pytest.raises(ValidationError, match="no_such_setting"):
@@ -247,3 +278,16 @@ def test_the_tree_speaks_the_grouped_names(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.chdir(Path(__file__).parent.parent)
     assert main(["--check"]) == 0
+
+
+def test_the_tests_copy_helper_refuses_a_name_it_would_drop() -> None:
+    """``model_copy(update=...)`` takes any key and drops nothing: an old or misspelt field
+    name made the copy silently keep the default (the trap docs/configuration.md names)."""
+    settings = load_settings()
+    assert (
+        changed(settings, tasks={"max_active_per_principal": 2}).tasks.max_active_per_principal == 2
+    )
+    with pytest.raises(TypeError, match="max_active_tasks_per_principal"):
+        changed(settings, tasks={"max_active_tasks_per_principal": 2})
+    with pytest.raises(TypeError, match="task"):
+        changed(settings, task={"max_active_per_principal": 2})

@@ -170,6 +170,41 @@ async def test_a_run_of_refusals_within_the_window_reports_a_crash_once() -> Non
     await known.close()
 
 
+async def test_refusals_count_once_per_suspicion_and_never_across_a_new_map() -> None:
+    """Requests in flight when the owner went away all fail together: that is one moment, not
+    a run. A probe refused after the map changed under it speaks of an owner the new map may
+    not name (or names under another instance): it counts for nothing."""
+    clock, steps, generation = Clock(), Steps(), [1]
+    refusing: list[str] = []
+
+    class Moving(Probe):
+        async def __call__(self, url: str) -> None:
+            generation[0] += 1  # a rebalance ends while the probe is under way
+            await super().__call__(url)
+
+    no = ProbeFailed(refused=True)
+    known = suspects(
+        Moving(no, no),
+        steps,
+        clock,
+        refusals=2,
+        refusal_window_s=5.0,
+        generation=lambda: generation[0],
+        on_refusing=refusing.append,
+    )
+    for _ in range(3):  # three requests begun together, refused together
+        known.suspect(URL, refusal())
+    assert refusing == []
+    probe = known.probe_of(URL)
+    await steps.slept(1)
+    steps.step()  # refused, but under a map that is gone
+    assert probe is not None
+    async with asyncio.timeout(5):
+        await asyncio.gather(probe, return_exceptions=True)
+    assert refusing == [] and URL not in known
+    await known.close()
+
+
 @pytest.mark.parametrize("breaker", ["timeout", "outside the window"])
 async def test_timeouts_and_old_refusals_never_make_a_crash(breaker: str) -> None:
     clock, steps = Clock(), Steps()
@@ -205,6 +240,26 @@ def test_the_wait_a_client_is_told_is_what_is_left_of_the_session_timeout() -> N
         await known.close()
 
     asyncio.run(main())
+
+
+async def test_a_refusing_owner_s_wait_is_the_fail_over_s_not_the_session_timeout() -> None:
+    """With the crash fail-over on, a refused owner is dropped within the refusal window: a
+    client told the whole session timeout (30 s in k8s/) would come back long after its
+    partitions moved. A silent owner (a timeout) is the session timeout's to end."""
+    clock, steps = Clock(), Steps()
+    known = suspects(Probe(), steps, clock, session_s=30.0, refusal_wait_s=5.0)
+    known.suspect(URL, refusal())
+    assert known.retry_after_s(URL) == 5
+    clock.now += 4.5
+    assert known.retry_after_s(URL) == 1  # 0.5 s left of the refusal window: the floor
+    silent = "http://replica-2.peers:8081"
+    known.suspect(silent, httpx.ConnectTimeout("no answer"))
+    assert known.retry_after_s(silent) == 30
+    off = suspects(Probe(), steps, clock, session_s=30.0)  # no fail-over: the session timeout
+    off.suspect(URL, refusal())
+    assert off.retry_after_s(URL) == 30
+    await known.close()
+    await off.close()
 
 
 async def test_suspects_are_bounded_and_the_oldest_is_forgotten_with_its_probe() -> None:

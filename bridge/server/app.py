@@ -193,7 +193,9 @@ async def start_components(
 
     refresher = asyncio.create_task(_refresh_gauges(metrics, indexer, reader, positions, settings))
     stack.push_async_callback(cancel_and_wait, refresher)
-    watcher = asyncio.create_task(_watch_availability(metrics, indexer, settings))
+    watcher = asyncio.create_task(
+        _watch_availability(metrics, indexer, settings, _reachable(routing, peers))
+    )
     stack.push_async_callback(cancel_and_wait, watcher)
     canary = None
     if settings.canary.interval_s > 0:  # probes the stream path; stops first, ending its tasks
@@ -401,6 +403,7 @@ def _peers(
         enabled=r.remove_dead_owners,
         on_outcome=metrics.peer_removal,
         on_removed=lambda url: peers.suspects.removed(url),
+        origin=routing.origin,
     )
     peers = Peers(
         auth,
@@ -415,6 +418,9 @@ def _peers(
         generation=lambda: routing.generation,
         on_suspected=metrics.peer_suspicions.inc,
         on_refusing=removals.refusing,
+        on_answered=removals.answered,
+        # A refusing owner is dropped within the refusal window: what its clients are told.
+        refusal_wait_s=r.refusal_window_s if r.remove_dead_owners else None,
     )
     stack.push_async_callback(peers.close)
     stack.push_async_callback(removals.close)
@@ -466,11 +472,23 @@ async def _refresh_gauges(
 AVAILABILITY_SAMPLE_S = 0.25
 
 
-async def _watch_availability(metrics: Metrics, indexer: Indexer, settings: Settings) -> None:
-    """Sample who serves each events partition (no Kafka call: the last assignment)."""
+def _reachable(routing: Routing, peers: Peers | None) -> Callable[[str], bool]:
+    """Whether an owner URL the group names is one this replica forwards to now (not while
+    it suspects it: requests for it are answered at once as unavailable)."""
+    if peers is None:
+        return lambda url: True
+    suspects = peers.suspects
+    return lambda url: not suspects.is_suspected(routing.origin(url) or url)
+
+
+async def _watch_availability(
+    metrics: Metrics, indexer: Indexer, settings: Settings, reachable: Callable[[str], bool]
+) -> None:
+    """Sample who serves each events partition (no Kafka call: the last assignment, and the
+    owners this replica suspects)."""
     before = time.monotonic()
     while True:
         await asyncio.sleep(AVAILABILITY_SAMPLE_S)  # the sampling cadence
         now = time.monotonic()
-        metrics.sample_availability(indexer, settings.peers.advertised_url, now - before)
+        metrics.sample_availability(indexer, settings.peers.advertised_url, now - before, reachable)
         before = now

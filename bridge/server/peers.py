@@ -185,8 +185,9 @@ class Peers:
     map changes (``generation``) or the background probe of the owner (its delay backed off up
     to ``suspect_s``; 0 turns suspicion off) reaches it again. ``session_s`` is the group's
     session timeout (what a client is told to wait); ``on_suspected`` and ``on_refusing`` (an
-    owner whose port kept refusing, see :class:`~bridge.server.suspects.Suspects`) are wired at
-    composition.
+    owner whose port kept refusing, see :class:`~bridge.server.suspects.Suspects`) and
+    ``on_answered`` (each answer of an owner, or of its probe) are wired at composition;
+    ``refusal_wait_s``: how soon the crash fail-over drops a refusing owner (None: off).
     """
 
     def __init__(
@@ -207,6 +208,8 @@ class Peers:
         generation: Callable[[], int] = lambda: 0,
         on_suspected: Callable[[], object] = lambda: None,
         on_refusing: Callable[[str], object] = lambda url: None,
+        on_answered: Callable[[str], object] = lambda url: None,
+        refusal_wait_s: float | None = None,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
         in process); None for real connections."""
@@ -221,6 +224,7 @@ class Peers:
         #: Owner URL -> when it last answered: a failure of a request begun before that
         #: suspects no one (the owner was seen alive since).
         self._answered: dict[str, float] = {}
+        self._on_answered = on_answered
         #: The owners not tried by requests now (bounded: MAX_SUSPECTS).
         self.suspects = Suspects(
             self._probe,
@@ -233,6 +237,7 @@ class Peers:
             generation=generation,
             on_suspected=on_suspected,
             on_refusing=on_refusing,
+            refusal_wait_s=refusal_wait_s,
         )
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
@@ -305,12 +310,14 @@ class Peers:
         except httpx.HTTPError as exc:
             raise ProbeFailed(refused(exc)) from None
         self._answered[base_url] = self._clock()
+        self._on_answered(base_url)
 
     def _seen_alive(self, base_url: str) -> None:
         """``base_url`` answered now. Owners come and go (a restarted pod may get a new URL),
         so what no longer matters is forgotten: an answer older than any request that can
         still fail (each is bounded by the first-answer bound)."""
         self._answered[base_url] = self._clock()
+        self._on_answered(base_url)
         self.suspects.clear(base_url)
         if len(self._answered) > MAX_REMEMBERED_OWNERS:
             horizon = self._answered[base_url] - self._first_answer_s

@@ -111,6 +111,11 @@ class Routing:
             raise LookupError(partition)  # to this replica, before it restored the partition
         return origin
 
+    def origin(self, url: str) -> str | None:
+        """The peer origin ``url`` names (what hops go to), or None when it is no peer
+        listener of ours."""
+        return self._origin(url)
+
     def _origin(self, url: str) -> str | None:
         """The peer origin ``url`` names, or None when it is no peer listener of ours."""
         if url in self._checked:

@@ -16,7 +16,10 @@ call ``on_refusing`` (composition wires the guarded group removal,
 
 How long a client should wait (:meth:`Suspects.retry_after_s`): the time left until the group's
 session timeout expires, counted from when the owner was first suspected (the group drops a
-silent member then, and another owner takes its partitions), at least one second.
+silent member then, and another owner takes its partitions), at least one second. An owner
+whose last failure was a refusal, with the crash fail-over on (``refusal_wait_s``), is dropped
+far sooner: the wait is then what is left of ``refusal_wait_s`` (a client told the whole
+session timeout, 30 s in k8s/, would come back long after its partitions moved).
 
 What it does not do: send hops (Peers does), decide ownership or remove members.
 """
@@ -69,6 +72,8 @@ class Suspect:
     probe: asyncio.Task[None] | None = None
     #: The group was asked to drop it: the next assignment is expected at once.
     removed: bool = False
+    #: Its last failure was a refused connection (its process is gone, or going).
+    refused: bool = False
 
 
 class Suspects:
@@ -77,6 +82,7 @@ class Suspects:
     ``probe(url)`` returns when the owner answered, raises :class:`ProbeFailed` otherwise (it
     must bound its own wait). ``generation()`` is the ownership map's generation. ``sleep`` and
     ``clock`` are the loop's (injectable for tests); ``jitter()`` draws in [0, 1).
+    ``refusal_wait_s``: how soon the crash fail-over drops a refusing owner (None: it is off).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class Suspects:
         generation: Callable[[], int] = lambda: 0,
         on_suspected: Callable[[], object] = lambda: None,
         on_refusing: Callable[[str], object] = lambda url: None,
+        refusal_wait_s: float | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         jitter: Callable[[], float] = random.random,
     ) -> None:
@@ -105,6 +112,7 @@ class Suspects:
         self._generation = generation
         self._on_suspected = on_suspected
         self._on_refusing = on_refusing
+        self._refusal_wait_s = refusal_wait_s
         self._sleep = sleep
         self._jitter = jitter
         self._suspects: dict[str, Suspect] = {}
@@ -133,8 +141,11 @@ class Suspects:
         suspect = self._suspects.get(url)
         if suspect is None or suspect.removed:
             return 1
-        left = self._session_s - (self._clock() - suspect.since)
-        return max(1, min(math.ceil(left), math.ceil(self._session_s)))
+        elapsed = self._clock() - suspect.since
+        left = min(self._session_s - elapsed, self._session_s)
+        if suspect.refused and self._refusal_wait_s is not None:
+            left = min(left, self._refusal_wait_s - elapsed)  # the fail-over drops it sooner
+        return max(1, math.ceil(left))
 
     def probe_of(self, url: str) -> asyncio.Task[None] | None:
         """The background probe of ``url`` while it is suspected (it ends when it answers)."""
@@ -153,7 +164,9 @@ class Suspects:
             self._on_suspected()
             log.warning("suspecting %s (%s); probing it in the background", url, exc)
             suspect.probe = asyncio.create_task(self._probing(url), name=f"peer-probe {url}")
-        self._count(url, suspect, refused(exc))
+            # Only the failure that made the suspicion counts: requests in flight then fail
+            # together (one moment, not a run); the probes count from here.
+            self._count(url, suspect, refused(exc))
 
     def removed(self, url: str) -> None:
         """The group was asked to drop ``url``'s member: its partitions move at once."""
@@ -186,6 +199,7 @@ class Suspects:
     def _count(self, url: str, suspect: Suspect, was_refused: bool) -> None:
         """Count a refusal (anything else breaks the run); a run long enough, within the
         window, says the owner's process is gone."""
+        suspect.refused = was_refused
         if not was_refused:
             suspect.refusals.clear()
             return
@@ -212,6 +226,8 @@ class Suspects:
             try:
                 await self._probe(url)
             except ProbeFailed as failed:
+                if not self.is_suspected(url):
+                    return  # the map changed under the probe: it speaks of an owner gone from it
                 self._count(url, suspect, failed.refused)
                 delay = min(self._max_s, delay * 2)
                 continue

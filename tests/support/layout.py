@@ -52,8 +52,17 @@ def make_settings(bootstrap: str, prefix: str, **overrides: Any) -> Settings:
 
 def changed(settings: Settings, **groups: dict[str, Any]) -> Settings:
     """``settings`` with some fields of its groups replaced, unvalidated as ``model_copy``:
-    ``changed(settings, tasks={"max_active_per_principal": 1})``."""
-    update = {name: getattr(settings, name).model_copy(update=f) for name, f in groups.items()}
+    ``changed(settings, tasks={"max_active_per_principal": 1})``. A name the group does not
+    have is refused: ``model_copy`` would keep it beside the fields and change nothing."""
+    update = {}
+    for name, fields in groups.items():
+        if name not in type(settings).model_fields:
+            raise TypeError(f"settings have no group {name!r}")
+        group = getattr(settings, name)
+        unknown = sorted(set(fields) - set(type(group).model_fields))
+        if unknown:
+            raise TypeError(f"settings group {name!r} has no {', '.join(unknown)}")
+        update[name] = group.model_copy(update=fields)
     return settings.model_copy(update=update)
 
 
