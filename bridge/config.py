@@ -6,7 +6,7 @@ Values come, in order of precedence, from keyword arguments, ``BRIDGE_*`` enviro
 (``BRIDGE_<GROUP>__<FIELD>``), then an optional TOML file named by ``BRIDGE_CONFIG_FILE`` (or passed
 explicitly; read by pydantic-settings' TOML source), then the defaults below.
 ``KAFKA_BOOTSTRAP_SERVERS`` is honoured as well, because it is the conventional way to point any
-Kafka tool at a cluster. The flat names of 0.2.0 still load (:mod:`bridge.settings_renames`).
+Kafka tool at a cluster. The flat names of 0.1.0 still load (:mod:`bridge.settings_renames`).
 
 Nothing else in the package calls ``os.environ``; code that needs a setting takes a
 ``Settings`` (or one of its values) as an argument.
@@ -1225,7 +1225,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Keyword arguments over the environment over the TOML file (when one is named), each
-        with the names of 0.2.0 moved to their groups (:mod:`bridge.settings_renames`)."""
+        with the flat names of 0.1.0 moved to their groups (:mod:`bridge.settings_renames`)."""
         assert isinstance(init_settings, InitSettingsSource)
         renamed = rename_keys(init_settings.init_kwargs, "keyword argument")
         sources: list[PydanticBaseSettingsSource] = [
@@ -1295,7 +1295,7 @@ class Settings(BaseSettings):
 
 
 class _RenamedEnvSource(EnvSettingsSource):
-    """``BRIDGE_*`` variables, the names of 0.2.0 moved to their groups."""
+    """``BRIDGE_*`` variables, the flat names of 0.1.0 moved to their groups."""
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         return rename_env(super()._load_env_vars(), self.env_prefix.lower())
@@ -1303,7 +1303,7 @@ class _RenamedEnvSource(EnvSettingsSource):
 
 class _TomlFileSource(TomlConfigSettingsSource):
     """The TOML file named by ``toml_file`` (pydantic-settings' source), which must exist and
-    parse, with the keys of 0.2.0 moved to their groups."""
+    parse, with the flat keys of 0.1.0 moved to their groups."""
 
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
         path = Path(str(settings_cls.model_config.get("toml_file")))
@@ -1332,7 +1332,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
 
     The file is ``config_file`` if given, else ``$BRIDGE_CONFIG_FILE`` if set. A plain
     ``KAFKA_BOOTSTRAP_SERVERS`` is used when no ``BRIDGE_`` variable names the cluster.
-    Settings of 0.2.0 under their old names (environment, file or ``overrides``) are moved to
+    Settings of 0.1.0 under their old names (environment, file or ``overrides``) are moved to
     their new places, with a deprecation warning (docs/configuration.md).
     """
     path = config_file or os.environ.get("BRIDGE_CONFIG_FILE")

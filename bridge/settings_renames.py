@@ -1,6 +1,6 @@
-"""Renamed settings: the one table from each name of 0.2.0 to its place in the groups.
+"""Renamed settings: the one table from each flat name (0.1.0) to its place in the groups.
 
-0.2.0 had some sixty settings side by side (``BRIDGE_STREAM_QUEUE_SIZE``, ``[kafka_tls]``);
+0.1.0 had some sixty settings side by side (``BRIDGE_STREAM_QUEUE_SIZE``, ``[kafka_tls]``);
 they now live in groups by concern (``BRIDGE_STREAMS__QUEUE_SIZE``, ``[kafka.tls]``). The old
 names keep working: :mod:`bridge.config` passes every source (environment, TOML file, keyword
 arguments) through :func:`rename_keys` or :func:`rename_env`, which move a value from its old
@@ -20,7 +20,7 @@ __all__ = ["RENAMED", "RenameConflict", "new_path", "rename_env", "rename_keys"]
 
 log = logging.getLogger("bridge.config")
 
-#: Old name (a top-level setting or group of 0.2.0) -> its new dotted path. A group moves with
+#: Old name (a top-level setting or group of 0.1.0) -> its new dotted path. A group moves with
 #: everything under it (``kafka_tls.ca_file`` -> ``kafka.tls.ca_file``). docs/configuration.md
 #: shows this table; bridgedev/rewrite_settings.py rewrites code with it.
 RENAMED: dict[str, str] = {

@@ -390,9 +390,9 @@ clients (tests/test_k8s.py checks the base's sum). */ -}}
 {{- end -}}
 
 {{/*
-A BRIDGE_* name under its current spelling: a name of 0.2.0 becomes its grouped one from
+A BRIDGE_* name under its current spelling: a flat name of 0.1.0 becomes its grouped one from
 files/renamed-settings.json, which tests/test_settings_renames.py keeps equal to the table of
-bridge/settings_renames.py; under a group that moved too (0.2.0's BRIDGE_KAFKA_TLS__CA_FILE).
+bridge/settings_renames.py; under a group that moved too (the flat BRIDGE_KAFKA_TLS__CA_FILE).
 */}}
 {{- define "bridge.currentName" -}}
 {{- $renamed := .root.Files.Get "files/renamed-settings.json" | fromJson -}}
