@@ -75,10 +75,10 @@ from bench_streams import (
 from common import Record, Results, bench_settings, environment, produce, report, say
 
 from bridge.config import Settings, load_settings
+from bridge.events_extension.cursor import decode_task, encode_task
 from bridge.kafka.admin import delete_records_before
 from bridge.kafka.topics import create_layout
 from bridge.log.publisher import Published, TaskEventPublisher
-from bridge.mcpevents.cursor import decode_task, encode_task
 from bridgedev.kafka import provide_broker
 
 OPEN_CONCURRENCY = 100  # streams being opened at once

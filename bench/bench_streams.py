@@ -90,13 +90,13 @@ from common import (
 
 from bridge.config import Settings, load_settings
 from bridge.envelope import decode_event
-from bridge.events import CreatedPayload
 from bridge.kafka.clients import committed_consumer
 from bridge.kafka.topics import create_layout
 from bridge.log.identity import keyring_env
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.create import identity_header
 from bridge.tasks.messages import new_task_id, owner_digest
+from bridge.vocabulary import CreatedPayload
 from bridgedev.kafka import provide_broker
 
 # --- targets ------------------------------------------------------------------------------------

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 from bridge.component import Component, cancel_and_wait
 from bridge.config import Settings, ToolSpec
-from bridge.events import StatusPayload
 from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.publisher import TaskEventPublisher
 from bridge.metrics import Metrics
@@ -48,6 +47,7 @@ from bridge.server.admission import Caller, Ticket
 from bridge.server.streams import StreamHub
 from bridge.tasks.create import now_ms, publish_created
 from bridge.tasks.messages import new_task_id
+from bridge.vocabulary import StatusPayload
 
 __all__ = ["PROBE_SUFFIX", "Canary"]
 

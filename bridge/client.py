@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import httpx
 
 from bridge import __version__
-from bridge.events import INTERNAL_ERROR
+from bridge.vocabulary import INTERNAL_ERROR
 
 __all__ = [
     "Backoff",

@@ -37,8 +37,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from bridge.events import EventTypeRule, TaskEventTypes
 from bridge.settings_renames import rename_env, rename_keys
+from bridge.vocabulary import EventTypeRule, TaskEventTypes
 
 __all__ = [
     "AuthSettings",

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bridge.events import TaskStatus
+from bridge.vocabulary import TaskStatus
 
 if TYPE_CHECKING:
     from bridge.log.indexer import Indexer
@@ -286,7 +286,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        # Webhooks (bridge/mcpevents/delivery.py): verification challenges the throttle refused.
+        # Webhooks (bridge/events_extension/delivery.py): verification challenges the throttle refused.
         self.webhook_verifications_throttled = Counter(
             "bridge_webhook_verifications_throttled_total",
             "events/subscribe verification challenges refused by the per (principal, callback "
@@ -294,7 +294,7 @@ class Metrics:
             registry=r,
         )
         # Webhook events never sent because their body stays over the client profile's bound
-        # (bridge/mcpevents/delivery.py; the chatgpt profile's 256 KiB), abandoned as a 413.
+        # (bridge/events_extension/delivery.py; the chatgpt profile's 256 KiB), abandoned as a 413.
         self.webhook_bodies_too_large = Counter(
             "bridge_webhook_bodies_too_large_total",
             "Webhook events not sent: their body exceeds the client profile's bound even reduced",

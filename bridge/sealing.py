@@ -1,6 +1,6 @@
 """Secrets at rest: envelope encryption (AES-256-GCM) under keys kept outside Kafka.
 
-Where it sits: the webhook subscriptions registry (:mod:`bridge.mcpevents.registry`) seals each
+Where it sits: the webhook subscriptions registry (:mod:`bridge.events_extension.registry`) seals each
 record's signing secrets with :class:`Sealer` before it writes them to Kafka, and opens them as
 it reads the topic. Whoever reads the topic (a broker's disk, a consumer with READ, a backup)
 sees ciphertext; the keys live in a file mounted from a secret store, or behind a KMS.

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bridge.config import Settings, ToolSpec
-from bridge.events import TERMINAL_WIRE, StatusPayload, is_prefixed_type
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.server.auth import ANONYMOUS
 from bridge.tasks.create import now_ms, publish_created
 from bridge.tasks.messages import new_task_id
+from bridge.vocabulary import TERMINAL_WIRE, StatusPayload, is_prefixed_type
 
 __all__ = [
     "ANONYMOUS",

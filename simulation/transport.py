@@ -9,7 +9,7 @@ tells the app ``http.disconnect`` when the reader closes the response early.
 
 It is how the simulation's replicas would reach each other's peer listeners and webhook
 receivers with no socket: :class:`bridge.server.peers.Peers` and
-:class:`bridge.mcpevents.webhooks.WebhookSender` take a ``transport``.
+:class:`bridge.events_extension.webhooks.WebhookSender` take a ``transport``.
 """
 
 from __future__ import annotations

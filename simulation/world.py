@@ -31,7 +31,6 @@ from typing import Any, cast
 from bridge.clock import LoopClock, SeededEntropy
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent, encode_event
-from bridge.events import StatusPayload, TaskStatus
 from bridge.kafka.memory import MemoryLog, MemoryWriter
 from bridge.kafka.port import Log, TopicPart, WriterFenced
 from bridge.keyring import Keyring
@@ -48,6 +47,7 @@ from bridge.server.wire import RpcError
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import owner_digest
 from bridge.tasks.service import TaskService
+from bridge.vocabulary import StatusPayload, TaskStatus
 from bridge.workers.sdk import JobContext, Worker
 from bridgedev.checker import CheckReport, Recording, check, ground_truth
 from simulation import http, logs

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from test_server_inprocess import GREET, LONG, META, FakeStreams, FakeTasks, settings
 
-from bridge.mcpevents import StreamItem
+from bridge.events_extension import StreamItem
 from bridge.server.admission import Admission, Caller, Limits, label
 from bridge.server.events import EventsMethods
 from bridge.server.handlers import Call, MethodHandlers, Streamed

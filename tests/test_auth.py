@@ -37,7 +37,7 @@ from support.procs import Bridge as ProcBridge
 from support.procs import running_bearer_bridge
 from support.waits import wait_until_sync
 
-from bridge.events import INVALID_PARAMS, INVALID_REQUEST
+from bridge.vocabulary import INVALID_PARAMS, INVALID_REQUEST
 
 BOUND = 30.0  # seconds any polled condition may take
 #: The bridge a test talks to: in process over the memory log, or the smoke's subprocesses.

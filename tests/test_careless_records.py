@@ -37,8 +37,8 @@ from bridge.envelope import (
     decode_event,
     encode_event,
 )
-from bridge.events import EventSuffix
 from bridge.kafka.clients import idempotent_producer
+from bridge.vocabulary import EventSuffix
 
 pytestmark = pytest.mark.kafka
 

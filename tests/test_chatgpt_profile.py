@@ -32,13 +32,13 @@ from support.procs import Bridge, running_bearer_bridge
 from support.waits import BOUND, wait_until
 
 from bridge.config import EventsSettings, Settings
+from bridge.events_extension.delivery import DeliveryPolicy, Revoked, SubscriptionDelivery
+from bridge.events_extension.occurrences import Occurrence, PollBatch
+from bridge.events_extension.subscriptions import Subscription, SubscriptionTable
+from bridge.events_extension.webhooks import Outcome, RetryPolicy, Verdict
 from bridge.kafka.admin import kafka_admin
 from bridge.kafka.clients import plain_producer
 from bridge.log.publisher import TaskEventPublisher
-from bridge.mcpevents.delivery import DeliveryPolicy, Revoked, SubscriptionDelivery
-from bridge.mcpevents.occurrences import Occurrence, PollBatch
-from bridge.mcpevents.subscriptions import Subscription, SubscriptionTable
-from bridge.mcpevents.webhooks import Outcome, RetryPolicy, Verdict
 from bridge.server.admission import Caller
 from bridge.server.events import (
     EVENT_ID_META,
@@ -528,7 +528,7 @@ async def test_an_owner_that_does_not_answer_leaves_the_result_request_after_a_s
 
 
 def test_the_body_shape_follows_inline_outcomes_and_the_bound_each_on_its_own() -> None:
-    from bridge.mcpevents.delivery import as_is
+    from bridge.events_extension.delivery import as_is
     from bridge.server.events import fitted_bodies
 
     settings = make_settings("unused:9092", fresh_prefix())

@@ -36,7 +36,7 @@ from bridge.client import (
     _sse_lines,
     _sse_messages,
 )
-from bridge.events import EVENTS_GONE
+from bridge.vocabulary import EVENTS_GONE
 
 BOUND = 20  # seconds any single wait may take before the test fails
 TASK = "task-1"

@@ -14,9 +14,9 @@ import pytest
 from support.layout import make_settings
 
 from bridge.clock import SYSTEM_CLOCK, SYSTEM_ENTROPY, LoopClock, SeededEntropy
+from bridge.events_extension.skips import Skips
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
-from bridge.mcpevents.skips import Skips
 from bridge.metrics import StreamMetrics
 from bridge.server.admission import Caller
 from bridge.server.streams import StreamHub

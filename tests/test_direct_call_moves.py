@@ -27,12 +27,12 @@ from support.waits import BOUND
 from test_rebalance_waits import HOLD, Slots, direct_call
 
 from bridge.envelope import TaskEvent
-from bridge.events import StatusPayload
-from bridge.log.fanout import MOVED, Subscription
+from bridge.log.fanout import MOVED, TaskFeed
 from bridge.log.indexer import IndexedEvent, NotOwner
 from bridge.server.handlers import MethodHandlers, Streamed
 from bridge.server.wire import RpcError
 from bridge.tasks.service import TaskService, TaskView
+from bridge.vocabulary import StatusPayload
 
 TASK = "T" * 32
 
@@ -54,14 +54,14 @@ class MovingTasks:
         self.reads = 0
         self.created: list[str] = []
         self.abandoned: list[str] = []
-        self.sub: Subscription | None = None
+        self.sub: TaskFeed | None = None
 
     def new_task_id(self) -> str:
         return TASK
 
     @contextlib.contextmanager
-    def watch(self, task_id: str) -> Iterator[Subscription]:
-        self.sub = Subscription(task_id, 16)
+    def watch(self, task_id: str) -> Iterator[TaskFeed]:
+        self.sub = TaskFeed(task_id, 16)
         yield self.sub
 
     async def create(self, tool: Any, arguments: Any, principal: str, **kw: Any) -> None:

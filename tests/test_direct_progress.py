@@ -14,7 +14,7 @@ from test_admission_kinds import DirectTasks, call, full_streams
 from test_server_inprocess import GREET, settings
 
 from bridge.envelope import TaskEvent
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import TaskFeed
 from bridge.log.indexer import IndexedEvent
 from bridge.server.handlers import MethodHandlers, Streamed
 
@@ -25,14 +25,14 @@ class PlayedTasks(DirectTasks):
     def __init__(self, events: list[TaskEvent]) -> None:
         super().__init__()
         self.events = events
-        self.sub: Subscription | None = None
+        self.sub: TaskFeed | None = None
 
     @contextlib.contextmanager
-    def watch(self, task_id: str) -> Iterator[Subscription]:
-        self.sub = Subscription(task_id, 16)
+    def watch(self, task_id: str) -> Iterator[TaskFeed]:
+        self.sub = TaskFeed(task_id, 16)
         yield self.sub
 
-    async def next_events(self, sub: Subscription) -> None:
+    async def next_events(self, sub: TaskFeed) -> None:
         event = self.events.pop(0)
         sub.offer(IndexedEvent(sub.task_id, 0, 0, 1, event))
         if event.payload.get("status") == "completed":

@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from bridge.config import Settings, load_settings
 from bridge.kafka.port import LogError
-from bridge.log.fanout import CANCELLED, DRAINING, MOVED, SubscriptionClosed
+from bridge.log.fanout import CANCELLED, DRAINING, MOVED, FeedClosed
 from bridge.log.indexer import NotOwner
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
@@ -74,7 +74,7 @@ class Expected:
 TABLE: dict[str, tuple[Any, Expected]] = {
     "not_owner": (lambda: NotOwner(3), Expected(-32603, "partition_moving", 503, 503)),
     "subscription_moved": (
-        lambda: SubscriptionClosed("t1", MOVED),
+        lambda: FeedClosed("t1", MOVED),
         Expected(-32603, "partition_moving", 503, 503),
     ),
     "task_not_found": (lambda: TaskNotFound(), Expected(-32602, None, 200, 404)),
@@ -110,11 +110,11 @@ TABLE: dict[str, tuple[Any, Expected]] = {
         Expected(-32603, None, 500, 500),
     ),
     "subscription_drained": (
-        lambda: SubscriptionClosed("t1", DRAINING),
+        lambda: FeedClosed("t1", DRAINING),
         Expected(-32603, "draining", 503, 503),
     ),
     "subscription_cancelled": (
-        lambda: SubscriptionClosed("t1", CANCELLED),
+        lambda: FeedClosed("t1", CANCELLED),
         Expected(-32603, "wait_ended", 503, 503),
     ),
     "too_many_tasks": (lambda: TooManyTasks(3), Expected(-32600, "too_many_tasks", 429, 429)),
@@ -288,9 +288,9 @@ async def test_every_stream_ends_with_a_domain_error_raised_inside_it_the_same_w
     "exc",
     [
         NotOwner(3),
-        SubscriptionClosed("t1", MOVED),
-        SubscriptionClosed("t1", DRAINING),
-        SubscriptionClosed("t1", CANCELLED),
+        FeedClosed("t1", MOVED),
+        FeedClosed("t1", DRAINING),
+        FeedClosed("t1", CANCELLED),
         KafkaUnavailable("t1", 5.0),
         KafkaConnectionError("no broker"),
     ],

@@ -22,8 +22,8 @@ from test_event_sources_unit import poll as poll_source
 from test_events_unit import FakeLog
 from test_events_unit import poll as poll_task
 
-from bridge.mcpevents.cursor import decode_offsets, decode_partition, decode_task, topic_tag
-from bridge.mcpevents.occurrences import record_event_id, task_event_id, task_update_id
+from bridge.events_extension.cursor import decode_offsets, decode_partition, decode_task, topic_tag
+from bridge.events_extension.occurrences import record_event_id, task_event_id, task_update_id
 
 #: Task ids and source names chosen to make the shapes meet if they could: dots, hyphens, digits,
 #: the words the ids end in. (Source names hold no "/": the settings refuse it.)

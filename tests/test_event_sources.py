@@ -29,13 +29,13 @@ from support.sse import sse_events
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
+from bridge.events_extension.cursor import decode_partition
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.port import Log, TopicPart
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.seqindex import owner_key
 from bridge.log.updates import TaskUpdate
-from bridge.mcpevents.cursor import decode_partition
 from bridge.tasks.messages import owner_digest
 
 UPDATED = "io.mcpbridge.task.updated"

@@ -16,9 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from bridge.config import EventSourceSpec, Settings
-from bridge.kafka.port import OffsetOutOfRange
-from bridge.mcpevents.configured import ConfiguredSource, NotPermitted, input_schema
-from bridge.mcpevents.cursor import (
+from bridge.events_extension.configured import ConfiguredSource, NotPermitted, input_schema
+from bridge.events_extension.cursor import (
     BadCursor,
     decode_offsets,
     decode_partition,
@@ -27,10 +26,11 @@ from bridge.mcpevents.cursor import (
     encode_task,
     topic_tag,
 )
-from bridge.mcpevents.kafkalog import Chunk, Feed
-from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, StreamItem
-from bridge.mcpevents.offsets import OffsetSource
-from bridge.mcpevents.taskupdates import TaskUpdates, owner_record_key
+from bridge.events_extension.kafkalog import Chunk, TopicFeed
+from bridge.events_extension.occurrences import Active, Heartbeat, Occurrence, StreamItem
+from bridge.events_extension.offsets import OffsetSource
+from bridge.events_extension.taskupdates import TaskUpdates, owner_record_key
+from bridge.kafka.port import OffsetOutOfRange
 from bridge.server.admission import Caller
 from bridge.server.events import EVENT_ID_META, EventsMethods, FittedBodies
 from bridge.server.handlers import Call
@@ -104,7 +104,7 @@ class FakeTopic:
         pass
 
 
-class WatchedFeed(Feed):
+class WatchedFeed(TopicFeed):
     """A feed that says when its stream waits on it (the stream is then in its live phase)."""
 
     def __init__(self, topic: str, limit: int) -> None:
@@ -133,7 +133,7 @@ class FakeLive:
         return self.feed
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, topic: str, limit: int) -> AsyncIterator[Feed]:
+    async def subscribe(self, topic: str, limit: int) -> AsyncIterator[TopicFeed]:
         self._feed = WatchedFeed(topic, limit)
         yield self._feed
 

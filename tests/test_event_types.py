@@ -10,10 +10,10 @@ from aiokafka import AIOKafkaProducer
 from support.layout import make_settings
 
 from bridge.config import Settings
-from bridge.events import EventSuffix, EventTypeRule, is_prefixed_type, is_top_level_domain
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import TaskEventPublisher, UnprefixedEventType
 from bridge.log.reader import Reader
+from bridge.vocabulary import EventSuffix, EventTypeRule, is_prefixed_type, is_top_level_domain
 
 ACCEPTED = ["acme.internal"]
 BOUND = 60  # seconds any single wait may take before the test fails

@@ -49,19 +49,19 @@ from support.waits import BOUND, wait_until, wait_until_sync
 from test_replicas import Replica, owned
 
 from bridge.config import Settings
-from bridge.events import NOT_FOUND
+from bridge.events_extension import Active, Occurrence, PollBatch, StreamItem
+from bridge.events_extension.cursor import encode_task
+from bridge.events_extension.delivery import Revoked
+from bridge.events_extension.sources import Moved
+from bridge.events_extension.subscriptions import subscription_id
 from bridge.kafka.clients import partition_for_key
 from bridge.log.publisher import TaskEventPublisher
-from bridge.mcpevents import Active, Occurrence, PollBatch, StreamItem
-from bridge.mcpevents.cursor import encode_task
-from bridge.mcpevents.delivery import Revoked
-from bridge.mcpevents.sources import Moved
-from bridge.mcpevents.subscriptions import subscription_id
 from bridge.server.admission import Caller
 from bridge.server.events import EVENT_CURSORS_META, EventsMethods, owner_poll
 from bridge.server.handlers import Call, Streamed
 from bridge.server.peers import PeerIdentity
 from bridge.server.wire import INTERNAL_ERROR, JsonRpcRequest, RpcError
+from bridge.vocabulary import NOT_FOUND
 
 kafka = pytest.mark.kafka
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from bridge.envelope import TaskEvent
+from bridge.events_extension import BadCursor, TaskEvents
+from bridge.events_extension.cursor import decode_page, decode_task, encode_page, encode_task
 from bridge.log.reader import NotRetained
-from bridge.mcpevents import BadCursor, TaskEvents
-from bridge.mcpevents.cursor import decode_page, decode_task, encode_page, encode_task
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods
 from bridge.server.handlers import Call

@@ -20,17 +20,17 @@ import pytest
 
 from bridge.config import Settings, task_cursor_version
 from bridge.envelope import TaskEvent
+from bridge.events_extension import TaskEvents
+from bridge.events_extension.configured import NotPermitted
+from bridge.events_extension.cursor import decode_partition, decode_task, encode_partition
+from bridge.events_extension.kafkalog import Chunk, TopicFeed
+from bridge.events_extension.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
+from bridge.events_extension.subscriptions import subscription_id
+from bridge.events_extension.taskupdates import TaskUpdates, owner_record_key
+from bridge.events_extension.webhooks import Verdict
 from bridge.kafka.port import OffsetOutOfRange
-from bridge.log.fanout import SubscriptionClosed
+from bridge.log.fanout import FeedClosed
 from bridge.log.reader import NotRetained, SeqUntrusted
-from bridge.mcpevents import TaskEvents
-from bridge.mcpevents.configured import NotPermitted
-from bridge.mcpevents.cursor import decode_partition, decode_task, encode_partition
-from bridge.mcpevents.kafkalog import Chunk, Feed
-from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
-from bridge.mcpevents.subscriptions import subscription_id
-from bridge.mcpevents.taskupdates import TaskUpdates, owner_record_key
-from bridge.mcpevents.webhooks import Verdict
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods, WebhookMethods
 from bridge.server.handlers import Call, Streamed
@@ -210,8 +210,8 @@ class QuietTail:
     """The live tail of a topic nobody writes to any more."""
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, topic: str, limit: int) -> AsyncIterator[Feed]:
-        yield Feed(topic, limit)
+    async def subscribe(self, topic: str, limit: int) -> AsyncIterator[TopicFeed]:
+        yield TopicFeed(topic, limit)
 
     async def close(self) -> None:
         pass
@@ -715,7 +715,7 @@ class DistrustingFeed:
         self.waits += 1
         if self.waits > 1:
             self.closed = True
-            raise SubscriptionClosed("t", "moved")
+            raise FeedClosed("t", "moved")
         self.log.untrusted = True
         return True
 

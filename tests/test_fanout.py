@@ -8,7 +8,7 @@ import pytest
 from support.waits import BOUND, wait_until
 
 from bridge.envelope import TaskEvent
-from bridge.log.fanout import DRAINING, MOVED, Subscription, SubscriptionClosed
+from bridge.log.fanout import DRAINING, MOVED, FeedClosed, TaskFeed
 from bridge.log.indexer import IndexedEvent
 
 
@@ -17,36 +17,36 @@ def live(seq: int) -> IndexedEvent:
 
 
 async def test_wait_wakes_on_an_offer_and_says_idle_when_nothing_came() -> None:
-    sub = Subscription("t", limit=3)
+    feed = TaskFeed("t", limit=3)
     async with asyncio.timeout(BOUND):
-        assert await sub.wait(0.01) is False  # idle: the caller sends a keep-alive
-        waiting = asyncio.create_task(sub.wait(BOUND))
-        await wait_until(lambda: sub.waiter is not None, what="the task waits on its waiter")
-        sub.offer(live(0))
+        assert await feed.wait(0.01) is False  # idle: the caller sends a keep-alive
+        waiting = asyncio.create_task(feed.wait(BOUND))
+        await wait_until(lambda: feed.waiter is not None, what="the task waits on its waiter")
+        feed.offer(live(0))
         assert await waiting is True
-        assert [e.seq for e in sub.take()] == [0]
-        waiting = asyncio.create_task(sub.wait(None))
-        await wait_until(lambda: sub.waiter is not None, what="the task waits again")
-        sub.close(MOVED)
-        with pytest.raises(SubscriptionClosed) as closed:
+        assert [e.seq for e in feed.take()] == [0]
+        waiting = asyncio.create_task(feed.wait(None))
+        await wait_until(lambda: feed.waiter is not None, what="the task waits again")
+        feed.close(MOVED)
+        with pytest.raises(FeedClosed) as closed:
             await waiting
-        assert closed.value.moved and closed.value.task_id == "t" and sub.waiter is None
+        assert closed.value.moved and closed.value.task_id == "t" and feed.waiter is None
 
 
 async def test_a_closed_subscription_cannot_be_waited_on_in_a_loop() -> None:
     """The loop of every waiter (wait, take, look): once the subscription is closed and what
     it held was taken, the next wait raises instead of returning at once, so the loop ends
     after one round per buffered batch, never spins."""
-    sub = Subscription("t", limit=3)
-    sub.offer(live(0))
-    sub.close(DRAINING)
-    sub.close(MOVED)  # the first reason is kept
+    feed = TaskFeed("t", limit=3)
+    feed.offer(live(0))
+    feed.close(DRAINING)
+    feed.close(MOVED)  # the first reason is kept
     rounds, taken = 0, []
-    with pytest.raises(SubscriptionClosed) as closed:
+    with pytest.raises(FeedClosed) as closed:
         async with asyncio.timeout(BOUND):
             for rounds in range(1000):  # noqa: B007  (counted: a spinning waiter reaches 999)
-                await sub.wait(None)
-                taken += sub.take()
+                await feed.wait(None)
+                taken += feed.take()
     assert rounds == 1 and [e.seq for e in taken] == [0]
     assert closed.value.reason == DRAINING and not closed.value.moved
 
@@ -56,42 +56,42 @@ async def test_a_closed_subscription_hands_out_what_arrived_before_the_close() -
     applies a fetch, then the rebalance callback runs): the status is delivered, then the
     closure raised, whether the waiter was already suspended or not yet waiting."""
     async with asyncio.timeout(BOUND):
-        sub = Subscription("t", limit=3)
-        sub.offer(live(0))
-        sub.close(MOVED)  # before the waiter runs
-        assert await sub.wait(None) is True and [e.seq for e in sub.take()] == [0]
-        with pytest.raises(SubscriptionClosed):
-            await sub.wait(None)
+        feed = TaskFeed("t", limit=3)
+        feed.offer(live(0))
+        feed.close(MOVED)  # before the waiter runs
+        assert await feed.wait(None) is True and [e.seq for e in feed.take()] == [0]
+        with pytest.raises(FeedClosed):
+            await feed.wait(None)
 
-        sub = Subscription("t", limit=3)
-        waiting = asyncio.create_task(sub.wait(None))
-        await wait_until(lambda: sub.waiter is not None, what="the task waits on its waiter")
-        sub.offer(live(1))
-        sub.close(MOVED)  # while the waiter is woken but has not run yet
-        assert await waiting is True and [e.seq for e in sub.take()] == [1]
-        with pytest.raises(SubscriptionClosed) as closed:
-            await sub.wait(None)
+        feed = TaskFeed("t", limit=3)
+        waiting = asyncio.create_task(feed.wait(None))
+        await wait_until(lambda: feed.waiter is not None, what="the task waits on its waiter")
+        feed.offer(live(1))
+        feed.close(MOVED)  # while the waiter is woken but has not run yet
+        assert await waiting is True and [e.seq for e in feed.take()] == [1]
+        with pytest.raises(FeedClosed) as closed:
+            await feed.wait(None)
         assert closed.value.moved
 
 
 async def test_a_closed_subscription_that_overflowed_has_nothing_to_hand_out() -> None:
     """What an overflow dropped is re-read from the task's owner, not from here: a closed and
     overflowed subscription raises at once (a waiter that does not reset cannot spin)."""
-    sub = Subscription("t", limit=1)
-    sub.offer(live(0))
-    sub.offer(live(1))
-    sub.close(MOVED)
+    feed = TaskFeed("t", limit=1)
+    feed.offer(live(0))
+    feed.offer(live(1))
+    feed.close(MOVED)
     async with asyncio.timeout(BOUND):
-        with pytest.raises(SubscriptionClosed):
-            await sub.wait(None)
+        with pytest.raises(FeedClosed):
+            await feed.wait(None)
 
 
 async def test_an_overflowing_buffer_drops_everything_and_says_so() -> None:
-    sub = Subscription("t", limit=2)
-    assert sub.offer(live(0)) and sub.offer(live(1))
-    assert not sub.offer(live(2))
-    assert sub.overflowed and sub.take() == []
+    feed = TaskFeed("t", limit=2)
+    assert feed.offer(live(0)) and feed.offer(live(1))
+    assert not feed.offer(live(2))
+    assert feed.overflowed and feed.take() == []
     async with asyncio.timeout(BOUND):
-        assert await sub.wait(BOUND) is True  # overflowed: something to do at once
-    sub.reset()
-    assert not sub.overflowed
+        assert await feed.wait(BOUND) is True  # overflowed: something to do at once
+    feed.reset()
+    assert not feed.overflowed

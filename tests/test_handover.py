@@ -30,7 +30,7 @@ from bridge.kafka.ownership import (
 )
 from bridge.kafka.port import TopicPart
 from bridge.log import ownership
-from bridge.log.fanout import MOVED, Fanout, Subscription
+from bridge.log.fanout import MOVED, Fanout, TaskFeed
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.log.standby import Standbys
@@ -102,7 +102,7 @@ async def test_a_rebalance_ends_no_stream_of_a_partition_its_replica_keeps() -> 
         assert set(a.indexer.partitions) == set(range(PARTITIONS))
         before = dict(a.indexer.partitions)
         with contextlib.ExitStack() as subs:
-            live: dict[int, Subscription] = {
+            live: dict[int, TaskFeed] = {
                 p: subs.enter_context(a.fanout.subscribe(a.task_in(p), 16))
                 for p in range(PARTITIONS)
             }

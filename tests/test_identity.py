@@ -18,7 +18,6 @@ from support.legacy_index import legacy_marker_value, legacy_task_value
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
-from bridge.events import CreatedPayload, TaskEventTypes, TaskStatus
 from bridge.log.identity import (
     IDENTITY_HEADER,
     Keyring,
@@ -46,6 +45,7 @@ from bridge.log.seqindex import (
 from bridge.log.updates import TaskUpdate, UpdateRecordError, decode_update
 from bridge.tasks.create import identity_header
 from bridge.tasks.messages import owner_digest
+from bridge.vocabulary import CreatedPayload, TaskEventTypes, TaskStatus
 
 PREFIX = "io.mcpbridge"
 OWN = TaskEventTypes.of(PREFIX)

@@ -21,13 +21,13 @@ from support.layout import changed
 from test_trust import BOUND, TOOL, bridge_side
 
 from bridge.config import Settings
-from bridge.events import EventSuffix
 from bridge.kafka.admin import delete_records_before
 from bridge.kafka.clients import TopicPartition
 from bridge.log.indexer import Indexer
 from bridge.log.seqindex import owner_key
 from bridge.tasks.messages import new_task_id, owner_digest
 from bridge.tasks.service import TaskNotFound
+from bridge.vocabulary import EventSuffix
 
 pytestmark = pytest.mark.kafka
 

@@ -34,12 +34,12 @@ from support.topics import topic_records
 
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import AVRO_CONTENT_TYPE, decode_event
-from bridge.events import EventSuffix
 from bridge.kafka.clients import TopicPartition, admin_client, committed_consumer
 from bridge.kafka.topics import topic_partition_ids
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
 from bridge.tasks.service import TaskService
+from bridge.vocabulary import EventSuffix
 from bridge.workers.packs import pack_handlers, pack_tools
 from bridge.workers.sdk import Worker
 

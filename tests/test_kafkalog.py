@@ -1,4 +1,4 @@
-"""The Events topic readers (bridge/mcpevents/kafkalog.py) on the in-memory log: history through
+"""The Events topic readers (bridge/events_extension/kafkalog.py) on the in-memory log: history through
 the port, the one live tail per topic, and the feeds (the bridge's one bounded live buffer)
 with their explicit closure. No broker: tests/test_event_sources.py keeps the path on Kafka."""
 
@@ -14,12 +14,12 @@ import pytest
 from support.imports import BRIDGE
 from support.waits import BOUND, wait_until
 
+from bridge.events_extension.kafkalog import Chunk, LiveTopics, TopicFeed, TopicReader, UnknownTopic
+from bridge.events_extension.occurrences import Active, Occurrence
+from bridge.events_extension.offsets import Found, OffsetSource, Selection
 from bridge.kafka.memory import MemoryLog
 from bridge.kafka.port import OffsetOutOfRange, Tail, TopicPart
-from bridge.log.fanout import DRAINING, SubscriptionClosed
-from bridge.mcpevents.kafkalog import Chunk, Feed, LiveTopics, TopicReader, UnknownTopic
-from bridge.mcpevents.occurrences import Active, Occurrence
-from bridge.mcpevents.offsets import Found, OffsetSource, Selection
+from bridge.log.fanout import DRAINING, FeedClosed
 
 TOPIC = "orders"
 
@@ -83,7 +83,7 @@ async def test_closing_the_reader_releases_only_a_log_it_owns() -> None:
 
 
 def test_a_feed_counts_records_and_a_chunk_of_markers_as_one() -> None:
-    feed = Feed(TOPIC, limit=3)
+    feed = TopicFeed(TOPIC, limit=3)
     assert feed.offer(Chunk(0, 0, 2, ["a", "b"]))  # type: ignore[list-item]
     assert feed.offer(Chunk(0, 2, 3))  # markers only: weighs one
     assert not feed.offer(Chunk(0, 3, 4))  # over the limit: everything dropped
@@ -96,14 +96,14 @@ def test_a_feed_counts_records_and_a_chunk_of_markers_as_one() -> None:
 # --- the live tail ---------------------------------------------------------------------------
 
 
-async def next_chunks(feed: Feed) -> list[Chunk]:
+async def next_chunks(feed: TopicFeed) -> list[Chunk]:
     async with asyncio.timeout(BOUND):
         while not await feed.wait(BOUND):
             pass
     return feed.take()
 
 
-async def started(feed: Feed) -> list[Chunk]:
+async def started(feed: TopicFeed) -> list[Chunk]:
     """The tail's first offer: where it starts, an empty chunk per partition."""
     chunks = await next_chunks(feed)
     assert all(not c.records and c.start == c.end for c in chunks), chunks
@@ -149,12 +149,12 @@ async def test_closing_the_live_topics_wakes_a_waiting_feed_at_once() -> None:
         await wait_until(lambda: feed.waiter is not None, what="the feed's waiter suspended")
         await live.close()
         async with asyncio.timeout(BOUND):
-            with pytest.raises(SubscriptionClosed) as closed:
+            with pytest.raises(FeedClosed) as closed:
                 await waiting
         assert closed.value.reason == DRAINING
     async with live.subscribe(TOPIC, 10) as late:  # after the close: closed from the start
         async with asyncio.timeout(BOUND):
-            with pytest.raises(SubscriptionClosed):
+            with pytest.raises(FeedClosed):
                 await late.wait(None)
     assert live._tails == {}
 
@@ -165,7 +165,7 @@ async def test_a_tail_stopped_before_it_ran_closes_its_feeds_too() -> None:
     async with live.subscribe(TOPIC, 10) as feed:
         await live.close()  # its task is cancelled before its first step: no finally ran
         async with asyncio.timeout(BOUND):
-            with pytest.raises(SubscriptionClosed):
+            with pytest.raises(FeedClosed):
                 await feed.wait(None)
 
 
@@ -177,7 +177,7 @@ async def test_a_dead_tail_closes_its_feeds_and_the_next_subscriber_gets_a_new_o
         dead = live._tails[TOPIC]
         dead._task.cancel()  # what an error it cannot retry would do
         async with asyncio.timeout(BOUND):
-            with pytest.raises(SubscriptionClosed):
+            with pytest.raises(FeedClosed):
                 await feed.wait(None)
         async with live.subscribe(TOPIC, 10) as other:
             assert live._tails[TOPIC] is not dead
@@ -284,6 +284,6 @@ KAFKA_CALLS = re.compile(
 
 @pytest.mark.parametrize("module", ["kafkalog.py", "offsets.py"])
 def test_the_events_log_reader_goes_through_the_port_only(module: str) -> None:
-    source = (BRIDGE / "mcpevents" / module).read_text()
+    source = (BRIDGE / "events_extension" / module).read_text()
     assert [line for line in source.splitlines() if KAFKA_CALLS.search(line)] == []
     assert "bridge.kafka.clients" not in source and "aiokafka" not in source

@@ -29,7 +29,6 @@ from bridge.envelope import (
     TaskEvent,
     encode_event,
 )
-from bridge.events import REVERSE_DNS_ONLY, TaskEventTypes, TaskStatus
 from bridge.kafka.clients import idempotent_producer
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
@@ -40,6 +39,7 @@ from bridge.log.records import (
     task_facts_of,
 )
 from bridge.log.seqindex import PartitionIndex
+from bridge.vocabulary import REVERSE_DNS_ONLY, TaskEventTypes, TaskStatus
 
 PREFIX = "io.mcpbridge"
 OWN = TaskEventTypes.of(PREFIX)

@@ -22,7 +22,7 @@ from support.fuzz import wall_bound
 from support.linear import ADVERSARIES, KIB, Adversary, growth, input_size
 
 from bridge import strictjson
-from bridge.mcpevents.cursor import BadCursor, decode_task
+from bridge.events_extension.cursor import BadCursor, decode_task
 from bridge.server.browser import _cursor as view_cursor
 
 #: The size the growth is measured from (and 8x it); large enough that fixed costs are small.

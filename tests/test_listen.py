@@ -25,9 +25,8 @@ from support.sse import sse_events
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings, load_settings
-from bridge.events import INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY
-from bridge.log.fanout import Subscription
-from bridge.mcpevents import Active, Occurrence, StreamItem
+from bridge.events_extension import Active, Occurrence, StreamItem
+from bridge.log.fanout import TaskFeed
 from bridge.server import listen as listen_module
 from bridge.server.admission import Admission, Caller, Limits, Ticket
 from bridge.server.handlers import Call, MethodHandlers, Streamed, detailed_task
@@ -36,6 +35,7 @@ from bridge.server.routing import partition_moving_error
 from bridge.server.sse import Frame
 from bridge.server.wire import INTERNAL_ERROR, LATEST_VERSION, JsonRpcRequest, RpcError
 from bridge.tasks.service import TaskNotFound, TaskView
+from bridge.vocabulary import INVALID_PARAMS, INVALID_REQUEST, MISSING_CAPABILITY
 
 TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
 ERRORS_META = "io.mcpbridge/taskErrors"
@@ -50,7 +50,7 @@ class FakeTasks:
 
     def __init__(self) -> None:
         self.views: dict[str, tuple[str, TaskView]] = {}
-        self.subs: dict[str, list[Subscription]] = {}
+        self.subs: dict[str, list[TaskFeed]] = {}
 
     def add(self, task_id: str, owner: str, status: str = "working", **fields: Any) -> None:
         self.views[task_id] = (owner, TaskView(task_id, status, 1000, 1000, 60_000, 500, **fields))
@@ -72,15 +72,15 @@ class FakeTasks:
         return view
 
     @contextlib.contextmanager
-    def watch(self, task_id: str) -> Iterator[Subscription]:
-        sub = Subscription(task_id, 16)
+    def watch(self, task_id: str) -> Iterator[TaskFeed]:
+        sub = TaskFeed(task_id, 16)
         self.subs.setdefault(task_id, []).append(sub)
         try:
             yield sub
         finally:
             self.subs[task_id].remove(sub)
 
-    def status_changed(self, sub: Subscription) -> bool:
+    def status_changed(self, sub: TaskFeed) -> bool:
         changed = sub.overflowed or bool(sub.take())
         sub.reset()
         return changed

@@ -17,13 +17,13 @@ from support.layout import create_topics, delete_events_before, make_settings
 from support.procs import bridge_env
 from support.waits import wait_until
 
-from bridge.events import TaskStatus
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.topics import topic_partition_ids
 from bridge.log.indexer import Indexer, load_index
 from bridge.log.publisher import TaskEventPublisher
 from bridge.log.reader import NotRetained, Reader, UnknownTask
 from bridge.log.verify import verify_index
+from bridge.vocabulary import TaskStatus
 
 pytestmark = pytest.mark.kafka
 

@@ -31,7 +31,7 @@ from support.mcp import routing_headers as modern_headers
 from support.procs import Bridge as ProcBridge
 from support.waits import BOUND, wait_until_sync
 
-from bridge.events import (
+from bridge.vocabulary import (
     HEADER_MISMATCH,
     INVALID_PARAMS,
     INVALID_REQUEST,

@@ -40,11 +40,11 @@ from support.unavailable import unavailable
 from support.waits import BOUND, wait_until, wait_until_sync
 
 from bridge.config import Settings
-from bridge.events import EVENTS_GONE
 from bridge.kafka.admin import delete_records_before
 from bridge.kafka.clients import TopicPartition, idempotent_producer
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.metrics import Metrics
+from bridge.vocabulary import EVENTS_GONE
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "mcp-kafka-bridge.json"

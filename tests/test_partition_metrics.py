@@ -14,9 +14,9 @@ from typing import Any
 
 from support.subscriptions import subscription
 
+from bridge.events_extension.cursor import encode_task
+from bridge.events_extension.subscriptions import SubscriptionTable
 from bridge.log.seqindex import TaskEntry
-from bridge.mcpevents.cursor import encode_task
-from bridge.mcpevents.subscriptions import SubscriptionTable
 from bridge.metrics import Metrics
 
 OWN = "http://10.0.0.1:8081"

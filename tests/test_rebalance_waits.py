@@ -5,7 +5,7 @@ did not see the closure looped on it without an await that suspends (no HTTP, no
 heartbeats). Two in-process replicas (``replicas.ownership = "group"``, a task service each, no HTTP and
 no workers): the first owns every partition while calls wait on a task in each of them; the
 second joins and takes some; each wait on a partition that moved must end with the retriable
-answer, the others wait on. :class:`Subscription.wait` is counted: a waiter that calls it
+answer, the others wait on. :class:`TaskFeed.wait` is counted: a waiter that calls it
 again and again without anything to take is spinning (the count, never the clock, says so).
 """
 
@@ -23,7 +23,7 @@ from support.services import task_service
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings, ToolSpec
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import TaskFeed
 from bridge.log.indexer import NotOwner
 from bridge.server.admission import Caller
 from bridge.server.handlers import Call, MethodHandlers, Streamed
@@ -46,15 +46,15 @@ ALICE = Caller("alice", "alice", ("server", "alice:1"))
 def spins(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
     """Every subscription's calls of ``wait``; a spinning waiter fails at :data:`SPINS`."""
     calls: Counter[int] = Counter()
-    original = Subscription.wait
+    original = TaskFeed.wait
 
-    async def counted(self: Subscription, idle_s: float | None = None) -> bool:
+    async def counted(self: TaskFeed, idle_s: float | None = None) -> bool:
         calls[id(self)] += 1
         if calls[id(self)] > SPINS:
             raise AssertionError("a waiter loops on its closed subscription without suspending")
         return await original(self, idle_s)
 
-    monkeypatch.setattr(Subscription, "wait", counted)
+    monkeypatch.setattr(TaskFeed, "wait", counted)
     return calls
 
 

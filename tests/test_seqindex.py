@@ -7,7 +7,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.envelope import TaskEvent
-from bridge.events import EventSuffix, TaskStatus
 from bridge.log.records import task_facts_of
 from bridge.log.seqindex import (
     IndexRecordError,
@@ -20,6 +19,7 @@ from bridge.log.seqindex import (
     owner_key,
     task_key,
 )
+from bridge.vocabulary import EventSuffix, TaskStatus
 
 #: A signed identity (what the indexer passes for the bridge's own task.created).
 IDENTITY = TaskIdentity(owner_key("c" * 32), 1000, -1, 500)

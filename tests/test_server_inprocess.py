@@ -20,18 +20,7 @@ from starlette.routing import Route
 
 from bridge.config import Settings, ToolSpec, load_settings
 from bridge.envelope import TaskEvent
-from bridge.events import (
-    EVENTS_GONE,
-    HEADER_MISMATCH,
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    MISSING_CAPABILITY,
-    PARSE_ERROR,
-    UNSUPPORTED_VERSION,
-)
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import TaskFeed
 from bridge.log.records import Batch
 from bridge.metrics import Metrics
 from bridge.server.admission import Admission, Caller, Limits, Ticket
@@ -48,6 +37,17 @@ from bridge.server.wire import (
     events_gone_error,
 )
 from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
+from bridge.vocabulary import (
+    EVENTS_GONE,
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_CAPABILITY,
+    PARSE_ERROR,
+    UNSUPPORTED_VERSION,
+)
 
 TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
 META = {
@@ -247,8 +247,8 @@ class FakeTasks:
         self.cancelled.append(task_id)
 
     @contextlib.contextmanager
-    def watch(self, task_id: str) -> Iterator[Subscription]:
-        yield Subscription(task_id, 16)
+    def watch(self, task_id: str) -> Iterator[TaskFeed]:
+        yield TaskFeed(task_id, 16)
 
 
 class FakeStreams:

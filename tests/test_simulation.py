@@ -73,14 +73,14 @@ def test_the_simulation_finds_a_closed_subscription_spinning_and_prints_the_repl
 ) -> None:
     """97d8381 put back: a wait on a closed subscription answers at once, so the stream's
     loop around it never suspends again."""
-    fixed = fanout.Subscription.wait
+    fixed = fanout.TaskFeed.wait
 
-    async def reverted(self: fanout.Subscription, idle_s: float | None = None) -> bool:
-        if self.closed:  # the fix raises SubscriptionClosed here; the bug answered at once
+    async def reverted(self: fanout.TaskFeed, idle_s: float | None = None) -> bool:
+        if self.closed:  # the fix raises FeedClosed here; the bug answered at once
             return True
         return await fixed(self, idle_s)
 
-    monkeypatch.setattr(fanout.Subscription, "wait", reverted)
+    monkeypatch.setattr(fanout.TaskFeed, "wait", reverted)
     assert main(["--seed", "6", "--wall-limit", "1"]) == 1
     out = capsys.readouterr().out
     assert "Spinning" in out

@@ -21,8 +21,8 @@ from support.layout import fresh_prefix, make_settings
 from support.procs import Bridge, running_bridge, webhook_keys_env
 
 from bridge.client import StreamError, TaskStreamClient
-from bridge.events import NOT_FOUND
-from bridge.mcpevents.webhooks import signature_headers
+from bridge.events_extension.webhooks import signature_headers
+from bridge.vocabulary import NOT_FOUND
 from bridgedev.demo.agenthome import AgentConfig, AgentHome
 from bridgedev.demo.receiver import Answer, Wake, WebhookReceiver, throwaway_tls
 from bridgedev.demo.sleeper import SleepingAgent, SleepOutcome, new_webhook_secret

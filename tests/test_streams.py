@@ -27,10 +27,10 @@ from support.sse import sse_messages
 from support.waits import BOUND, wait_until
 
 from bridge.client import EventsGone, MemoryCursorStore, TaskStreamClient
-from bridge.events import EVENTS_GONE, INVALID_PARAMS
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.port import Log, TopicPart
 from bridge.log.publisher import TaskEventPublisher
+from bridge.vocabulary import EVENTS_GONE, INVALID_PARAMS
 
 #: The sbridge's keep-alive period: an idle stream gets a comment line every KEEPALIVE_S.
 KEEPALIVE_S = 0.5

@@ -21,13 +21,13 @@ from support.waits import wait_until
 
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.config import Settings, ToolSpec
-from bridge.events import StatusPayload, TaskStatus
 from bridge.log.indexer import Indexer
 from bridge.log.publisher import Published
 from bridge.log.reader import Reader
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, TaskEntry, owner_key
 from bridge.tasks.messages import new_task_id, owner_digest
 from bridge.tasks.service import TaskService, TaskView, TooManyTasks
+from bridge.vocabulary import StatusPayload, TaskStatus
 
 HOUR_MS = 3_600_000
 

@@ -21,12 +21,12 @@ from aiokafka import AIOKafkaProducer
 from support.layout import changed, create_topics
 
 from bridge.config import Settings, ToolSpec
-from bridge.events import EventSuffix
 from bridge.log.indexer import Indexer
 from bridge.log.reader import Reader
 from bridge.log.seqindex import owner_key
 from bridge.tasks.messages import owner_digest
 from bridge.tasks.service import TaskNotFound, TaskService, TooManyTasks
+from bridge.vocabulary import EventSuffix
 
 pytestmark = pytest.mark.kafka
 

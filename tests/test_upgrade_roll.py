@@ -28,7 +28,9 @@ from test_upgrade_8fd441c import TOOL, serving, upgrade_settings
 
 from bridge import config
 from bridge.config import Settings
-from bridge.events import TaskStatus
+from bridge.events_extension import registry as subscriptions_topic
+from bridge.events_extension.registry import SubscriptionRegistry
+from bridge.events_extension.subscriptions import parse_record
 from bridge.kafka.clients import AIOKafkaProducer, ConsumerRecord, partition_for_key
 from bridge.log.seqindex import (
     FLAG_OWNER_PREFIX,
@@ -40,12 +42,10 @@ from bridge.log.seqindex import (
     decode_index_record,
     owner_key,
 )
-from bridge.mcpevents import registry as subscriptions_topic
-from bridge.mcpevents.registry import SubscriptionRegistry
-from bridge.mcpevents.subscriptions import parse_record
 from bridge.sealing import KeyRing, Sealer
 from bridge.tasks.messages import new_task_id, owner_digest
 from bridge.tasks.service import TaskNotFound
+from bridge.vocabulary import TaskStatus
 
 FIXTURE = load_fixture()
 SUBSCRIPTIONS = Path(__file__).parent / "fixtures" / "upgrade-8fd441c-subscriptions"

@@ -1,6 +1,6 @@
 """The webhook subscriptions registry and the delivery group over the in-memory log (no broker).
 
-The registry (bridge.mcpevents.registry) reads and writes its compacted topic through the log
+The registry (bridge.events_extension.registry) reads and writes its compacted topic through the log
 port only, so its rules run here on :class:`~bridge.kafka.memory.MemoryLog`: the restore of
 what the topic held (records of every version the previous releases wrote), the live view, a
 write answered once the writer's own view applied it, closure, retention passing the view, and
@@ -22,13 +22,13 @@ from support.subscriptions import NAME, SECRET, subscription
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
+from bridge.events_extension import registry as registry_module
+from bridge.events_extension.registry import PartitionOwnership, SubscriptionRegistry, clear_record
+from bridge.events_extension.subscriptions import Subscription, secrets_context, subscription_id
 from bridge.kafka.acls import webhook_group
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.memory import MemoryLog, MemoryTail
 from bridge.kafka.port import LogError, Polled, TopicPart
-from bridge.mcpevents import registry as registry_module
-from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry, clear_record
-from bridge.mcpevents.subscriptions import Subscription, secrets_context, subscription_id
 from bridge.sealing import KeyRing, Sealed, Sealer
 
 KEYS = KeyRing("k1", {"k1": b"k" * 32})

@@ -34,12 +34,9 @@ from support.topics import TopicRecord, replay_records, topic_records
 from support.waits import BOUND, wait_until
 
 from bridge.config import Settings
-from bridge.events import UNSUPPORTED
-from bridge.kafka.port import Log
-from bridge.log.publisher import TaskEventPublisher
-from bridge.mcpevents.cursor import decode_task
-from bridge.mcpevents.registry import SubscriptionRegistry, clear_record
-from bridge.mcpevents.subscriptions import (
+from bridge.events_extension.cursor import decode_task
+from bridge.events_extension.registry import SubscriptionRegistry, clear_record
+from bridge.events_extension.subscriptions import (
     BadRecord,
     DeliveryStatus,
     Subscription,
@@ -51,11 +48,14 @@ from bridge.mcpevents.subscriptions import (
     secrets_of,
     subscription_id,
 )
+from bridge.kafka.port import Log
+from bridge.log.publisher import TaskEventPublisher
 from bridge.sealing import KeyRing, Sealer, SealError
 from bridge.server.admission import Caller
 from bridge.server.events import EventsMethods, webhook_methods
 from bridge.server.handlers import Call
 from bridge.server.wire import JsonRpcRequest, RpcError
+from bridge.vocabulary import UNSUPPORTED
 
 ROTATED = "whsec_" + base64.b64encode(b"r" * 32).decode()
 PRINCIPALS = ("ann", "ben", "cat", "dan", "eve", "fay", "gus", "hal", "ida", "jo", "kim", "lee")
@@ -813,7 +813,7 @@ async def test_an_unauthenticated_caller_is_forbidden_and_webhook_is_not_listed(
 
 
 def test_a_success_ends_the_failure_streak_but_keeps_the_last_error() -> None:
-    from bridge.mcpevents.subscriptions import DeliveryStatus
+    from bridge.events_extension.subscriptions import DeliveryStatus
 
     failed = DeliveryStatus().failed("http_5xx", 1_000, suspend_after=10)
     assert failed.failed_since_ms == 1_000 and failed.consecutive_failures == 1

@@ -1,4 +1,4 @@
-"""The verification throttle (bridge.mcpevents.throttle): token buckets in bounded memory.
+"""The verification throttle (bridge.events_extension.throttle): token buckets in bounded memory.
 
 Pure, with a fake clock: a burst, then the refill rate; keys apart; never more than the key
 bound held, and a full table refuses a new key rather than reset one.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.mcpevents.throttle import TokenBuckets, VerificationThrottle
+from bridge.events_extension.throttle import TokenBuckets, VerificationThrottle
 
 
 class Clock:

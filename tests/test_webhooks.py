@@ -1,4 +1,4 @@
-"""Webhook delivery (bridge.mcpevents.webhooks): signatures, SSRF refusals, outcomes, retries.
+"""Webhook delivery (bridge.events_extension.webhooks): signatures, SSRF refusals, outcomes, retries.
 
 Deliveries go over real HTTPS to a receiver on 127.0.0.1 (a trustme certificate for
 ``localhost``), allowlisted by CIDR; refusals are checked against listeners that must see
@@ -27,7 +27,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from support.https import serving
 
-from bridge.mcpevents.webhooks import (
+from bridge.events_extension.webhooks import (
     MAX_ANSWER_BYTES,
     SUBSCRIPTION_ID_HEADER,
     InvalidSecret,

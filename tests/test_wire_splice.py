@@ -29,10 +29,10 @@ from bridge.envelope import (
     WireMembers,
     encode_event,
 )
-from bridge.events import REVERSE_DNS_ONLY
 from bridge.log.records import Batch, RecordDecoder
 from bridge.server.sse import RecentTexts, renderer, sse_events
 from bridge.server.streams import Step, take_next
+from bridge.vocabulary import REVERSE_DNS_ONLY
 
 TASK = "a" * 32
 render = renderer(TASK, PREFIX)

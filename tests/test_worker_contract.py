@@ -30,10 +30,10 @@ from support.topics import TopicRecord, topic_records
 
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import AVRO_CONTENT_TYPE, TaskEvent, decode_event, encode_event
-from bridge.events import CreatedPayload, StatusPayload
 from bridge.keyring import IDENTITY_HEADER
 from bridge.tasks.messages import ControlMessage, JobRequest, new_task_id, owner_digest
 from bridge.tasks.service import TaskView
+from bridge.vocabulary import CreatedPayload, StatusPayload
 from bridge.workers.packs import pack_handlers, pack_tools
 from bridge.workers.sdk import JobError, Worker
 

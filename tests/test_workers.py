@@ -23,11 +23,11 @@ from support.procs import bridge_env
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
-from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
 from bridge.kafka.clients import partition_for_key
 from bridge.log.indexer import IndexedEvent, Indexer
 from bridge.log.reader import Reader
 from bridge.tasks.service import TaskNotFound, TaskService, TooManyTasks
+from bridge.vocabulary import INTERNAL_ERROR, EventSuffix, StatusPayload
 from bridge.workers.packs import PACKS, _agent_timeline, pack_handlers, pack_tools
 from bridge.workers.sdk import Worker
 

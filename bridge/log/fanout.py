@@ -2,15 +2,15 @@
 
 One :class:`Fanout` listens on the process's indexer (whose tail is the only Kafka reader of live
 events) and offers every indexed event to the subscriptions of its task, never waiting: a
-:class:`Subscription` is a bounded buffer that, when it overflows, drops what it holds and says
+:class:`TaskFeed` is a bounded buffer that, when it overflows, drops what it holds and says
 so (``overflowed``). Its owner then re-reads from Kafka (a stream) or re-reads the task's state
 (a call waiting for a status): no reader is ever slowed by a slow consumer, and nothing is
 lost, because the log still has it.
 
 A closed subscription (its partition moved to another replica, the process is draining, its
-owner cancelled it) cannot be missed: :meth:`Subscription.wait` first hands out what was
+owner cancelled it) cannot be missed: :meth:`TaskFeed.wait` first hands out what was
 buffered before the close (a task's final status may arrive in the same loop turn as the move),
-then raises :class:`SubscriptionClosed`, before suspending and on waking, so no waiter can loop
+then raises :class:`FeedClosed`, before suspending and on waking, so no waiter can loop
 on it without an await that suspends.
 
 The fan-out looks only at an event's task id, never at the event: the tail hands over records
@@ -19,7 +19,7 @@ an event is decoded only when a subscriber reads it, and most tasks have no subs
 
 The stream hub and the task service both subscribe here; this module knows nothing of either.
 The buffer itself, :class:`LiveBuffer`, is the bridge's one bounded live buffer: the Events
-topic tail (:mod:`bridge.mcpevents.kafkalog`) offers its chunks to the same class, weighed by
+topic tail (:mod:`bridge.events_extension.kafkalog`) offers its chunks to the same class, weighed by
 their records.
 """
 
@@ -38,21 +38,21 @@ __all__ = [
     "DRAINING",
     "MOVED",
     "Fanout",
+    "FeedClosed",
     "LiveBuffer",
-    "Subscription",
-    "SubscriptionClosed",
+    "TaskFeed",
 ]
 
 T = TypeVar("T")
 
-#: Why a subscription was closed (:attr:`SubscriptionClosed.reason`).
+#: Why a subscription was closed (:attr:`FeedClosed.reason`).
 MOVED = "moved"
 DRAINING = "draining"
 CANCELLED = "cancelled"
 
 
-class SubscriptionClosed(Exception):
-    """Nothing more will arrive on a subscription: :meth:`Subscription.wait` raises this
+class FeedClosed(Exception):
+    """Nothing more will arrive on a subscription: :meth:`TaskFeed.wait` raises this
     once it is closed. ``reason`` is :data:`MOVED` when the task's partition moved to another
     replica (its owner serves the task now), :data:`DRAINING` when this process is draining,
     :data:`CANCELLED` when its owner ended it."""
@@ -74,13 +74,13 @@ class SubscriptionClosed(Exception):
 class LiveBuffer(Generic[T]):
     """One subscriber's bounded buffer of live items, closed explicitly: the one bounded live
     buffer of the bridge (a task's events here, a topic's chunks in
-    :mod:`bridge.mcpevents.kafkalog`).
+    :mod:`bridge.events_extension.kafkalog`).
 
     ``limit`` bounds the total ``weigh`` of what it holds (each item weighs 1 when ``weigh``
     is None). Past it, it drops everything and says ``overflowed``: the owner reads the log
     again instead of the producer waiting for it; nothing more is buffered until
     :meth:`reset`. ``name`` is what it follows (a task id, a topic), named by
-    :class:`SubscriptionClosed`.
+    :class:`FeedClosed`.
     """
 
     __slots__ = (
@@ -152,7 +152,7 @@ class LiveBuffer(Generic[T]):
 
     def close(self, reason: str = CANCELLED) -> None:
         """End the subscription from outside (a move, a drain, a cancellation): its waiter
-        wakes and raises :class:`SubscriptionClosed`. The first reason given is kept."""
+        wakes and raises :class:`FeedClosed`. The first reason given is kept."""
         if not self.closed:
             self.closed, self.reason = True, reason
         self._wake()
@@ -165,7 +165,7 @@ class LiveBuffer(Generic[T]):
         """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
         idle that long. Once the subscription is closed: True while it still holds items to
         :meth:`take` (what arrived before the close is delivered, not lost), then
-        :class:`SubscriptionClosed`, at once, without suspending: a loop around it that takes
+        :class:`FeedClosed`, at once, without suspending: a loop around it that takes
         what it is given ends instead of spinning."""
         if self._ready():
             return True
@@ -185,17 +185,17 @@ class LiveBuffer(Generic[T]):
         return self._ready() or woke
 
     def _ready(self) -> bool:
-        """True when there is something to take; :class:`SubscriptionClosed` when closed and
+        """True when there is something to take; :class:`FeedClosed` when closed and
         there is not. A closed subscription that overflowed has nothing to take: what it
         dropped is re-read from the task's new owner, not from here."""
         if self.closed:
             if self.buffer and not self.overflowed:
                 return True
-            raise SubscriptionClosed(self.name, self.reason or CANCELLED)
+            raise FeedClosed(self.name, self.reason or CANCELLED)
         return bool(self.buffer) or self.overflowed
 
 
-class Subscription(LiveBuffer[IndexedEvent]):
+class TaskFeed(LiveBuffer[IndexedEvent]):
     """One subscriber's place in the fan-out: a bounded buffer of one task's events."""
 
     __slots__ = ()
@@ -221,36 +221,36 @@ class Fanout:
         # Dicts used as ordered sets: subscribers are offered events and closed in the order
         # they subscribed, so a simulated run replays exactly (a set of objects iterates in
         # memory-address order, which differs from run to run).
-        self._subs: dict[str, dict[Subscription, None]] = defaultdict(dict)
+        self._feeds: dict[str, dict[TaskFeed, None]] = defaultdict(dict)
         self._on_overflow = on_overflow
         self._partition_of = indexer.partition_of
         indexer.add_listener(self._on_event)
         indexer.add_ownership_listener(self._partitions_moved)
 
     @contextlib.contextmanager
-    def subscribe(self, task_id: str, limit: int) -> Iterator[Subscription]:
+    def subscribe(self, task_id: str, limit: int) -> Iterator[TaskFeed]:
         """Events of ``task_id`` indexed from now on, while in the block."""
-        sub = Subscription(task_id, limit)
-        self._subs[task_id][sub] = None
+        feed = TaskFeed(task_id, limit)
+        self._feeds[task_id][feed] = None
         try:
-            yield sub
+            yield feed
         finally:
-            subs = self._subs[task_id]
-            subs.pop(sub, None)
-            if not subs:
-                del self._subs[task_id]
+            feeds = self._feeds[task_id]
+            feeds.pop(feed, None)
+            if not feeds:
+                del self._feeds[task_id]
 
     def _partitions_moved(self, gained: set[int], lost: set[int]) -> None:
         """Close the subscriptions of tasks in partitions this process no longer indexes:
         nothing more will arrive on them here (their owner serves them now)."""
         if not lost:
             return
-        for task_id, subs in self._subs.items():
+        for task_id, feeds in self._feeds.items():
             if self._partition_of(task_id) in lost:
-                for sub in subs:
-                    sub.close(MOVED)
+                for feed in feeds:
+                    feed.close(MOVED)
 
     def _on_event(self, indexed: IndexedEvent) -> None:
-        for sub in self._subs.get(indexed.task_id, ()):
-            if not sub.overflowed and not sub.offer(indexed) and self._on_overflow is not None:
+        for feed in self._feeds.get(indexed.task_id, ()):
+            if not feed.overflowed and not feed.offer(indexed) and self._on_overflow is not None:
                 self._on_overflow()

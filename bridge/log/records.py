@@ -37,10 +37,10 @@ from bridge.envelope import (
     may_have_type,
     splice_usual,
 )
-from bridge.events import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 from bridge.kafka.port import LogRecord
 from bridge.log.seqindex import TaskIdentity, owner_key
 from bridge.tracing import with_trace
+from bridge.vocabulary import REVERSE_DNS_ONLY, EventTypeRule, TaskEventTypes, TaskStatus
 
 __all__ = [
     "NO_FACTS",

@@ -36,7 +36,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bridge.events import TERMINAL_STATUSES, TaskStatus
+from bridge.vocabulary import TERMINAL_STATUSES, TaskStatus
 
 __all__ = [
     "FLAG_OWNER_PREFIX",

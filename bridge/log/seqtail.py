@@ -24,7 +24,6 @@ from collections.abc import Callable
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
-from bridge.events import TaskStatus
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.port import Log, LogError, LogRecord, OffsetOutOfRange, Tail
 from bridge.log.identity import Keyring, is_signed
@@ -35,6 +34,7 @@ from bridge.log.reconcile import reconcile_with_retention
 from bridge.log.records import LazyEvent, RecordDecoder, task_id_of
 from bridge.log.seqindex import PartitionIndex, TaskIdentity
 from bridge.log.updates import TaskUpdate
+from bridge.vocabulary import TaskStatus
 
 __all__ = [
     "CREATED_SKEW_MS",

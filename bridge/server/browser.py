@@ -38,7 +38,6 @@ from starlette.routing import Route
 
 from bridge.config import Settings
 from bridge.envelope import TaskEvent
-from bridge.events import TaskEventTypes
 from bridge.keyring import PurposeKey
 from bridge.server.admission import Caller, Ticket, connection_of
 from bridge.server.errors import wire_error
@@ -58,6 +57,7 @@ from bridge.server.wire import (
 )
 from bridge.tasks.messages import iso_ms
 from bridge.tasks.service import TaskNotFound, TaskService
+from bridge.vocabulary import TaskEventTypes
 
 __all__ = [
     "BadViewToken",

@@ -28,7 +28,7 @@ from typing import Any
 
 from bridge.kafka.adapter import CLIENT_ERRORS, as_log_error
 from bridge.kafka.port import LogError
-from bridge.log.fanout import CANCELLED, DRAINING, SubscriptionClosed
+from bridge.log.fanout import CANCELLED, DRAINING, FeedClosed
 from bridge.log.indexer import NotOwner
 from bridge.server.routing import RETRY_AFTER_MS, partition_moving_error
 from bridge.server.wire import (
@@ -112,7 +112,7 @@ _CLOSED_BECAUSE = {
 }
 
 
-def _closed(exc: SubscriptionClosed, task_id: str) -> RpcError:
+def _closed(exc: FeedClosed, task_id: str) -> RpcError:
     task_id = task_id or exc.task_id
     if exc.moved:
         return partition_moving_error(task_id)
@@ -169,7 +169,7 @@ def _too_many_tasks(exc: TooManyTasks, task_id: str) -> RpcError:
 _TABLE: tuple[tuple[type[BaseException], Callable[[Any, str], RpcError], int | None], ...] = (
     (TaskNotFound, _not_found, 404),
     (NotOwner, _moving, 503),
-    (SubscriptionClosed, _closed, 503),
+    (FeedClosed, _closed, 503),
     (KafkaUnavailable, _kafka_unavailable, 503),
     *((kind, _client_error, None) for kind in CLIENT_ERRORS),
     (LogError, _log_error, None),

@@ -2,12 +2,12 @@
 
 A :class:`~bridge.server.handlers.MethodSet` (declared in ``server/discover`` as
 ``io.modelcontextprotocol/events`` with empty settings: no ``notifications/events/list_changed``)
-over the event sources of :mod:`bridge.mcpevents`. This module owns the wire shapes of the
+over the event sources of :mod:`bridge.events_extension`. This module owns the wire shapes of the
 extension (params, notifications, the draft's error codes) and maps the sources' exceptions to
 them once (:func:`_mapped`).
 
 Webhooks (:class:`WebhookMethods`): ``events/subscribe`` and ``events/unsubscribe`` over the
-durable subscriptions of :class:`~bridge.mcpevents.delivery.WebhookService`, offered only when
+durable subscriptions of :class:`~bridge.events_extension.delivery.WebhookService`, offered only when
 callers authenticate (auth mode ``none`` answers ``Forbidden``, as the draft requires). The
 delivery loops read events through :func:`delivery_poll`, the very ``events/poll`` path.
 
@@ -44,12 +44,7 @@ from typing import Any
 import httpx
 
 from bridge.config import Settings, env_name, task_cursor_version
-from bridge.events import FORBIDDEN, NOT_FOUND, UNSUPPORTED
-from bridge.kafka.adapter import KafkaLog
-from bridge.kafka.port import Log
-from bridge.log.indexer import NotOwner
-from bridge.log.reader import SeqUntrusted
-from bridge.mcpevents import (
+from bridge.events_extension import (
     BadCursor,
     EventSource,
     Heartbeat,
@@ -58,9 +53,9 @@ from bridge.mcpevents import (
     PollBatch,
     StreamItem,
 )
-from bridge.mcpevents.configured import ConfiguredSource, NotPermitted
-from bridge.mcpevents.cursor import decode_page, encode_page
-from bridge.mcpevents.delivery import (
+from bridge.events_extension.configured import ConfiguredSource, NotPermitted
+from bridge.events_extension.cursor import decode_page, encode_page
+from bridge.events_extension.delivery import (
     DeliveryPolicy,
     Poll,
     Revoked,
@@ -69,8 +64,8 @@ from bridge.mcpevents.delivery import (
     WebhookService,
     as_is,
 )
-from bridge.mcpevents.kafkalog import LiveTopics, TopicReader
-from bridge.mcpevents.sources import (
+from bridge.events_extension.kafkalog import LiveTopics, TopicReader
+from bridge.events_extension.sources import (
     CursorAhead,
     LiveEvents,
     Moved,
@@ -78,15 +73,19 @@ from bridge.mcpevents.sources import (
     TaskLog,
     TaskLookup,
 )
-from bridge.mcpevents.subscriptions import (
+from bridge.events_extension.subscriptions import (
     DeliveryStatus,
     NotCanonical,
     Subscription,
     TtlPolicy,
     subscription_id,
 )
-from bridge.mcpevents.taskupdates import TaskUpdates
-from bridge.mcpevents.webhooks import InvalidSecret, Verdict, check_secret
+from bridge.events_extension.taskupdates import TaskUpdates
+from bridge.events_extension.webhooks import InvalidSecret, Verdict, check_secret
+from bridge.kafka.adapter import KafkaLog
+from bridge.kafka.port import Log
+from bridge.log.indexer import NotOwner
+from bridge.log.reader import SeqUntrusted
 from bridge.sealing import KeyRing, Sealer
 from bridge.server.admission import label
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
@@ -114,6 +113,7 @@ from bridge.server.wire import (
 )
 from bridge.tasks.messages import iso_ms
 from bridge.tasks.service import TaskNotFound
+from bridge.vocabulary import FORBIDDEN, NOT_FOUND, UNSUPPORTED
 
 __all__ = [
     "EVENTS_EXTENSION",
@@ -680,7 +680,7 @@ OUTCOME_WAIT_S = 1.5
 
 
 def fitted_bodies(settings: Settings, profile: EventsProfile, outcomes: Outcomes) -> Shape:
-    """The delivery loops' :class:`~bridge.mcpevents.delivery.Shape` the profile asks for:
+    """The delivery loops' :class:`~bridge.events_extension.delivery.Shape` the profile asks for:
     bodies as they are, or :class:`FittedBodies` when it bounds them or inlines outcomes
     (each decided on its own)."""
     if profile.max_body_bytes is None and not profile.inline_outcomes:
@@ -733,7 +733,7 @@ def _outcome_of(task: Mapping[str, Any]) -> dict[str, Any] | None:
 
 class FittedBodies:
     """Webhook bodies a client can act on without a second call where possible, and of at most
-    ``limit`` bytes, the envelope included (a :class:`~bridge.mcpevents.delivery.Shape`, for
+    ``limit`` bytes, the envelope included (a :class:`~bridge.events_extension.delivery.Shape`, for
     the ``chatgpt`` profile):
 
     * a ``task.updated`` (``updates``, the type's name) delivery of a completed or failed task

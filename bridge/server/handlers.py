@@ -24,8 +24,7 @@ from pydantic import ValidationError
 from bridge import __version__, tracing
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import Item
-from bridge.events import TERMINAL_WIRE
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import TaskFeed
 from bridge.log.indexer import NotOwner
 from bridge.log.records import Batch
 from bridge.server.admission import Caller, Ticket, label
@@ -67,6 +66,7 @@ from bridge.tasks.service import (
     TaskService,
     TaskView,
 )
+from bridge.vocabulary import TERMINAL_WIRE
 
 __all__ = [
     "Call",
@@ -575,7 +575,7 @@ class _Took:
     (sent only with a progress token), whether the task's status changed, and the status the
     index holds after these events, as the events show it (None if none was valid)."""
 
-    def __init__(self, settings: Settings, task_id: str, sub: Subscription, token: Any) -> None:
+    def __init__(self, settings: Settings, task_id: str, sub: TaskFeed, token: Any) -> None:
         types = settings.own_types
         self.progress: list[dict[str, Any]] = []
         # Progress is best effort: what an overflow dropped is not re-sent.

@@ -53,8 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from bridge.component import cancel_and_wait
 from bridge.config import Settings
-from bridge.log.fanout import Subscription, SubscriptionClosed
-from bridge.mcpevents import Active, EventSource, Occurrence, StreamItem
+from bridge.events_extension import Active, EventSource, Occurrence, StreamItem
+from bridge.log.fanout import FeedClosed, TaskFeed
 from bridge.server.admission import Caller, Ticket, label
 from bridge.server.errors import DOMAIN_ERRORS, wire_error
 from bridge.server.handlers import Call, MethodHandler, Outcome, Streamed, Streams, detailed_task
@@ -101,9 +101,9 @@ class TaskStates(Protocol):
 
     async def get(self, task_id: str, principal: str) -> TaskView: ...
 
-    def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]: ...
+    def watch(self, task_id: str) -> contextlib.AbstractContextManager[TaskFeed]: ...
 
-    def status_changed(self, sub: Subscription) -> bool: ...
+    def status_changed(self, sub: TaskFeed) -> bool: ...
 
 
 class Replicas(Protocol):
@@ -401,10 +401,10 @@ class Listen:
                     await close()
             await asyncio.sleep(RETRY_S)  # the retry cadence, not synchronisation
 
-    async def _watch(self, sub: Subscription, listening: _Listening) -> None:
+    async def _watch(self, sub: TaskFeed, listening: _Listening) -> None:
         # Closed: the task's partition moved (the updates topic still says when it changes)
         # or the process is draining.
-        with contextlib.suppress(SubscriptionClosed):
+        with contextlib.suppress(FeedClosed):
             while await sub.wait():
                 if self.tasks.status_changed(sub):
                     listening.mark(sub.task_id)

@@ -19,7 +19,7 @@ the SSRF rules and at-least-once delivery from the Kafka cursor are shared.
 Where it sits: built once at composition (:meth:`EventsProfile.of`), consulted by the wire layer
 (:mod:`bridge.server.handlers` for capabilities and the legacy methods, :mod:`bridge.server.events`
 for errors and results) and handed to the delivery loops as plain values
-(:class:`~bridge.mcpevents.delivery.DeliveryPolicy`). Nothing else reads the setting: no module
+(:class:`~bridge.events_extension.delivery.DeliveryPolicy`). Nothing else reads the setting: no module
 asks which profile is on, each asks the profile what to do. The settings check
 (:meth:`EventsProfile.problems`, run when the settings load) is the profile's too: the settings
 a profile cannot work without are refused at start, naming them.

@@ -35,7 +35,6 @@ from starlette.responses import Response
 
 from bridge import tracing
 from bridge.envelope import Item, TaskEvent
-from bridge.events import TaskEventTypes
 from bridge.log.records import Batch
 from bridge.server.admission import Ticket
 from bridge.server.cursor import cursor_prefix
@@ -47,6 +46,7 @@ from bridge.server.wire import (
     error_response,
     result_response,
 )
+from bridge.vocabulary import TaskEventTypes
 
 __all__ = [
     "CREDENTIAL_EXPIRED",

@@ -31,7 +31,7 @@ from typing import Literal, TypeVar, cast, overload
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.config import Settings
 from bridge.envelope import Item, TaskEvent
-from bridge.log.fanout import DRAINING, MOVED, Fanout, Subscription, SubscriptionClosed
+from bridge.log.fanout import DRAINING, MOVED, Fanout, FeedClosed, TaskFeed
 from bridge.log.indexer import Indexer, NotOwner
 from bridge.log.reader import NotRetained, Reader, SeqUntrusted
 from bridge.log.records import Batch
@@ -201,10 +201,10 @@ class StreamHub:
         self.fanout = fanout
         self.metrics = metrics
         self.draining = asyncio.Event()
-        self._streams: dict[Subscription, Ticket] = {}
+        self._streams: dict[TaskFeed, Ticket] = {}
         #: Each open stream's last delivered seq (its cursor's at first, -1 without one): what
         #: it needs next from the log, for the distance to data loss (bridge.metrics).
-        self._positions: dict[Subscription, int] = {}
+        self._positions: dict[TaskFeed, int] = {}
         indexer.add_ownership_listener(self._partitions_moved)
         self.admission = Admission(
             Limits(
@@ -220,18 +220,18 @@ class StreamHub:
         """SIGTERM: end every stream now, without its result, so clients resume elsewhere."""
         self.draining.set()
         # Only the streams: the fan-out also serves calls waiting for a status, which go on.
-        for sub in list(self._streams):
-            sub.close(DRAINING)
+        for feed in list(self._streams):
+            feed.close(DRAINING)
 
     def _partitions_moved(self, gained: set[int], lost: set[int]) -> None:
         """End the streams of partitions this replica no longer owns, without their result:
         their clients resume on the new owner from their cursor. Kept partitions' streams go on."""
         if not lost:
             return
-        for sub, ticket in list(self._streams.items()):
-            if self.indexer.partition_of(sub.task_id) in lost:
+        for feed, ticket in list(self._streams.items()):
+            if self.indexer.partition_of(feed.task_id) in lost:
                 ticket.moved = True
-                sub.close(MOVED)
+                feed.close(MOVED)
 
     # --- admission -----------------------------------------------------------------------
 
@@ -338,11 +338,11 @@ class StreamHub:
         ends = functools.partial(self._ends, task_id)
         status = self._status_type
         pace = self._pace()
-        with self.fanout.subscribe(task_id, self.settings.streams.queue_size) as sub:
-            ticket.on_cancel.append(sub.close)
-            self._streams[sub] = ticket
-            self._positions[sub] = at.last
-            batches = self._batches(sub, partition, at, log_start, wire)
+        with self.fanout.subscribe(task_id, self.settings.streams.queue_size) as feed:
+            ticket.on_cancel.append(feed.close)
+            self._streams[feed] = ticket
+            self._positions[feed] = at.last
+            batches = self._batches(feed, partition, at, log_start, wire)
             try:
                 # Closed at once when the stream stops early: a read leaves its shared scan.
                 async with contextlib.aclosing(batches):
@@ -363,14 +363,14 @@ class StreamHub:
                                     "internal error: a seq gap in catch-up",
                                     {"taskId": task_id},
                                 )
-                            sub.lose()  # one is missing from the buffer: re-read from Kafka
+                            feed.lose()  # one is missing from the buffer: re-read from Kafka
                         if taken:
                             # Live events are never held; a catch-up waits for its pace.
-                            paced = live or pace is None or await self._paced(pace, sub, taken)
+                            paced = live or pace is None or await self._paced(pace, feed, taken)
                             if not paced:
                                 return  # drained or cancelled while it waited
                             self._delivered(task_id, partition, taken, live=live)
-                            self._positions[sub] = at.last
+                            self._positions[feed] = at.last
                             yield taken
                         del taken  # not held while the stream waits, maybe for hours
                         if step is Step.ENDED:
@@ -378,13 +378,13 @@ class StreamHub:
             except NotOwner:
                 ticket.moved = True  # the partition moved during a read: resume at its owner
             finally:
-                self._streams.pop(sub, None)
-                self._positions.pop(sub, None)
+                self._streams.pop(feed, None)
+                self._positions.pop(feed, None)
 
     def positions(self) -> list[tuple[str, int]]:
         """``(task id, last delivered seq)`` of every open stream (-1: nothing delivered yet
         and no cursor): the oldest of these is what retention must not pass."""
-        return [(sub.task_id, seq) for sub, seq in self._positions.items()]
+        return [(feed.task_id, seq) for feed, seq in self._positions.items()]
 
     def _terminal_offset(self, task_id: str) -> int | None:
         found = self.indexer.lookup(task_id)
@@ -393,17 +393,17 @@ class StreamHub:
         return found[1].status_offset
 
     async def _batches(
-        self, sub: Subscription, partition: int, at: _Position, log_start: int | None, wire: bool
+        self, feed: TaskFeed, partition: int, at: _Position, log_start: int | None, wire: bool
     ) -> AsyncGenerator[tuple[Batch[Item] | None, bool], None]:
         """The stream's batches before the rule, each with whether it came live: catch-up
         reads from Kafka (history, or what the buffer dropped while the client was slow),
         then what the buffer collects; ``None`` when idle for the keep-alive interval."""
-        task_id = sub.task_id
+        task_id = feed.task_id
         keepalive = self.settings.streams.keepalive_s
         while True:
-            if sub.closed or self.draining.is_set():
+            if feed.closed or self.draining.is_set():
                 return
-            sub.reset()
+            feed.reset()
             self.metrics.catchup_read()
             # Terminal before the read: the read reaches the head, past the terminal event (or
             # that event is gone with retention), so nothing can follow it live.
@@ -439,8 +439,8 @@ class StreamHub:
             # Live: what the tail buffered, until the buffer overflows or misses one.
             while True:
                 try:
-                    woke = await sub.wait(keepalive)
-                except SubscriptionClosed:
+                    woke = await feed.wait(keepalive)
+                except FeedClosed:
                     return  # moved (the ticket says so), drained or cancelled
                 self._refuse_untrusted(task_id, partition)
                 if not woke:
@@ -448,9 +448,9 @@ class StreamHub:
                     continue
                 if self.draining.is_set():
                     return
-                if sub.overflowed:
+                if feed.overflowed:
                     break  # fell behind, or a gap: catch up from Kafka
-                yield Batch.of(sub.take()), True
+                yield Batch.of(feed.take()), True
 
     def _pace(self) -> ReplayPace | None:
         """This stream's catch-up pace (None: not paced, the default)."""
@@ -465,9 +465,9 @@ class StreamHub:
             on_paced=self._on_paced,
         )
 
-    async def _paced(self, pace: ReplayPace, sub: Subscription, batch: Batch[Item]) -> bool:
+    async def _paced(self, pace: ReplayPace, feed: TaskFeed, batch: Batch[Item]) -> bool:
         """Wait for the pace before a catch-up batch; False when the stream should end."""
-        return await pace.take(len(batch)) and not sub.closed
+        return await pace.take(len(batch)) and not feed.closed
 
     async def _pace_wait(self, seconds: float) -> bool:
         """A pace's wait: ``seconds``, or less when the process drains (then False)."""

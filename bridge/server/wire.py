@@ -6,7 +6,7 @@ errors tasks/stream answers with, and the ``notifications/tasks/event`` message
 which writes every SSE byte). Handlers raise :class:`RpcError` (or domain exceptions that
 :mod:`bridge.server.handlers` maps once at the boundary); pydantic validation errors become
 -32602 without library text on the wire. The error codes themselves live in
-:mod:`bridge.events`.
+:mod:`bridge.vocabulary`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from bridge.envelope import TaskEvent
-from bridge.events import (
+from bridge.vocabulary import (
     EVENTS_GONE,
     HEADER_MISMATCH,
     INTERNAL_ERROR,

@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 
 from bridge.config import ToolSpec
-from bridge.events import CreatedPayload, TaskEventTypes
 from bridge.log.identity import IDENTITY_HEADER, Keyring, identity_message
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.log.seqindex import TaskIdentity, owner_key
 from bridge.tasks.messages import owner_digest
+from bridge.vocabulary import CreatedPayload, TaskEventTypes
 
 __all__ = ["identity_header", "now_ms", "publish_created"]
 

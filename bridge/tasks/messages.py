@@ -5,7 +5,7 @@
   answers from clients, and the worker's own "finished" mark that stops a retried job early.
 
 All are JSON, so any language can implement a worker. The payloads of the task's own
-``task.created`` and status events live in :mod:`bridge.events`.
+``task.created`` and status events live in :mod:`bridge.vocabulary`.
 """
 
 from __future__ import annotations

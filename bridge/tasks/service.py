@@ -29,17 +29,17 @@ from bridge.clock import SYSTEM_CLOCK, SYSTEM_ENTROPY, Clock, Entropy
 from bridge.component import NotStarted
 from bridge.config import Settings, ToolSpec
 from bridge.envelope import TaskEvent
-from bridge.events import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import request_timeout_s
 from bridge.kafka.port import Log, Producer
-from bridge.log.fanout import Fanout, Subscription, SubscriptionClosed
+from bridge.log.fanout import Fanout, FeedClosed, TaskFeed
 from bridge.log.indexer import IndexedEvent, Indexer, NotOwner
 from bridge.log.publisher import Published, TaskEventPublisher
 from bridge.log.reader import Reader
 from bridge.log.seqindex import FLAG_OWNER_PREFIX, PartitionIndex, owner_key, owner_prefix
 from bridge.tasks.create import publish_created
 from bridge.tasks.messages import ControlMessage, JobRequest, iso_ms, new_task_id, owner_digest
+from bridge.vocabulary import INTERNAL_ERROR, TERMINAL_WIRE, StatusPayload, TaskStatus
 
 __all__ = ["KafkaUnavailable", "TaskNotFound", "TaskService", "TaskView", "TooManyTasks"]
 
@@ -369,7 +369,7 @@ class TaskService:
                 return task_id
         return task_id  # owning very few of many partitions: the owner serves it, one hop away
 
-    def watch(self, task_id: str) -> contextlib.AbstractContextManager[Subscription]:
+    def watch(self, task_id: str) -> contextlib.AbstractContextManager[TaskFeed]:
         """Events of ``task_id`` indexed from now on, in a bounded buffer, while in the block.
 
         On overflow the subscription says so and drops what it held: re-read the task's state
@@ -596,13 +596,13 @@ class TaskService:
                     view = await self.get(task_id, principal)
             return view
 
-    async def next_events(self, sub: Subscription) -> None:
+    async def next_events(self, sub: TaskFeed) -> None:
         """Wait until a :meth:`watch` subscription has something to take. :class:`NotOwner`
         once the task's partition moved away (nothing more arrives here: its owner serves it
-        now), :class:`SubscriptionClosed` if it was closed for another reason."""
+        now), :class:`FeedClosed` if it was closed for another reason."""
         try:
             await sub.wait()
-        except SubscriptionClosed as exc:
+        except FeedClosed as exc:
             if exc.moved:
                 raise NotOwner(self.indexer.partition_of(sub.task_id)) from None
             raise
@@ -613,7 +613,7 @@ class TaskService:
         this replica may not index the task any more. A no-op for a finished job."""
         await self._control(ControlMessage(type="cancel", task_id=task_id))
 
-    def status_changed(self, sub: Subscription) -> bool:
+    def status_changed(self, sub: TaskFeed) -> bool:
         """Take what ``sub`` buffered: True when a status event (or an overflow) was among it."""
         changed = sub.overflowed or any(e.event.type == self._types.status for e in sub.take())
         sub.reset()

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from bridge.config import ToolSpec
-from bridge.events import INTERNAL_ERROR
+from bridge.vocabulary import INTERNAL_ERROR
 from bridge.workers.sdk import JobContext, JobError, JobHandler
 
 __all__ = ["PACKS", "UnknownPack", "pack_handlers", "pack_tools"]

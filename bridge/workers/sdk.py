@@ -33,11 +33,11 @@ from bridge import tracing
 from bridge.clock import SYSTEM_CLOCK, Clock
 from bridge.component import Component, NotStarted
 from bridge.config import Settings
-from bridge.events import StatusPayload, error_object
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import GroupTail, Log, LogError, LogRecord, Producer, Tail, TopicPart
 from bridge.log.publisher import EventTooLarge, TaskEventPublisher
 from bridge.tasks.messages import ControlMessage, JobRequest
+from bridge.vocabulary import StatusPayload, error_object
 
 __all__ = ["JobContext", "JobError", "JobHandler", "Worker"]
 

@@ -35,12 +35,12 @@ from typing import Any
 from support.waits import wait_until
 
 from bridge.config import Settings, load_settings
-from bridge.events import INTERNAL_ERROR, EventSuffix, StatusPayload
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.clients import partition_for_key
 from bridge.kafka.port import Log, TopicPart
 from bridge.log.publisher import TaskEventPublisher
 from bridge.tasks.messages import ControlMessage
+from bridge.vocabulary import INTERNAL_ERROR, EventSuffix, StatusPayload
 
 from .hooks import Hooks, NotSupported, ServerUnderTest
 from .wire import McpClient

@@ -65,19 +65,7 @@ from bridge.envelope import (
     encode_event,
     may_have_type,
 )
-from bridge.events import (
-    EVENTS_GONE,
-    HEADER_MISMATCH,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    MISSING_CAPABILITY,
-    PARSE_ERROR,
-    REVERSE_DNS_ONLY,
-    UNSUPPORTED_VERSION,
-    TaskEventTypes,
-)
-from bridge.log.fanout import Subscription
+from bridge.log.fanout import TaskFeed
 from bridge.log.records import (
     Batch,
     LazyEvent,
@@ -105,6 +93,18 @@ from bridge.server.wire import (
     events_gone_error,
 )
 from bridge.tasks.service import TaskNotFound, TaskView, TooManyTasks
+from bridge.vocabulary import (
+    EVENTS_GONE,
+    HEADER_MISMATCH,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_CAPABILITY,
+    PARSE_ERROR,
+    REVERSE_DNS_ONLY,
+    UNSUPPORTED_VERSION,
+    TaskEventTypes,
+)
 
 __all__ = [
     "CASE_BOUND_S",
@@ -605,8 +605,8 @@ class MemoryTasks:
         await self.get(task_id, principal)
 
     @contextlib.contextmanager
-    def watch(self, task_id: str) -> Iterator[Subscription]:
-        yield Subscription(task_id, 16)
+    def watch(self, task_id: str) -> Iterator[TaskFeed]:
+        yield TaskFeed(task_id, 16)
 
 
 class MemoryStreams:

@@ -33,8 +33,7 @@ from bridge import strictjson, tracing
 from bridge.client import _sse_messages
 from bridge.config import load_settings
 from bridge.envelope import EnvelopeError, TaskEvent, decode_event, encode_event, may_have_type
-from bridge.events import EventTypeRule, TaskEventTypes
-from bridge.mcpevents.cursor import BadCursor, decode_offsets, decode_task
+from bridge.events_extension.cursor import BadCursor, decode_offsets, decode_task
 from bridge.metrics import Metrics
 from bridge.server.auth import Authenticator, Unauthorized
 from bridge.server.browser import _cursor as view_cursor
@@ -45,6 +44,7 @@ from bridge.server.handlers import MethodHandlers
 from bridge.server.http import McpHttp
 from bridge.server.protocols import protocol_class
 from bridge.server.wire import RpcError
+from bridge.vocabulary import EventTypeRule, TaskEventTypes
 
 __all__ = ["ADVERSARIES", "KIB", "Adversary", "cpu_median", "growth", "input_size"]
 

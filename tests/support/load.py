@@ -44,7 +44,6 @@ import httpx
 from bridge.client import EventsGone, MemoryCursorStore, StreamError, TaskStreamClient
 from bridge.config import Settings
 from bridge.envelope import TaskEvent, encode_event
-from bridge.events import StatusPayload
 from bridge.kafka.clients import (
     AIOKafkaProducer,
     KafkaError,
@@ -52,6 +51,7 @@ from bridge.kafka.clients import (
     plain_producer,
 )
 from bridge.log.publisher import TaskEventPublisher
+from bridge.vocabulary import StatusPayload
 from bridgedev.checker import CheckReport, Recording, check, ground_truth
 from bridgedev.replay import create_task as create_replay_task
 

@@ -6,7 +6,7 @@ import base64
 import dataclasses
 from typing import Any
 
-from bridge.mcpevents.subscriptions import Subscription
+from bridge.events_extension.subscriptions import Subscription
 
 #: The event name the subscriptions of these tests are to.
 NAME = "io.mcpbridge.task.event"

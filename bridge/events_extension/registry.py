@@ -1,18 +1,18 @@
 """The webhook subscriptions topic: writes, every replica's view of it, and who delivers what.
 
 ``<prefix>.event-subscriptions`` is compacted; key = subscription id, value = the subscription
-(:mod:`bridge.mcpevents.subscriptions`), a tombstone when it ends.
+(:mod:`bridge.events_extension.subscriptions`), a tombstone when it ends.
 
 Where it sits: above the log port (:class:`~bridge.kafka.port.Log`, the broker's or the
 in-memory one, given by the composition), below the webhook service
-(:mod:`bridge.mcpevents.delivery`). Everything Kafka-shaped is the port's: the writes its
+(:mod:`bridge.events_extension.delivery`). Everything Kafka-shaped is the port's: the writes its
 idempotent producer, the restore :func:`bridge.log.restore.read_to_end`, the live view a port
 :class:`~bridge.kafka.port.Tail`, the delivery group a port group member.
 
 * :class:`SubscriptionRegistry`: every replica reads the whole (small) topic from the beginning
   (the restore, up to the ends taken at start, applied poll by poll: the topic's uncompacted
   history is never held) and then tails it on into a
-  :class:`~bridge.mcpevents.subscriptions.SubscriptionTable`, so any
+  :class:`~bridge.events_extension.subscriptions.SubscriptionTable`, so any
   replica can answer ``events/subscribe`` (idempotent upsert, per-principal limits, the
   verification cache) and a write is answered only once the writer's own view has applied it.
 * :class:`PartitionOwnership`: a consumer group (``<prefix>.webhooks``) over the same topic, used
@@ -50,6 +50,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from bridge.component import Component, NotStarted, cancel_and_wait
 from bridge.config import Settings
+from bridge.events_extension.subscriptions import (
+    BadRecord,
+    NotCanonical,
+    Subscription,
+    SubscriptionTable,
+    parse_record,
+    secrets_context,
+    secrets_of,
+    subscription_id,
+)
 from bridge.kafka.acls import webhook_group
 from bridge.kafka.adapter import KafkaLog
 from bridge.kafka.port import (
@@ -64,16 +74,6 @@ from bridge.kafka.port import (
     TopicPart,
 )
 from bridge.log.restore import read_to_end
-from bridge.mcpevents.subscriptions import (
-    BadRecord,
-    NotCanonical,
-    Subscription,
-    SubscriptionTable,
-    parse_record,
-    secrets_context,
-    secrets_of,
-    subscription_id,
-)
 from bridge.sealing import Sealer, SealError
 
 __all__ = ["PartitionOwnership", "SubscriptionRegistry", "clear_record"]

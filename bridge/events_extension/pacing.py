@@ -1,7 +1,7 @@
 """Pacing a push stream's reads: a read that keeps the stream waiting must not silence it.
 
-Where it sits: the replay loops of the push streams (:mod:`bridge.mcpevents.sources` for a
-task's history, :mod:`bridge.mcpevents.offsets` for a topic's records) read from Kafka through
+Where it sits: the replay loops of the push streams (:mod:`bridge.events_extension.sources` for a
+task's history, :mod:`bridge.events_extension.offsets` for a topic's records) read from Kafka through
 :func:`paced`, which hands out what the read yields and, whenever the next item has not come
 within the stream's patience (the time left before a heartbeat is due), a :data:`WAITING`
 marker: the stream then sends a heartbeat with the position it has checked, and the read goes

@@ -1,7 +1,7 @@
 """Any Kafka topic read by offset, for the event sources that are not a task's own events.
 
 Where it sits: between the log port (:mod:`bridge.kafka.port`) and the offset sources
-(:mod:`bridge.mcpevents.offsets`). Two readers, both of committed records only, both on a
+(:mod:`bridge.events_extension.offsets`). Two readers, both of committed records only, both on a
 :class:`~bridge.kafka.port.Log` given by the composition (the Kafka adapter in production,
 the in-memory log in tests and the simulation):
 
@@ -15,7 +15,7 @@ the in-memory log in tests and the simulation):
   behind (its buffer overflowed) or sees a hole (the tail restarted) reads the log again through
   :class:`TopicReader`, so Kafka load does not grow with the number of streams and a slow stream
   never holds up the others. Closing :class:`LiveTopics` (the process stops) closes every
-  buffer: its waiter wakes at once with :class:`~bridge.log.fanout.SubscriptionClosed`.
+  buffer: its waiter wakes at once with :class:`~bridge.log.fanout.FeedClosed`.
 
 Chunks carry the positions a fetch went from and to, so a subscriber can tell "nothing of
 mine" (a chunk without its records still moves its position) from "missed" (a chunk starting
@@ -39,7 +39,7 @@ from bridge.kafka.port import Log, LogRecord, Polled, TopicPart
 from bridge.kafka.port import UnknownTopic as UnknownLogTopic
 from bridge.log.fanout import DRAINING, LiveBuffer
 
-__all__ = ["Chunk", "Feed", "LiveTopics", "Record", "TopicReader", "UnknownTopic"]
+__all__ = ["Chunk", "LiveTopics", "Record", "TopicFeed", "TopicReader", "UnknownTopic"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _weight(chunk: Chunk) -> int:
     return max(1, len(chunk.records))
 
 
-class Feed(LiveBuffer[Chunk]):
+class TopicFeed(LiveBuffer[Chunk]):
     """One subscriber's bounded buffer of a topic's live chunks: at most ``limit`` records
     (a chunk of markers only counts as one)."""
 
@@ -151,23 +151,23 @@ class LiveTopics:
         self._closed = False
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, topic: str, limit: int) -> AsyncIterator[Feed]:
+    async def subscribe(self, topic: str, limit: int) -> AsyncIterator[TopicFeed]:
         """A feed of ``topic``'s live chunks while the block runs (registered at once, so a
         read of Kafka started inside the block misses nothing the feed then gets). Once
-        :meth:`close` ran, the feed comes closed: its first wait raises SubscriptionClosed."""
-        sub = Feed(topic, limit)
+        :meth:`close` ran, the feed comes closed: its first wait raises FeedClosed."""
+        feed = TopicFeed(topic, limit)
         if self._closed:
-            sub.close(DRAINING)
-            yield sub
+            feed.close(DRAINING)
+            yield feed
             return
         tail = self._tails.get(topic)
         if tail is None or not tail.alive:  # a dead tail closed its feeds: start another
             tail = self._tails[topic] = _Tail(self, topic)
-        tail.feeds[sub] = None
+        tail.feeds[feed] = None
         try:
-            yield sub
+            yield feed
         finally:
-            tail.feeds.pop(sub, None)
+            tail.feeds.pop(feed, None)
             if not tail.feeds and self._tails.get(topic) is tail:
                 del self._tails[topic]
                 await tail.stop()
@@ -191,7 +191,7 @@ class _Tail:
         self.owner = owner
         self.topic = topic
         # A dict as an ordered set: feeds are offered chunks in the order they subscribed.
-        self.feeds: dict[Feed, None] = {}
+        self.feeds: dict[TopicFeed, None] = {}
         self._task = asyncio.create_task(self._run(), name=f"event-source-tail-{topic}")
 
     @property
@@ -204,16 +204,16 @@ class _Tail:
         self._close_feeds()
 
     def _close_feeds(self) -> None:
-        for sub in list(self.feeds):
-            sub.close(DRAINING)
+        for feed in list(self.feeds):
+            feed.close(DRAINING)
 
     def _offer(self, chunk: Chunk) -> None:
-        for sub in list(self.feeds):
-            sub.offer(chunk)
+        for feed in list(self.feeds):
+            feed.offer(chunk)
 
     def _lost(self) -> None:
-        for sub in list(self.feeds):
-            sub.lose()
+        for feed in list(self.feeds):
+            feed.lose()
 
     async def _run(self) -> None:
         try:

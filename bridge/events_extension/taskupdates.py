@@ -11,12 +11,12 @@ the records whose key is the caller's: never another principal's tasks.
   stream of it ends after its terminal status).
 * **Occurrence**: ``eventId`` ``<taskId>.<seq>.updated`` (the status event's seq: the same id
   from every replica, never the id the task's own event type gives that event, see
-  :mod:`bridge.mcpevents.occurrences`); ``timestamp`` the status
+  :mod:`bridge.events_extension.occurrences`); ``timestamp`` the status
   event's; ``data`` ``{taskId, seq, status, statusMessage?, resultRequest?}``, where
   ``resultRequest`` is the request that returns the outcome (``tasks/get``, which carries
   ``result`` on completed and ``error`` on failed: the 2026-07-28 tasks extension has no
   ``tasks/result``).
-* **Cursor**: ``u1.<partition>.<offset>`` (:func:`~bridge.mcpevents.cursor.encode_partition`).
+* **Cursor**: ``u1.<partition>.<offset>`` (:func:`~bridge.events_extension.cursor.encode_partition`).
 
 Records this version cannot read are skipped and counted, never fatal.
 """
@@ -29,17 +29,17 @@ from typing import Any
 
 import jsonschema
 
-from bridge.events import TERMINAL_WIRE, TaskStatus
+from bridge.events_extension.cursor import BadCursor, decode_partition, encode_partition
+from bridge.events_extension.kafkalog import Record
+from bridge.events_extension.occurrences import task_update_id
+from bridge.events_extension.offsets import Found, OffsetSource, Selection
+from bridge.events_extension.skips import Skips
+from bridge.events_extension.sources import TaskLookup, validated
 from bridge.kafka.clients import partition_for_key
 from bridge.log.seqindex import owner_key
 from bridge.log.updates import UpdateRecordError, decode_update, owner_hex
-from bridge.mcpevents.cursor import BadCursor, decode_partition, encode_partition
-from bridge.mcpevents.kafkalog import Record
-from bridge.mcpevents.occurrences import task_update_id
-from bridge.mcpevents.offsets import Found, OffsetSource, Selection
-from bridge.mcpevents.skips import Skips
-from bridge.mcpevents.sources import TaskLookup, validated
 from bridge.tasks.messages import owner_digest
+from bridge.vocabulary import TERMINAL_WIRE, TaskStatus
 
 __all__ = ["TASK_UPDATE_PAYLOAD_SCHEMA", "TaskUpdates", "owner_record_key"]
 

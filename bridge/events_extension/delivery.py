@@ -1,11 +1,11 @@
 """Webhook delivery loops: read a subscription's events after its cursor, POST them, write back.
 
 Where it sits: the replica that owns a partition of the subscriptions topic
-(:class:`~bridge.mcpevents.registry.PartitionOwnership`) runs one :class:`SubscriptionDelivery`
+(:class:`~bridge.events_extension.registry.PartitionOwnership`) runs one :class:`SubscriptionDelivery`
 per subscription of that partition (:class:`WebhookDeliveries` starts and stops them). A loop
 reads occurrences after the subscription's cursor through an injected :class:`Poll` (the
 ``events/poll`` path of the event source, so authorization is re-checked at every read), POSTs
-each one in order with :func:`~bridge.mcpevents.webhooks.deliver` (signed, SSRF-checked, retried
+each one in order with :func:`~bridge.events_extension.webhooks.deliver` (signed, SSRF-checked, retried
 with backoff), and writes the subscription back with the new cursor and delivery status after
 each delivered or abandoned event: a restart, or another replica taking the partition over,
 continues from there (at least once; the receiver deduplicates on ``eventId``).
@@ -39,12 +39,11 @@ import httpx
 
 from bridge.component import Component, cancel_and_wait
 from bridge.config import Settings
-from bridge.kafka.port import Log
-from bridge.mcpevents.occurrences import Occurrence, PollBatch
-from bridge.mcpevents.registry import PartitionOwnership, SubscriptionRegistry
-from bridge.mcpevents.subscriptions import DeliveryStatus, Subscription
-from bridge.mcpevents.throttle import VerificationThrottle
-from bridge.mcpevents.webhooks import (
+from bridge.events_extension.occurrences import Occurrence, PollBatch
+from bridge.events_extension.registry import PartitionOwnership, SubscriptionRegistry
+from bridge.events_extension.subscriptions import DeliveryStatus, Subscription
+from bridge.events_extension.throttle import VerificationThrottle
+from bridge.events_extension.webhooks import (
     Outcome,
     RetryPolicy,
     Verdict,
@@ -52,6 +51,7 @@ from bridge.mcpevents.webhooks import (
     control_message_id,
     deliver,
 )
+from bridge.kafka.port import Log
 from bridge.sealing import Sealer
 
 __all__ = [
@@ -110,7 +110,7 @@ async def as_is(sub: Subscription, occurrence: Occurrence, before: str | None) -
 
 
 class Sender(Protocol):
-    """What a loop needs of :class:`~bridge.mcpevents.webhooks.WebhookSender`."""
+    """What a loop needs of :class:`~bridge.events_extension.webhooks.WebhookSender`."""
 
     async def post(
         self, url: str, body: bytes, *, msg_id: str, subscription_id: str, secrets: list[str]
@@ -118,7 +118,7 @@ class Sender(Protocol):
 
 
 class Store(Protocol):
-    """What a loop needs of :class:`~bridge.mcpevents.registry.SubscriptionRegistry`."""
+    """What a loop needs of :class:`~bridge.events_extension.registry.SubscriptionRegistry`."""
 
     def current(self, sub_id: str) -> Subscription | None: ...
 

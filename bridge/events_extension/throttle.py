@@ -1,7 +1,7 @@
 """Token buckets per key, in bounded memory: how often webhook verifications may be sent.
 
 Where it sits: ``events/subscribe`` asks :class:`VerificationThrottle` before it POSTs a
-verification challenge (:meth:`bridge.mcpevents.delivery.WebhookService.verify`). Two kinds of
+verification challenge (:meth:`bridge.events_extension.delivery.WebhookService.verify`). Two kinds of
 :class:`TokenBuckets` are asked, the principal's own first: per principal (one principal cannot
 make the bridge send many challenges by naming many hosts), then per (principal, callback host)
 (one principal cannot make the bridge hammer a host, and one principal's budget is never spent

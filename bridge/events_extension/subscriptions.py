@@ -3,8 +3,8 @@
 Where it sits: ``events/subscribe`` (any replica) builds a :class:`Subscription` and writes it to
 the compacted ``<prefix>.event-subscriptions`` topic under its id; the replica that owns the
 record's partition delivers it and writes it back with its delivered cursor and delivery status
-(:mod:`bridge.mcpevents.delivery`); every replica keeps the latest state of every subscription in
-a :class:`SubscriptionTable` (:mod:`bridge.mcpevents.registry` feeds it from the topic).
+(:mod:`bridge.events_extension.delivery`); every replica keeps the latest state of every subscription in
+a :class:`SubscriptionTable` (:mod:`bridge.events_extension.registry` feeds it from the topic).
 
 Two writers may race on one key: a refresh (new TTL, new secret) from the replica that served
 it, and a write-back (cursor, status) from the owner. A record therefore carries two revisions,
@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import rfc8785
 
-from bridge.mcpevents.cursor import BadCursor, decode_task
+from bridge.events_extension.cursor import BadCursor, decode_task
 
 __all__ = [
     "BadRecord",

@@ -31,12 +31,8 @@ from typing import Any, Protocol, TypeVar
 import jsonschema
 
 from bridge.envelope import TaskEvent
-from bridge.events import TERMINAL_WIRE
-from bridge.log.fanout import SubscriptionClosed
-from bridge.log.indexer import NotOwner
-from bridge.log.reader import NotRetained
-from bridge.mcpevents.cursor import decode_task, encode_task
-from bridge.mcpevents.occurrences import (
+from bridge.events_extension.cursor import decode_task, encode_task
+from bridge.events_extension.occurrences import (
     Active,
     Heartbeat,
     Occurrence,
@@ -44,7 +40,11 @@ from bridge.mcpevents.occurrences import (
     StreamItem,
     task_event_id,
 )
-from bridge.mcpevents.pacing import Waiting, paced
+from bridge.events_extension.pacing import Waiting, paced
+from bridge.log.fanout import FeedClosed
+from bridge.log.indexer import NotOwner
+from bridge.log.reader import NotRetained
+from bridge.vocabulary import TERMINAL_WIRE
 
 __all__ = [
     "CursorAhead",
@@ -121,13 +121,13 @@ class TaskLog(Protocol):
 
 
 class LiveFeed(Protocol):
-    """A fan-out subscription (:class:`~bridge.log.fanout.Subscription`)."""
+    """A fan-out subscription (:class:`~bridge.log.fanout.TaskFeed`)."""
 
     overflowed: bool
     closed: bool
 
     async def wait(self, idle_s: float | None = None) -> bool:
-        """False when idle ``idle_s``; :class:`SubscriptionClosed` once closed."""
+        """False when idle ``idle_s``; :class:`FeedClosed` once closed."""
         ...
 
     def take(self) -> Iterable[Sequenced]: ...
@@ -323,7 +323,7 @@ class TaskEvents:
     ) -> AsyncIterator[Sequenced | _Gap | Waiting]:
         """Retained events after seq ``last`` up to the indexed head, in seq order; a
         :class:`_Gap` first when retention deleted some of them; with ``patience``, a
-        :data:`~bridge.mcpevents.pacing.WAITING` whenever a read keeps it waiting that long."""
+        :data:`~bridge.events_extension.pacing.WAITING` whenever a read keeps it waiting that long."""
         for _ in range(_GAP_ATTEMPTS):
             try:
                 async with (
@@ -453,7 +453,7 @@ class TaskEvents:
         while not self.stopping.is_set():
             try:
                 woke = await sub.wait(max(tail.patience(), 0.0))
-            except SubscriptionClosed:
+            except FeedClosed:
                 return  # its partition moved: the caller says so
             await self._trusted(task_id)
             if not woke:

@@ -1,8 +1,8 @@
 """Event sources read by Kafka offset: poll and push over some partitions of one topic.
 
 Where it sits: :class:`OffsetSource` is the engine under the ``task.updated`` source
-(:mod:`bridge.mcpevents.taskupdates`: one partition of the updates topic) and the configured
-sources (:mod:`bridge.mcpevents.configured`: every partition of a pipeline's topic). A subclass
+(:mod:`bridge.events_extension.taskupdates`: one partition of the updates topic) and the configured
+sources (:mod:`bridge.events_extension.configured`: every partition of a pipeline's topic). A subclass
 says what one subscription reads (:meth:`OffsetSource.select`: its partitions and which of
 their records are occurrences) and how a cursor spells positions; the engine does the rest,
 the same way for both:
@@ -20,8 +20,8 @@ the same way for both:
   whenever nothing was sent for a heartbeat period, in the replay from Kafka as when live (a
   client far behind on a busy topic hears the position move, and a reconnect goes on from it).
 
-No JSON-RPC here: bad arguments raise :class:`~bridge.mcpevents.sources.InvalidArguments`, a
-foreign cursor :class:`~bridge.mcpevents.cursor.BadCursor`.
+No JSON-RPC here: bad arguments raise :class:`~bridge.events_extension.sources.InvalidArguments`, a
+foreign cursor :class:`~bridge.events_extension.cursor.BadCursor`.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from dataclasses import dataclass
 from typing import Any
 
+from bridge.events_extension.kafkalog import Chunk, LiveTopics, Record, TopicFeed, TopicReader
+from bridge.events_extension.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
+from bridge.events_extension.pacing import Waiting, paced
 from bridge.kafka.port import OffsetOutOfRange
-from bridge.log.fanout import SubscriptionClosed
-from bridge.mcpevents.kafkalog import Chunk, Feed, LiveTopics, Record, TopicReader
-from bridge.mcpevents.occurrences import Active, Heartbeat, Occurrence, PollBatch, StreamItem
-from bridge.mcpevents.pacing import Waiting, paced
+from bridge.log.fanout import FeedClosed
 
 __all__ = ["Found", "OffsetSource", "Selection"]
 
@@ -195,7 +195,7 @@ class OffsetSource:
         )
 
     async def _fetch(self, partition: int, offset: int) -> AsyncGenerator[Chunk]:
-        """The one fetch at ``offset`` (for :func:`~bridge.mcpevents.pacing.paced`)."""
+        """The one fetch at ``offset`` (for :func:`~bridge.events_extension.pacing.paced`)."""
         yield await self.reader.fetch(self.topic, partition, offset)
 
     async def _replay(
@@ -208,7 +208,7 @@ class OffsetSource:
         (one fetch each), updating ``positions`` before each record is handed out; a
         :data:`_SKIPPED` when retention moved the log start past a position meanwhile, a
         :data:`_CHECKED` after each fetch (its records all handed out, the position past it),
-        and with ``patience`` a :data:`~bridge.mcpevents.pacing.WAITING` whenever a fetch keeps
+        and with ``patience`` a :data:`~bridge.events_extension.pacing.WAITING` whenever a fetch keeps
         it waiting that long (a wait for a pooled consumer included)."""
         pending = [p for p in positions if positions[p] < ends[p]]
         while pending:
@@ -400,12 +400,12 @@ class _Push:
                 try:
                     async for item in self._live(feed):
                         yield item
-                except SubscriptionClosed:
+                except FeedClosed:
                     return  # the live tails closed: the process is stopping
                 if self.ended:
                     return
 
-    async def _live(self, feed: Feed) -> AsyncIterator[StreamItem]:
+    async def _live(self, feed: TopicFeed) -> AsyncIterator[StreamItem]:
         """Live chunks while they follow on from the positions; returns to read from Kafka
         after an overflow or a hole, and at the end."""
         source = self.source

@@ -15,7 +15,7 @@ bytes a producer writes, a poll or a stream goes on.
   position: the same on every replica, and no other source's), ``timestamp`` the record's,
   ``data`` its value.
 * **Cursor**: the next offset of every partition, ``k1.<topic tag>.<o0>.<o1>...``
-  (:func:`~bridge.mcpevents.cursor.encode_offsets`).
+  (:func:`~bridge.events_extension.cursor.encode_offsets`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Any
 import jsonschema
 
 from bridge.config import EventSourceSpec
-from bridge.mcpevents.cursor import decode_offsets, encode_offsets, topic_tag
-from bridge.mcpevents.kafkalog import Record
-from bridge.mcpevents.occurrences import Occurrence, record_event_id, record_position
-from bridge.mcpevents.offsets import Found, OffsetSource, Selection
-from bridge.mcpevents.skips import Skips
-from bridge.mcpevents.sources import validated
+from bridge.events_extension.cursor import decode_offsets, encode_offsets, topic_tag
+from bridge.events_extension.kafkalog import Record
+from bridge.events_extension.occurrences import Occurrence, record_event_id, record_position
+from bridge.events_extension.offsets import Found, OffsetSource, Selection
+from bridge.events_extension.skips import Skips
+from bridge.events_extension.sources import validated
 from bridge.strictjson import NotWireJson, loads
 
 __all__ = ["ConfiguredSource", "NotPermitted", "input_schema"]
@@ -121,7 +121,7 @@ class ConfiguredSource(OffsetSource):
         self, principal: str, arguments: dict[str, Any], event_id: str
     ) -> Occurrence | None:
         """The occurrence ``event_id`` of this source for the subscription, or None (see
-        :meth:`~bridge.mcpevents.offsets.OffsetSource.read_at`): its id names its record."""
+        :meth:`~bridge.events_extension.offsets.OffsetSource.read_at`): its id names its record."""
         position = record_position(self.name, event_id)
         if position is None:
             await self.select(principal, arguments)  # refused as a poll would be, all the same
