@@ -9,7 +9,8 @@
   reserves for MCP.
 
 ``bridge.log`` and ``bridge.tasks`` both import it; nothing else spells these names. It knows
-nothing of Kafka, HTTP or JSON-RPC messages (:mod:`bridge.server.wire` has those).
+nothing of Kafka, HTTP or JSON-RPC messages (:mod:`bridge.server.wire` has those). The Events
+extension (SEP-3415), whose events are not only a task's, is :mod:`bridge.events_extension`.
 """
 
 from __future__ import annotations

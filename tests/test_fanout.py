@@ -1,4 +1,4 @@
-"""The fan-out's bounded subscription buffer as pure logic: waking, idling, overflow, closure."""
+"""A task feed (the fan-out's bounded buffer) as pure logic: waking, idling, overflow, closure."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ async def test_wait_wakes_on_an_offer_and_says_idle_when_nothing_came() -> None:
         assert closed.value.moved and closed.value.task_id == "t" and feed.waiter is None
 
 
-async def test_a_closed_subscription_cannot_be_waited_on_in_a_loop() -> None:
-    """The loop of every waiter (wait, take, look): once the subscription is closed and what
+async def test_a_closed_feed_cannot_be_waited_on_in_a_loop() -> None:
+    """The loop of every waiter (wait, take, look): once the feed is closed and what
     it held was taken, the next wait raises instead of returning at once, so the loop ends
     after one round per buffered batch, never spins."""
     feed = TaskFeed("t", limit=3)
@@ -51,7 +51,7 @@ async def test_a_closed_subscription_cannot_be_waited_on_in_a_loop() -> None:
     assert closed.value.reason == DRAINING and not closed.value.moved
 
 
-async def test_a_closed_subscription_hands_out_what_arrived_before_the_close() -> None:
+async def test_a_closed_feed_hands_out_what_arrived_before_the_close() -> None:
     """A task's final status and the move of its partition can land in one loop turn (the tail
     applies a fetch, then the rebalance callback runs): the status is delivered, then the
     closure raised, whether the waiter was already suspended or not yet waiting."""
@@ -74,9 +74,9 @@ async def test_a_closed_subscription_hands_out_what_arrived_before_the_close() -
         assert closed.value.moved
 
 
-async def test_a_closed_subscription_that_overflowed_has_nothing_to_hand_out() -> None:
+async def test_a_closed_feed_that_overflowed_has_nothing_to_hand_out() -> None:
     """What an overflow dropped is re-read from the task's owner, not from here: a closed and
-    overflowed subscription raises at once (a waiter that does not reset cannot spin)."""
+    overflowed feed raises at once (a waiter that does not reset cannot spin)."""
     feed = TaskFeed("t", limit=1)
     feed.offer(live(0))
     feed.offer(live(1))

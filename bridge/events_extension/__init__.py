@@ -1,9 +1,10 @@
-"""The Events extension (SEP-3415) on the Kafka log: event sources and their cursors.
+"""The Events extension (SEP-3415) on the Kafka log: event sources and their cursors, the live
+topic tails of push streams, and webhook subscriptions with their delivery.
 
 Data flow: the log (:mod:`bridge.log.reader` for history, :mod:`bridge.log.fanout` for live
-events) → an event source (:mod:`bridge.events_extension.sources`) → occurrences and poll batches
-(:mod:`bridge.events_extension.occurrences`) → the ``events/*`` methods (:mod:`bridge.server.events`).
-Nothing here knows HTTP or JSON-RPC.
+events) → an event source (:mod:`bridge.events_extension.sources`) → occurrences and poll
+batches (:mod:`bridge.events_extension.occurrences`) → the ``events/*`` methods, the
+extension's JSON-RPC face (:mod:`bridge.server.events`). Nothing here knows HTTP or JSON-RPC.
 """
 
 from bridge.events_extension.cursor import BadCursor

@@ -121,7 +121,7 @@ class TaskLog(Protocol):
 
 
 class LiveFeed(Protocol):
-    """A fan-out subscription (:class:`~bridge.log.fanout.TaskFeed`)."""
+    """A task's live feed from the fan-out (:class:`~bridge.log.fanout.TaskFeed`)."""
 
     overflowed: bool
     closed: bool

@@ -1,13 +1,13 @@
 """Events of one task from now on: the indexer's live events fanned out to bounded buffers.
 
 One :class:`Fanout` listens on the process's indexer (whose tail is the only Kafka reader of live
-events) and offers every indexed event to the subscriptions of its task, never waiting: a
+events) and offers every indexed event to the feeds of its task, never waiting: a
 :class:`TaskFeed` is a bounded buffer that, when it overflows, drops what it holds and says
 so (``overflowed``). Its owner then re-reads from Kafka (a stream) or re-reads the task's state
 (a call waiting for a status): no reader is ever slowed by a slow consumer, and nothing is
 lost, because the log still has it.
 
-A closed subscription (its partition moved to another replica, the process is draining, its
+A closed feed (its partition moved to another replica, the process is draining, its
 owner cancelled it) cannot be missed: :meth:`TaskFeed.wait` first hands out what was
 buffered before the close (a task's final status may arrive in the same loop turn as the move),
 then raises :class:`FeedClosed`, before suspending and on waking, so no waiter can loop
@@ -45,14 +45,14 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Why a subscription was closed (:attr:`FeedClosed.reason`).
+#: Why a feed was closed (:attr:`FeedClosed.reason`).
 MOVED = "moved"
 DRAINING = "draining"
 CANCELLED = "cancelled"
 
 
 class FeedClosed(Exception):
-    """Nothing more will arrive on a subscription: :meth:`TaskFeed.wait` raises this
+    """Nothing more will arrive on a feed: :meth:`TaskFeed.wait` raises this
     once it is closed. ``reason`` is :data:`MOVED` when the task's partition moved to another
     replica (its owner serves the task now), :data:`DRAINING` when this process is draining,
     :data:`CANCELLED` when its owner ended it."""
@@ -100,7 +100,7 @@ class LiveBuffer(Generic[T]):
         self.limit = limit
         self.weigh = weigh
         #: Made by the first offer: a deque allocates a 64-slot block (~600 B) at once, and most
-        #: subscriptions (idle streams) never hold an event.
+        #: feeds (idle streams) never hold an event.
         self.buffer: deque[T] | None = None
         #: The weight held (the number of items when ``weigh`` is None).
         self.size = 0
@@ -151,7 +151,7 @@ class LiveBuffer(Generic[T]):
         self.size = 0
 
     def close(self, reason: str = CANCELLED) -> None:
-        """End the subscription from outside (a move, a drain, a cancellation): its waiter
+        """End the feed from outside (a move, a drain, a cancellation): its waiter
         wakes and raises :class:`FeedClosed`. The first reason given is kept."""
         if not self.closed:
             self.closed, self.reason = True, reason
@@ -163,7 +163,7 @@ class LiveBuffer(Generic[T]):
 
     async def wait(self, idle_s: float | None = None) -> bool:
         """Wait up to ``idle_s`` seconds (for ever if None) for something to do; False when
-        idle that long. Once the subscription is closed: True while it still holds items to
+        idle that long. Once the feed is closed: True while it still holds items to
         :meth:`take` (what arrived before the close is delivered, not lost), then
         :class:`FeedClosed`, at once, without suspending: a loop around it that takes
         what it is given ends instead of spinning."""
@@ -186,7 +186,7 @@ class LiveBuffer(Generic[T]):
 
     def _ready(self) -> bool:
         """True when there is something to take; :class:`FeedClosed` when closed and
-        there is not. A closed subscription that overflowed has nothing to take: what it
+        there is not. A closed feed that overflowed has nothing to take: what it
         dropped is re-read from the task's new owner, not from here."""
         if self.closed:
             if self.buffer and not self.overflowed:
@@ -196,7 +196,8 @@ class LiveBuffer(Generic[T]):
 
 
 class TaskFeed(LiveBuffer[IndexedEvent]):
-    """One subscriber's place in the fan-out: a bounded buffer of one task's events."""
+    """One subscriber's place in the fan-out: a bounded buffer of one task's events (a task
+    stream's, a call's waiting for a status, a listen's), named for what it carries."""
 
     __slots__ = ()
 
@@ -215,7 +216,7 @@ def _idle(waiter: asyncio.Future[bool]) -> None:
 
 
 class Fanout:
-    """Offers each indexed event to the subscriptions of its task, never blocking the tail."""
+    """Offers each indexed event to the feeds of its task, never blocking the tail."""
 
     def __init__(self, indexer: Indexer, on_overflow: Callable[[], None] | None = None) -> None:
         # Dicts used as ordered sets: subscribers are offered events and closed in the order
@@ -241,7 +242,7 @@ class Fanout:
                 del self._feeds[task_id]
 
     def _partitions_moved(self, gained: set[int], lost: set[int]) -> None:
-        """Close the subscriptions of tasks in partitions this process no longer indexes:
+        """Close the feeds of tasks in partitions this process no longer indexes:
         nothing more will arrive on them here (their owner serves them now)."""
         if not lost:
             return

@@ -1,4 +1,9 @@
-"""The Events extension's methods (SEP-3415): ``events/list``, ``events/poll``, ``events/stream``.
+"""The Events extension's JSON-RPC methods (SEP-3415): ``events/list``, ``events/poll``,
+``events/stream``, ``events/subscribe`` and ``events/unsubscribe``.
+
+Only the extension's JSON-RPC face: the extension itself (event sources, cursors, occurrences,
+webhook subscriptions and their delivery) is :mod:`bridge.events_extension`, and the task-event
+vocabulary (the bridge's event types, statuses, error codes) is :mod:`bridge.vocabulary`.
 
 A :class:`~bridge.server.handlers.MethodSet` (declared in ``server/discover`` as
 ``io.modelcontextprotocol/events`` with empty settings: no ``notifications/events/list_changed``)

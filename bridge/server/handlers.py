@@ -571,7 +571,7 @@ class _RisingProgress:
 
 
 class _Took:
-    """What one wake of a direct call's subscription brought: its progress notifications
+    """What one wake of a direct call's feed brought: its progress notifications
     (sent only with a progress token), whether the task's status changed, and the status the
     index holds after these events, as the events show it (None if none was valid)."""
 

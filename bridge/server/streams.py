@@ -1,6 +1,6 @@
 """tasks/stream (SEP-2694): resumable, gap-free task event streams served from Kafka.
 
-The :class:`StreamHub` serves each stream from a subscription to the process's fan-out of live
+The :class:`StreamHub` serves each stream from a feed of the process's fan-out of live
 events (:mod:`bridge.log.fanout`, one Kafka tail for every stream): a stream first subscribes,
 then reads history through the :class:`~bridge.log.reader.Reader` (checkpoint seek), then takes
 what its bounded buffer collected. Both come as the one batch type,
@@ -481,7 +481,7 @@ class StreamHub:
         its partition were deleted before they were counted, so the seqs of what follows are
         not known (and its terminal status may be among them: the stream would never end).
         Per wake-up, so one flag is read (no hash of the id, no snapshot of the entry); a
-        partition no longer owned is the subscription's closure to report."""
+        partition no longer owned is the feed's closure to report."""
         idx = self.indexer.partitions.get(partition)
         if idx is not None and not idx.trusts(task_id):
             raise seq_untrusted_error(task_id, str(SeqUntrusted(task_id)))

@@ -372,7 +372,7 @@ class TaskService:
     def watch(self, task_id: str) -> contextlib.AbstractContextManager[TaskFeed]:
         """Events of ``task_id`` indexed from now on, in a bounded buffer, while in the block.
 
-        On overflow the subscription says so and drops what it held: re-read the task's state
+        On overflow the feed says so and drops what it held: re-read the task's state
         (:meth:`get`) rather than rely on every event.
         """
         return self.fanout.subscribe(task_id, _WATCH_BUFFER)
@@ -597,7 +597,7 @@ class TaskService:
             return view
 
     async def next_events(self, sub: TaskFeed) -> None:
-        """Wait until a :meth:`watch` subscription has something to take. :class:`NotOwner`
+        """Wait until a :meth:`watch` feed has something to take. :class:`NotOwner`
         once the task's partition moved away (nothing more arrives here: its owner serves it
         now), :class:`FeedClosed` if it was closed for another reason."""
         try:
