@@ -4,7 +4,8 @@ Where it sits in the flow (every hook elsewhere is a line or two calling into th
 only one that imports ``opentelemetry``)::
 
     HTTP request (traceparent header, or params._meta.traceparent: SEP-414)
-      -> rpc_span: a SERVER span per JSON-RPC method (bridge.server.handlers.dispatch)
+      -> rpc_span: a SERVER span per JSON-RPC method
+         (bridge.server.handlers.MethodHandlers.dispatch)
       -> record_headers: traceparent/tracestate on the task.created and job records
          (bridge.tasks.service, bridge.log.publisher)
       -> job_span: the worker's CONSUMER span, parented to the job record's context; the
