@@ -170,8 +170,8 @@ def test_a_stale_name_is_found_in_each_form(tmp_path: Path) -> None:
     text = (
         "`bridge.log.fanout.TaskFeed.wait`, :class:`~bridge.log.fanout.MOVED`, "
         "[x](../bridge/log/fanout.py), `bridge.log`. `bridge.log.fanout.asyncio`; "
-        "`bridge.log.fanout.Subscription`, `bridge/events.py`, `bridge.events.TaskStatus`, "
-        "`bridge/mcpevents/`, mcpbridge.events"
+        "`bridge.log.fanout.Gone`, `bridge/gone.py`, `bridge.gone.TaskStatus`, `bridge/gone/`, "
+        "mcpbridge.gone"
     )
     found = {reference: exists(reference, tmp_path) for reference in references(text)}
     assert found == {
@@ -180,16 +180,16 @@ def test_a_stale_name_is_found_in_each_form(tmp_path: Path) -> None:
         "bridge/log/fanout.py": True,
         "bridge.log": True,
         "bridge.log.fanout.asyncio": True,
-        "bridge.log.fanout.Subscription": False,
-        "bridge/events.py": False,
-        "bridge.events.TaskStatus": False,
-        "bridge/mcpevents/": False,
+        "bridge.log.fanout.Gone": False,
+        "bridge/gone.py": False,
+        "bridge.gone.TaskStatus": False,
+        "bridge/gone/": False,
     }
 
 
 def test_code_prose_is_docstrings_and_comments_and_skips_variables_named_bridge() -> None:
     source = (
-        '"""Reads :mod:`bridge.events`."""\n'
+        '"""Reads :mod:`bridge.gone`."""\n'
         "x = 'bridge.nothing'  # see bridge.log.gone\n"
         "def f(bridge):\n"
         '    """Uses ``bridge.port`` and bridge.server.handlers.MethodHandlers.dispatch."""\n'
@@ -197,7 +197,7 @@ def test_code_prose_is_docstrings_and_comments_and_skips_variables_named_bridge(
     )
     named = [r for _, text in prose(source) for r in references(text) if in_code(r)]
     assert sorted(named) == [
-        "bridge.events",
+        "bridge.gone",
         "bridge.log.gone",
         "bridge.server.handlers.MethodHandlers.dispatch",
     ]
