@@ -137,16 +137,6 @@ def test_no_doc_calls_sep_3415_a_draft() -> None:
     assert stale == []
 
 
-def test_every_module_a_docstring_of_bridge_names_exists() -> None:
-    missing = set()
-    for path in BRIDGE.rglob("*.py"):
-        for name in re.findall(r":mod:`~?(bridge(?:\.\w+)+)`", path.read_text(encoding="utf-8")):
-            file = ROOT / name.replace(".", "/")
-            if not (file.with_suffix(".py").exists() or (file / "__init__.py").exists()):
-                missing.add(f"{path.relative_to(ROOT)}: {name}")
-    assert sorted(missing) == []
-
-
 def test_the_dockerfile_names_commands_and_files_that_exist() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     commands = set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]

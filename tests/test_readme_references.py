@@ -10,6 +10,7 @@ checked further). A path must exist.
 
 In the code only docstrings and comments are read (a variable named ``bridge`` is not a
 reference), and a dotted name counts only when its second part is not one of :data:`NOT_MODULES`.
+This covers what tests/test_first_impressions.py checked before (the ``:mod:`` roles of bridge/).
 """
 
 from __future__ import annotations
