@@ -11,7 +11,8 @@ repository's code, docs, chart and manifests):
 * environment names: ``BRIDGE_KAFKA_TLS__CA_FILE`` -> ``BRIDGE_KAFKA__TLS__CA_FILE``;
 * in Markdown, backquoted names: ```kafka_tls.ca_file``` -> ```kafka.tls.ca_file```.
 
-A line that says ``0.2.0`` is left as it is: it names the old settings on purpose.
+A line that says ``0.1.0``, ``0.2.0`` or "the flat " is left as it is: it names the old
+settings on purpose.
 
 Keyword arguments (``load_settings(max_streams=3)``), dict keys (``model_copy(update=...)``) and
 TOML files are left to hand edits: the old keyword names still load (with a deprecation
@@ -41,7 +42,8 @@ MOVED_ATTRIBUTES = {
 }
 
 #: A line holding this speaks of the old names on purpose (in a file not in KEEP).
-KEEP_LINE = "0.2.0"
+#: A line that says one of these speaks of the old names on purpose (the deprecation notes).
+KEEP_LINE = ("0.2.0", "0.1.0", "the flat ")
 
 #: Files that speak of the old names on purpose.
 KEEP = {
@@ -106,10 +108,10 @@ def _is_setting(path: str) -> bool:
 
 
 def rewrite(text: str, suffix: str) -> str:
-    """``text`` of a file with ``suffix`` in the new names; a line that says ``0.2.0`` speaks
-    of the old names on purpose and is kept."""
+    """``text`` of a file with ``suffix`` in the new names; a line that says one of
+    :data:`KEEP_LINE` speaks of the old names on purpose and is kept."""
     return "".join(
-        line if KEEP_LINE in line else _rewrite_line(line, suffix)
+        line if any(keep in line for keep in KEEP_LINE) else _rewrite_line(line, suffix)
         for line in text.splitlines(keepends=True)
     )
 
