@@ -32,7 +32,7 @@ from simulation.world import run_seed  # noqa: E402
 CI_SEEDS = "0-499"
 #: Seeds a test runs (in one subprocess): the range is split so that pytest-xdist's workers
 #: share it (one process took 98 s for CI's 500 on a quiet 2-core machine).
-SEEDS_A_TEST = 50
+SEEDS_A_TEST = 25
 #: A seed whose zombie is fenced.
 ZOMBIE_SEED = 7
 
@@ -77,10 +77,10 @@ def test_every_seed_loses_duplicates_reorders_and_misnumbers_nothing(seeds: str)
 def test_the_seed_ranges_cover_every_seed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SIMULATION_SEEDS", raising=False)
     chunks = _seed_chunks()
-    assert len(chunks) == 10
+    assert len(chunks) == 20
     assert [seed for chunk in chunks for seed in _seed_range(chunk)] == list(range(500))
     monkeypatch.setenv("SIMULATION_SEEDS", "0-99")
-    assert _seed_chunks() == ["0-49", "50-99"]
+    assert _seed_chunks() == ["0-24", "25-49", "50-74", "75-99"]
     monkeypatch.setenv("SIMULATION_SEEDS", "7")
     assert _seed_chunks() == ["7-7"]
     for bad in ("100-7", "0-x", "first 100"):
