@@ -7,6 +7,14 @@ CONFORMANCE_VERSION := 0.2.0-alpha.12
 export MCP_CONFORMANCE_DIR ?= $(HOME)/.cache/mcp-kafka-bridge/conformance-$(CONFORMANCE_VERSION)
 VENV   := .venv
 BIN    := $(VENV)/bin
+# pytest-xdist's workers for the broker-free tests: one more than the cores, as those tests wait
+# for a good part of their time (subprocesses starting, read deadlines); `make test-fast
+# TEST_WORKERS=0` runs them in pytest's own process (docs/development.md, "Test tiers and time").
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n + 1)))
+# The tests' Python writes its bytecode (and pytest its rewritten test modules) even where the
+# shell sets PYTHONDONTWRITEBYTECODE: else every worker and every `bridge` or `python -m
+# simulation` subprocess compiles each module again on each run (4 s of CPU a worker to collect).
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-fast lint venv venv-test system-deps conformance-deps k8s-tools java-worker-deps clean
 
@@ -68,13 +76,24 @@ lint: venv-test
 	$(BIN)/mypy
 	$(BIN)/mypy --strict grafana/check_dashboard.py
 
+# Every test, in two runs (docs/development.md, "Test tiers and time"): the broker-free ones in
+# pytest-xdist's parallel workers, then the Kafka-backed ones one at a time, as always (they share
+# one broker). Both run even when the first fails; either failing fails the target. The
+# simulation runs its 500 seeds whatever SIMULATION_SEEDS says.
 test: venv-test system-deps conformance-deps k8s-tools java-worker-deps lint
-	$(BIN)/pytest
+	@$(TEST_ENV) -u SIMULATION_SEEDS $(BIN)/pytest -m "not kafka" -n $(TEST_WORKERS) --dist worksteal; \
+	  free=$$?; \
+	  $(TEST_ENV) -u SIMULATION_SEEDS $(BIN)/pytest -m kafka; \
+	  kafka=$$?; \
+	  if [ $$free -ne 0 ] || [ $$kafka -ne 0 ]; then \
+	    echo "make test: the broker-free tests exited $$free, the Kafka tests $$kafka"; exit 1; \
+	  fi
 
 # The inner loop: every test that needs no Kafka broker (those carry the `kafka` marker, set
-# from their fixtures in tests/conftest.py), without lint. `make test` still runs everything.
+# from their fixtures in tests/conftest.py), in parallel workers, with 100 of the simulation's
+# 500 seeds and without lint. `make test` still runs everything.
 test-fast: venv-test system-deps conformance-deps k8s-tools
-	$(BIN)/pytest -m "not kafka" -q
+	$(TEST_ENV) SIMULATION_SEEDS=0-99 $(BIN)/pytest -m "not kafka" -q -n $(TEST_WORKERS) --dist worksteal
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info bridgedev/*.egg-info

@@ -278,6 +278,9 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout
 
 
+# It starts brokers of its own (two JVM starts, ~17 s): with the Kafka tests, as
+# test_broker.py's detached broker, not in `make test-fast`'s broker-free tier.
+@pytest.mark.kafka
 @pytest.mark.slow
 def test_kafka_start_secure_writes_client_settings_that_outlive_a_restart(
     tmp_path: Path, topic_prefix: str

@@ -27,16 +27,42 @@ from simulation import loop  # noqa: E402
 from simulation.__main__ import main, replay_command  # noqa: E402
 from simulation.world import run_seed  # noqa: E402
 
-#: Seeds run by CI: each one three or more replicas, 10 tasks, 500 events and 3 faults.
+#: Seeds run by CI (`make test`): each one three or more replicas, 10 tasks, 500 events and 3
+#: faults. ``SIMULATION_SEEDS=A-B`` runs others instead (`make test-fast` runs 0-99).
 CI_SEEDS = "0-499"
+#: Seeds a test runs (in one subprocess): the range is split so that pytest-xdist's workers
+#: share it (one process took 98 s for CI's 500 on a quiet 2-core machine).
+SEEDS_A_TEST = 25
 #: A seed whose zombie is fenced.
 ZOMBIE_SEED = 7
 
 
-def test_five_hundred_seeds_lose_duplicate_reorder_and_misnumber_nothing() -> None:
+def _seed_range(text: str) -> range:
+    """``A-B`` (both included) as a range; a bad value is a clear error at collection."""
+    first, _, last = text.partition("-")
+    try:
+        seeds = range(int(first), int(last or first) + 1)
+    except ValueError:
+        seeds = range(0)
+    if not seeds:
+        raise ValueError(f"SIMULATION_SEEDS={text!r}: expected a range A-B, e.g. 0-99")
+    return seeds
+
+
+def _seed_chunks() -> list[str]:
+    """The seeds to run (``SIMULATION_SEEDS``, else CI's), as ranges of SEEDS_A_TEST."""
+    seeds = _seed_range(os.environ.get("SIMULATION_SEEDS") or CI_SEEDS)
+    return [
+        f"{first}-{min(first + SEEDS_A_TEST, seeds.stop) - 1}"
+        for first in range(seeds.start, seeds.stop, SEEDS_A_TEST)
+    ]
+
+
+@pytest.mark.parametrize("seeds", _seed_chunks())
+def test_every_seed_loses_duplicates_reorders_and_misnumbers_nothing(seeds: str) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "simulation", "--seeds", CI_SEEDS, "--quiet"],
+        [sys.executable, "-m", "simulation", "--seeds", seeds, "--quiet"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -45,7 +71,22 @@ def test_five_hundred_seeds_lose_duplicate_reorder_and_misnumber_nothing() -> No
         check=False,
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert "500 seeds, 0 failed" in done.stdout
+    assert f"{len(_seed_range(seeds))} seeds, 0 failed" in done.stdout, done.stdout[-3000:]
+
+
+def test_the_seed_ranges_cover_every_seed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIMULATION_SEEDS", raising=False)
+    chunks = _seed_chunks()
+    assert len(chunks) == 20
+    assert [seed for chunk in chunks for seed in _seed_range(chunk)] == list(range(500))
+    monkeypatch.setenv("SIMULATION_SEEDS", "0-99")
+    assert _seed_chunks() == ["0-24", "25-49", "50-74", "75-99"]
+    monkeypatch.setenv("SIMULATION_SEEDS", "7")
+    assert _seed_chunks() == ["7-7"]
+    for bad in ("100-7", "0-x", "first 100"):
+        monkeypatch.setenv("SIMULATION_SEEDS", bad)
+        with pytest.raises(ValueError, match="expected a range A-B"):
+            _seed_chunks()
 
 
 def test_one_seed_run_twice_gives_the_same_trace() -> None:
