@@ -238,6 +238,38 @@ async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalanc
         assert not set(restored) & set(range(PARTITIONS))  # a took its share from its copies
 
 
+async def test_a_restarted_replica_whose_copies_never_warm_still_gets_its_share_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait for warm copies is bounded; the rejoin after it must still rebalance. Kafka
+    stores a static member's new metadata on the replace path (without a rebalance), so a
+    rejoin claiming nothing new (no warm copy) is no change to it: the replica was handed its
+    empty share again, for good (bench_rollout saw it under load, where the copies never
+    looked warm). Each deliberate rejoin claims a new ``rejoin`` count."""
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", handover={"timeout_s": 1.0})
+    b_settings = replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b:
+        group = log.group(bridge_group(a_settings.topics))
+        async with replica(a_settings, log) as a:
+            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
+            rebalances = group.rebalances
+            assert await a.indexer.hand_over()
+        never = asyncio.Event()
+
+        async def restore(self: Standbys, parts: set[int]) -> None:
+            await never.wait()  # the copies never warm
+
+        monkeypatch.setattr(Standbys, "_restore", restore)
+        async with replica(a_settings, log) as a:
+            await wait_until(
+                lambda: a.indexer.partitions and b.indexer.partitions,
+                what="the restarted a has a share again without warm copies",
+            )
+            assert group.rebalances - rebalances == 2  # the hand-over, and the return
+
+
 async def test_a_lost_partition_whose_new_owner_is_never_seen_is_told_lost_at_the_bound() -> None:
     prefix = fresh_prefix("ho")
     a_settings = replica_settings(prefix, "a", handover={"timeout_s": 0.2})

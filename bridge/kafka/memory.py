@@ -655,15 +655,19 @@ class _Group:
 
     def _replace(self, old: _Member, tail: MemoryGroupTail) -> _Member:
         """A static member rejoins: a new member id takes the old one's place and, while the
-        group is stable, its assignment (no rebalance; its new metadata is not seen:
-        KAFKA-12759). The old holder, if still running, is fenced."""
+        group is stable, its assignment, with no rebalance (KAFKA-12759). The broker stores the
+        new metadata all the same: this member's later rejoin with that metadata is no change
+        and does not rebalance either (seen on Kafka 4.1 in bench_rollout: a restarted replica
+        whose rejoin claimed nothing new was handed generation N again, for good). The old
+        holder, if still running, is fenced."""
         if old.tail is not None:
             old.tail.fenced = True
         if old.expiry is not None:
             old.expiry.cancel()
         del self.members[old.member_id]
         member_id = f"{tail.instance_id}-{next(self._ids)}"
-        member = _Member(member_id, tail, tail.instance_id, old.metadata, old.joined_round)
+        metadata = tail.assignor.metadata()
+        member = _Member(member_id, tail, tail.instance_id, metadata, old.joined_round)
         member.share = old.share
         self.members[member_id] = member
         self._log.changed()

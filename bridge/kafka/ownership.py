@@ -193,6 +193,11 @@ class OwnershipAssignor:
         self.draining = False
         #: The partitions this replica holds a warm standby copy of (claimed at each join).
         self.warm: Callable[[], frozenset[int]] = frozenset
+        #: Deliberate rejoins so far (:meth:`bump`): claimed, so that each one changes this
+        #: member's metadata and Kafka rebalances (a known member rejoining with the metadata
+        #: the broker holds just gets the current generation back, and the static replace
+        #: path stores a restarted replica's new metadata without a rebalance).
+        self.rejoins = 0
 
     def metadata(self) -> bytes:
         claim: dict[str, object] = {"url": self.url, "owned": sorted(self.owned)}
@@ -203,7 +208,14 @@ class OwnershipAssignor:
             claim["draining"] = True
         if warm := self.warm():
             claim["warm"] = sorted(warm)
+        if self.rejoins:
+            claim["rejoin"] = self.rejoins
         return json.dumps(claim).encode("utf-8")
+
+    def bump(self) -> None:
+        """Make the next join's metadata differ from any this member sent before: a rejoin
+        that must rebalance (a replica back from a restart asking for its share)."""
+        self.rejoins += 1
 
     @property
     def thought_draining(self) -> bool:

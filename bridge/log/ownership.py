@@ -323,6 +323,7 @@ class GroupCallbacks:
             async with asyncio.timeout(self.ownership.settings.handover.timeout_s or None):
                 while not named <= standbys.warm():
                     await standbys.warmed()
+        assignor.bump()  # the same metadata as the broker holds would not rebalance
         _rejoin(member)
 
     async def stop(self) -> None:

@@ -41,6 +41,12 @@ POLL_S = 0.5
 CATCH_UP_S = 30.0
 #: Back-off after a failed restore or tail (the index topic's leader may be away).
 RETRY_S = 2.0
+#: How far behind its slice's end a copy may be and count as warm (index records). Its gain
+#: applies the rest after the fence; under a steady load a copy is never exactly at the end.
+#: (Kafka Streams' acceptable.recovery.lag plays this part, 10,000 offsets by default.)
+WARM_LAG = 1_000
+#: Under a steady load, how often the slices' ends are looked at (seconds).
+ENDS_EVERY_S = 1.0
 
 
 class Standbys:
@@ -61,6 +67,7 @@ class Standbys:
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._warmed = asyncio.Event()
+        self._ends_at = float("-inf")  # when the ends were last looked at (loop time)
 
     def want(self, parts: set[int]) -> None:
         """Stand by for exactly ``parts`` from now on (copies of others are dropped)."""
@@ -92,9 +99,12 @@ class Standbys:
         await self._warmed.wait()
 
     def warm(self) -> frozenset[int]:
-        """The copies caught up with their slice (as of the last look at its end)."""
+        """The copies within :data:`WARM_LAG` records of their slice's end (as of the last
+        look at it): what is left is applied by the gain's catch-up after the fence."""
         return frozenset(
-            p for p, at in self.positions.items() if p in self.ends and at >= self.ends[p]
+            p
+            for p, at in self.positions.items()
+            if p in self.ends and at + WARM_LAG >= self.ends[p]
         )
 
     def lag(self) -> int:
@@ -159,7 +169,12 @@ class Standbys:
         for tp, at in polled.positions.items():
             if tp.partition in self.copies:
                 self.positions[tp.partition] = at
-        if not polled.records:  # idle: a look at the ends says how far behind the copies are
+        # A look at the ends says how far behind the copies are: when idle, and at least every
+        # ENDS_EVERY_S under a steady load (looking only when idle, a busy index topic left
+        # the copies never warm, and a restarted replica never rejoined for its share).
+        now = asyncio.get_running_loop().time()
+        if not polled.records or now - self._ends_at >= ENDS_EVERY_S:
+            self._ends_at = now
             tps = [TopicPart(self._topic, p) for p in self.copies]
             with contextlib.suppress(LogError):
                 ends = await self._log.log_ends(tps)
