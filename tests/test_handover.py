@@ -440,3 +440,32 @@ async def test_a_lagging_standby_copy_is_caught_up_after_the_fence(
             assert await a.indexer.hand_over()
         assert restored == []
         assert taken == expected
+
+
+async def test_the_wait_for_warm_copies_is_bounded_with_the_hand_over_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator turns the hand-over off (``timeout_s`` 0) while a replica is stopped
+    draining: back on the replace path, it must not wait for ever for copies that never warm
+    (the index topic's leader is away) before it rejoins for its share."""
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a")
+    b_settings = replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b:
+        async with replica(a_settings, log) as a:
+            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
+            assert await a.indexer.hand_over()
+        never = asyncio.Event()
+
+        async def restore(self: Standbys, parts: set[int]) -> None:
+            await never.wait()  # the copies never warm
+
+        monkeypatch.setattr(Standbys, "_restore", restore)
+        monkeypatch.setattr(ownership, "REJOIN_WAIT_S", 0.5)
+        off = replica_settings(prefix, "a", handover={"timeout_s": 0})
+        async with replica(off, log) as a:
+            await wait_until(
+                lambda: a.indexer.partitions and b.indexer.partitions,
+                what="the restarted a has a share again with the hand-over off",
+            )

@@ -43,6 +43,10 @@ OwnershipListener = Callable[[set[int], set[int]], None]
 #: Back-off of a failed gain's retries: the first wait and the longest.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
+#: The bound of a returning replica's wait for warm copies before it rejoins for its share,
+#: when ``handover.timeout_s`` is 0 (the hand-over turned off while it was stopped draining):
+#: the wait must end even when the copies never warm (the index topic's leader is away).
+REJOIN_WAIT_S = 20.0
 
 
 class Ownership:
@@ -320,7 +324,7 @@ class GroupCallbacks:
         standbys = self.ownership.standbys
         named = assignor.map.standing_by(assignor.url) - set(self.ownership.owned_now())
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.ownership.settings.handover.timeout_s or None):
+            async with asyncio.timeout(self.ownership.settings.handover.timeout_s or REJOIN_WAIT_S):
                 while not named <= standbys.warm():
                     await standbys.warmed()
         assignor.bump()  # the same metadata as the broker holds would not rebalance
