@@ -20,6 +20,7 @@ from support.layout import fresh_prefix, make_settings, merged
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
+from bridge.kafka import ownership as ownership_kafka
 from bridge.kafka.acls import bridge_group
 from bridge.kafka.memory import MemoryGroupTail, MemoryLog
 from bridge.kafka.ownership import (
@@ -469,3 +470,20 @@ async def test_the_wait_for_warm_copies_is_bounded_with_the_hand_over_off(
                 lambda: a.indexer.partitions and b.indexer.partitions,
                 what="the restarted a has a share again with the hand-over off",
             )
+
+
+def test_a_replica_given_partitions_or_done_rejoining_is_not_thought_draining() -> None:
+    """Another member claiming this replica's URL and draining (a forged claim, or a crashed
+    dynamic member of the same pod not yet expired) must not make it rejoin at every
+    assignment: a rebalance each, for as long as that member stays. Only an empty share can be
+    the drained one, and a few rejoins are enough (the first one carries the new claim)."""
+    url = "http://b.test:8081"
+    assignor = OwnershipAssignor(url, "events")
+    data = json.dumps({"owners": {"0": url}, "draining": [url]}).encode()
+    assignor.on_assignment([TopicPart("events", 0)], data)
+    assert not assignor.thought_draining  # it was given a share: it is not drained
+    assignor.on_assignment([], data)
+    assert assignor.thought_draining  # the replace path's empty share: rejoin
+    for _ in range(ownership_kafka.DRAINING_REJOINS):
+        assignor.bump()
+    assert not assignor.thought_draining  # rejoining did not help: someone else claims it

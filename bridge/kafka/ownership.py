@@ -48,6 +48,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The most deliberate rejoins a replica counted as draining makes: the first one carries its
+#: new claim, so one that is still counted draining after these is named by another member
+#: (a forged claim, or a crashed dynamic member of the same pod until the session timeout),
+#: and rejoining again would only rebalance the group once more, for as long as that lasts.
+DRAINING_REJOINS = 3
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -220,8 +226,16 @@ class OwnershipAssignor:
     @property
     def thought_draining(self) -> bool:
         """The last assignment counted this replica as draining while it is not (it came back
-        on the static replace path with its old metadata): it must rejoin to get a share."""
-        return not self.draining and self.url in self.map.draining
+        on the static replace path with its old metadata): it must rejoin to get a share.
+
+        Only with an empty share (the drained one: a replica given partitions is not counted
+        out) and at most :data:`DRAINING_REJOINS` times."""
+        return (
+            not self.draining
+            and not self.owned
+            and self.rejoins < DRAINING_REJOINS
+            and self.url in self.map.draining
+        )
 
     def assign(self, parts: Sequence[TopicPart], members: Mapping[str, bytes]) -> dict[str, Share]:
         partitions = {p.partition for p in parts if p.topic == self.topic}
