@@ -487,3 +487,55 @@ def test_a_replica_given_partitions_or_done_rejoining_is_not_thought_draining() 
     for _ in range(ownership_kafka.DRAINING_REJOINS):
         assignor.bump()
     assert not assignor.thought_draining  # rejoining did not help: someone else claims it
+
+
+async def test_a_stopping_replica_s_own_last_cut_is_not_taken_for_its_new_owner_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seq tail applies records between the revoke's flush (where the index slices' ends
+    are noted) and the loss, whose flush writes them: that write of the stopping replica's own
+    moved the slice's end, and its streams ended "moved" (reported served) while the new owner
+    had not even fenced the partition. Here the new owner's gain waits for that false news."""
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", handover={"timeout_s": 1.0})
+    b_settings = replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        await wait_until(
+            lambda: a.indexer.partitions and b.indexer.partitions and not a.indexer.handovers.held,
+            what="a and b share, b's share handed over",
+        )
+        a_parts = set(a.indexer.partitions)
+        for p in a_parts:
+            await a.service.create(HOLD, {}, "alice", task_id=a.task_in(p))
+        await wait_until(
+            lambda: all(len(a.indexer.partitions[p]) for p in a_parts), what="a indexes them"
+        )
+        real_note = a.indexer.handovers.note_ends
+
+        async def note_ends(parts: set[int]) -> None:
+            await real_note(parts)
+            for p in parts:  # as the seq tail applying a record after the revoke's flush
+                idx = a.indexer.partitions[p]
+                idx.dirty.update(idx.rows)
+
+        monkeypatch.setattr(a.indexer.handovers, "note_ends", note_ends)
+        told = asyncio.Event()
+        served_early: list[int] = []
+
+        def on_done(seconds: float, served: bool) -> None:
+            if served and not set(a_parts) <= set(b.indexer.partitions):
+                served_early.append(1)
+            told.set()
+
+        a.indexer.handovers.on_done = on_done
+        real_gain = ownership.Ownership.gain
+
+        async def gain(self: ownership.Ownership, parts: set[int]) -> None:
+            if self is b.indexer._ownership:
+                await told.wait()
+            await real_gain(self, parts)
+
+        monkeypatch.setattr(ownership.Ownership, "gain", gain)
+        await a.indexer.hand_over()
+        assert not served_early

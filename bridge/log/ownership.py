@@ -192,10 +192,15 @@ class Ownership:
         """Give up ``parts``: persist what they have (if still allowed) and drop their state."""
         if not parts:
             return
+        wrote: set[int] = set()
         for p in parts & set(self._writer.writers):
             with contextlib.suppress(Exception):
-                await self._writer.flush_partition(p)
+                if await self._writer.flush_partition(p):
+                    wrote.add(p)
         await self._writer.close(parts)
+        # What the seq tail applied since the revoke was written now, after the ends were
+        # noted: this replica's own write must not pass for the new owner's first one.
+        await self.handovers.moved_ends(wrote)
         for p in parts:
             gone = self._owned.partitions.pop(p, None)
             self.refused_before += gone.refused if gone is not None else 0
