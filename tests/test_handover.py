@@ -539,3 +539,25 @@ async def test_a_stopping_replica_s_own_last_cut_is_not_taken_for_its_new_owner_
         monkeypatch.setattr(ownership.Ownership, "gain", gain)
         await a.indexer.hand_over()
         assert not served_early
+
+
+async def test_an_assignment_arriving_after_the_stop_starts_no_task() -> None:
+    """aiokafka calls the group's callbacks from its coordinator, which runs until the
+    consumer closes, after the indexer's own tasks are stopped: an assignment there (another
+    replica of the rollout joins) must start nothing (a gain retried with back-off for ever,
+    standby copies followed from a closed log, a rejoin)."""
+    prefix = fresh_prefix("ho")
+    settings = replica_settings(prefix, "a", handover={"timeout_s": 0})
+    log = group_log(settings)
+    async with replica(settings, log) as a:
+        callbacks = a.indexer._callbacks
+        assert callbacks is not None
+    url = "http://a.test:8081"
+    data = json.dumps({"owners": {"0": url}, "standbys": {"1": [url]}, "draining": [url]}).encode()
+    topic = settings.topics.events
+    await callbacks.revoked(frozenset())
+    await callbacks.assigned(frozenset({TopicPart(topic, 0)}), data)
+    own = a.indexer._ownership
+    assert own._retrying is None or own._retrying.done()
+    assert a.indexer.standbys._task is None
+    assert callbacks._waiting is None

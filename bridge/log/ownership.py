@@ -294,8 +294,13 @@ class GroupCallbacks:
         self.assignor = assignor
         self._member = member
         self._waiting: asyncio.Task[None] | None = None
+        #: Set by :meth:`stop`: aiokafka's coordinator, which calls these, runs until the
+        #: consumer closes, after the indexer stopped; what it calls then starts nothing.
+        self._stopped = False
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
+        if self._stopped:
+            return
         # Eager rebalancing revokes everything before the new round: persist now, so whoever
         # gets a partition restores its latest counts (partitions kept lose nothing).
         with contextlib.suppress(Exception):
@@ -304,6 +309,8 @@ class GroupCallbacks:
         await self.ownership.revoked()
 
     async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
+        if self._stopped:
+            return
         if self.assignor is not None:
             self.assignor.on_assignment(parts, user_data)
         try:
@@ -336,7 +343,8 @@ class GroupCallbacks:
         _rejoin(member)
 
     async def stop(self) -> None:
-        """Stop waiting to rejoin."""
+        """Stop waiting to rejoin, and take no assignment from now on."""
+        self._stopped = True
         await cancel_and_wait(self._waiting)
 
 
