@@ -561,3 +561,32 @@ async def test_an_assignment_arriving_after_the_stop_starts_no_task() -> None:
     assert own._retrying is None or own._retrying.done()
     assert a.indexer.standbys._task is None
     assert callbacks._waiting is None
+
+
+def test_a_garbled_claim_cannot_swell_the_assignment_or_the_leader_s_work() -> None:
+    """Any group member writes its own claim: a URL of megabytes is copied into the owner map
+    once per partition it owns and sent to every member (past the broker's limit, no round
+    completes: nothing is served); owned and warm lists of millions of partitions cost the
+    leader their size at every pass. A claim's URL is bounded (longer: garbled, claims
+    nothing) and its lists count only the topic's partitions."""
+    assignor = OwnershipAssignor("http://a", "events")
+    huge = "http://" + "x" * 100_000
+    members = {
+        "big": json.dumps({"url": huge, "owned": [0, 1]}).encode(),
+        "many": json.dumps(
+            {"url": "http://m", "owned": list(range(200_000)), "warm": list(range(200_000))}
+        ).encode(),
+    }
+    seen: list[Claim] = []
+    real = ownership_kafka.sticky_assign
+
+    def spy(partitions: Any, claims: Any) -> Any:
+        seen.extend(claims.values())
+        return real(partitions, claims)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ownership_kafka, "sticky_assign", spy)
+        shares = assignor.assign([TopicPart("events", p) for p in range(4)], members)
+    assert all(len(share.user_data) < 4_096 for share in shares.values())
+    assert all(c.owned <= set(range(4)) and c.warm <= set(range(4)) for c in seen)
+    assert sorted(p.partition for s in shares.values() for p in s.parts) == [0, 1, 2, 3]

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 #: (a forged claim, or a crashed dynamic member of the same pod until the session timeout),
 #: and rejoining again would only rebalance the group once more, for as long as that lasts.
 DRAINING_REJOINS = 3
+#: The longest URL a claim may name: every member's claim is read by the leader and each
+#: owner's URL is copied into the map sent to every member, once per partition it owns (a URL
+#: of megabytes would take the assignment past the broker's limit: no round would complete).
+MAX_URL = 2_048
 
 
 @dataclass(frozen=True)
@@ -239,7 +243,7 @@ class OwnershipAssignor:
 
     def assign(self, parts: Sequence[TopicPart], members: Mapping[str, bytes]) -> dict[str, Share]:
         partitions = {p.partition for p in parts if p.topic == self.topic}
-        claims = {member: _claim(data) for member, data in members.items()}
+        claims = {member: _claim(data, partitions) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
         instances = {c.url: c.instance for c in claims.values() if c.instance is not None}
@@ -291,15 +295,23 @@ def _instances(data: object) -> dict[str, str]:
     return {url: i for url, i in raw.items() if isinstance(url, str) and isinstance(i, str)}
 
 
-def _claim(user_data: bytes | None) -> Claim:
-    """A member's claim; a member this version cannot read claims nothing (it still gets a share)."""
+def _claim(user_data: bytes | None, partitions: set[int] | None = None) -> Claim:
+    """A member's claim, its lists cut to ``partitions`` (the topic's: a claim of others costs
+    the leader their number at every pass); a member this version cannot read, or naming a URL
+    longer than :data:`MAX_URL`, claims nothing (it still gets a share)."""
     try:
         raw = json.loads(user_data or b"{}")
         instance = raw.get("instance")
+        url = str(raw.get("url", ""))
+        if len(url) > MAX_URL:
+            log.warning("a group member claims a URL of %d characters: read as none", len(url))
+            return Claim("")
         owned = frozenset(int(p) for p in raw.get("owned", ()))
         warm = frozenset(int(p) for p in raw.get("warm", ()))
+        if partitions is not None:
+            owned, warm = owned & partitions, warm & partitions
         return Claim(
-            str(raw.get("url", "")),
+            url,
             owned,
             instance if isinstance(instance, str) else None,
             # Only a literal true drains: an older member (no field) or a garbled one stays.
