@@ -590,3 +590,14 @@ def test_a_garbled_claim_cannot_swell_the_assignment_or_the_leader_s_work() -> N
     assert all(len(share.user_data) < 4_096 for share in shares.values())
     assert all(c.owned <= set(range(4)) and c.warm <= set(range(4)) for c in seen)
     assert sorted(p.partition for s in shares.values() for p in s.parts) == [0, 1, 2, 3]
+
+
+def test_when_every_member_drains_none_is_given_what_another_holds() -> None:
+    """Every replica stops at once (a scale to zero, a node drained), one after the other's
+    hand-over: the first, drained and owning nothing, must not be given half back by the
+    balance (a gain, fencing the owner, while it stops; each stream moved twice)."""
+    claims = {
+        "m-a": Claim("http://a", frozenset(), draining=True),
+        "m-b": Claim("http://b", frozenset({0, 1, 2}), draining=True),
+    }
+    assert sticky_assign(range(4), claims) == {"m-a": [3], "m-b": [0, 1, 2]}

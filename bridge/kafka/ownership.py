@@ -80,15 +80,36 @@ def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> di
     unclean handover) unless that member holds more than its share: then it gives away first
     the partitions another member claims a warm copy of (that one can serve them at once).
     Unowned partitions go to the members with the fewest. A draining member gets nothing (its
-    partitions are unowned) unless every member is draining. Deterministic for the same input.
+    partitions are unowned) unless every member is draining: then each keeps what it claims,
+    unbalanced. Deterministic for the same input.
     """
     if not members:
         return {}
     staying = {m: c for m, c in members.items() if not c.draining}
-    if staying and len(staying) < len(members):
+    if not staying:
+        return _kept(partitions, members)
+    if len(staying) < len(members):
         shares = _sticky(partitions, staying)
         return {m: shares.get(m, []) for m in sorted(members)}
     return _sticky(partitions, members)
+
+
+def _kept(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
+    """Every member is draining: each keeps what it claims (no balancing: a member that
+    handed its share over is stopping, and must not be given some back); only the unowned
+    partitions are dealt, to the members with the fewest."""
+    ids = sorted(members)
+    parts = sorted(set(partitions))
+    result: dict[str, list[int]] = {m: [] for m in ids}
+    taken: set[int] = set()
+    for member in ids:
+        for p in sorted(members[member].owned & set(parts) - taken):
+            result[member].append(p)
+            taken.add(p)
+    for p in parts:
+        if p not in taken:
+            result[min(ids, key=lambda m: (len(result[m]), m))].append(p)
+    return {m: sorted(ps) for m, ps in result.items()}
 
 
 def _sticky(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
