@@ -601,3 +601,19 @@ def test_when_every_member_drains_none_is_given_what_another_holds() -> None:
         "m-b": Claim("http://b", frozenset({0, 1, 2}), draining=True),
     }
     assert sticky_assign(range(4), claims) == {"m-a": [3], "m-b": [0, 1, 2]}
+
+
+def test_a_claim_of_another_member_s_instance_id_names_no_instance() -> None:
+    """A survivor has the group drop an unreachable owner by the instance id the map names for
+    its URL: a member claiming another's instance id (the broker keeps them unique among its
+    members, so two claims of one are a forgery) would have the healthy one removed instead,
+    at each suspicion. An instance id claimed twice is named for neither URL."""
+    assignor = OwnershipAssignor("http://a", "events")
+    members = {
+        "real": json.dumps({"url": "http://y", "owned": [0], "instance": "y"}).encode(),
+        "fake": json.dumps({"url": "http://x", "owned": [1], "instance": "y"}).encode(),
+        "other": json.dumps({"url": "http://z", "instance": "z"}).encode(),
+    }
+    shares = assignor.assign([TopicPart("events", p) for p in range(3)], members)
+    data = json.loads(shares["real"].user_data)
+    assert data["instances"] == {"http://z": "z"}

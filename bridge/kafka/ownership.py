@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.kafka.port import Share, TopicPart
@@ -267,7 +268,7 @@ class OwnershipAssignor:
         claims = {member: _claim(data, partitions) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
-        instances = {c.url: c.instance for c in claims.values() if c.instance is not None}
+        instances = _unique_instances(list(claims.values()))
         draining = sorted({c.url for c in claims.values() if c.draining})
         data: dict[str, object] = {"owners": owners, "instances": instances}
         if draining:
@@ -306,6 +307,15 @@ class OwnershipAssignor:
         self.map = OwnershipMap(
             owners, self.map.generation + 1, _instances(data), draining, standbys
         )
+
+
+def _unique_instances(claims: Collection[Claim]) -> dict[str, str]:
+    """URL -> instance id of the claims naming an instance id no other claim names: the broker
+    keeps instance ids unique among its members, so one claimed twice is a forgery (naming it
+    would have a survivor remove the healthy member instead of the unreachable one)."""
+    claimed = {c.url: c.instance for c in claims if c.instance is not None}
+    counts = Counter(i for c in claims if (i := c.instance) is not None)
+    return {url: i for url, i in claimed.items() if counts[i] == 1}
 
 
 def _instances(data: object) -> dict[str, str]:
