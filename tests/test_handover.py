@@ -20,6 +20,7 @@ from support.layout import fresh_prefix, make_settings, merged
 from support.waits import wait_until
 
 from bridge.config import Settings, ToolSpec
+from bridge.kafka import ownership as ownership_kafka
 from bridge.kafka.acls import bridge_group
 from bridge.kafka.memory import MemoryGroupTail, MemoryLog
 from bridge.kafka.ownership import (
@@ -440,3 +441,179 @@ async def test_a_lagging_standby_copy_is_caught_up_after_the_fence(
             assert await a.indexer.hand_over()
         assert restored == []
         assert taken == expected
+
+
+async def test_the_wait_for_warm_copies_is_bounded_with_the_hand_over_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator turns the hand-over off (``timeout_s`` 0) while a replica is stopped
+    draining: back on the replace path, it must not wait for ever for copies that never warm
+    (the index topic's leader is away) before it rejoins for its share."""
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a")
+    b_settings = replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(b_settings, log) as b:
+        async with replica(a_settings, log) as a:
+            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
+            assert await a.indexer.hand_over()
+        never = asyncio.Event()
+
+        async def restore(self: Standbys, parts: set[int]) -> None:
+            await never.wait()  # the copies never warm
+
+        monkeypatch.setattr(Standbys, "_restore", restore)
+        monkeypatch.setattr(ownership, "REJOIN_WAIT_S", 0.5)
+        off = replica_settings(prefix, "a", handover={"timeout_s": 0})
+        async with replica(off, log) as a:
+            await wait_until(
+                lambda: a.indexer.partitions and b.indexer.partitions,
+                what="the restarted a has a share again with the hand-over off",
+            )
+
+
+def test_a_replica_given_partitions_or_done_rejoining_is_not_thought_draining() -> None:
+    """Another member claiming this replica's URL and draining (a forged claim, or a crashed
+    dynamic member of the same pod not yet expired) must not make it rejoin at every
+    assignment: a rebalance each, for as long as that member stays. Only an empty share can be
+    the drained one, and a few rejoins are enough (the first one carries the new claim)."""
+    url = "http://b.test:8081"
+    assignor = OwnershipAssignor(url, "events")
+    data = json.dumps({"owners": {"0": url}, "draining": [url]}).encode()
+    assignor.on_assignment([TopicPart("events", 0)], data)
+    assert not assignor.thought_draining  # it was given a share: it is not drained
+    assignor.on_assignment([], data)
+    assert assignor.thought_draining  # the replace path's empty share: rejoin
+    for _ in range(ownership_kafka.DRAINING_REJOINS):
+        assignor.bump()
+    assert not assignor.thought_draining  # rejoining did not help: someone else claims it
+
+
+async def test_a_stopping_replica_s_own_last_cut_is_not_taken_for_its_new_owner_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seq tail applies records between the revoke's flush (where the index slices' ends
+    are noted) and the loss, whose flush writes them: that write of the stopping replica's own
+    moved the slice's end, and its streams ended "moved" (reported served) while the new owner
+    had not even fenced the partition. Here the new owner's gain waits for that false news."""
+    prefix = fresh_prefix("ho")
+    a_settings = replica_settings(prefix, "a", handover={"timeout_s": 1.0})
+    b_settings = replica_settings(prefix, "b")
+    log = group_log(a_settings)
+    async with replica(a_settings, log) as a, replica(b_settings, log) as b:
+        await wait_until(
+            lambda: a.indexer.partitions and b.indexer.partitions and not a.indexer.handovers.held,
+            what="a and b share, b's share handed over",
+        )
+        a_parts = set(a.indexer.partitions)
+        for p in a_parts:
+            await a.service.create(HOLD, {}, "alice", task_id=a.task_in(p))
+        await wait_until(
+            lambda: all(len(a.indexer.partitions[p]) for p in a_parts), what="a indexes them"
+        )
+        real_note = a.indexer.handovers.note_ends
+
+        async def note_ends(parts: set[int]) -> None:
+            await real_note(parts)
+            for p in parts:  # as the seq tail applying a record after the revoke's flush
+                idx = a.indexer.partitions[p]
+                idx.dirty.update(idx.rows)
+
+        monkeypatch.setattr(a.indexer.handovers, "note_ends", note_ends)
+        told = asyncio.Event()
+        served_early: list[int] = []
+
+        def on_done(seconds: float, served: bool) -> None:
+            if served and not set(a_parts) <= set(b.indexer.partitions):
+                served_early.append(1)
+            told.set()
+
+        a.indexer.handovers.on_done = on_done
+        real_gain = ownership.Ownership.gain
+
+        async def gain(self: ownership.Ownership, parts: set[int]) -> None:
+            if self is b.indexer._ownership:
+                await told.wait()
+            await real_gain(self, parts)
+
+        monkeypatch.setattr(ownership.Ownership, "gain", gain)
+        await a.indexer.hand_over()
+        assert not served_early
+
+
+async def test_an_assignment_arriving_after_the_stop_starts_no_task() -> None:
+    """aiokafka calls the group's callbacks from its coordinator, which runs until the
+    consumer closes, after the indexer's own tasks are stopped: an assignment there (another
+    replica of the rollout joins) must start nothing (a gain retried with back-off for ever,
+    standby copies followed from a closed log, a rejoin)."""
+    prefix = fresh_prefix("ho")
+    settings = replica_settings(prefix, "a", handover={"timeout_s": 0})
+    log = group_log(settings)
+    async with replica(settings, log) as a:
+        callbacks = a.indexer._callbacks
+        assert callbacks is not None
+    url = "http://a.test:8081"
+    data = json.dumps({"owners": {"0": url}, "standbys": {"1": [url]}, "draining": [url]}).encode()
+    topic = settings.topics.events
+    await callbacks.revoked(frozenset())
+    await callbacks.assigned(frozenset({TopicPart(topic, 0)}), data)
+    own = a.indexer._ownership
+    assert own._retrying is None or own._retrying.done()
+    assert a.indexer.standbys._task is None
+    assert callbacks._waiting is None
+
+
+def test_a_garbled_claim_cannot_swell_the_assignment_or_the_leader_s_work() -> None:
+    """Any group member writes its own claim: a URL of megabytes is copied into the owner map
+    once per partition it owns and sent to every member (past the broker's limit, no round
+    completes: nothing is served); owned and warm lists of millions of partitions cost the
+    leader their size at every pass. A claim's URL is bounded (longer: garbled, claims
+    nothing) and its lists count only the topic's partitions."""
+    assignor = OwnershipAssignor("http://a", "events")
+    huge = "http://" + "x" * 100_000
+    members = {
+        "big": json.dumps({"url": huge, "owned": [0, 1]}).encode(),
+        "many": json.dumps(
+            {"url": "http://m", "owned": list(range(200_000)), "warm": list(range(200_000))}
+        ).encode(),
+    }
+    seen: list[Claim] = []
+    real = ownership_kafka.sticky_assign
+
+    def spy(partitions: Any, claims: Any) -> Any:
+        seen.extend(claims.values())
+        return real(partitions, claims)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ownership_kafka, "sticky_assign", spy)
+        shares = assignor.assign([TopicPart("events", p) for p in range(4)], members)
+    assert all(len(share.user_data) < 4_096 for share in shares.values())
+    assert all(c.owned <= set(range(4)) and c.warm <= set(range(4)) for c in seen)
+    assert sorted(p.partition for s in shares.values() for p in s.parts) == [0, 1, 2, 3]
+
+
+def test_when_every_member_drains_none_is_given_what_another_holds() -> None:
+    """Every replica stops at once (a scale to zero, a node drained), one after the other's
+    hand-over: the first, drained and owning nothing, must not be given half back by the
+    balance (a gain, fencing the owner, while it stops; each stream moved twice)."""
+    claims = {
+        "m-a": Claim("http://a", frozenset(), draining=True),
+        "m-b": Claim("http://b", frozenset({0, 1, 2}), draining=True),
+    }
+    assert sticky_assign(range(4), claims) == {"m-a": [3], "m-b": [0, 1, 2]}
+
+
+def test_a_claim_of_another_member_s_instance_id_names_no_instance() -> None:
+    """A survivor has the group drop an unreachable owner by the instance id the map names for
+    its URL: a member claiming another's instance id (the broker keeps them unique among its
+    members, so two claims of one are a forgery) would have the healthy one removed instead,
+    at each suspicion. An instance id claimed twice is named for neither URL."""
+    assignor = OwnershipAssignor("http://a", "events")
+    members = {
+        "real": json.dumps({"url": "http://y", "owned": [0], "instance": "y"}).encode(),
+        "fake": json.dumps({"url": "http://x", "owned": [1], "instance": "y"}).encode(),
+        "other": json.dumps({"url": "http://z", "instance": "z"}).encode(),
+    }
+    shares = assignor.assign([TopicPart("events", p) for p in range(3)], members)
+    data = json.loads(shares["real"].user_data)
+    assert data["instances"] == {"http://z": "z"}

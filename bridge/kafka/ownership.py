@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.kafka.port import Share, TopicPart
@@ -47,6 +48,16 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The most deliberate rejoins a replica counted as draining makes: the first one carries its
+#: new claim, so one that is still counted draining after these is named by another member
+#: (a forged claim, or a crashed dynamic member of the same pod until the session timeout),
+#: and rejoining again would only rebalance the group once more, for as long as that lasts.
+DRAINING_REJOINS = 3
+#: The longest URL a claim may name: every member's claim is read by the leader and each
+#: owner's URL is copied into the map sent to every member, once per partition it owns (a URL
+#: of megabytes would take the assignment past the broker's limit: no round would complete).
+MAX_URL = 2_048
 
 
 @dataclass(frozen=True)
@@ -70,15 +81,36 @@ def sticky_assign(partitions: Iterable[int], members: Mapping[str, Claim]) -> di
     unclean handover) unless that member holds more than its share: then it gives away first
     the partitions another member claims a warm copy of (that one can serve them at once).
     Unowned partitions go to the members with the fewest. A draining member gets nothing (its
-    partitions are unowned) unless every member is draining. Deterministic for the same input.
+    partitions are unowned) unless every member is draining: then each keeps what it claims,
+    unbalanced. Deterministic for the same input.
     """
     if not members:
         return {}
     staying = {m: c for m, c in members.items() if not c.draining}
-    if staying and len(staying) < len(members):
+    if not staying:
+        return _kept(partitions, members)
+    if len(staying) < len(members):
         shares = _sticky(partitions, staying)
         return {m: shares.get(m, []) for m in sorted(members)}
     return _sticky(partitions, members)
+
+
+def _kept(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
+    """Every member is draining: each keeps what it claims (no balancing: a member that
+    handed its share over is stopping, and must not be given some back); only the unowned
+    partitions are dealt, to the members with the fewest."""
+    ids = sorted(members)
+    parts = sorted(set(partitions))
+    result: dict[str, list[int]] = {m: [] for m in ids}
+    taken: set[int] = set()
+    for member in ids:
+        for p in sorted(members[member].owned & set(parts) - taken):
+            result[member].append(p)
+            taken.add(p)
+    for p in parts:
+        if p not in taken:
+            result[min(ids, key=lambda m: (len(result[m]), m))].append(p)
+    return {m: sorted(ps) for m, ps in result.items()}
 
 
 def _sticky(partitions: Iterable[int], members: Mapping[str, Claim]) -> dict[str, list[int]]:
@@ -220,15 +252,23 @@ class OwnershipAssignor:
     @property
     def thought_draining(self) -> bool:
         """The last assignment counted this replica as draining while it is not (it came back
-        on the static replace path with its old metadata): it must rejoin to get a share."""
-        return not self.draining and self.url in self.map.draining
+        on the static replace path with its old metadata): it must rejoin to get a share.
+
+        Only with an empty share (the drained one: a replica given partitions is not counted
+        out) and at most :data:`DRAINING_REJOINS` times."""
+        return (
+            not self.draining
+            and not self.owned
+            and self.rejoins < DRAINING_REJOINS
+            and self.url in self.map.draining
+        )
 
     def assign(self, parts: Sequence[TopicPart], members: Mapping[str, bytes]) -> dict[str, Share]:
         partitions = {p.partition for p in parts if p.topic == self.topic}
-        claims = {member: _claim(data) for member, data in members.items()}
+        claims = {member: _claim(data, partitions) for member, data in members.items()}
         shares = sticky_assign(partitions, claims)
         owners = {str(p): claims[m].url for m, ps in shares.items() for p in ps}
-        instances = {c.url: c.instance for c in claims.values() if c.instance is not None}
+        instances = _unique_instances(list(claims.values()))
         draining = sorted({c.url for c in claims.values() if c.draining})
         data: dict[str, object] = {"owners": owners, "instances": instances}
         if draining:
@@ -269,6 +309,15 @@ class OwnershipAssignor:
         )
 
 
+def _unique_instances(claims: Collection[Claim]) -> dict[str, str]:
+    """URL -> instance id of the claims naming an instance id no other claim names: the broker
+    keeps instance ids unique among its members, so one claimed twice is a forgery (naming it
+    would have a survivor remove the healthy member instead of the unreachable one)."""
+    claimed = {c.url: c.instance for c in claims if c.instance is not None}
+    counts = Counter(i for c in claims if (i := c.instance) is not None)
+    return {url: i for url, i in claimed.items() if counts[i] == 1}
+
+
 def _instances(data: object) -> dict[str, str]:
     """The URL -> instance id map of an assignment (empty from a leader older than it)."""
     raw = data.get("instances") if isinstance(data, dict) else None
@@ -277,15 +326,23 @@ def _instances(data: object) -> dict[str, str]:
     return {url: i for url, i in raw.items() if isinstance(url, str) and isinstance(i, str)}
 
 
-def _claim(user_data: bytes | None) -> Claim:
-    """A member's claim; a member this version cannot read claims nothing (it still gets a share)."""
+def _claim(user_data: bytes | None, partitions: set[int] | None = None) -> Claim:
+    """A member's claim, its lists cut to ``partitions`` (the topic's: a claim of others costs
+    the leader their number at every pass); a member this version cannot read, or naming a URL
+    longer than :data:`MAX_URL`, claims nothing (it still gets a share)."""
     try:
         raw = json.loads(user_data or b"{}")
         instance = raw.get("instance")
+        url = str(raw.get("url", ""))
+        if len(url) > MAX_URL:
+            log.warning("a group member claims a URL of %d characters: read as none", len(url))
+            return Claim("")
         owned = frozenset(int(p) for p in raw.get("owned", ()))
         warm = frozenset(int(p) for p in raw.get("warm", ()))
+        if partitions is not None:
+            owned, warm = owned & partitions, warm & partitions
         return Claim(
-            str(raw.get("url", "")),
+            url,
             owned,
             instance if isinstance(instance, str) else None,
             # Only a literal true drains: an older member (no field) or a garbled one stays.

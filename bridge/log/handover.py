@@ -81,6 +81,21 @@ class Handovers:
                 ends = await self._log.log_ends(tps)
                 self._ends = {tp.partition: off for tp, off in ends.items()}
 
+    async def moved_ends(self, parts: set[int]) -> None:
+        """This replica wrote to ``parts``' index slices after the revoke (its last cut, as it
+        lost them): note their ends again, past its own write. Unknown means they cannot be
+        held (told lost at once: better than ending their streams on a write of its own)."""
+        parts &= set(self._ends)
+        if not parts:
+            return
+        for p in parts:
+            del self._ends[p]
+        tps = [TopicPart(self.index_topic, p) for p in sorted(parts)]
+        with contextlib.suppress(LogError, TimeoutError):
+            async with asyncio.timeout(5):
+                ends = await self._log.log_ends(tps)
+                self._ends.update({tp.partition: off for tp, off in ends.items()})
+
     def hold(self, lost: set[int]) -> set[int]:
         """Hold what of ``lost`` can be watched; returns the rest (to be told now)."""
         watched = {p for p in lost if p in self._ends}

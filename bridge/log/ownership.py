@@ -43,6 +43,10 @@ OwnershipListener = Callable[[set[int], set[int]], None]
 #: Back-off of a failed gain's retries: the first wait and the longest.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
+#: The bound of a returning replica's wait for warm copies before it rejoins for its share,
+#: when ``handover.timeout_s`` is 0 (the hand-over turned off while it was stopped draining):
+#: the wait must end even when the copies never warm (the index topic's leader is away).
+REJOIN_WAIT_S = 20.0
 
 
 class Ownership:
@@ -188,10 +192,15 @@ class Ownership:
         """Give up ``parts``: persist what they have (if still allowed) and drop their state."""
         if not parts:
             return
+        wrote: set[int] = set()
         for p in parts & set(self._writer.writers):
             with contextlib.suppress(Exception):
-                await self._writer.flush_partition(p)
+                if await self._writer.flush_partition(p):
+                    wrote.add(p)
         await self._writer.close(parts)
+        # What the seq tail applied since the revoke was written now, after the ends were
+        # noted: this replica's own write must not pass for the new owner's first one.
+        await self.handovers.moved_ends(wrote)
         for p in parts:
             gone = self._owned.partitions.pop(p, None)
             self.refused_before += gone.refused if gone is not None else 0
@@ -285,8 +294,13 @@ class GroupCallbacks:
         self.assignor = assignor
         self._member = member
         self._waiting: asyncio.Task[None] | None = None
+        #: Set by :meth:`stop`: aiokafka's coordinator, which calls these, runs until the
+        #: consumer closes, after the indexer stopped; what it calls then starts nothing.
+        self._stopped = False
 
     async def revoked(self, parts: frozenset[TopicPart]) -> None:
+        if self._stopped:
+            return
         # Eager rebalancing revokes everything before the new round: persist now, so whoever
         # gets a partition restores its latest counts (partitions kept lose nothing).
         with contextlib.suppress(Exception):
@@ -295,6 +309,8 @@ class GroupCallbacks:
         await self.ownership.revoked()
 
     async def assigned(self, parts: frozenset[TopicPart], user_data: bytes) -> None:
+        if self._stopped:
+            return
         if self.assignor is not None:
             self.assignor.on_assignment(parts, user_data)
         try:
@@ -320,14 +336,15 @@ class GroupCallbacks:
         standbys = self.ownership.standbys
         named = assignor.map.standing_by(assignor.url) - set(self.ownership.owned_now())
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.ownership.settings.handover.timeout_s or None):
+            async with asyncio.timeout(self.ownership.settings.handover.timeout_s or REJOIN_WAIT_S):
                 while not named <= standbys.warm():
                     await standbys.warmed()
         assignor.bump()  # the same metadata as the broker holds would not rebalance
         _rejoin(member)
 
     async def stop(self) -> None:
-        """Stop waiting to rejoin."""
+        """Stop waiting to rejoin, and take no assignment from now on."""
+        self._stopped = True
         await cancel_and_wait(self._waiting)
 
 
