@@ -110,9 +110,28 @@ class PeerIdentity:
 
 
 class Headers(Protocol):
-    """What :meth:`PeerAuth.verify` reads of a request's headers (starlette's ``Headers``)."""
+    """What :meth:`PeerAuth.verify` reads of a request's headers (starlette's ``Headers``,
+    whose ``raw`` list is read in one pass when it has one)."""
 
     def getlist(self, key: str) -> list[str]: ...
+
+
+#: The headers :meth:`PeerAuth.verify` reads, by their lower-case wire names.
+_READ = {name.encode("ascii"): name for name in (*HOP_HEADERS, *SIGNED_HEADERS)}
+
+
+def _values(headers: Headers) -> dict[str, list[str]]:
+    """Each header of the hop and each signed header: its values (one pass over an ASGI
+    request's headers, whose names are lower case; one lookup per name otherwise)."""
+    raw: list[tuple[bytes, bytes]] | None = getattr(headers, "raw", None)
+    if raw is None:
+        return {name: headers.getlist(name) for name in _READ.values()}
+    found: dict[str, list[str]] = {name: [] for name in _READ.values()}
+    for key, value in raw:
+        name = _READ.get(key)
+        if name is not None:
+            found[name].append(value.decode("latin-1"))
+    return found
 
 
 def mark_peer_listener(scope: MutableMapping[str, Any]) -> None:
@@ -250,12 +269,13 @@ class PeerAuth:
         signature, the timestamp, then the nonce (remembered only for a hop that passed all
         the rest, so nobody without the secret can fill the memory).
         """
-        if not headers.getlist(_SIGNATURE):
+        given = _values(headers)
+        if not given[_SIGNATURE]:
             raise HopRefused("missing")
         if self.own_origin is None:
             raise HopRefused("destination")
-        values = {name: _one(headers, name) for name in HOP_HEADERS}
-        signed = {name: _optional(headers, name) for name in SIGNED_HEADERS}
+        values = {name: _one(given[name]) for name in HOP_HEADERS}
+        signed = {name: _optional(given[name]) for name in SIGNED_HEADERS}
         stamp = values[_TIME]
         if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 15):
             raise HopRefused("malformed")
@@ -281,16 +301,14 @@ class PeerAuth:
         return identity
 
 
-def _one(headers: Headers, name: str) -> str:
-    values = headers.getlist(name)
+def _one(values: list[str]) -> str:
     if len(values) != 1:
         raise HopRefused("malformed")
     return values[0]
 
 
-def _optional(headers: Headers, name: str) -> str | None:
+def _optional(values: list[str]) -> str | None:
     # A signed header given twice is ambiguous (which one would a handler read?): refused.
-    values = headers.getlist(name)
     if len(values) > 1:
         raise HopRefused("malformed")
     return values[0] if values else None
