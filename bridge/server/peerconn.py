@@ -36,7 +36,6 @@ _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
 #: The largest answer head accepted from an owner (status line and headers).
 _MAX_HEAD_BYTES = 64 * 1024
-_FORBIDDEN_IN_HEADERS = ("\r", "\n", "\x00")
 
 Origin = tuple[str, str, int]  # scheme, host, port
 
@@ -396,13 +395,13 @@ def request_head(method: str, target: str, headers: Iterable[tuple[str, str]]) -
     without spaces (the hops' paths are built quoted: bridge.server.browser)."""
     if not target.isascii() or not target.isprintable() or " " in target:
         raise httpx.LocalProtocolError(f"not a request target: {target!r}")
-    lines = [f"{method} {target} HTTP/1.1\r\n"]
-    for name, value in headers:
-        if any(c in value or c in name for c in _FORBIDDEN_IN_HEADERS):
-            raise httpx.LocalProtocolError(f"header {name!r} holds a line break or NUL")
-        lines.append(f"{name}: {value}\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("latin-1")
+    lines = [f"{name}: {value}\r\n" for name, value in headers]
+    text = "".join(lines)
+    # Each line's own CR LF is one of each: any more are in a name or a value (a few scans of
+    # the whole head, not one per header and character).
+    if text.count("\r") != len(lines) or text.count("\n") != len(lines) or "\x00" in text:
+        raise httpx.LocalProtocolError("a header holds a line break or NUL")
+    return f"{method} {target} HTTP/1.1\r\n{text}\r\n".encode("latin-1")
 
 
 _DEFAULT_TLS: list[ssl.SSLContext] = []

@@ -119,6 +119,23 @@ def _hop_refusal(status: int, headers: Mapping[str, str]) -> str | None:
     return reason
 
 
+_FORWARDED = {name.encode("ascii"): name for name in FORWARDED_HEADERS}
+
+
+def _forwarded(headers: Mapping[str, str]) -> dict[str, str]:
+    """The first value of each of :data:`FORWARDED_HEADERS` the client sent: one pass over an
+    ASGI request's headers (lower-case names), one lookup per name otherwise."""
+    raw: list[tuple[bytes, bytes]] | None = getattr(headers, "raw", None)
+    if raw is None:
+        return {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+    sent: dict[str, str] = {}
+    for key, value in raw:
+        name = _FORWARDED.get(key)
+        if name is not None and name not in sent:
+            sent[name] = value.decode("latin-1")
+    return sent
+
+
 #: The owner's answer headers passed back to the client.
 _PASSED_HEADERS = frozenset({"content-type", "cache-control", "retry-after", "www-authenticate"})
 
@@ -415,7 +432,7 @@ class Peers:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
         back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop."""
         self._check_reachable(base_url)
-        sent = {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+        sent = _forwarded(headers)
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         started = self._clock()
         try:
