@@ -995,3 +995,27 @@ def test_hops_and_view_tokens_share_one_signer_whose_derivation_is_a_wire_format
         assert "s" * 8 not in repr(key)
     hop, view = (PurposeKey(secret, p) for p in (b"a", b"b"))
     assert hop.mac(message) != view.mac(message)  # one secret, two purposes, two keys
+
+
+def test_a_hop_s_signature_is_the_documented_canonical_encoding() -> None:
+    """Replicas of two versions check each other's hops during a rolling update: the MAC is
+    over each field as its 4-byte big-endian length then its bytes, in this order (an absent
+    header is the one byte 0, a present one 1 then its value), computed here from scratch."""
+    import base64
+
+    auth = PeerAuth(SECRET, HERE, clock=lambda: 1_700_000_000.25)
+    headers = {"content-type": "application/json", "mcp-method": "tasks/get"}
+    body = b'{"jsonrpc":"2.0"}'
+    who = PeerIdentity("al\nice", "client-1")
+    hop = auth.sign(HERE, "POST", "/mcp", headers, body, who)
+    nonce = base64.urlsafe_b64decode(hop["x-bridge-peer-nonce"] + "==")
+    domain = b"mcp-kafka-bridge peer hop v2"
+    fields = [domain, HERE.encode(), b"POST", b"/mcp"]
+    signed = ("accept", "content-type", "last-event-id", "mcp-method", "mcp-name")
+    for name in (*signed, "mcp-protocol-version", "mcp-session-id"):
+        value = headers.get(name)
+        fields += [name.encode(), b"\x00" if value is None else b"\x01" + value.encode()]
+    fields += [b"al\nice", b"client-1", hashlib.sha256(body).digest(), b"1700000000250", nonce]
+    message = b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+    key = hashlib.sha256(domain + b"\0" + SECRET.encode()).digest()
+    assert hop["x-bridge-peer-signature"] == hmac.digest(key, message, "sha256").hex()

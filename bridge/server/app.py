@@ -343,9 +343,20 @@ def peer_app(settings: Settings, components: Callable[[], Components | None]) ->
             Route("/view/tasks/{task_id}/events", view.events, methods=["GET"]),
         ]
     inner = Starlette(routes=routes)
+    # Every hop is a /mcp request: straight to its endpoint behind the server-error middleware,
+    # not through the router and exception middleware (as the public app does, _BridgeApp).
+    direct = {
+        "POST": ServerErrorMiddleware(RawEndpoint(post)),
+        "GET": ServerErrorMiddleware(RawEndpoint(get)),
+    }
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         mark_peer_listener(scope)
+        if scope["type"] == "http" and scope["path"] == "/mcp":
+            endpoint = direct.get(scope["method"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
         await inner(scope, receive, send)
 
     return app

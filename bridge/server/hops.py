@@ -110,9 +110,28 @@ class PeerIdentity:
 
 
 class Headers(Protocol):
-    """What :meth:`PeerAuth.verify` reads of a request's headers (starlette's ``Headers``)."""
+    """What :meth:`PeerAuth.verify` reads of a request's headers (starlette's ``Headers``,
+    whose ``raw`` list is read in one pass when it has one)."""
 
     def getlist(self, key: str) -> list[str]: ...
+
+
+#: The headers :meth:`PeerAuth.verify` reads, by their lower-case wire names.
+_READ = {name.encode("ascii"): name for name in (*HOP_HEADERS, *SIGNED_HEADERS)}
+
+
+def _values(headers: Headers) -> dict[str, list[str]]:
+    """Each header of the hop and each signed header: its values (one pass over an ASGI
+    request's headers, whose names are lower case; one lookup per name otherwise)."""
+    raw: list[tuple[bytes, bytes]] | None = getattr(headers, "raw", None)
+    if raw is None:
+        return {name: headers.getlist(name) for name in _READ.values()}
+    found: dict[str, list[str]] = {name: [] for name in _READ.values()}
+    for key, value in raw:
+        name = _READ.get(key)
+        if name is not None:
+            found[name].append(value.decode("latin-1"))
+    return found
 
 
 def mark_peer_listener(scope: MutableMapping[str, Any]) -> None:
@@ -127,7 +146,12 @@ def from_peer_listener(scope: Mapping[str, Any]) -> bool:
 
 def canonical(fields: Sequence[bytes]) -> bytes:
     """Each field as its length (4 bytes, big-endian) followed by its bytes: injective."""
-    return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+    return b"".join(map(_field, fields))
+
+
+def _field(value: bytes) -> bytes:
+    """One field of :func:`canonical`."""
+    return len(value).to_bytes(4, "big") + value
 
 
 def _text(value: str) -> bytes:
@@ -137,7 +161,13 @@ def _text(value: str) -> bytes:
 
 def _header_field(value: str | None) -> bytes:
     # Absent and empty are different requests: a presence byte tells them apart.
-    return b"\x00" if value is None else b"\x01" + _text(value)
+    return _ABSENT if value is None else _field(b"\x01" + _text(value))
+
+
+# The constant fields of every hop's canonical encoding, encoded once (the same bytes).
+_ABSENT = _field(b"\x00")
+_DOMAIN_FIELD = _field(_DOMAIN)
+_NAME_FIELDS = tuple((name, _field(name.encode("ascii"))) for name in SIGNED_HEADERS)
 
 
 class SeenNonces:
@@ -207,17 +237,19 @@ class PeerAuth:
         stamp: str,
         nonce: bytes,
     ) -> str:
-        fields = [_DOMAIN, _text(destination), _text(method), _text(path)]
-        for name in SIGNED_HEADERS:
-            fields += [name.encode("ascii"), _header_field(headers.get(name))]
-        fields += [
-            _text(identity.principal),
-            _text(identity.client),
-            hashlib.sha256(body).digest(),
-            stamp.encode("ascii"),
-            nonce,
-        ]
-        return self._key.mac(canonical(fields)).hex()
+        # canonical() of the fields, its constant parts encoded once (a hop's CPU is capacity).
+        parts = [_DOMAIN_FIELD, _field(_text(destination)), _field(_text(method))]
+        parts.append(_field(_text(path)))
+        for name, name_field in _NAME_FIELDS:
+            parts += (name_field, _header_field(headers.get(name)))
+        parts += (
+            _field(_text(identity.principal)),
+            _field(_text(identity.client)),
+            _field(hashlib.sha256(body).digest()),
+            _field(stamp.encode("ascii")),
+            _field(nonce),
+        )
+        return self._key.mac(b"".join(parts)).hex()
 
     def sign(
         self,
@@ -250,12 +282,13 @@ class PeerAuth:
         signature, the timestamp, then the nonce (remembered only for a hop that passed all
         the rest, so nobody without the secret can fill the memory).
         """
-        if not headers.getlist(_SIGNATURE):
+        given = _values(headers)
+        if not given[_SIGNATURE]:
             raise HopRefused("missing")
         if self.own_origin is None:
             raise HopRefused("destination")
-        values = {name: _one(headers, name) for name in HOP_HEADERS}
-        signed = {name: _optional(headers, name) for name in SIGNED_HEADERS}
+        values = {name: _one(given[name]) for name in HOP_HEADERS}
+        signed = {name: _optional(given[name]) for name in SIGNED_HEADERS}
         stamp = values[_TIME]
         if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 15):
             raise HopRefused("malformed")
@@ -281,16 +314,14 @@ class PeerAuth:
         return identity
 
 
-def _one(headers: Headers, name: str) -> str:
-    values = headers.getlist(name)
+def _one(values: list[str]) -> str:
     if len(values) != 1:
         raise HopRefused("malformed")
     return values[0]
 
 
-def _optional(headers: Headers, name: str) -> str | None:
+def _optional(values: list[str]) -> str | None:
     # A signed header given twice is ambiguous (which one would a handler read?): refused.
-    values = headers.getlist(name)
     if len(values) > 1:
         raise HopRefused("malformed")
     return values[0] if values else None

@@ -29,13 +29,14 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from bridge.config import PeerSettings
 from bridge.server.classify import NAME_PARAM
 from bridge.server.hops import REFUSED_HEADER, SIGNED_HEADERS, PeerAuth, PeerIdentity
+from bridge.server.peerconn import HopTransport, origin_of, request_head
 from bridge.server.routing import owner_unavailable_error
 from bridge.server.suspects import ProbeFailed, Suspects, refused
 from bridge.server.wire import (
@@ -107,14 +108,82 @@ class OwnerRefusedHop(Exception):
         self.reason = reason
 
 
-def _hop_refusal(response: httpx.Response) -> str | None:
-    """The reason when ``response`` is the peer listener refusing the hop, not the owner's
-    answer: marked by :data:`REFUSED_HEADER` (a 401 without it comes from a replica older
-    than the marker, whose listener answered 401 for a refused hop only)."""
-    reason: str | None = response.headers.get(REFUSED_HEADER)
-    if reason is None and response.status_code == 401:
+def _hop_refusal(status: int, headers: Mapping[str, str]) -> str | None:
+    """The reason when an answer (``status``, ``headers`` looked up by lower-case name) is the
+    peer listener refusing the hop, not the owner's answer: marked by :data:`REFUSED_HEADER`
+    (a 401 without it comes from a replica older than the marker, whose listener answered 401
+    for a refused hop only)."""
+    reason: str | None = headers.get(REFUSED_HEADER)
+    if reason is None and status == 401:
         reason = "unauthorized"
     return reason
+
+
+_FORWARDED = {name.encode("ascii"): name for name in FORWARDED_HEADERS}
+
+
+def _forwarded(headers: Mapping[str, str]) -> dict[str, str]:
+    """The first value of each of :data:`FORWARDED_HEADERS` the client sent: one pass over an
+    ASGI request's headers (lower-case names), one lookup per name otherwise."""
+    raw: list[tuple[bytes, bytes]] | None = getattr(headers, "raw", None)
+    if raw is None:
+        return {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+    sent: dict[str, str] = {}
+    for key, value in raw:
+        name = _FORWARDED.get(key)
+        if name is not None and name not in sent:
+            sent[name] = value.decode("latin-1")
+    return sent
+
+
+#: The owner's answer headers passed back to the client.
+_PASSED_HEADERS = frozenset({"content-type", "cache-control", "retry-after", "www-authenticate"})
+
+
+class _Reply(Protocol):
+    """The owner's answer as :meth:`Peers.forward` reads it: a lean
+    :class:`~bridge.server.peerconn.Answer`, or an httpx response (:class:`_HttpxReply`)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxReply:
+    """An httpx response read as a :class:`_Reply` (a client given for tests or a
+    simulation, whose transport is not the lean one)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status = response.status_code
+        self.headers: Mapping[str, str] = response.headers
+
+    @property
+    def ended(self) -> bool:
+        return self._response.is_closed  # read to its end (httpx closes it then)
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_raw()
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.aread()
+        finally:
+            await self._response.aclose()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
 
 
 def client_tls(settings: PeerSettings) -> ssl.SSLContext | bool:
@@ -241,31 +310,29 @@ class Peers:
         )
         # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
         # owner's stream is; connecting and the owner's first answer are bounded.
+        self._connect_s = connect_s
+        #: The forwarding pool's connections: forward() writes its requests there itself.
+        self._hops = HopTransport(tls, max_connections=max_streams, max_idle=64, idle_s=idle_s)
         self._client = self._pool(
             # A full pool fails fast (the retriable answer), never a 30 s wait for a slot.
             httpx.Timeout(timeout_s, read=None, connect=connect_s, pool=connect_s),
-            httpx.Limits(
-                max_connections=max_streams, max_keepalive_connections=64, keepalive_expiry=idle_s
-            ),
-            tls,
+            self._hops,
         )
+        self._lean_client = self._client
         self._calls = self._pool(
-            self._call_timeout, httpx.Limits(max_connections=100, keepalive_expiry=idle_s), tls
+            self._call_timeout, HopTransport(tls, max_connections=100, idle_s=idle_s)
         )
         #: Owners a spare connection is being opened to (at most one at a time each).
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._closing = False
 
-    def _pool(
-        self, timeout: httpx.Timeout, limits: httpx.Limits, tls: ssl.SSLContext | bool
-    ) -> httpx.AsyncClient:
+    def _pool(self, timeout: httpx.Timeout, transport: HopTransport) -> httpx.AsyncClient:
+        # The lean transport (bridge.server.peerconn), or the one given for the network.
         client = httpx.AsyncClient(
             timeout=timeout,
-            limits=limits,
             follow_redirects=False,
             trust_env=False,
-            verify=tls,
-            transport=self._transport,
+            transport=self._transport or transport,
         )
         # httpx adds ``Accept: */*`` to a request without one: a signed header the forwarding
         # replica did not sign (it signs a header's absence too).
@@ -365,47 +432,54 @@ class Peers:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
         back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop."""
         self._check_reachable(base_url)
-        sent = {k: v for k in FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+        sent = _forwarded(headers)
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
-        request = self._client.build_request(
-            method, f"{base_url}{path}", headers=sent, content=body
-        )
         started = self._clock()
         try:
-            # The owner's first answer (the head of a stream) is bounded: read=None only
-            # lets a stream stay quiet between its keep-alives once it has begun.
+            # The owner's first answer (the head of a stream) is bounded: no read bound
+            # after it, so a stream may stay quiet between its keep-alives once it has begun.
             async with asyncio.timeout(self._first_answer_s):
-                response = await self._client.send(request, stream=True)
+                reply = await self._send(base_url, method, path, sent, body)
         except (httpx.HTTPError, TimeoutError) as exc:
             self._unreachable(base_url, exc, started)
             raise
         self._seen_alive(base_url)
-        refusal = _hop_refusal(response)
+        refusal = _hop_refusal(reply.status, reply.headers)
         if refusal is not None:  # never the client's answer: http.py maps it once
-            await response.aclose()
+            await reply.aclose()
             log.warning("%s refused a signed hop (%s)", base_url, refusal)
             raise OwnerRefusedHop(base_url, refusal)
-        passed = {
-            k: v
-            for k, v in response.headers.items()
-            if k.lower() in ("content-type", "cache-control", "retry-after", "www-authenticate")
-        }
-        if "text/event-stream" not in response.headers.get("content-type", ""):
-            # A JSON answer is small and whole: passed back with its length, not streamed
-            # chunk by chunk (which cost both replicas a chunked response).
-            try:
-                content = await response.aread()
-            finally:
-                await response.aclose()
-            return Forwarded(response.status_code, passed, _nothing(), _closed, content)
+        passed = {k: v for k, v in reply.headers.items() if k.lower() in _PASSED_HEADERS}
+        if "text/event-stream" not in reply.headers.get("content-type", ""):
+            # A JSON answer is small and whole: passed back as the bytes it is, with its
+            # length, never parsed here nor streamed chunk by chunk.
+            return Forwarded(reply.status, passed, _nothing(), _closed, await reply.read())
 
         async def close() -> None:
-            ended = response.is_closed  # read to its end (httpx closes it then)
-            await response.aclose()
+            ended = reply.ended
+            await reply.aclose()
             if not ended:  # its connection was dropped with it: prepare the next hop's
                 self._spare(base_url)
 
-        return Forwarded(response.status_code, passed, response.aiter_raw(), close)
+        return Forwarded(reply.status, passed, reply.chunks(), close)
+
+    async def _send(
+        self, base_url: str, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> _Reply:
+        """One request to the owner: written straight to a kept-alive connection of the lean
+        pool (no httpx request or response objects: the hop's CPU is the cluster's capacity),
+        or through httpx when the forwarding client was replaced (tests, a simulation)."""
+        if self._client is not self._lean_client or self._transport is not None:
+            request = self._client.build_request(
+                method, f"{base_url}{path}", headers=headers, content=body
+            )
+            return _HttpxReply(await self._client.send(request, stream=True))
+        origin, host = origin_of(base_url)
+        fields = [("host", host), *headers.items()]
+        if body or method == "POST":
+            fields.append(("content-length", str(len(body))))
+        head = request_head(method, path, fields)
+        return await self._hops.send(origin, head, body, connect_s=self._connect_s)
 
     async def call(
         self,
@@ -440,7 +514,9 @@ class Peers:
                 self._unreachable(base_url, exc, started)
                 raise
             self._seen_alive(base_url)
-            if (refusal := _hop_refusal(reply)) is not None:  # not the caller's credential
+            if (
+                refusal := _hop_refusal(reply.status_code, reply.headers)
+            ) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refusal})")
             message = reply.json()
         except (httpx.HTTPError, ValueError) as exc:

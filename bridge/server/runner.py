@@ -306,7 +306,9 @@ def peer_listener(
             host=settings.peers.host or settings.server.host,
             port=settings.peers.port,
             log_level="warning" if quiet else settings.log_level.lower(),
-            access_log=not quiet,
+            # No access log line per hop: the public listener's names the request already,
+            # and a refused hop is logged as a warning (bridge.server.http).
+            access_log=False,
             handle_signals=False,  # the public server's: one stop for both
             http=settings.server.http,
             read_timeout_s=settings.server.read_timeout_s,

@@ -1,0 +1,194 @@
+"""The hops' lean HTTP/1.1 transport (bridge.server.peerconn) against a raw socket server:
+kept-alive connections, answers whole or as they come, and every way an owner can fail."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from bridge.server.peerconn import HopTransport
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head and body (a Content-Length body only)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+class Owner:
+    """A raw server: counts connections, answers each request with ``answer(request)``."""
+
+    def __init__(self, answer: Callable[[bytes], bytes]) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                request = await read_request(reader)
+                self.requests.append(request)
+                writer.write(self.answer(request))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+async def serving(handler: Handler) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def json_answer(request: bytes) -> bytes:
+    body = b'{"ok":true}'
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n" + body
+
+
+async def test_requests_to_one_owner_share_one_kept_alive_connection() -> None:
+    owner = Owner(json_answer)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        for _ in range(3):
+            reply = await client.post(f"{owner.url}/mcp", content=b'{"a":1}')
+            assert reply.status_code == 200 and reply.json() == {"ok": True}
+    owner.server.close()
+    assert owner.connections == 1
+    assert len(owner.requests) == 3 and owner.requests[0].endswith(b'\r\n\r\n{"a":1}')
+    assert owner.requests[0].startswith(b"POST /mcp HTTP/1.1\r\n")
+
+
+async def test_a_chunked_answer_comes_as_it_is_written_and_keeps_the_connection() -> None:
+    def chunked(request: bytes) -> bytes:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        return head + b"transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+
+    owner = Owner(chunked)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        for _ in range(2):
+            async with client.stream("GET", f"{owner.url}/mcp") as reply:
+                assert b"".join([c async for c in reply.aiter_raw()]) == b"hello world"
+    owner.server.close()
+    assert owner.connections == 1
+
+
+async def test_an_answer_left_before_its_end_closes_its_connection() -> None:
+    release = asyncio.Event()
+    connections: list[int] = []
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await release.wait()
+        writer.close()
+
+    async for url in serving(stream):
+        async with httpx.AsyncClient(transport=HopTransport()) as client:
+            for _ in range(2):
+                async with client.stream("GET", f"{url}/mcp") as reply:
+                    assert await anext(reply.aiter_raw()) == b"hello"
+        release.set()
+    assert len(connections) == 2, "a half-read answer's connection is never reused"
+
+
+async def test_an_owner_that_closes_before_answering_is_a_protocol_error() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.close()
+
+    async for url in serving(hang_up):
+        async with httpx.AsyncClient(transport=HopTransport()) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post(f"{url}/mcp", content=b"{}")
+
+
+async def test_a_malformed_answer_is_a_protocol_error() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 2x0 what\r\n\r\n")
+        await writer.drain()
+
+    async for url in serving(garbage):
+        async with httpx.AsyncClient(transport=HopTransport()) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post(f"{url}/mcp", content=b"{}")
+
+
+async def test_a_refused_connection_is_a_connect_error_raised_from_the_refusal() -> None:
+    server = await asyncio.start_server(Owner(json_answer), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        with pytest.raises(httpx.ConnectError) as raised:
+            await client.get(f"http://127.0.0.1:{port}/healthz")
+    assert isinstance(raised.value.__cause__, ConnectionRefusedError)
+
+
+async def test_a_silent_owner_is_a_read_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.Event().wait()  # never answers; cancelled when the server closes
+
+    async for url in serving(silent):
+        async with httpx.AsyncClient(transport=HopTransport(), timeout=0.2) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get(f"{url}/mcp")
+
+
+async def test_a_full_pool_fails_at_once_and_frees_its_slot_when_an_answer_ends() -> None:
+    owner = Owner(json_answer)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    transport = HopTransport(max_connections=1)
+    async with httpx.AsyncClient(transport=transport) as client:
+        async with client.stream("GET", f"{owner.url}/a"):
+            with pytest.raises(httpx.PoolTimeout):
+                await client.get(f"{owner.url}/b")
+        assert (await client.get(f"{owner.url}/c")).status_code == 200
+    owner.server.close()
+
+
+async def test_a_header_value_with_a_line_break_is_never_sent() -> None:
+    owner = Owner(json_answer)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        request = client.build_request("GET", f"{owner.url}/mcp")
+        request.headers["x-evil"] = "a"
+        request.headers._list[-1] = (b"x-evil", b"x-evil", b"a\r\nx-smuggled: 1")
+        with pytest.raises(httpx.LocalProtocolError):
+            await client.send(request)
+    owner.server.close()
+    assert owner.requests == []
+
+
+async def test_an_idle_connection_past_its_expiry_is_not_reused() -> None:
+    owner = Owner(json_answer)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport(idle_s=0.0)) as client:
+        await client.get(f"{owner.url}/a")
+        await client.get(f"{owner.url}/b")
+    owner.server.close()
+    assert owner.connections == 2
