@@ -427,7 +427,7 @@ async def test_a_push_stream_whose_partition_moves_ends_without_its_result_and_r
         finally:
             cluster.stop(c)
     for push in pushes:
-        assert push.seqs == [0, 1, 2, 3, 4], (push.task_id, push.seqs)
+        assert push.seqs == [0, 1, 2, 3, 4], (push.task_id, push.seqs, push.ends)
     assert all(p.ends == ["result"] for p in kept)
     assert all(p.ends == ["closed", "result"] for p in moved)
 
