@@ -22,13 +22,27 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httptools
 import httpx
 
+if TYPE_CHECKING:
+    import httptools
+
 __all__ = ["Answer", "HopTransport", "origin_of", "request_head"]
+
+
+@functools.cache
+def _httptools() -> ModuleType:
+    """httptools, imported at the first hop: a process that never forwards (a single bridge on
+    h11, a bench's bare server importing bridge modules) does not load it, so the benches can
+    still tell from its mapped libraries which HTTP parser its server runs."""
+    import httptools
+
+    return httptools
+
 
 #: Bytes of an answer buffered here before the socket stops being read (a slow client of a
 #: forwarded stream holds the owner back, as one direct connection would).
@@ -49,6 +63,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._loop = asyncio.get_running_loop()
         self._parser: httptools.HttpResponseParser | None = None
+        #: The parser's errors (none until the first request: nothing is parsed before it).
+        self._errors: tuple[type[Exception], ...] = ()
         self._status = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
@@ -76,7 +92,7 @@ class _Connection(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+        except self._errors as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed answer from the owner: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -90,7 +106,7 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > _MAX_HEAD_BYTES:
-            raise httptools.HttpParserError("answer head too large")  # fed back to _fail
+            raise _httptools().HttpParserError("answer head too large")  # fed back to _fail
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -139,7 +155,9 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> None:
         """Write one request; its answer is awaited with :meth:`answer_head`."""
         assert self.transport is not None
-        self._parser = httptools.HttpResponseParser(self)
+        parsing = _httptools()
+        self._parser = parsing.HttpResponseParser(self)
+        self._errors = (parsing.HttpParserError, parsing.HttpParserUpgrade)
         self._status, self._headers, self._head_bytes = 0, [], 0
         self._chunks.clear()
         self._buffered, self.complete, self.keep_alive = 0, False, False
