@@ -199,6 +199,17 @@ async def test_a_stopping_replica_hands_every_partition_over_before_its_streams_
             assert not a.indexer.handovers.held
 
 
+async def share_then_hand_over(settings: Settings, log: MemoryLog) -> tuple[Any, int]:
+    """Replica ``settings`` joins the group beside a running one, takes a share and stops
+    with a hand-over; returns the group and its rebalances before the hand-over."""
+    group = log.group(bridge_group(settings.topics))
+    async with replica(settings, log) as a:
+        await wait_until(lambda: a.indexer.partitions, what="a takes a share")
+        rebalances = group.rebalances
+        assert await a.indexer.hand_over()
+    return group, rebalances
+
+
 async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalances(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -206,11 +217,7 @@ async def test_a_restarted_replica_gets_partitions_again_in_at_most_two_rebalanc
     a_settings, b_settings = replica_settings(prefix, "a"), replica_settings(prefix, "b")
     log = group_log(a_settings)
     async with replica(b_settings, log) as b:
-        group = log.group(bridge_group(a_settings.topics))
-        async with replica(a_settings, log) as a:
-            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
-            rebalances = group.rebalances
-            assert await a.indexer.hand_over()
+        group, rebalances = await share_then_hand_over(a_settings, log)
         # a stopped (a static member: it stays in the group, draining, owning nothing); the
         # same instance comes back on the replace path with the old metadata, warms copies of
         # what it gave away (the assignment named it their standby), and rejoins.
@@ -252,11 +259,7 @@ async def test_a_restarted_replica_whose_copies_never_warm_still_gets_its_share_
     b_settings = replica_settings(prefix, "b")
     log = group_log(a_settings)
     async with replica(b_settings, log) as b:
-        group = log.group(bridge_group(a_settings.topics))
-        async with replica(a_settings, log) as a:
-            await wait_until(lambda: a.indexer.partitions, what="a takes a share")
-            rebalances = group.rebalances
-            assert await a.indexer.hand_over()
+        group, rebalances = await share_then_hand_over(a_settings, log)
         never = asyncio.Event()
 
         async def restore(self: Standbys, parts: set[int]) -> None:
