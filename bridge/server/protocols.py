@@ -12,7 +12,11 @@ protocols add, per connection:
 * a head bound: a request head past ``max_head_bytes`` is refused with ``431`` and the
   connection closed, however the head arrives: in pieces (the bytes are counted as they come,
   before the parser has a whole header to report) or in one read (the request line and headers
-  are counted as the parser reports them, before the app sees them).
+  are counted as the parser reports them, before the app sees them);
+* one write per response: what the app sends in one turn of the event loop (uvicorn writes a
+  response's head and its body separately) goes to the socket in one write
+  (:class:`_BatchedWrites`), so a small answer costs one send (one TLS record) instead of two,
+  and its reader one wake-up.
 
 :func:`protocol_class` picks the parser like uvicorn's ``http`` setting and returns the class
 to pass to ``uvicorn.Config(http=...)``; bridge/server/runner.py does. What this module does
@@ -68,6 +72,72 @@ class _ReadDeadline:
         self.transport.close()
 
 
+#: Held bytes past this are written at once: the transport's own buffer and its flow control
+#: (uvicorn waits while the transport is paused) bound what a response holds, not this batch.
+_BATCH_BYTES = 65536
+
+
+class _BatchedWrites:
+    """A transport whose writes within one turn of the event loop leave in one write.
+
+    uvicorn writes a response's head when the app starts it and each body part as it comes:
+    a JSON answer is two sends, two TLS records, and its reader wakes twice. Here the first
+    write of a turn is held and a flush scheduled (``call_soon``: after the callback that
+    wrote, before any I/O is polled); later writes of the same turn join it. A batch reaching
+    :data:`_BATCH_BYTES` is written at once. ``close`` and ``write_eof`` write what is held
+    first; ``abort`` drops it, as the transport drops its own buffer. Everything else is the
+    transport's.
+    """
+
+    __slots__ = ("_held", "_held_bytes", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] | None = None
+        self._held_bytes = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if self._held is None:
+            self._held = [bytes(data)]
+            self._held_bytes = len(data)
+            self._loop.call_soon(self._flush)
+        else:
+            self._held.append(bytes(data))
+            self._held_bytes += len(data)
+        if self._held_bytes >= _BATCH_BYTES:
+            self._flush()
+
+    def writelines(self, parts: Any) -> None:
+        for part in parts:
+            self.write(part)
+
+    def _flush(self) -> None:
+        held, self._held, self._held_bytes = self._held, None, 0
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + self._held_bytes
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held, self._held_bytes = None, 0
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
+        return getattr(self._transport, name)
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop parsing a head past the bound."""
 
@@ -102,6 +172,11 @@ def _h11_head_size(request: h11.Request) -> int:
     return size + sum(len(name) + len(value) for name, value in request.headers)
 
 
+def _batched(transport: asyncio.Transport) -> asyncio.Transport:
+    """``transport`` behind :class:`_BatchedWrites` (typed as the transport it stands for)."""
+    return _BatchedWrites(transport, asyncio.get_running_loop())  # type: ignore[return-value]
+
+
 def _refuse_head(transport: asyncio.Transport) -> None:
     if not transport.is_closing():
         transport.write(_TOO_LARGE)
@@ -125,7 +200,7 @@ class _H11(_ReadDeadline, H11Protocol):
             super().send_400_response(msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_batched(transport))
         self._arm()  # a connection must bring a request, not only hold a socket
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -157,7 +232,7 @@ def _httptools_class() -> type[asyncio.Protocol]:
         _head_too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(_batched(transport))
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
