@@ -8,6 +8,7 @@ uvicorn on real sockets; the app reports which loop and protocol served it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import subprocess
@@ -20,8 +21,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from support.procs import free_port
 
-from bridge.server.runner import AppServer
+from bridge.config import load_settings
+from bridge.server.runner import AppServer, peer_listener
 
 BOUND = 30.0
 
@@ -165,3 +168,37 @@ async def test_sigterm_hands_over_while_serving_then_stops_and_a_second_signal_s
         assert server._handing_over is not None
         await server._handing_over
     assert steps[:2] == ["hand-over", "drain"]
+
+
+async def client_address(request: Request) -> JSONResponse:
+    return JSONResponse({"client": request.client.host if request.client else None})
+
+
+async def test_the_peer_listener_believes_no_forwarded_header_and_the_public_one_keeps_uvicorns():
+    """A hop's caller is what its signature vouches for: an ``X-Forwarded-For`` from loopback
+    (which uvicorn believes by default) changes nothing on the peer listener."""
+    port = free_port()
+    settings = load_settings(peers={"port": port})
+    served = Starlette(routes=[Route("/who", client_address)])
+    spoofed = {"x-forwarded-for": "203.0.113.9"}
+    async with asyncio.timeout(BOUND), contextlib.AsyncExitStack() as stack:
+        await peer_listener(settings, quiet=True, configure_logging=False)(served, stack)
+        async with httpx.AsyncClient() as client:
+            peer = (await client.get(f"http://127.0.0.1:{port}/who", headers=spoofed)).json()
+    assert peer == {"client": "127.0.0.1"}
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    public = AppServer(
+        served, sock=sock, log_level="warning", access_log=False, handle_signals=False,
+        configure_logging=False,
+    )  # fmt: skip
+    async with asyncio.timeout(BOUND):
+        await public.start()
+        try:
+            async with httpx.AsyncClient() as client:
+                url = f"http://127.0.0.1:{sock.getsockname()[1]}/who"
+                answer = (await client.get(url, headers=spoofed)).json()
+        finally:
+            await public.close()
+    assert answer == {"client": "203.0.113.9"}  # uvicorn's default for a loopback proxy

@@ -72,7 +72,9 @@ class AppServer:
     (``auto`` takes uvloop and httptools when installed); the loop applies to :meth:`run` only,
     :meth:`start` serves in the running loop. ``read_timeout_s``, ``max_head_bytes`` and
     ``keep_alive_s``: what a slow or idle client may hold (bridge/server/protocols.py).
-    ``tls``: uvicorn's ``ssl_*`` options. ``configure_logging``: let uvicorn install its
+    ``tls``: uvicorn's ``ssl_*`` options. ``proxy_headers``: uvicorn's (believe
+    ``X-Forwarded-For``/``-Proto`` from ``FORWARDED_ALLOW_IPS``, loopback by default).
+    ``configure_logging``: let uvicorn install its
     logging configuration (False keeps the process's own, for a server inside a test process).
     """
 
@@ -97,6 +99,7 @@ class AppServer:
         tls: Mapping[str, Any] | None = None,
         configure_logging: bool = True,
         hand_over: Callable[[], Awaitable[object]] | None = None,
+        proxy_headers: bool = True,
     ) -> None:
         #: The app served.
         self.app = app
@@ -114,6 +117,7 @@ class AppServer:
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
             lifespan="on",
+            proxy_headers=proxy_headers,
             **logging_options,
             **(tls or {}),
         )
@@ -316,6 +320,9 @@ def peer_listener(
             keep_alive_s=settings.server.keep_alive_s,
             tls=server_tls(settings.peers),
             configure_logging=configure_logging,
+            # A hop's caller is what its signature vouches for: no X-Forwarded-* header is
+            # believed there (nor parsed: uvicorn's middleware would, on every hop).
+            proxy_headers=False,
         )
         await server.start()
         stack.push_async_callback(server.close)
