@@ -249,6 +249,7 @@ class Metrics:
         )
         self._oldest: dict[int, tuple[int, int]] = {}  # partition -> (log start, its timestamp)
         self._rpc_children: dict[tuple[str, int | str], tuple[Counter, Histogram]] = {}
+        self._forward_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._per_partition = (
             self.indexer_lag_records,
             self.indexer_lag_seconds,
@@ -482,10 +483,16 @@ class Metrics:
         return StreamMetrics(seq_gap=self.seq_gaps.inc)
 
     def forward(self, method: str, outcome: str, seconds: float | None) -> None:
-        label = method if method in KNOWN_METHODS else "other"
-        self.forwarded.labels(label, outcome).inc()
+        # Every forwarded request is counted: the children are looked up once (as in rpc()).
+        children = self._forward_children.get((method, outcome))
+        if children is None:
+            label = method if method in KNOWN_METHODS else "other"
+            children = (self.forwarded.labels(label, outcome), self.forward_seconds.labels(label))
+            if label != "other":  # names a client chose are not remembered
+                self._forward_children[(method, outcome)] = children
+        children[0].inc()
         if seconds is not None:
-            self.forward_seconds.labels(label).observe(seconds)
+            children[1].observe(seconds)
 
     def peer_removal(self, outcome: str) -> None:
         """Count a report of a dead owner by its outcome (an unknown one is not counted)."""

@@ -170,8 +170,11 @@ class _Connection(asyncio.Protocol):
         """The answer's status and headers."""
         assert self._head is not None
         try:
-            async with asyncio.timeout(read_s):
+            if read_s is None:  # bounded by the caller (a hop's first answer): no second timer
                 await self._head
+            else:
+                async with asyncio.timeout(read_s):
+                    await self._head
         except TimeoutError:
             raise httpx.ReadTimeout("the owner did not answer in time") from None
         if self.error is not None:
@@ -191,8 +194,11 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             self._waiter = self._loop.create_future()
             try:
-                async with asyncio.timeout(read_s):
+                if read_s is None:
                     await self._waiter
+                else:
+                    async with asyncio.timeout(read_s):
+                        await self._waiter
             except TimeoutError:
                 raise httpx.ReadTimeout("the owner's answer stalled") from None
             finally:
