@@ -192,3 +192,57 @@ async def test_an_idle_connection_past_its_expiry_is_not_reused() -> None:
         await client.get(f"{owner.url}/b")
     owner.server.close()
     assert owner.connections == 2
+
+
+# --- review h-rev3: what a broken or hostile owner can send -------------------------------------
+
+
+async def test_bytes_after_an_answer_in_the_same_read_never_join_its_body() -> None:
+    """Review h-rev3 F3: httptools parses on past the answer's end within one read, so a second
+    answer written behind the first was appended to its body (and the connection reused)."""
+    smuggled = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil"
+    owner = Owner(lambda request: json_answer(request) + smuggled)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        for _ in range(2):
+            reply = await client.post(f"{owner.url}/mcp", content=b"{}")
+            assert reply.content == b'{"ok":true}'
+    owner.server.close()
+    assert owner.connections == 2, "a connection that brought bytes nobody asked for is dropped"
+
+
+async def test_an_interim_answer_is_skipped_and_the_final_one_returned() -> None:
+    """Review h-rev3 F3: a 1xx answer was returned as the answer, the final one then appended to
+    its body."""
+    owner = Owner(lambda request: b"HTTP/1.1 100 Continue\r\n\r\n" + json_answer(request))
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        for _ in range(2):
+            reply = await client.post(f"{owner.url}/mcp", content=b"{}")
+            assert reply.status_code == 200 and reply.content == b'{"ok":true}'
+    owner.server.close()
+    assert owner.connections == 1
+
+
+async def test_an_answer_head_past_the_bound_is_refused_however_it_arrives() -> None:
+    """Review h-rev3 F4: the bound counted headers as httptools reported them, but httptools
+    buffers a header of any length until it ends: one endless value grew without limit."""
+    sent = asyncio.Event()
+
+    async def endless_header(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nx-endless: ")
+        for _ in range(16):  # 1 MiB of one header value, in pieces, never ended
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        sent.set()
+        await asyncio.Event().wait()  # never ends it; cancelled when the server closes
+
+    async for url in serving(endless_header):
+        async with httpx.AsyncClient(transport=HopTransport(), timeout=30) as client:
+            request = asyncio.ensure_future(client.get(f"{url}/mcp"))
+            await asyncio.wait({request, asyncio.ensure_future(sent.wait())}, timeout=30)
+            done, _ = await asyncio.wait({request}, timeout=5)
+            assert request in done, "the head past the bound was still being buffered"
+            with pytest.raises(httpx.RemoteProtocolError):
+                request.result()

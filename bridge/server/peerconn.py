@@ -68,6 +68,11 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
+        #: Bytes fed before the final answer's head ended: httptools buffers a header of any
+        #: length before reporting it, so the head is bounded here too, as it arrives.
+        self._before_head = 0
+        self._began = False
+        self._interim = False
         self._head: asyncio.Future[None] | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -94,6 +99,11 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except self._errors as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed answer from the owner: {exc}"))
+            return
+        if self._head is not None and not self._head.done():
+            self._before_head += len(data)
+            if self._before_head > _MAX_HEAD_BYTES:
+                self._fail(httpx.RemoteProtocolError("the owner's answer head is too large"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -102,6 +112,13 @@ class _Connection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(why) if exc is None else httpx.ReadError(why))
 
     # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # httptools parses on past an answer's end within one read: a second answer to one
+        # request is a broken or hostile owner, never more of the first one's body.
+        if self._began:
+            raise _httptools().HttpParserError("more than one answer to one request")
+        self._began = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value)
@@ -112,11 +129,16 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self._parser is not None
         self._status = self._parser.get_status_code()
+        if self._status < 200:  # an interim answer (the hop asks for none): the final follows
+            self._interim = True
+            return
         self.keep_alive = self._parser.should_keep_alive()
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._interim:
+            raise _httptools().HttpParserError("an interim answer with a body")
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -125,6 +147,10 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:  # its headers are not the answer's
+            self._interim = self._began = False
+            self._headers, self._head_bytes = [], 0
+            return
         self.complete = True
         self._parser = None  # anything more before the next request breaks the connection
         self._wake()
@@ -159,6 +185,7 @@ class _Connection(asyncio.Protocol):
         self._parser = parsing.HttpResponseParser(self)
         self._errors = (parsing.HttpParserError, parsing.HttpParserUpgrade)
         self._status, self._headers, self._head_bytes = 0, [], 0
+        self._before_head, self._began, self._interim = 0, False, False
         self._chunks.clear()
         self._buffered, self.complete, self.keep_alive = 0, False, False
         self._head = self._loop.create_future()
@@ -177,7 +204,7 @@ class _Connection(asyncio.Protocol):
                     await self._head
         except TimeoutError:
             raise httpx.ReadTimeout("the owner did not answer in time") from None
-        if self.error is not None:
+        if self.error is not None and not self.complete:  # whole, then broken: still whole
             raise self.error
         return self._status, self._headers
 
