@@ -246,3 +246,50 @@ async def test_an_answer_head_past_the_bound_is_refused_however_it_arrives() -> 
             assert request in done, "the head past the bound was still being buffered"
             with pytest.raises(httpx.RemoteProtocolError):
                 request.result()
+
+
+async def test_idle_connections_of_an_owner_gone_for_good_hold_no_slot() -> None:
+    """Review h-rev3 F5: idle connections were dropped only when their own origin was asked
+    again; an owner gone for good (a replaced pod's URL) kept its idle slots and pool slots
+    for ever, so no connection was kept alive again once they filled ``max_idle``."""
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(json_answer(await read_request(reader)))
+        writer.close()  # then gone (a crashed or replaced pod)
+
+    staying = Owner(json_answer)
+    staying.server = await asyncio.start_server(staying, "127.0.0.1", 0)
+    gone = await asyncio.start_server(answer_once, "127.0.0.1", 0)
+    transport = HopTransport(max_connections=2, max_idle=1)
+    async with httpx.AsyncClient(transport=transport) as client:
+        await client.get(f"http://127.0.0.1:{gone.sockets[0].getsockname()[1]}/a")
+        gone.close()
+        (idle,) = next(iter(transport._idle.values()))  # kept idle, being closed by the owner
+        lost = asyncio.Event()
+        seen = idle.connection_lost
+        idle.connection_lost = lambda exc: (seen(exc), lost.set())  # type: ignore[method-assign]
+        await asyncio.wait_for(lost.wait(), 10)
+        for _ in range(3):
+            assert (await client.get(f"{staying.url}/b")).status_code == 200
+        # Two at once: the pool's two slots, none held by the gone owner.
+        async with (
+            client.stream("GET", f"{staying.url}/c"),
+            client.stream("GET", f"{staying.url}/d"),
+        ):
+            pass
+    staying.server.close()
+    assert staying.connections == 2, "the staying owner's connection was kept alive"
+
+
+async def test_a_full_pool_closes_an_idle_connection_rather_than_refuse() -> None:
+    """Review h-rev3 F5: a pool whose slots were all idle connections to other owners refused."""
+    first, second = Owner(json_answer), Owner(json_answer)
+    first.server = await asyncio.start_server(first, "127.0.0.1", 0)
+    second.server = await asyncio.start_server(second, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport(max_connections=1)) as client:
+        await client.get(f"{first.url}/a")  # its connection stays idle, holding the slot
+        assert (await client.get(f"{second.url}/b")).status_code == 200
+        assert (await client.get(f"{first.url}/c")).status_code == 200
+    first.server.close()
+    second.server.close()
+    assert first.connections == 2

@@ -378,6 +378,8 @@ class HopTransport(httpx.AsyncBaseTransport):
         if self._closed:
             raise httpx.ConnectError("the hop pool is closed")
         if self._open >= self._max_connections:
+            self._prune(make_room=True)
+        if self._open >= self._max_connections:
             raise httpx.PoolTimeout(f"all {self._max_connections} hop connections are in use")
         scheme, host, port = origin
         tls: ssl.SSLContext | None = None
@@ -404,12 +406,40 @@ class HopTransport(httpx.AsyncBaseTransport):
     def release(self, connection: _Connection) -> None:
         """An answer is done with: keep its connection for the next request when it can be."""
         reusable = connection.complete and connection.keep_alive and connection.usable
+        if reusable and self._idle_count >= self._max_idle:
+            self._prune(make_room=False)
         if not reusable or self._closed or self._idle_count >= self._max_idle:
             self._discard(connection)
             return
         connection.idle_since = time.monotonic()
         self._idle.setdefault(connection.origin, []).append(connection)
         self._idle_count += 1
+
+    def _prune(self, *, make_room: bool) -> None:
+        """Drop the idle connections that closed or expired, of every owner: one asked no more
+        (gone for good, or its URL changed) would hold its idle and pool slots for ever. With
+        ``make_room``, the oldest idle connection goes too when none did (a slot for a new
+        connection rather than a refusal while connections sit idle). Runs only when the pool
+        or its idle slots are full: one pass over at most ``max_idle`` connections."""
+        horizon = time.monotonic() - self._idle_s
+        oldest: tuple[float, Origin] | None = None
+        dropped = 0
+        for origin, idle in list(self._idle.items()):
+            kept = [c for c in idle if c.usable and c.idle_since >= horizon]
+            for connection in idle:
+                if connection not in kept:
+                    self._discard(connection)
+            dropped += len(idle) - len(kept)
+            if kept:
+                self._idle[origin] = kept
+                if oldest is None or kept[0].idle_since < oldest[0]:
+                    oldest = (kept[0].idle_since, origin)
+            else:
+                del self._idle[origin]
+        self._idle_count -= dropped
+        if make_room and not dropped and oldest is not None:
+            self._discard(self._idle[oldest[1]].pop(0))
+            self._idle_count -= 1
 
     def _discard(self, connection: _Connection) -> None:
         if connection.counted:
