@@ -1019,3 +1019,69 @@ def test_a_hop_s_signature_is_the_documented_canonical_encoding() -> None:
     message = b"".join(len(f).to_bytes(4, "big") + f for f in fields)
     key = hashlib.sha256(domain + b"\0" + SECRET.encode()).digest()
     assert hop["x-bridge-peer-signature"] == hmac.digest(key, message, "sha256").hex()
+
+
+class OwnerAtUrl:
+    """Routing that sends every task to the owner at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def where(self, task_id: str) -> str:
+        return self.url
+
+
+async def raw_owner(answer: bytes, lines: list[bytes]) -> tuple[asyncio.Server, str]:
+    """A raw owner: each request's line listed, ``answer``'s head (and its body, but not to a
+    HEAD, as an HTTP server answers one) written back."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines.append(head.split(b"\r\n", 1)[0])
+                body = not head.startswith(b"HEAD ")
+                writer.write(answer if body else answer.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n")
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_a_head_resume_is_forwarded_as_a_get_and_answered() -> None:
+    """Review h-rev3 F1: starlette serves HEAD on the GET route, and the HEAD was forwarded as
+    it came: the owner's answer to a HEAD has a Content-Length and no body, and the hop's
+    parser (which cannot know the request was a HEAD) waited for that body for ever, holding
+    a pool slot and the request's task even after the client left."""
+    lines: list[bytes] = []
+    error = b'{"jsonrpc":"2.0","id":"r","error":{"code":-32602,"message":"no such task"}}'
+    answer = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
+    answer += b"content-length: %d\r\n\r\n%s" % (len(error), error)
+    server, url = await raw_owner(answer, lines)
+    settings = group_settings()
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=30)
+    endpoint = McpHttp(
+        settings,
+        Authenticator(settings.auth),
+        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
+        Metrics(),
+        on_cancelled=lambda client, request_id: None,
+        routing=OwnerAtUrl(url),  # type: ignore[arg-type]
+        peers=peers,
+    )
+    public = Starlette(routes=[Route("/mcp", RawEndpoint(endpoint.get), methods=["GET"])])
+    resume = {
+        "authorization": f"Bearer {next(iter(TOKENS))}",
+        "last-event-id": encode_cursor("r", "t1", 0),
+    }
+    transport = httpx.ASGITransport(app=public)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            head = asyncio.ensure_future(http.head("/mcp", headers=resume))
+            done, _ = await asyncio.wait({head}, timeout=10)
+            assert head in done, "the forwarded HEAD waited for a body that never comes"
+            assert head.result().status_code == 404
+            assert (await http.get("/mcp", headers=resume)).json()["error"]["code"] == -32602
+    finally:
+        await peers.close()
+        server.close()
+    assert lines == [b"GET /mcp HTTP/1.1"] * 2

@@ -293,3 +293,15 @@ async def test_a_full_pool_closes_an_idle_connection_rather_than_refuse() -> Non
     first.server.close()
     second.server.close()
     assert first.connections == 2
+
+
+async def test_a_head_is_never_sent_on_a_hop() -> None:
+    """Review h-rev3 F1: the answer to a HEAD has a length and no body; the parser would wait
+    for that body for ever."""
+    owner = Owner(json_answer)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        with pytest.raises(httpx.LocalProtocolError):
+            await client.head(f"{owner.url}/mcp")
+    owner.server.close()
+    assert owner.requests == []

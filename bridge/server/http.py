@@ -335,8 +335,11 @@ class McpHttp:
         the owner cannot be asked, the retriable error answers ``request_id``."""
         if self.peers is None:  # the app builds routing that divides only with peers
             raise RuntimeError("a request to forward, but no peer client")
+        # A HEAD (starlette serves it on the GET route) goes as the GET it stands for: the
+        # answer to a HEAD has a length and no body, which the hop's parser cannot know.
+        verb = "GET" if request.method == "HEAD" else request.method
         answer = await relay(
-            self.peers, self.metrics, owner, method, request.method, request.headers, body, caller
+            self.peers, self.metrics, owner, method, verb, request.headers, body, caller
         )
         if answer is None:  # answered at once, told how long the group needs to notice
             error = owner_unavailable_error(self.peers.retry_after_s(owner))

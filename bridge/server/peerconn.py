@@ -338,7 +338,10 @@ class HopTransport(httpx.AsyncBaseTransport):
     ) -> Answer:
         """Send one request (``head`` and ``body``) to ``origin`` on a kept-alive connection
         (else a new one); its answer once its head has come (``read_s`` bounds each wait for
-        the owner's bytes, ``connect_s`` a new connection)."""
+        the owner's bytes, ``connect_s`` a new connection). Never a ``HEAD``: its answer has a
+        length and no body, which the parser cannot know."""
+        if head.startswith(b"HEAD "):
+            raise httpx.LocalProtocolError("a HEAD is not sent on a hop (send its GET)")
         connection = self._reuse(origin) or await self._connect(origin, connect_s)
         try:
             connection.send(head, body)
