@@ -1085,3 +1085,24 @@ async def test_a_head_resume_is_forwarded_as_a_get_and_answered() -> None:
         await peers.close()
         server.close()
     assert lines == [b"GET /mcp HTTP/1.1"] * 2
+
+
+async def test_a_json_answer_whose_body_stalls_is_bounded_like_its_head() -> None:
+    """Review h-rev3 F2: only the owner's answer head was bounded; a JSON answer is read whole
+    before the client gets it, and a body that stalled (an owner frozen or cut off after its
+    head) held the request for ever: nothing cancels a JSON request whose client left."""
+    lines: list[bytes] = []
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+    server, url = await raw_owner(answer + b'{"jsonrpc"', lines)
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+    headers, body = tasks_get()
+    try:
+        forward = asyncio.ensure_future(peers.forward(url, "POST", headers, body, ALICE))
+        done, _ = await asyncio.wait({forward}, timeout=10)
+        assert forward in done, "the stalled body was waited for without a bound"
+        with pytest.raises((TimeoutError, httpx.ReadTimeout)):
+            forward.result()
+        assert peers._hops._open == 0, "the stalled connection was closed"
+    finally:
+        await peers.close()
+        server.close()

@@ -435,10 +435,11 @@ class Peers:
         sent = _forwarded(headers)
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         started = self._clock()
+        # The owner's first answer (the head of a stream, or a whole JSON answer) is bounded:
+        # no read bound after a stream's head, so it may stay quiet between its keep-alives.
+        deadline = asyncio.get_running_loop().time() + self._first_answer_s
         try:
-            # The owner's first answer (the head of a stream) is bounded: no read bound
-            # after it, so a stream may stay quiet between its keep-alives once it has begun.
-            async with asyncio.timeout(self._first_answer_s):
+            async with asyncio.timeout_at(deadline):
                 reply = await self._send(base_url, method, path, sent, body)
         except (httpx.HTTPError, TimeoutError) as exc:
             self._unreachable(base_url, exc, started)
@@ -452,8 +453,11 @@ class Peers:
         passed = {k: v for k, v in reply.headers.items() if k.lower() in _PASSED_HEADERS}
         if "text/event-stream" not in reply.headers.get("content-type", ""):
             # A JSON answer is small and whole: passed back as the bytes it is, with its
-            # length, never parsed here nor streamed chunk by chunk.
-            return Forwarded(reply.status, passed, _nothing(), _closed, await reply.read())
+            # length, never parsed here nor streamed chunk by chunk. Read within the first
+            # answer's bound: nothing cancels a JSON request whose client has left.
+            async with asyncio.timeout_at(deadline):
+                content = await reply.read()
+            return Forwarded(reply.status, passed, _nothing(), _closed, content)
 
         async def close() -> None:
             ended = reply.ended
