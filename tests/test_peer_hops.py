@@ -1106,3 +1106,49 @@ async def test_a_json_answer_whose_body_stalls_is_bounded_like_its_head() -> Non
     finally:
         await peers.close()
         server.close()
+
+
+async def test_a_forwarded_stream_whose_client_left_before_its_first_byte_frees_its_hop() -> None:
+    """Review h-rev3 F6: the owner's stream was closed only by the body generator's
+    ``finally``; a client gone while the response's head waited to be written (uvicorn waits
+    while the client does not read) left it unstarted, so its hop connection stayed open and
+    counted, the owner's stream ran on, and enough of them filled the pool for good."""
+    from bridge.server import http as http_module
+    from bridge.server.admission import Caller
+
+    hung_up = asyncio.Event()
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET /healthz "):  # the spare connection opened after it
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n3\r\n: k\r\n")
+        while await reader.read(65536):
+            pass
+        hung_up.set()
+
+    server = await asyncio.start_server(stream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url))
+    headers, body = tasks_get()
+    try:
+        response = await http_module.relay(
+            peers, Metrics(), url, "tasks/stream", "POST", headers, body, Caller("alice", "alice")
+        )
+        assert response is not None
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            await asyncio.Event().wait()  # the head waits: the client reads nothing
+
+        await asyncio.wait_for(response({"type": "http"}, receive, send), 10)
+        await asyncio.wait_for(hung_up.wait(), 10)  # else: the owner's stream runs on
+        await peers.spares_opened()
+        assert peers._hops._open == 1, "only the spare connection is counted"
+    finally:
+        await peers.close()
+        server.close()

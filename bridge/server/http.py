@@ -10,6 +10,7 @@ JSON, or ``text/event-stream`` (an :class:`~bridge.server.sse.SseResponse`: SSE 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -47,6 +48,10 @@ from bridge.server.wire import (
 __all__ = ["McpHttp", "RawEndpoint"]
 
 log = logging.getLogger(__name__)
+
+#: Forwarded streams being closed after their response ended unbegun (held: a task the loop
+#: only references weakly could be collected before it has run).
+_CLOSING: set[asyncio.Future[None]] = set()
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -144,7 +149,11 @@ async def relay(
     if answer.content is not None:
         return Response(answer.content, status_code=answer.status, headers=passed)
 
+    begun = False
+
     async def body_of() -> AsyncIterator[bytes]:
+        nonlocal begun
+        begun = True
         try:
             async for chunk in answer.body:
                 yield chunk
@@ -153,8 +162,16 @@ async def relay(
         finally:
             await answer.close()
 
+    def ended() -> None:
+        # A response that never began its body (the client gone while its head waited to be
+        # written) never ran body_of's ``finally``: the owner's stream is closed from here.
+        if not begun:
+            closing = asyncio.ensure_future(answer.close())
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
+
     return SseResponse(
-        Streamed(body_of()),
+        Streamed(body_of(), on_close=ended),
         None,
         passed,
         expires=caller.expires,
