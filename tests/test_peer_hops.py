@@ -1152,3 +1152,36 @@ async def test_a_forwarded_stream_whose_client_left_before_its_first_byte_frees_
     finally:
         await peers.close()
         server.close()
+
+
+async def test_a_forwarded_stream_whose_owner_falls_silent_ends() -> None:
+    """Review h-rev3 F7: a forwarded stream had no read bound; an owner whose host vanished
+    (no FIN, no RST: a node lost, a network cut) held the stream, and its client, for ever,
+    never told to resume where the partition went. An owner's stream writes a keep-alive when
+    idle: past ``stream_idle_s`` without a byte the stream ends, without a result."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def falls_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        accepted.append(writer)  # held open, silent after its first bytes
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n3\r\n: k\r\n")
+
+    server = await asyncio.start_server(falls_silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), stream_idle_s=0.2)
+    headers, body = tasks_get()
+    try:
+        answer = await peers.forward(url, "POST", headers, body, ALICE)
+        assert await anext(answer.body) == b": k"
+        rest = asyncio.ensure_future(anext(answer.body))
+        done, _ = await asyncio.wait({rest}, timeout=10)
+        assert rest in done, "the silent owner's stream was waited for without a bound"
+        with pytest.raises(httpx.ReadTimeout):
+            rest.result()
+        await answer.close()
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
+        server.close()

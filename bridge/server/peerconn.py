@@ -335,10 +335,12 @@ class HopTransport(httpx.AsyncBaseTransport):
         *,
         connect_s: float | None = None,
         read_s: float | None = None,
+        body_read_s: float | None = None,
     ) -> Answer:
         """Send one request (``head`` and ``body``) to ``origin`` on a kept-alive connection
         (else a new one); its answer once its head has come (``read_s`` bounds each wait for
-        the owner's bytes, ``connect_s`` a new connection). Never a ``HEAD``: its answer has a
+        the owner's bytes, ``body_read_s`` instead once the head has come when given,
+        ``connect_s`` a new connection). Never a ``HEAD``: its answer has a
         length and no body, which the parser cannot know."""
         if head.startswith(b"HEAD "):
             raise httpx.LocalProtocolError("a HEAD is not sent on a hop (send its GET)")
@@ -349,7 +351,8 @@ class HopTransport(httpx.AsyncBaseTransport):
         except BaseException:  # cancelled or failed mid-request: the connection is unknown
             self._discard(connection)
             raise
-        return Answer(self, connection, status, headers, read_s)
+        body_s = read_s if body_read_s is None else body_read_s
+        return Answer(self, connection, status, headers, body_s)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """httpx's way in: ``request`` sent with :meth:`send`."""

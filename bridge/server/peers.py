@@ -279,9 +279,12 @@ class Peers:
         on_refusing: Callable[[str], object] = lambda url: None,
         on_answered: Callable[[str], object] = lambda url: None,
         refusal_wait_s: float | None = None,
+        stream_idle_s: float | None = None,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
-        in process); None for real connections."""
+        in process); None for real connections. ``stream_idle_s``: the longest wait for the
+        next bytes of an owner's answer (an owner's stream writes a keep-alive when idle;
+        None: no bound)."""
         self.auth = auth
         self._transport = transport
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
@@ -308,9 +311,11 @@ class Peers:
             on_refusing=on_refusing,
             refusal_wait_s=refusal_wait_s,
         )
-        # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
-        # owner's stream is; connecting and the owner's first answer are bounded.
+        # No read timeout in the pool: a forwarded stream is quiet between keep-alives;
+        # connecting, the owner's first answer and each wait for its next bytes (a few
+        # keep-alive intervals: an owner whose host vanished sends no FIN) are bounded.
         self._connect_s = connect_s
+        self._stream_idle_s = stream_idle_s
         #: The forwarding pool's connections: forward() writes its requests there itself.
         self._hops = HopTransport(tls, max_connections=max_streams, max_idle=64, idle_s=idle_s)
         self._client = self._pool(
@@ -483,7 +488,9 @@ class Peers:
         if body or method == "POST":
             fields.append(("content-length", str(len(body))))
         head = request_head(method, path, fields)
-        return await self._hops.send(origin, head, body, connect_s=self._connect_s)
+        return await self._hops.send(
+            origin, head, body, connect_s=self._connect_s, body_read_s=self._stream_idle_s
+        )
 
     async def call(
         self,
