@@ -1185,3 +1185,34 @@ async def test_a_forwarded_stream_whose_owner_falls_silent_ends() -> None:
         for writer in accepted:
             writer.close()
         server.close()
+
+
+async def test_a_call_whose_owner_drips_its_answer_is_bounded_as_a_whole() -> None:
+    """Review h-rev3 F8: a call's read timeout bounded each wait for the owner's bytes, not the
+    answer: an owner dripping a byte at a time held a listen's or a webhook delivery's read
+    (and its connection) for as long as it liked."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        accepted.append(writer)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+        writer.write(b"content-length: 100000\r\n\r\n")
+        for _ in range(100_000):  # each byte well within the read timeout, the whole never
+            writer.write(b" ")
+            await asyncio.sleep(0.01)
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+    try:
+        call = asyncio.ensure_future(peers.call(url, "tasks/get", {"taskId": "t1"}, ALICE))
+        done, _ = await asyncio.wait({call}, timeout=10)
+        assert call in done, "the dripped answer was read without a bound"
+        with pytest.raises(RpcError):
+            call.result()
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
+        server.close()

@@ -520,8 +520,10 @@ class Peers:
         started = self._clock()
         try:
             try:
-                reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
-            except httpx.HTTPError as exc:
+                # The whole answer within the bound, not only each wait for its bytes.
+                async with asyncio.timeout(self._first_answer_s):
+                    reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
+            except (httpx.HTTPError, TimeoutError) as exc:
                 self._unreachable(base_url, exc, started)
                 raise
             self._seen_alive(base_url)
@@ -530,7 +532,7 @@ class Peers:
             ) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refusal})")
             message = reply.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, TimeoutError) as exc:
             retry = self.retry_after_s(base_url)  # the time left, when it is now suspected
             raise _unavailable(method, base_url, type(exc).__name__, retry) from None
         if not isinstance(message, dict):
