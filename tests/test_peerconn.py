@@ -305,3 +305,29 @@ async def test_a_head_is_never_sent_on_a_hop() -> None:
             await client.head(f"{owner.url}/mcp")
     owner.server.close()
     assert owner.requests == []
+
+
+async def test_a_whole_answer_left_unread_past_the_high_water_leaves_a_working_connection() -> None:
+    """Review h-rev3 F9: an answer that had arrived whole, more of it buffered than the high
+    water (reading paused), was closed unread and its connection kept: the next request on it
+    waited for an answer its paused socket never read (then timed out, suspecting a healthy
+    owner)."""
+    big = b"x" * (300 * 1024)  # past the high water in two reads: the second one completes it
+
+    def whole(request: bytes) -> bytes:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        return head + b"content-length: %d\r\n\r\n%s" % (len(big), big)
+
+    owner = Owner(whole)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport(), timeout=5) as client:
+        async with client.stream("GET", f"{owner.url}/a") as reply:
+            connection = reply.stream._stream._answer._connection  # type: ignore[attr-defined]
+            for _ in range(100_000):  # a bounded wait: the whole answer buffered, unread
+                if connection.complete:
+                    break
+                await asyncio.sleep(0)
+            assert connection.complete and connection._paused
+        assert (await client.get(f"{owner.url}/b")).content == big
+    owner.server.close()
+    assert owner.connections == 1

@@ -188,6 +188,9 @@ class _Connection(asyncio.Protocol):
         self._before_head, self._began, self._interim = 0, False, False
         self._chunks.clear()
         self._buffered, self.complete, self.keep_alive = 0, False, False
+        if self._paused:  # the last answer was whole but left unread past the high water
+            self._paused = False
+            self.transport.resume_reading()
         self._head = self._loop.create_future()
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
