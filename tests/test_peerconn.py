@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -331,3 +332,33 @@ async def test_a_whole_answer_left_unread_past_the_high_water_leaves_a_working_c
         assert (await client.get(f"{owner.url}/b")).content == big
     owner.server.close()
     assert owner.connections == 1
+
+
+async def test_an_owner_that_speaks_before_the_request_is_refused_at_once() -> None:
+    """Review h-rev3 F10: bytes that came before the request was written broke the connection,
+    but the request was written on it anyway and its answer awaited until the read bound
+    (for a hop's first answer, 30 s, then the owner suspected as silent)."""
+
+    async def greets(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")  # before any request
+        await writer.drain()
+        await asyncio.Event().wait()  # then silent; cancelled when the server closes
+
+    async def ask(connection: Any) -> Any:
+        connection.send(b"GET / HTTP/1.1\r\n\r\n", b"")
+        return await connection.answer_head(None)
+
+    async for url in serving(greets):
+        transport = HopTransport()
+        origin = ("http", "127.0.0.1", int(url.rsplit(":", 1)[1]))
+        connection = await transport._connect(origin, 5)
+        for _ in range(100_000):  # a bounded wait: the greeting read
+            if connection.closed:
+                break
+            await asyncio.sleep(0)
+        asking = asyncio.ensure_future(ask(connection))
+        done, _ = await asyncio.wait({asking}, timeout=5)
+        assert asking in done, "the request went out on a broken connection and waited"
+        with pytest.raises(httpx.RemoteProtocolError):
+            asking.result()
+        await transport.aclose()

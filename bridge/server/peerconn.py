@@ -181,6 +181,8 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> None:
         """Write one request; its answer is awaited with :meth:`answer_head`."""
         assert self.transport is not None
+        if self.error is not None:  # broken before it was asked (bytes nobody asked for)
+            raise self.error
         parsing = _httptools()
         self._parser = parsing.HttpResponseParser(self)
         self._errors = (parsing.HttpParserError, parsing.HttpParserUpgrade)
