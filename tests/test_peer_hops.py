@@ -1216,3 +1216,31 @@ async def test_a_call_whose_owner_drips_its_answer_is_bounded_as_a_whole() -> No
         for writer in accepted:
             writer.close()
         server.close()
+
+
+async def test_only_streams_that_keep_alive_are_ended_by_their_owner_s_silence() -> None:
+    """Review h-rev3 F7: a tools/call's progress stream writes no keep-alive (it may be quiet
+    for ``tasks.direct_result_timeout_s``): its silence does not end it."""
+    from bridge.server import http as http_module
+    from bridge.server.admission import Caller
+
+    kept: list[bool] = []
+
+    class Capturing:
+        async def forward(self, *args: Any, **kwargs: Any) -> Any:
+            kept.append(kwargs["keeps_alive"])
+            raise OwnerSuspected("http://owner")
+
+    for label in ("tools/call", "tasks/stream", "events/stream", "view"):
+        answer = await http_module.relay(
+            Capturing(),  # type: ignore[arg-type]
+            Metrics(),
+            "http://owner",
+            label,
+            "POST",
+            {},
+            b"",
+            Caller("alice", "alice"),
+        )
+        assert answer is None
+    assert kept == [False, True, True, True]

@@ -137,7 +137,11 @@ async def relay(
     started = time.perf_counter()
     identity = PeerIdentity(caller.principal, caller.client)
     try:
-        answer = await peers.forward(owner, method, headers, body, identity, path=path)
+        # A tool call's progress stream writes no keep-alive: its quiet is not a lost owner.
+        quiet = label == "tools/call"
+        answer = await peers.forward(
+            owner, method, headers, body, identity, path=path, keeps_alive=not quiet
+        )
     except Exception as exc:
         metrics.forward(label, "unavailable", None)
         if not isinstance(exc, OwnerSuspected):  # that one was logged once, when suspected

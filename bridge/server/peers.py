@@ -432,10 +432,14 @@ class Peers:
         body: bytes,
         identity: PeerIdentity,
         path: str = "/mcp",
+        *,
+        keeps_alive: bool = True,
     ) -> Forwarded:
         """Send the request to the owner's peer listener at ``base_url`` (at ``path``:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
-        back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop."""
+        back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop.
+        ``keeps_alive``: a streamed answer writes a keep-alive when idle, so a wait for its
+        next bytes is bounded (``stream_idle_s``); a tool call's progress stream does not."""
         self._check_reachable(base_url)
         sent = _forwarded(headers)
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
@@ -445,7 +449,8 @@ class Peers:
         deadline = asyncio.get_running_loop().time() + self._first_answer_s
         try:
             async with asyncio.timeout_at(deadline):
-                reply = await self._send(base_url, method, path, sent, body)
+                idle_s = self._stream_idle_s if keeps_alive else None
+                reply = await self._send(base_url, method, path, sent, body, idle_s)
         except (httpx.HTTPError, TimeoutError) as exc:
             self._unreachable(base_url, exc, started)
             raise
@@ -473,7 +478,13 @@ class Peers:
         return Forwarded(reply.status, passed, reply.chunks(), close)
 
     async def _send(
-        self, base_url: str, method: str, path: str, headers: dict[str, str], body: bytes
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        idle_s: float | None = None,
     ) -> _Reply:
         """One request to the owner: written straight to a kept-alive connection of the lean
         pool (no httpx request or response objects: the hop's CPU is the cluster's capacity),
@@ -489,7 +500,7 @@ class Peers:
             fields.append(("content-length", str(len(body))))
         head = request_head(method, path, fields)
         return await self._hops.send(
-            origin, head, body, connect_s=self._connect_s, body_read_s=self._stream_idle_s
+            origin, head, body, connect_s=self._connect_s, body_read_s=idle_s
         )
 
     async def call(
