@@ -1228,7 +1228,7 @@ async def test_only_streams_that_keep_alive_are_ended_by_their_owner_s_silence()
 
     class Capturing:
         async def forward(self, *args: Any, **kwargs: Any) -> Any:
-            kept.append(kwargs["keeps_alive"])
+            kept.append(not kwargs["tool_call"])
             raise OwnerSuspected("http://owner")
 
     for label in ("tools/call", "tasks/stream", "events/stream", "view"):
@@ -1244,3 +1244,38 @@ async def test_only_streams_that_keep_alive_are_ended_by_their_owner_s_silence()
         )
         assert answer is None
     assert kept == [False, True, True, True]
+
+
+async def test_a_forwarded_tool_call_may_wait_for_its_result_and_suspects_no_one() -> None:
+    """Review h-rev3 F11 (before this session): a tools/call retried with ``requestState`` is
+    forwarded, and its owner answers once the tool's result is in (up to
+    ``tasks.direct_result_timeout_s``, 300 s); the hop allowed the first answer 30 s, then
+    answered 503 (the result lost: the retry finds the call no longer waiting for input) and
+    suspected the healthy owner, refusing every request about its partitions meanwhile."""
+    body_out = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    answer += b"content-length: %d\r\n\r\n%s" % (len(body_out), body_out)
+    release = asyncio.Event()
+
+    async def slow_tool(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await release.wait()  # the tool's result comes after the first-answer bound
+        writer.write(answer)
+
+    server = await asyncio.start_server(slow_tool, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.1, tool_answer_s=30)
+    headers, body = tasks_get()
+    try:
+        call = asyncio.ensure_future(
+            peers.forward(url, "POST", headers, body, ALICE, tool_call=True)
+        )
+        done, _ = await asyncio.wait({call}, timeout=0.5)  # past the 0.1 s first-answer bound
+        assert not done, f"cut before the tool's result: {call.exception()!r}"
+        release.set()
+        answer_of_owner = await asyncio.wait_for(call, 10)
+        assert answer_of_owner.status == 200 and answer_of_owner.content == body_out
+        assert not peers.suspects.is_suspected(url)
+    finally:
+        await peers.close()
+        server.close()

@@ -435,6 +435,8 @@ def _peers(
         # An owner's stream writes at least a keep-alive each interval: four in a row missing
         # is an owner whose host vanished without a FIN (the stream ends, the client resumes).
         stream_idle_s=STREAM_IDLE_KEEPALIVES * settings.streams.keepalive_s,
+        # A forwarded tools/call is answered once its tool's result is in.
+        tool_answer_s=settings.tasks.direct_result_timeout_s,
     )
     stack.push_async_callback(peers.close)
     stack.push_async_callback(removals.close)

@@ -137,10 +137,11 @@ async def relay(
     started = time.perf_counter()
     identity = PeerIdentity(caller.principal, caller.client)
     try:
-        # A tool call's progress stream writes no keep-alive: its quiet is not a lost owner.
-        quiet = label == "tools/call"
+        # A tool call's answer waits for the tool's result, and its progress stream writes
+        # no keep-alive: its quiet is not a lost owner.
+        tool_call = label == "tools/call"
         answer = await peers.forward(
-            owner, method, headers, body, identity, path=path, keeps_alive=not quiet
+            owner, method, headers, body, identity, path=path, tool_call=tool_call
         )
     except Exception as exc:
         metrics.forward(label, "unavailable", None)

@@ -280,11 +280,14 @@ class Peers:
         on_answered: Callable[[str], object] = lambda url: None,
         refusal_wait_s: float | None = None,
         stream_idle_s: float | None = None,
+        tool_answer_s: float = 0.0,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
         in process); None for real connections. ``stream_idle_s``: the longest wait for the
         next bytes of an owner's answer (an owner's stream writes a keep-alive when idle;
-        None: no bound)."""
+        None: no bound); ``tool_answer_s``: how much longer a forwarded tool call's first
+        answer may take (``tasks.direct_result_timeout_s``: the owner answers with the
+        result)."""
         self.auth = auth
         self._transport = transport
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
@@ -316,6 +319,7 @@ class Peers:
         # keep-alive intervals: an owner whose host vanished sends no FIN) are bounded.
         self._connect_s = connect_s
         self._stream_idle_s = stream_idle_s
+        self._tool_answer_s = tool_answer_s
         #: The forwarding pool's connections: forward() writes its requests there itself.
         self._hops = HopTransport(tls, max_connections=max_streams, max_idle=64, idle_s=idle_s)
         self._client = self._pool(
@@ -433,23 +437,26 @@ class Peers:
         identity: PeerIdentity,
         path: str = "/mcp",
         *,
-        keeps_alive: bool = True,
+        tool_call: bool = False,
     ) -> Forwarded:
         """Send the request to the owner's peer listener at ``base_url`` (at ``path``:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
         back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop.
-        ``keeps_alive``: a streamed answer writes a keep-alive when idle, so a wait for its
-        next bytes is bounded (``stream_idle_s``); a tool call's progress stream does not."""
+        A streamed answer writes a keep-alive when idle, so each wait for its next bytes is
+        bounded (``stream_idle_s``); not a ``tool_call``'s: its answer waits for the tool's
+        result (``tool_answer_s`` more for the first answer) and its progress stream writes no
+        keep-alive."""
         self._check_reachable(base_url)
         sent = _forwarded(headers)
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         started = self._clock()
         # The owner's first answer (the head of a stream, or a whole JSON answer) is bounded:
         # no read bound after a stream's head, so it may stay quiet between its keep-alives.
-        deadline = asyncio.get_running_loop().time() + self._first_answer_s
+        bound = self._first_answer_s + (self._tool_answer_s if tool_call else 0.0)
+        deadline = asyncio.get_running_loop().time() + bound
         try:
             async with asyncio.timeout_at(deadline):
-                idle_s = self._stream_idle_s if keeps_alive else None
+                idle_s = None if tool_call else self._stream_idle_s
                 reply = await self._send(base_url, method, path, sent, body, idle_s)
         except (httpx.HTTPError, TimeoutError) as exc:
             self._unreachable(base_url, exc, started)
