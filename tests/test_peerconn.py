@@ -362,3 +362,20 @@ async def test_an_owner_that_speaks_before_the_request_is_refused_at_once() -> N
         with pytest.raises(httpx.RemoteProtocolError):
             asking.result()
         await transport.aclose()
+
+
+async def test_a_streamed_request_body_is_refused_never_written_raw_under_chunked() -> None:
+    """Review h-rev3 F12: a streamed httpx body carries ``Transfer-Encoding: chunked``; the
+    transport writes bodies whole and raw, so it would have sent unframed bytes under that
+    header (the owner reading them as chunks: a request smuggled inside another)."""
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n"
+
+    owner = Owner(json_answer)
+    owner.server = await asyncio.start_server(owner, "127.0.0.1", 0)
+    async with httpx.AsyncClient(transport=HopTransport()) as client:
+        with pytest.raises(httpx.LocalProtocolError):
+            await client.post(f"{owner.url}/mcp", content=parts())
+    owner.server.close()
+    assert owner.requests == []

@@ -365,6 +365,8 @@ class HopTransport(httpx.AsyncBaseTransport):
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 80))
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        if "transfer-encoding" in request.headers:  # a streamed body: written whole, unframed
+            raise httpx.LocalProtocolError("a hop's body is sent whole, with its length")
         head = request_head(request.method, url.raw_path.decode("ascii"), pairs)
         body = await request.aread()
         answer = await self.send(
