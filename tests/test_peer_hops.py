@@ -48,7 +48,7 @@ from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.peers import MAX_REMEMBERED_OWNERS, OwnerSuspected, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.runner import peer_listener
-from bridge.server.suspects import MAX_SUSPECTS
+from bridge.server.suspects import MAX_SUSPECTS, ProbeFailed
 from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
 
 SECRET = "s" * 40
@@ -1278,4 +1278,37 @@ async def test_a_forwarded_tool_call_may_wait_for_its_result_and_suspects_no_one
         assert not peers.suspects.is_suspected(url)
     finally:
         await peers.close()
+        server.close()
+
+
+async def test_a_probe_of_an_owner_dripping_its_health_answer_is_bounded() -> None:
+    """Review h-rev3 F13: the probe (and the spare connection) bounded each read of the
+    owner's ``/healthz`` answer, not the answer: a dripping owner held them for ever."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        accepted.append(writer)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
+        for _ in range(100_000):  # each byte well within the read timeout, the whole never
+            writer.write(b" ")
+            await asyncio.sleep(0.01)
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+    try:
+        probe = asyncio.ensure_future(peers._probe(url))
+        done, _ = await asyncio.wait({probe}, timeout=10)
+        assert probe in done, "the dripped health answer was read without a bound"
+        with pytest.raises(ProbeFailed):
+            probe.result()
+        peers._spare(url)
+        spare = asyncio.ensure_future(peers.spares_opened())
+        done, _ = await asyncio.wait({spare}, timeout=10)
+        assert spare in done, "the spare's dripped health answer was read without a bound"
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
         server.close()

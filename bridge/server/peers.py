@@ -382,8 +382,9 @@ class Peers:
         """Reach ``base_url``'s peer listener once (its health check: any answer will do), or
         :class:`~bridge.server.suspects.ProbeFailed`; bounded by the calls' timeouts."""
         try:
-            await self._calls.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self._first_answer_s):  # the whole answer, not each read
+                await self._calls.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise ProbeFailed(refused(exc)) from None
         self._answered[base_url] = self._clock()
         self._on_answered(base_url)
@@ -423,7 +424,8 @@ class Peers:
     async def _open_spare(self, base_url: str) -> None:
         started = self._clock()
         try:
-            await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+            async with asyncio.timeout(self._first_answer_s):  # the whole answer, not each read
+                await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
         except Exception as exc:  # a spare is an optimisation: the next hop connects itself
             self._unreachable(base_url, exc, started)
             log.debug("no spare connection to %s: %s", base_url, type(exc).__name__)
