@@ -48,7 +48,7 @@ from bridge.server.http import McpHttp, RawEndpoint
 from bridge.server.peers import MAX_REMEMBERED_OWNERS, OwnerSuspected, Peers, client_tls
 from bridge.server.routing import Routing
 from bridge.server.runner import peer_listener
-from bridge.server.suspects import MAX_SUSPECTS
+from bridge.server.suspects import MAX_SUSPECTS, ProbeFailed
 from bridge.server.wire import CLIENT_CAPS_META, RpcError, tasks_capability
 
 SECRET = "s" * 40
@@ -1019,3 +1019,296 @@ def test_a_hop_s_signature_is_the_documented_canonical_encoding() -> None:
     message = b"".join(len(f).to_bytes(4, "big") + f for f in fields)
     key = hashlib.sha256(domain + b"\0" + SECRET.encode()).digest()
     assert hop["x-bridge-peer-signature"] == hmac.digest(key, message, "sha256").hex()
+
+
+class OwnerAtUrl:
+    """Routing that sends every task to the owner at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def where(self, task_id: str) -> str:
+        return self.url
+
+
+async def raw_owner(answer: bytes, lines: list[bytes]) -> tuple[asyncio.Server, str]:
+    """A raw owner: each request's line listed, ``answer``'s head (and its body, but not to a
+    HEAD, as an HTTP server answers one) written back."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines.append(head.split(b"\r\n", 1)[0])
+                body = not head.startswith(b"HEAD ")
+                writer.write(answer if body else answer.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n")
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_a_head_resume_is_forwarded_as_a_get_and_answered() -> None:
+    """Review h-rev3 F1: starlette serves HEAD on the GET route, and the HEAD was forwarded as
+    it came: the owner's answer to a HEAD has a Content-Length and no body, and the hop's
+    parser (which cannot know the request was a HEAD) waited for that body for ever, holding
+    a pool slot and the request's task even after the client left."""
+    lines: list[bytes] = []
+    error = b'{"jsonrpc":"2.0","id":"r","error":{"code":-32602,"message":"no such task"}}'
+    answer = b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
+    answer += b"content-length: %d\r\n\r\n%s" % (len(error), error)
+    server, url = await raw_owner(answer, lines)
+    settings = group_settings()
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=30)
+    endpoint = McpHttp(
+        settings,
+        Authenticator(settings.auth),
+        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
+        Metrics(),
+        on_cancelled=lambda client, request_id: None,
+        routing=OwnerAtUrl(url),  # type: ignore[arg-type]
+        peers=peers,
+    )
+    public = Starlette(routes=[Route("/mcp", RawEndpoint(endpoint.get), methods=["GET"])])
+    resume = {
+        "authorization": f"Bearer {next(iter(TOKENS))}",
+        "last-event-id": encode_cursor("r", "t1", 0),
+    }
+    transport = httpx.ASGITransport(app=public)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            head = asyncio.ensure_future(http.head("/mcp", headers=resume))
+            done, _ = await asyncio.wait({head}, timeout=10)
+            assert head in done, "the forwarded HEAD waited for a body that never comes"
+            assert head.result().status_code == 404
+            assert (await http.get("/mcp", headers=resume)).json()["error"]["code"] == -32602
+    finally:
+        await peers.close()
+        server.close()
+    assert lines == [b"GET /mcp HTTP/1.1"] * 2
+
+
+async def test_a_json_answer_whose_body_stalls_is_bounded_like_its_head() -> None:
+    """Review h-rev3 F2: only the owner's answer head was bounded; a JSON answer is read whole
+    before the client gets it, and a body that stalled (an owner frozen or cut off after its
+    head) held the request for ever: nothing cancels a JSON request whose client left."""
+    lines: list[bytes] = []
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+    server, url = await raw_owner(answer + b'{"jsonrpc"', lines)
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+    headers, body = tasks_get()
+    try:
+        forward = asyncio.ensure_future(peers.forward(url, "POST", headers, body, ALICE))
+        done, _ = await asyncio.wait({forward}, timeout=10)
+        assert forward in done, "the stalled body was waited for without a bound"
+        with pytest.raises((TimeoutError, httpx.ReadTimeout)):
+            forward.result()
+        assert peers._hops._open == 0, "the stalled connection was closed"
+    finally:
+        await peers.close()
+        server.close()
+
+
+async def test_a_forwarded_stream_whose_client_left_before_its_first_byte_frees_its_hop() -> None:
+    """Review h-rev3 F6: the owner's stream was closed only by the body generator's
+    ``finally``; a client gone while the response's head waited to be written (uvicorn waits
+    while the client does not read) left it unstarted, so its hop connection stayed open and
+    counted, the owner's stream ran on, and enough of them filled the pool for good."""
+    from bridge.server import http as http_module
+    from bridge.server.admission import Caller
+
+    hung_up = asyncio.Event()
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET /healthz "):  # the spare connection opened after it
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n3\r\n: k\r\n")
+        while await reader.read(65536):
+            pass
+        hung_up.set()
+
+    server = await asyncio.start_server(stream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url))
+    headers, body = tasks_get()
+    try:
+        response = await http_module.relay(
+            peers, Metrics(), url, "tasks/stream", "POST", headers, body, Caller("alice", "alice")
+        )
+        assert response is not None
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            await asyncio.Event().wait()  # the head waits: the client reads nothing
+
+        await asyncio.wait_for(response({"type": "http"}, receive, send), 10)
+        await asyncio.wait_for(hung_up.wait(), 10)  # else: the owner's stream runs on
+        await peers.spares_opened()
+        assert peers._hops._open == 1, "only the spare connection is counted"
+    finally:
+        await peers.close()
+        server.close()
+
+
+async def test_a_forwarded_stream_whose_owner_falls_silent_ends() -> None:
+    """Review h-rev3 F7: a forwarded stream had no read bound; an owner whose host vanished
+    (no FIN, no RST: a node lost, a network cut) held the stream, and its client, for ever,
+    never told to resume where the partition went. An owner's stream writes a keep-alive when
+    idle: past ``stream_idle_s`` without a byte the stream ends, without a result."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def falls_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        accepted.append(writer)  # held open, silent after its first bytes
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n3\r\n: k\r\n")
+
+    server = await asyncio.start_server(falls_silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), stream_idle_s=0.2)
+    headers, body = tasks_get()
+    try:
+        answer = await peers.forward(url, "POST", headers, body, ALICE)
+        assert await anext(answer.body) == b": k"
+        rest = asyncio.ensure_future(anext(answer.body))
+        done, _ = await asyncio.wait({rest}, timeout=10)
+        assert rest in done, "the silent owner's stream was waited for without a bound"
+        with pytest.raises(httpx.ReadTimeout):
+            rest.result()
+        await answer.close()
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+
+
+async def test_a_call_whose_owner_drips_its_answer_is_bounded_as_a_whole() -> None:
+    """Review h-rev3 F8: a call's read timeout bounded each wait for the owner's bytes, not the
+    answer: an owner dripping a byte at a time held a listen's or a webhook delivery's read
+    (and its connection) for as long as it liked."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        accepted.append(writer)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+        writer.write(b"content-length: 100000\r\n\r\n")
+        for _ in range(100_000):  # each byte well within the read timeout, the whole never
+            writer.write(b" ")
+            await asyncio.sleep(0.01)
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+    try:
+        call = asyncio.ensure_future(peers.call(url, "tasks/get", {"taskId": "t1"}, ALICE))
+        done, _ = await asyncio.wait({call}, timeout=10)
+        assert call in done, "the dripped answer was read without a bound"
+        with pytest.raises(RpcError):
+            call.result()
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+
+
+async def test_only_streams_that_keep_alive_are_ended_by_their_owner_s_silence() -> None:
+    """Review h-rev3 F7: a tools/call's progress stream writes no keep-alive (it may be quiet
+    for ``tasks.direct_result_timeout_s``): its silence does not end it."""
+    from bridge.server import http as http_module
+    from bridge.server.admission import Caller
+
+    kept: list[bool] = []
+
+    class Capturing:
+        async def forward(self, *args: Any, **kwargs: Any) -> Any:
+            kept.append(not kwargs["tool_call"])
+            raise OwnerSuspected("http://owner")
+
+    for label in ("tools/call", "tasks/stream", "events/stream", "view"):
+        answer = await http_module.relay(
+            Capturing(),  # type: ignore[arg-type]
+            Metrics(),
+            "http://owner",
+            label,
+            "POST",
+            {},
+            b"",
+            Caller("alice", "alice"),
+        )
+        assert answer is None
+    assert kept == [False, True, True, True]
+
+
+async def test_a_forwarded_tool_call_may_wait_for_its_result_and_suspects_no_one() -> None:
+    """Review h-rev3 F11 (before this session): a tools/call retried with ``requestState`` is
+    forwarded, and its owner answers once the tool's result is in (up to
+    ``tasks.direct_result_timeout_s``, 300 s); the hop allowed the first answer 30 s, then
+    answered 503 (the result lost: the retry finds the call no longer waiting for input) and
+    suspected the healthy owner, refusing every request about its partitions meanwhile."""
+    body_out = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    answer += b"content-length: %d\r\n\r\n%s" % (len(body_out), body_out)
+    release = asyncio.Event()
+
+    async def slow_tool(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await release.wait()  # the tool's result comes after the first-answer bound
+        writer.write(answer)
+
+    server = await asyncio.start_server(slow_tool, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.1, tool_answer_s=30)
+    headers, body = tasks_get()
+    try:
+        call = asyncio.ensure_future(
+            peers.forward(url, "POST", headers, body, ALICE, tool_call=True)
+        )
+        done, _ = await asyncio.wait({call}, timeout=0.5)  # past the 0.1 s first-answer bound
+        assert not done, f"cut before the tool's result: {call.exception()!r}"
+        release.set()
+        answer_of_owner = await asyncio.wait_for(call, 10)
+        assert answer_of_owner.status == 200 and answer_of_owner.content == body_out
+        assert not peers.suspects.is_suspected(url)
+    finally:
+        await peers.close()
+        server.close()
+
+
+async def test_a_probe_of_an_owner_dripping_its_health_answer_is_bounded() -> None:
+    """Review h-rev3 F13: the probe (and the spare connection) bounded each read of the
+    owner's ``/healthz`` answer, not the answer: a dripping owner held them for ever."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        accepted.append(writer)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
+        for _ in range(100_000):  # each byte well within the read timeout, the whole never
+            writer.write(b" ")
+            await asyncio.sleep(0.01)
+
+    server = await asyncio.start_server(drip, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+    try:
+        probe = asyncio.ensure_future(peers._probe(url))
+        done, _ = await asyncio.wait({probe}, timeout=10)
+        assert probe in done, "the dripped health answer was read without a bound"
+        with pytest.raises(ProbeFailed):
+            probe.result()
+        peers._spare(url)
+        spare = asyncio.ensure_future(peers.spares_opened())
+        done, _ = await asyncio.wait({spare}, timeout=10)
+        assert spare in done, "the spare's dripped health answer was read without a bound"
+    finally:
+        await peers.close()
+        for writer in accepted:
+            writer.close()
+        server.close()

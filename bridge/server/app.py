@@ -432,6 +432,11 @@ def _peers(
         on_answered=removals.answered,
         # A refusing owner is dropped within the refusal window: what its clients are told.
         refusal_wait_s=r.refusal_window_s if r.remove_dead_owners else None,
+        # An owner's stream writes at least a keep-alive each interval: four in a row missing
+        # is an owner whose host vanished without a FIN (the stream ends, the client resumes).
+        stream_idle_s=STREAM_IDLE_KEEPALIVES * settings.streams.keepalive_s,
+        # A forwarded tools/call is answered once its tool's result is in.
+        tool_answer_s=settings.tasks.direct_result_timeout_s,
     )
     stack.push_async_callback(peers.close)
     stack.push_async_callback(removals.close)
@@ -481,6 +486,8 @@ async def _refresh_gauges(
 
 #: How often each events partition's owner is looked at (the unavailability's resolution).
 AVAILABILITY_SAMPLE_S = 0.25
+#: Keep-alive intervals a forwarded stream may go without a byte from its owner.
+STREAM_IDLE_KEEPALIVES = 4
 
 
 def _reachable(routing: Routing, peers: Peers | None) -> Callable[[str], bool]:

@@ -10,6 +10,7 @@ JSON, or ``text/event-stream`` (an :class:`~bridge.server.sse.SseResponse`: SSE 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -47,6 +48,10 @@ from bridge.server.wire import (
 __all__ = ["McpHttp", "RawEndpoint"]
 
 log = logging.getLogger(__name__)
+
+#: Forwarded streams being closed after their response ended unbegun (held: a task the loop
+#: only references weakly could be collected before it has run).
+_CLOSING: set[asyncio.Future[None]] = set()
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -132,7 +137,12 @@ async def relay(
     started = time.perf_counter()
     identity = PeerIdentity(caller.principal, caller.client)
     try:
-        answer = await peers.forward(owner, method, headers, body, identity, path=path)
+        # A tool call's answer waits for the tool's result, and its progress stream writes
+        # no keep-alive: its quiet is not a lost owner.
+        tool_call = label == "tools/call"
+        answer = await peers.forward(
+            owner, method, headers, body, identity, path=path, tool_call=tool_call
+        )
     except Exception as exc:
         metrics.forward(label, "unavailable", None)
         if not isinstance(exc, OwnerSuspected):  # that one was logged once, when suspected
@@ -144,7 +154,11 @@ async def relay(
     if answer.content is not None:
         return Response(answer.content, status_code=answer.status, headers=passed)
 
+    begun = False
+
     async def body_of() -> AsyncIterator[bytes]:
+        nonlocal begun
+        begun = True
         try:
             async for chunk in answer.body:
                 yield chunk
@@ -153,8 +167,16 @@ async def relay(
         finally:
             await answer.close()
 
+    def ended() -> None:
+        # A response that never began its body (the client gone while its head waited to be
+        # written) never ran body_of's ``finally``: the owner's stream is closed from here.
+        if not begun:
+            closing = asyncio.ensure_future(answer.close())
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
+
     return SseResponse(
-        Streamed(body_of()),
+        Streamed(body_of(), on_close=ended),
         None,
         passed,
         expires=caller.expires,
@@ -335,8 +357,11 @@ class McpHttp:
         the owner cannot be asked, the retriable error answers ``request_id``."""
         if self.peers is None:  # the app builds routing that divides only with peers
             raise RuntimeError("a request to forward, but no peer client")
+        # A HEAD (starlette serves it on the GET route) goes as the GET it stands for: the
+        # answer to a HEAD has a length and no body, which the hop's parser cannot know.
+        verb = "GET" if request.method == "HEAD" else request.method
         answer = await relay(
-            self.peers, self.metrics, owner, method, request.method, request.headers, body, caller
+            self.peers, self.metrics, owner, method, verb, request.headers, body, caller
         )
         if answer is None:  # answered at once, told how long the group needs to notice
             error = owner_unavailable_error(self.peers.retry_after_s(owner))

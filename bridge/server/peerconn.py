@@ -68,6 +68,11 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
+        #: Bytes fed before the final answer's head ended: httptools buffers a header of any
+        #: length before reporting it, so the head is bounded here too, as it arrives.
+        self._before_head = 0
+        self._began = False
+        self._interim = False
         self._head: asyncio.Future[None] | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -94,6 +99,11 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except self._errors as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed answer from the owner: {exc}"))
+            return
+        if self._head is not None and not self._head.done():
+            self._before_head += len(data)
+            if self._before_head > _MAX_HEAD_BYTES:
+                self._fail(httpx.RemoteProtocolError("the owner's answer head is too large"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -102,6 +112,13 @@ class _Connection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(why) if exc is None else httpx.ReadError(why))
 
     # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # httptools parses on past an answer's end within one read: a second answer to one
+        # request is a broken or hostile owner, never more of the first one's body.
+        if self._began:
+            raise _httptools().HttpParserError("more than one answer to one request")
+        self._began = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value)
@@ -112,11 +129,16 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self._parser is not None
         self._status = self._parser.get_status_code()
+        if self._status < 200:  # an interim answer (the hop asks for none): the final follows
+            self._interim = True
+            return
         self.keep_alive = self._parser.should_keep_alive()
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._interim:
+            raise _httptools().HttpParserError("an interim answer with a body")
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -125,6 +147,10 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:  # its headers are not the answer's
+            self._interim = self._began = False
+            self._headers, self._head_bytes = [], 0
+            return
         self.complete = True
         self._parser = None  # anything more before the next request breaks the connection
         self._wake()
@@ -155,12 +181,18 @@ class _Connection(asyncio.Protocol):
     def send(self, head: bytes, body: bytes) -> None:
         """Write one request; its answer is awaited with :meth:`answer_head`."""
         assert self.transport is not None
+        if self.error is not None:  # broken before it was asked (bytes nobody asked for)
+            raise self.error
         parsing = _httptools()
         self._parser = parsing.HttpResponseParser(self)
         self._errors = (parsing.HttpParserError, parsing.HttpParserUpgrade)
         self._status, self._headers, self._head_bytes = 0, [], 0
+        self._before_head, self._began, self._interim = 0, False, False
         self._chunks.clear()
         self._buffered, self.complete, self.keep_alive = 0, False, False
+        if self._paused:  # the last answer was whole but left unread past the high water
+            self._paused = False
+            self.transport.resume_reading()
         self._head = self._loop.create_future()
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
@@ -177,7 +209,7 @@ class _Connection(asyncio.Protocol):
                     await self._head
         except TimeoutError:
             raise httpx.ReadTimeout("the owner did not answer in time") from None
-        if self.error is not None:
+        if self.error is not None and not self.complete:  # whole, then broken: still whole
             raise self.error
         return self._status, self._headers
 
@@ -308,10 +340,15 @@ class HopTransport(httpx.AsyncBaseTransport):
         *,
         connect_s: float | None = None,
         read_s: float | None = None,
+        body_read_s: float | None = None,
     ) -> Answer:
         """Send one request (``head`` and ``body``) to ``origin`` on a kept-alive connection
         (else a new one); its answer once its head has come (``read_s`` bounds each wait for
-        the owner's bytes, ``connect_s`` a new connection)."""
+        the owner's bytes, ``body_read_s`` instead once the head has come when given,
+        ``connect_s`` a new connection). Never a ``HEAD``: its answer has a
+        length and no body, which the parser cannot know."""
+        if head.startswith(b"HEAD "):
+            raise httpx.LocalProtocolError("a HEAD is not sent on a hop (send its GET)")
         connection = self._reuse(origin) or await self._connect(origin, connect_s)
         try:
             connection.send(head, body)
@@ -319,7 +356,8 @@ class HopTransport(httpx.AsyncBaseTransport):
         except BaseException:  # cancelled or failed mid-request: the connection is unknown
             self._discard(connection)
             raise
-        return Answer(self, connection, status, headers, read_s)
+        body_s = read_s if body_read_s is None else body_read_s
+        return Answer(self, connection, status, headers, body_s)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """httpx's way in: ``request`` sent with :meth:`send`."""
@@ -327,6 +365,8 @@ class HopTransport(httpx.AsyncBaseTransport):
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 80))
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        if "transfer-encoding" in request.headers:  # a streamed body: written whole, unframed
+            raise httpx.LocalProtocolError("a hop's body is sent whole, with its length")
         head = request_head(request.method, url.raw_path.decode("ascii"), pairs)
         body = await request.aread()
         answer = await self.send(
@@ -350,6 +390,8 @@ class HopTransport(httpx.AsyncBaseTransport):
     async def _connect(self, origin: Origin, connect_s: float | None) -> _Connection:
         if self._closed:
             raise httpx.ConnectError("the hop pool is closed")
+        if self._open >= self._max_connections:
+            self._prune(make_room=True)
         if self._open >= self._max_connections:
             raise httpx.PoolTimeout(f"all {self._max_connections} hop connections are in use")
         scheme, host, port = origin
@@ -377,12 +419,40 @@ class HopTransport(httpx.AsyncBaseTransport):
     def release(self, connection: _Connection) -> None:
         """An answer is done with: keep its connection for the next request when it can be."""
         reusable = connection.complete and connection.keep_alive and connection.usable
+        if reusable and self._idle_count >= self._max_idle:
+            self._prune(make_room=False)
         if not reusable or self._closed or self._idle_count >= self._max_idle:
             self._discard(connection)
             return
         connection.idle_since = time.monotonic()
         self._idle.setdefault(connection.origin, []).append(connection)
         self._idle_count += 1
+
+    def _prune(self, *, make_room: bool) -> None:
+        """Drop the idle connections that closed or expired, of every owner: one asked no more
+        (gone for good, or its URL changed) would hold its idle and pool slots for ever. With
+        ``make_room``, the oldest idle connection goes too when none did (a slot for a new
+        connection rather than a refusal while connections sit idle). Runs only when the pool
+        or its idle slots are full: one pass over at most ``max_idle`` connections."""
+        horizon = time.monotonic() - self._idle_s
+        oldest: tuple[float, Origin] | None = None
+        dropped = 0
+        for origin, idle in list(self._idle.items()):
+            kept = [c for c in idle if c.usable and c.idle_since >= horizon]
+            for connection in idle:
+                if connection not in kept:
+                    self._discard(connection)
+            dropped += len(idle) - len(kept)
+            if kept:
+                self._idle[origin] = kept
+                if oldest is None or kept[0].idle_since < oldest[0]:
+                    oldest = (kept[0].idle_since, origin)
+            else:
+                del self._idle[origin]
+        self._idle_count -= dropped
+        if make_room and not dropped and oldest is not None:
+            self._discard(self._idle[oldest[1]].pop(0))
+            self._idle_count -= 1
 
     def _discard(self, connection: _Connection) -> None:
         if connection.counted:

@@ -279,9 +279,15 @@ class Peers:
         on_refusing: Callable[[str], object] = lambda url: None,
         on_answered: Callable[[str], object] = lambda url: None,
         refusal_wait_s: float | None = None,
+        stream_idle_s: float | None = None,
+        tool_answer_s: float = 0.0,
     ) -> None:
         """``transport``: where requests go instead of the network (a simulation's replicas,
-        in process); None for real connections."""
+        in process); None for real connections. ``stream_idle_s``: the longest wait for the
+        next bytes of an owner's answer (an owner's stream writes a keep-alive when idle;
+        None: no bound); ``tool_answer_s``: how much longer a forwarded tool call's first
+        answer may take (``tasks.direct_result_timeout_s``: the owner answers with the
+        result)."""
         self.auth = auth
         self._transport = transport
         #: A call's answer is one JSON body: bound all of it (a forward's stream is not).
@@ -308,9 +314,12 @@ class Peers:
             on_refusing=on_refusing,
             refusal_wait_s=refusal_wait_s,
         )
-        # No read timeout: a forwarded stream is quiet between keep-alives for as long as the
-        # owner's stream is; connecting and the owner's first answer are bounded.
+        # No read timeout in the pool: a forwarded stream is quiet between keep-alives;
+        # connecting, the owner's first answer and each wait for its next bytes (a few
+        # keep-alive intervals: an owner whose host vanished sends no FIN) are bounded.
         self._connect_s = connect_s
+        self._stream_idle_s = stream_idle_s
+        self._tool_answer_s = tool_answer_s
         #: The forwarding pool's connections: forward() writes its requests there itself.
         self._hops = HopTransport(tls, max_connections=max_streams, max_idle=64, idle_s=idle_s)
         self._client = self._pool(
@@ -373,8 +382,9 @@ class Peers:
         """Reach ``base_url``'s peer listener once (its health check: any answer will do), or
         :class:`~bridge.server.suspects.ProbeFailed`; bounded by the calls' timeouts."""
         try:
-            await self._calls.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self._first_answer_s):  # the whole answer, not each read
+                await self._calls.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise ProbeFailed(refused(exc)) from None
         self._answered[base_url] = self._clock()
         self._on_answered(base_url)
@@ -414,7 +424,8 @@ class Peers:
     async def _open_spare(self, base_url: str) -> None:
         started = self._clock()
         try:
-            await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
+            async with asyncio.timeout(self._first_answer_s):  # the whole answer, not each read
+                await self._client.get(f"{base_url}{PEER_HEALTH_PATH}", timeout=self._call_timeout)
         except Exception as exc:  # a spare is an optimisation: the next hop connects itself
             self._unreachable(base_url, exc, started)
             log.debug("no spare connection to %s: %s", base_url, type(exc).__name__)
@@ -427,19 +438,28 @@ class Peers:
         body: bytes,
         identity: PeerIdentity,
         path: str = "/mcp",
+        *,
+        tool_call: bool = False,
     ) -> Forwarded:
         """Send the request to the owner's peer listener at ``base_url`` (at ``path``:
         ``/mcp``, or a browser view's GET, whose query carries no credential); the body streams
-        back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop."""
+        back. :class:`OwnerRefusedHop` when the owner's peer listener refused the hop.
+        A streamed answer writes a keep-alive when idle, so each wait for its next bytes is
+        bounded (``stream_idle_s``); not a ``tool_call``'s: its answer waits for the tool's
+        result (``tool_answer_s`` more for the first answer) and its progress stream writes no
+        keep-alive."""
         self._check_reachable(base_url)
         sent = _forwarded(headers)
         sent.update(self.auth.sign(base_url, method, path, sent, body, identity))
         started = self._clock()
+        # The owner's first answer (the head of a stream, or a whole JSON answer) is bounded:
+        # no read bound after a stream's head, so it may stay quiet between its keep-alives.
+        bound = self._first_answer_s + (self._tool_answer_s if tool_call else 0.0)
+        deadline = asyncio.get_running_loop().time() + bound
         try:
-            # The owner's first answer (the head of a stream) is bounded: no read bound
-            # after it, so a stream may stay quiet between its keep-alives once it has begun.
-            async with asyncio.timeout(self._first_answer_s):
-                reply = await self._send(base_url, method, path, sent, body)
+            async with asyncio.timeout_at(deadline):
+                idle_s = None if tool_call else self._stream_idle_s
+                reply = await self._send(base_url, method, path, sent, body, idle_s)
         except (httpx.HTTPError, TimeoutError) as exc:
             self._unreachable(base_url, exc, started)
             raise
@@ -452,8 +472,11 @@ class Peers:
         passed = {k: v for k, v in reply.headers.items() if k.lower() in _PASSED_HEADERS}
         if "text/event-stream" not in reply.headers.get("content-type", ""):
             # A JSON answer is small and whole: passed back as the bytes it is, with its
-            # length, never parsed here nor streamed chunk by chunk.
-            return Forwarded(reply.status, passed, _nothing(), _closed, await reply.read())
+            # length, never parsed here nor streamed chunk by chunk. Read within the first
+            # answer's bound: nothing cancels a JSON request whose client has left.
+            async with asyncio.timeout_at(deadline):
+                content = await reply.read()
+            return Forwarded(reply.status, passed, _nothing(), _closed, content)
 
         async def close() -> None:
             ended = reply.ended
@@ -464,7 +487,13 @@ class Peers:
         return Forwarded(reply.status, passed, reply.chunks(), close)
 
     async def _send(
-        self, base_url: str, method: str, path: str, headers: dict[str, str], body: bytes
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        idle_s: float | None = None,
     ) -> _Reply:
         """One request to the owner: written straight to a kept-alive connection of the lean
         pool (no httpx request or response objects: the hop's CPU is the cluster's capacity),
@@ -479,7 +508,9 @@ class Peers:
         if body or method == "POST":
             fields.append(("content-length", str(len(body))))
         head = request_head(method, path, fields)
-        return await self._hops.send(origin, head, body, connect_s=self._connect_s)
+        return await self._hops.send(
+            origin, head, body, connect_s=self._connect_s, body_read_s=idle_s
+        )
 
     async def call(
         self,
@@ -509,8 +540,10 @@ class Peers:
         started = self._clock()
         try:
             try:
-                reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
-            except httpx.HTTPError as exc:
+                # The whole answer within the bound, not only each wait for its bytes.
+                async with asyncio.timeout(self._first_answer_s):
+                    reply = await self._calls.post(f"{base_url}/mcp", content=body, headers=headers)
+            except (httpx.HTTPError, TimeoutError) as exc:
                 self._unreachable(base_url, exc, started)
                 raise
             self._seen_alive(base_url)
@@ -519,7 +552,7 @@ class Peers:
             ) is not None:  # not the caller's credential
                 raise _unavailable(method, base_url, f"the owner refused the hop ({refusal})")
             message = reply.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, TimeoutError) as exc:
             retry = self.retry_after_s(base_url)  # the time left, when it is now suspected
             raise _unavailable(method, base_url, type(exc).__name__, retry) from None
         if not isinstance(message, dict):
