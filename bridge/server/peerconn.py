@@ -265,6 +265,11 @@ class Answer:
         self._released = False
 
     @property
+    def arrived(self) -> bool:
+        """Whether the whole answer has come (read or not): reading it waits for nothing."""
+        return self._connection.complete
+
+    @property
     def ended(self) -> bool:
         """Whether the whole body has been read."""
         connection = self._connection
