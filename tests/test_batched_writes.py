@@ -1,10 +1,10 @@
-"""One write per response (bridge.server.protocols._BatchedWrites).
+"""An answer's head leaves with its body (bridge.server.protocols._BatchedWrites).
 
 uvicorn writes a response's head when the app starts it and its body when the app sends it:
 two sends (two TLS records) for every JSON answer, and two wake-ups of its reader; a hop pays
-that on the owner and again on the forwarder. The protocols the bridge serves with join what
-one turn of the event loop writes. These drive the real protocol classes over a transport that
-records each write, so a count of writes is exact.
+that on the owner and again on the forwarder. The protocols the bridge serves with hold an
+answer's head for its body. These drive the real protocol classes over a transport that records
+each write, so a count of writes is exact.
 """
 
 from __future__ import annotations
@@ -134,20 +134,37 @@ async def test_a_stream_s_parts_of_different_turns_are_not_held_for_each_other()
     protocol.connection_lost(None)
 
 
-async def test_a_large_batch_is_written_at_once_so_flow_control_sees_it() -> None:
+async def test_only_an_answer_s_head_is_held_and_its_body_joins_it_at_once() -> None:
     recording = Recording()
     batched = protocols._BatchedWrites(recording, asyncio.get_running_loop())
-    batched.write(b"x" * 100)
-    assert recording.writes == []  # held until the turn ends
-    assert batched.get_write_buffer_size() == 100
-    batched.write(b"y" * protocols._BATCH_BYTES)
-    assert recording.writes == [b"x" * 100 + b"y" * protocols._BATCH_BYTES]
-    assert batched.get_write_buffer_size() == 0
+    batched.write(b"not after a request")
+    assert recording.writes == [b"not after a request"]  # straight through: nothing held
+    batched.hold_next()
+    batched.write(b"HEAD\r\n\r\n")
+    assert recording.writes == [b"not after a request"]  # the head waits for its body
+    assert batched.get_write_buffer_size() == len(b"HEAD\r\n\r\n")
+    batched.write(b"body")
+    assert recording.writes[1:] == [b"HEAD\r\n\r\nbody"]  # at once, not at the turn's end
+    batched.write(b"event")
+    assert recording.writes[2:] == [b"event"]  # a stream's next write is not held
+    await asyncio.sleep(0)  # the head's flush, cancelled, writes nothing more
+    assert len(recording.writes) == 3
+
+
+async def test_a_large_body_is_not_copied_to_join_its_head() -> None:
+    recording = Recording()
+    batched = protocols._BatchedWrites(recording, asyncio.get_running_loop())
+    batched.hold_next()
+    batched.write(b"HEAD")
+    large = b"x" * protocols._JOIN_BYTES
+    batched.write(large)
+    assert recording.writes == [b"HEAD", large]
 
 
 async def test_close_writes_what_is_held_first_and_abort_drops_it() -> None:
     recording = Recording()
     batched = protocols._BatchedWrites(recording, asyncio.get_running_loop())
+    batched.hold_next()
     batched.write(b"last words")
     batched.close()
     assert recording.writes == [b"last words"] and recording.closed
@@ -156,6 +173,7 @@ async def test_close_writes_what_is_held_first_and_abort_drops_it() -> None:
 
     recording = Recording()
     batched = protocols._BatchedWrites(recording, asyncio.get_running_loop())
+    batched.hold_next()
     batched.write(b"never sent")
     batched.abort()
     await asyncio.sleep(0)

@@ -13,10 +13,9 @@ protocols add, per connection:
   connection closed, however the head arrives: in pieces (the bytes are counted as they come,
   before the parser has a whole header to report) or in one read (the request line and headers
   are counted as the parser reports them, before the app sees them);
-* one write per response: what the app sends in one turn of the event loop (uvicorn writes a
-  response's head and its body separately) goes to the socket in one write
-  (:class:`_BatchedWrites`), so a small answer costs one send (one TLS record) instead of two,
-  and its reader one wake-up.
+* one write per small answer: a response's head leaves with the first part of its body
+  (uvicorn writes them apart) in one send (:class:`_BatchedWrites`): one TLS record instead
+  of two, and one wake-up of its reader.
 
 :func:`protocol_class` picks the parser like uvicorn's ``http`` setting and returns the class
 to pass to ``uvicorn.Config(http=...)``; bridge/server/runner.py does. What this module does
@@ -72,66 +71,88 @@ class _ReadDeadline:
         self.transport.close()
 
 
-#: Held bytes past this are written at once: the transport's own buffer and its flow control
-#: (uvicorn waits while the transport is paused) bound what a response holds, not this batch.
-_BATCH_BYTES = 65536
+#: A body this large is written apart from the head it follows, not copied to join it.
+_JOIN_BYTES = 65536
 
 
 class _BatchedWrites:
-    """A transport whose writes within one turn of the event loop leave in one write.
+    """A transport that sends a response's head with the first part of its body.
 
     uvicorn writes a response's head when the app starts it and each body part as it comes:
-    a JSON answer is two sends, two TLS records, and its reader wakes twice. Here the first
-    write of a turn is held and a flush scheduled (``call_soon``: after the callback that
-    wrote, before any I/O is polled); later writes of the same turn join it. A batch reaching
-    :data:`_BATCH_BYTES` is written at once. ``close`` and ``write_eof`` write what is held
-    first; ``abort`` drops it, as the transport drops its own buffer. Everything else is the
-    transport's.
+    a JSON answer was two sends, two TLS records, and its reader woke twice. The protocol
+    calls :meth:`hold_next` when a request has arrived; the next write (the answer's head) is
+    then held, and the write after it (the body) leaves with it in one send. A head whose
+    body does not follow in the same turn of the event loop (a stream that waits for its
+    first event) leaves by itself at the end of that turn (``call_soon``). Every other write
+    goes straight through: a stream's events are never delayed nor cost a callback. ``close``
+    and ``write_eof`` send a held head first; ``abort`` drops it, as the transport drops its
+    own buffer. Everything else is the transport's.
     """
 
-    __slots__ = ("_held", "_held_bytes", "_loop", "_transport")
+    __slots__ = ("_flush_handle", "_held", "_hold", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
-        self._held: list[bytes] | None = None
-        self._held_bytes = 0
+        self._hold = False
+        self._held: bytes | None = None
+        self._flush_handle: asyncio.Handle | None = None
+
+    def hold_next(self) -> None:
+        """The next write is a response's head: hold it for its body."""
+        self._hold = True
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        if self._held is None:
-            self._held = [bytes(data)]
-            self._held_bytes = len(data)
-            self._loop.call_soon(self._flush)
-        else:
-            self._held.append(bytes(data))
-            self._held_bytes += len(data)
-        if self._held_bytes >= _BATCH_BYTES:
-            self._flush()
+        held = self._held
+        if held is not None:  # the body after a held head: both in one send
+            self._unhold()
+            if len(data) < _JOIN_BYTES:
+                self._transport.write(held + bytes(data))
+                return
+            self._transport.write(held)
+        elif self._hold:
+            self._hold = False
+            self._held = bytes(data)
+            self._flush_handle = self._loop.call_soon(self._flush)
+            return
+        self._transport.write(data)
 
     def writelines(self, parts: Any) -> None:
         for part in parts:
             self.write(part)
 
+    def _unhold(self) -> None:
+        self._held = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+
     def _flush(self) -> None:
-        held, self._held, self._held_bytes = self._held, None, 0
-        if held and not self._transport.is_closing():
-            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+        held = self._held
+        self._held, self._flush_handle = None, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + self._held_bytes
+        held = len(self._held) if self._held is not None else 0
+        return self._transport.get_write_buffer_size() + held
 
     def write_eof(self) -> None:
         self._flush()
         self._transport.write_eof()
 
     def close(self) -> None:
+        self._hold = False
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
         self._flush()
         self._transport.close()
 
     def abort(self) -> None:
-        self._held, self._held_bytes = None, 0
+        self._hold = False
+        self._unhold()
         self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
@@ -172,9 +193,15 @@ def _h11_head_size(request: h11.Request) -> int:
     return size + sum(len(name) + len(value) for name, value in request.headers)
 
 
-def _batched(transport: asyncio.Transport) -> asyncio.Transport:
+def _batched(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> asyncio.Transport:
     """``transport`` behind :class:`_BatchedWrites` (typed as the transport it stands for)."""
-    return _BatchedWrites(transport, asyncio.get_running_loop())  # type: ignore[return-value]
+    return _BatchedWrites(transport, loop)  # type: ignore[return-value]
+
+
+def _hold_next(transport: object) -> None:
+    """Tell the connection's transport (:func:`_batched`) that an answer's head comes next."""
+    if isinstance(transport, _BatchedWrites):
+        transport.hold_next()
 
 
 def _refuse_head(transport: asyncio.Transport) -> None:
@@ -200,7 +227,7 @@ class _H11(_ReadDeadline, H11Protocol):
             super().send_400_response(msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_batched(transport))
+        super().connection_made(_batched(transport, self.loop))
         self._arm()  # a connection must bring a request, not only hold a socket
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -208,6 +235,7 @@ class _H11(_ReadDeadline, H11Protocol):
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
+        _hold_next(self.transport)  # bytes came: what is written next may be an answer's head
         super().handle_events()
         state = self.conn.their_state
         arriving = state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0])
@@ -232,7 +260,7 @@ def _httptools_class() -> type[asyncio.Protocol]:
         _head_too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(_batched(transport))
+            super().connection_made(_batched(transport, self.loop))
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -281,6 +309,7 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None
+            _hold_next(self.transport)  # the answer's head waits for its body
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
