@@ -1187,35 +1187,45 @@ async def test_a_forwarded_stream_whose_owner_falls_silent_ends() -> None:
         server.close()
 
 
-async def test_a_call_whose_owner_drips_its_answer_is_bounded_as_a_whole() -> None:
-    """Review h-rev3 F8: a call's read timeout bounded each wait for the owner's bytes, not the
-    answer: an owner dripping a byte at a time held a listen's or a webhook delivery's read
-    (and its connection) for as long as it liked."""
+@contextlib.asynccontextmanager
+async def dripping_owner(head: bytes) -> Any:
+    """An owner that answers every request with ``head`` (a 100,000-byte length), then drips
+    its body a byte every 10 ms: each byte well within a read timeout, the whole never. Yields
+    its URL."""
     accepted: list[asyncio.StreamWriter] = []
 
     async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         accepted.append(writer)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
-        writer.write(b"content-length: 100000\r\n\r\n")
-        for _ in range(100_000):  # each byte well within the read timeout, the whole never
+        writer.write(head)
+        for _ in range(100_000):
             writer.write(b" ")
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the owner's pace (what makes it a drip)
 
     server = await asyncio.start_server(drip, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
     try:
-        call = asyncio.ensure_future(peers.call(url, "tasks/get", {"taskId": "t1"}, ALICE))
-        done, _ = await asyncio.wait({call}, timeout=10)
-        assert call in done, "the dripped answer was read without a bound"
-        with pytest.raises(RpcError):
-            call.result()
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
-        await peers.close()
         for writer in accepted:
             writer.close()
         server.close()
+
+
+async def test_a_call_whose_owner_drips_its_answer_is_bounded_as_a_whole() -> None:
+    """Review h-rev3 F8: a call's read timeout bounded each wait for the owner's bytes, not the
+    answer: an owner dripping a byte at a time held a listen's or a webhook delivery's read
+    (and its connection) for as long as it liked."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+    async with dripping_owner(head) as url:
+        peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+        try:
+            call = asyncio.ensure_future(peers.call(url, "tasks/get", {"taskId": "t1"}, ALICE))
+            done, _ = await asyncio.wait({call}, timeout=10)
+            assert call in done, "the dripped answer was read without a bound"
+            with pytest.raises(RpcError):
+                call.result()
+        finally:
+            await peers.close()
 
 
 async def test_only_streams_that_keep_alive_are_ended_by_their_owner_s_silence() -> None:
@@ -1284,31 +1294,17 @@ async def test_a_forwarded_tool_call_may_wait_for_its_result_and_suspects_no_one
 async def test_a_probe_of_an_owner_dripping_its_health_answer_is_bounded() -> None:
     """Review h-rev3 F13: the probe (and the spare connection) bounded each read of the
     owner's ``/healthz`` answer, not the answer: a dripping owner held them for ever."""
-    accepted: list[asyncio.StreamWriter] = []
-
-    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        accepted.append(writer)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
-        for _ in range(100_000):  # each byte well within the read timeout, the whole never
-            writer.write(b" ")
-            await asyncio.sleep(0.01)
-
-    server = await asyncio.start_server(drip, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
-    try:
-        probe = asyncio.ensure_future(peers._probe(url))
-        done, _ = await asyncio.wait({probe}, timeout=10)
-        assert probe in done, "the dripped health answer was read without a bound"
-        with pytest.raises(ProbeFailed):
-            probe.result()
-        peers._spare(url)
-        spare = asyncio.ensure_future(peers.spares_opened())
-        done, _ = await asyncio.wait({spare}, timeout=10)
-        assert spare in done, "the spare's dripped health answer was read without a bound"
-    finally:
-        await peers.close()
-        for writer in accepted:
-            writer.close()
-        server.close()
+    async with dripping_owner(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n") as url:
+        peers = Peers(PeerAuth(SECRET, url), timeout_s=0.5)
+        try:
+            probe = asyncio.ensure_future(peers._probe(url))
+            done, _ = await asyncio.wait({probe}, timeout=10)
+            assert probe in done, "the dripped health answer was read without a bound"
+            with pytest.raises(ProbeFailed):
+                probe.result()
+            peers._spare(url)
+            spare = asyncio.ensure_future(peers.spares_opened())
+            done, _ = await asyncio.wait({spare}, timeout=10)
+            assert spare in done, "the spare's dripped health answer was read without a bound"
+        finally:
+            await peers.close()
