@@ -98,6 +98,20 @@ class Replica:
         return value or 0.0
 
 
+def forwarding_endpoint(settings: Settings, peers: Peers, routing: Any) -> McpHttp:
+    """A public ``/mcp`` endpoint with no task of its own: whatever ``routing`` names an owner
+    for is forwarded through ``peers``."""
+    return McpHttp(
+        settings,
+        Authenticator(settings.auth),
+        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
+        Metrics(),
+        on_cancelled=lambda client, request_id: None,
+        routing=routing,
+        peers=peers,
+    )
+
+
 def tasks_get(task_id: str = "t1") -> tuple[dict[str, str], bytes]:
     headers, body = request("tasks/get", {"taskId": task_id})
     return {k.lower(): v for k, v in headers.items()}, json.dumps(body).encode()
@@ -390,15 +404,7 @@ async def test_a_retriable_hop_refusal_reaches_the_client_as_owner_unavailable()
     peers = Peers(PeerAuth(SECRET, HERE))
     transport = httpx.ASGITransport(app=owner.peer)
     peers._client = peers._calls = httpx.AsyncClient(transport=transport)
-    endpoint = McpHttp(
-        settings,
-        Authenticator(settings.auth),
-        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
-        Metrics(),
-        on_cancelled=lambda client, request_id: None,
-        routing=OwnerAt(),  # type: ignore[arg-type]
-        peers=peers,
-    )
+    endpoint = forwarding_endpoint(settings, peers, OwnerAt())
     public = Starlette(
         routes=[
             Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"]),
@@ -822,15 +828,7 @@ async def test_a_suspected_owner_s_requests_are_answered_at_once_with_their_id_a
     clock = Clock()
     peers, tried = unreachable_peers(clock, httpx.ConnectError)
     settings = group_settings()
-    endpoint = McpHttp(
-        settings,
-        Authenticator(settings.auth),
-        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
-        Metrics(),
-        on_cancelled=lambda client, request_id: None,
-        routing=OwnerAt(),  # type: ignore[arg-type]
-        peers=peers,
-    )
+    endpoint = forwarding_endpoint(settings, peers, OwnerAt())
     public = Starlette(
         routes=[
             Route("/mcp", RawEndpoint(endpoint.post), methods=["POST"]),
@@ -1059,15 +1057,7 @@ async def test_a_head_resume_is_forwarded_as_a_get_and_answered() -> None:
     server, url = await raw_owner(answer, lines)
     settings = group_settings()
     peers = Peers(PeerAuth(SECRET, url), timeout_s=30)
-    endpoint = McpHttp(
-        settings,
-        Authenticator(settings.auth),
-        MethodHandlers(settings, FakeTasks(), [], FakeStreams(), []),
-        Metrics(),
-        on_cancelled=lambda client, request_id: None,
-        routing=OwnerAtUrl(url),  # type: ignore[arg-type]
-        peers=peers,
-    )
+    endpoint = forwarding_endpoint(settings, peers, OwnerAtUrl(url))
     public = Starlette(routes=[Route("/mcp", RawEndpoint(endpoint.get), methods=["GET"])])
     resume = {
         "authorization": f"Bearer {next(iter(TOKENS))}",
