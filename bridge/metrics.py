@@ -68,6 +68,12 @@ KNOWN_METHODS = frozenset(
         "tasks/update",
         "tasks/cancel",
         "tasks/stream",
+        # The Events extension's (bridge/server/events.py): forwarded to a task's owner too.
+        "events/list",
+        "events/poll",
+        "events/stream",
+        "events/subscribe",
+        "events/unsubscribe",
     }
 )
 
