@@ -13,6 +13,10 @@ protocols add, per connection:
   connection closed, however the head arrives: in pieces (the bytes are counted as they come,
   before the parser has a whole header to report) or in one read (the request line and headers
   are counted as the parser reports them, before the app sees them);
+* a refusal (``408``, ``431``, or uvicorn's ``400`` for a malformed request) is written only
+  while no answer is owed on the connection. An app still answering an earlier request (or
+  this one) owns what is written next: a refusal then would be read as that answer, or land
+  inside its body, so the connection just closes;
 * one write per small answer: a response's head leaves with the first part of its body
   (uvicorn writes them apart) in one send (:class:`_BatchedWrites`): one TLS record instead
   of two, and one wake-up of its reader.
@@ -63,12 +67,33 @@ class _ReadDeadline:
 
     def _read_timed_out(self) -> None:
         self._deadline = None
+        self._refuse(_TIMEOUT)
+
+    def _refuse(self, answer: bytes | None) -> None:
+        """End the connection, with ``answer`` unless an answer is owed on it: an app still
+        running for a request (this one, or one before it in a pipeline) owns what is written
+        next, and ``answer`` would be read as that answer or be spliced into its body."""
+        self._disarm()
         if self.transport.is_closing():
             return
-        # An app already running for this request owns the response: only the connection ends.
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(_TIMEOUT)
+        if answer is not None and not self._answer_owed():
+            self.transport.write(answer)
         self.transport.close()
+
+    def _answer_owed(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _refused_malformed(self, head_too_large: bool) -> bool:
+        """Refuse a request its parser failed on (uvicorn answers every failure with 400): a
+        head past the bound with 431, and with nothing while an answer is owed. False: no
+        answer is owed, uvicorn's own 400 is the answer."""
+        if head_too_large:
+            self._refuse(_TOO_LARGE)
+        elif self._answer_owed():
+            self._refuse(None)
+        else:
+            return False
+        return True
 
 
 #: A body this large is written apart from the head it follows, not copied to join it.
@@ -204,12 +229,6 @@ def _hold_next(transport: object) -> None:
         transport.hold_next()
 
 
-def _refuse_head(transport: asyncio.Transport) -> None:
-    if not transport.is_closing():
-        transport.write(_TOO_LARGE)
-        transport.close()
-
-
 class _H11(_ReadDeadline, H11Protocol):
     """h11: the head is bounded by :class:`_BoundedConnection`; the deadline follows h11's
     state of the peer."""
@@ -219,11 +238,7 @@ class _H11(_ReadDeadline, H11Protocol):
         self.conn = self._bounded = _BoundedConnection(self.max_head_bytes)
 
     def send_400_response(self, msg: str) -> None:
-        # uvicorn answers every parser error with 400: a head past the bound gets its 431.
-        if self._bounded.head_too_large:
-            self._disarm()
-            _refuse_head(self.transport)
-        else:
+        if not self._refused_malformed(self._bounded.head_too_large):
             super().send_400_response(msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -274,15 +289,11 @@ def _httptools_class() -> type[asyncio.Protocol]:
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._head_bytes = None
-                self._disarm()
-                _refuse_head(self.transport)
+                self._refuse(_TOO_LARGE)
 
         def send_400_response(self, msg: str) -> None:
-            # A callback stopped the parser (uvicorn answers that with 400): the head is too large.
-            if self._head_too_large:
-                self._disarm()
-                _refuse_head(self.transport)
-            else:
+            # _HeadTooLarge from a callback stopped the parser: uvicorn answers that with 400.
+            if not self._refused_malformed(self._head_too_large):
                 super().send_400_response(msg)
 
         def _count_parsed(self, size: int) -> None:
