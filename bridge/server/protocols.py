@@ -110,8 +110,8 @@ class _BatchedWrites:
     body does not follow in the same turn of the event loop (a stream that waits for its
     first event) leaves by itself at the end of that turn (``call_soon``). Every other write
     goes straight through: a stream's events are never delayed nor cost a callback. ``close``
-    and ``write_eof`` send a held head first; ``abort`` drops it, as the transport drops its
-    own buffer. Everything else is the transport's.
+    and ``write_eof`` send a held head first; ``abort`` and :meth:`lost` drop it, as the
+    transport drops its own buffer. Everything else is the transport's.
     """
 
     __slots__ = ("_flush_handle", "_held", "_hold", "_loop", "_transport")
@@ -156,9 +156,18 @@ class _BatchedWrites:
 
     def _flush(self) -> None:
         held = self._held
-        self._held, self._flush_handle = None, None
-        if held is not None and not self._transport.is_closing():
+        self._unhold()
+        if held is not None:
+            # Even to a closing transport: one closed on its peer's EOF still sends what it
+            # buffers and what it is given until the connection is lost, and this head's body
+            # goes straight to it.
             self._transport.write(held)
+
+    def lost(self) -> None:
+        """The connection is lost: a held head goes with it (its transport takes no more
+        writes; uvloop's raises)."""
+        self._hold = False
+        self._unhold()
 
     def get_write_buffer_size(self) -> int:
         held = len(self._held) if self._held is not None else 0
@@ -170,14 +179,11 @@ class _BatchedWrites:
 
     def close(self) -> None:
         self._hold = False
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
         self._flush()
         self._transport.close()
 
     def abort(self) -> None:
-        self._hold = False
-        self._unhold()
+        self.lost()
         self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
@@ -229,6 +235,12 @@ def _hold_next(transport: object) -> None:
         transport.hold_next()
 
 
+def _lost(transport: object) -> None:
+    """Tell the connection's transport (:func:`_batched`) that the connection is lost."""
+    if isinstance(transport, _BatchedWrites):
+        transport.lost()
+
+
 class _H11(_ReadDeadline, H11Protocol):
     """h11: the head is bounded by :class:`_BoundedConnection`; the deadline follows h11's
     state of the peer."""
@@ -247,6 +259,7 @@ class _H11(_ReadDeadline, H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        _lost(self.transport)
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -280,6 +293,7 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            _lost(self.transport)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
