@@ -211,3 +211,17 @@ async def test_a_head_held_when_the_connection_is_lost_is_dropped_with_it(http: 
     protocol.connection_lost(ConnectionResetError())  # uvicorn closes nothing then
     await asyncio.sleep(0)  # the turn ends
     assert transport.writes == []
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_an_answer_after_100_continue_still_leaves_in_one_write(http: str) -> None:
+    head = REQUEST[: REQUEST.index(b"\r\n\r\n")] + b"\r\nexpect: 100-continue\r\n\r\n"
+    transport, protocol = await serve_one(http, head)
+    async with asyncio.timeout(10):
+        await transport.written.wait()  # the app reads the body: its client is told to send it
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    protocol.data_received(BODY)
+    await finished(protocol)
+    assert len(transport.writes) == 2, transport.writes  # the interim answer, then the answer
+    assert transport.writes[1].endswith(b'"result":{"status":"working"}}')
+    protocol.connection_lost(None)

@@ -106,9 +106,10 @@ class _BatchedWrites:
     uvicorn writes a response's head when the app starts it and each body part as it comes:
     a JSON answer was two sends, two TLS records, and its reader woke twice. The protocol
     calls :meth:`hold_next` when a request has arrived; the next write (the answer's head) is
-    then held, and the write after it (the body) leaves with it in one send. A head whose
-    body does not follow in the same turn of the event loop (a stream that waits for its
-    first event) leaves by itself at the end of that turn (``call_soon``). Every other write
+    then held, and the write after it (the body) leaves with it in one send (an interim
+    ``100 Continue`` before it leaves at once and is not that head). A head whose body does
+    not follow in the same turn of the event loop (a stream that waits for its first event)
+    leaves by itself at the end of that turn (``call_soon``). Every other write
     goes straight through: a stream's events are never delayed nor cost a callback. ``close``
     and ``write_eof`` send a held head first; ``abort`` and :meth:`lost` drop it, as the
     transport drops its own buffer. Everything else is the transport's.
@@ -138,6 +139,9 @@ class _BatchedWrites:
                 return
             self._transport.write(held)
         elif self._hold:
+            if data[:10] == b"HTTP/1.1 1":  # 100 Continue (uvicorn's): the answer's head is next
+                self._transport.write(data)
+                return
             self._hold = False
             self._held = bytes(data)
             self._flush_handle = self._loop.call_soon(self._flush)
