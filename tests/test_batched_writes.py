@@ -87,15 +87,20 @@ async def stream(request: Request) -> Response:
 APP = Starlette(routes=[Route("/json", answer, methods=["POST"]), Route("/sse", stream)])
 
 
-async def serve_one(http: str, request: bytes) -> tuple[Recording, Any]:
-    """One connection of the bridge's protocol for ``http``, ``request`` fed to it; returns
-    once the app's task for it has finished."""
+def connect(http: str) -> tuple[Recording, Any]:
+    """One connection of the bridge's protocol for ``http``, over a :class:`Recording`."""
     cls = protocol_class(http, read_timeout_s=30.0, max_head_bytes=65536)  # type: ignore[arg-type]
     config = uvicorn.Config(APP, http=cls, log_level="error", access_log=False, lifespan="off")
     config.load()
     protocol: Any = cls(config=config, server_state=ServerState(), app_state={})  # type: ignore[call-arg]
     transport = Recording()
     protocol.connection_made(transport)
+    return transport, protocol
+
+
+async def serve_one(http: str, request: bytes) -> tuple[Recording, Any]:
+    """One connection, ``request`` fed to it (its app's task started, not finished)."""
+    transport, protocol = connect(http)
     protocol.data_received(request)
     return transport, protocol
 
@@ -178,3 +183,45 @@ async def test_close_writes_what_is_held_first_and_abort_drops_it() -> None:
     batched.abort()
     await asyncio.sleep(0)
     assert recording.writes == [] and recording.aborted
+
+
+async def test_a_held_head_goes_to_a_transport_that_closes_but_still_sends() -> None:
+    """asyncio closes a transport when its peer half-closes (uvicorn keeps no half-open
+    connection) and still sends what it was given: what it already buffers, and any write
+    before the connection is lost. A head held across that close goes too, so the body
+    written after it is never sent without it."""
+    recording = Recording()
+    batched = protocols._BatchedWrites(recording, asyncio.get_running_loop())
+    batched.hold_next()
+    batched.write(b"HEAD")  # a stream's head: its first event comes in a later turn
+    recording.closed = True  # closing, its buffer still being sent
+    await asyncio.sleep(0)  # the turn ends
+    batched.write(b"event")
+    assert recording.writes == [b"HEAD", b"event"]
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_a_head_held_when_the_connection_is_lost_is_dropped_with_it(http: str) -> None:
+    """A lost connection's transport takes no more writes (uvloop's raises from the flush's
+    callback): the held head goes with the connection, and nothing is written after."""
+    transport, protocol = connect(http)
+    protocol.transport.hold_next()
+    protocol.transport.write(b"HEAD")
+    transport.closed = True
+    protocol.connection_lost(ConnectionResetError())  # uvicorn closes nothing then
+    await asyncio.sleep(0)  # the turn ends
+    assert transport.writes == []
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+async def test_an_answer_after_100_continue_still_leaves_in_one_write(http: str) -> None:
+    head = REQUEST[: REQUEST.index(b"\r\n\r\n")] + b"\r\nexpect: 100-continue\r\n\r\n"
+    transport, protocol = await serve_one(http, head)
+    async with asyncio.timeout(10):
+        await transport.written.wait()  # the app reads the body: its client is told to send it
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    protocol.data_received(BODY)
+    await finished(protocol)
+    assert len(transport.writes) == 2, transport.writes  # the interim answer, then the answer
+    assert transport.writes[1].endswith(b'"result":{"status":"working"}}')
+    protocol.connection_lost(None)

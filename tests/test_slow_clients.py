@@ -10,6 +10,7 @@ the deadline is short so that the server's close is what ends each wait.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator
 
@@ -48,7 +49,12 @@ async def ticks(request: Request) -> StreamingResponse:
 async def server(request: pytest.FixtureRequest) -> AsyncIterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    app = Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/ticks", ticks)])
+    app = Starlette(
+        routes=[
+            Route("/echo", echo, methods=["POST"]),
+            Route("/ticks", ticks, methods=["GET", "POST"]),
+        ]
+    )
     served = AppServer(
         app, sock=sock, log_level="warning", access_log=False, http=request.param,
         handle_signals=False, read_timeout_s=READ_TIMEOUT_S, max_head_bytes=MAX_HEAD,
@@ -128,6 +134,44 @@ async def test_a_whole_request_is_answered_and_its_long_response_is_not_cut(serv
     assert answer.startswith(b"HTTP/1.1 200 "), answer
     assert b'{"bytes":2}' in answer
     assert b"tick 7" in answer  # eight ticks over four deadlines: all of them arrived
+    writer.close()
+
+
+def _refused_only_after_the_answer_owed(answer: bytes) -> bool:
+    """Whether a refusal (a 4xx head) on the wire comes only after the chunked answer before
+    it has ended (its last chunk): never as that answer, never inside it."""
+    refusal = answer.find(b"HTTP/1.1 4")
+    return refusal == -1 or answer.rfind(b"0\r\n\r\n", 0, refusal) != -1
+
+
+async def test_a_request_refused_behind_one_still_answered_is_never_read_as_its_answer(
+    server: int,
+) -> None:
+    reader, writer = await _open(server)
+    # Pipelined: the long answer is owed when the second request's head is refused.
+    writer.write(
+        b"GET /ticks HTTP/1.1\r\nhost: x\r\n\r\n"
+        + _oversized_head(b"GET /ticks HTTP/1.1\r\nhost: x\r\n")
+    )
+    await writer.drain()
+    answer = await _until_closed(reader)
+    assert _refused_only_after_the_answer_owed(answer), answer[:80]
+    writer.close()
+
+
+async def test_a_malformed_body_under_an_answer_begun_ends_it_with_nothing_spliced_in(
+    server: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader, writer = await _open(server)
+    writer.write(b"POST /ticks HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+    await writer.drain()
+    async with asyncio.timeout(BOUND):
+        await reader.readuntil(b"\r\n\r\n")  # the answer has begun, its body still to come
+    writer.write(b"zz\r\nnot a chunk\r\n")
+    await writer.drain()
+    rest = await _until_closed(reader)
+    assert b"HTTP/1.1 " not in rest, rest  # no refusal inside the answer's body
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     writer.close()
 
 

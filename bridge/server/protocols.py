@@ -13,6 +13,10 @@ protocols add, per connection:
   connection closed, however the head arrives: in pieces (the bytes are counted as they come,
   before the parser has a whole header to report) or in one read (the request line and headers
   are counted as the parser reports them, before the app sees them);
+* a refusal (``408``, ``431``, or uvicorn's ``400`` for a malformed request) is written only
+  while no answer is owed on the connection. An app still answering an earlier request (or
+  this one) owns what is written next: a refusal then would be read as that answer, or land
+  inside its body, so the connection just closes;
 * one write per small answer: a response's head leaves with the first part of its body
   (uvicorn writes them apart) in one send (:class:`_BatchedWrites`): one TLS record instead
   of two, and one wake-up of its reader.
@@ -63,12 +67,33 @@ class _ReadDeadline:
 
     def _read_timed_out(self) -> None:
         self._deadline = None
+        self._refuse(_TIMEOUT)
+
+    def _refuse(self, answer: bytes | None) -> None:
+        """End the connection, with ``answer`` unless an answer is owed on it: an app still
+        running for a request (this one, or one before it in a pipeline) owns what is written
+        next, and ``answer`` would be read as that answer or be spliced into its body."""
+        self._disarm()
         if self.transport.is_closing():
             return
-        # An app already running for this request owns the response: only the connection ends.
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(_TIMEOUT)
+        if answer is not None and not self._answer_owed():
+            self.transport.write(answer)
         self.transport.close()
+
+    def _answer_owed(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _refused_malformed(self, head_too_large: bool) -> bool:
+        """Refuse a request its parser failed on (uvicorn answers every failure with 400): a
+        head past the bound with 431, and with nothing while an answer is owed. False: no
+        answer is owed, uvicorn's own 400 is the answer."""
+        if head_too_large:
+            self._refuse(_TOO_LARGE)
+        elif self._answer_owed():
+            self._refuse(None)
+        else:
+            return False
+        return True
 
 
 #: A body this large is written apart from the head it follows, not copied to join it.
@@ -81,12 +106,13 @@ class _BatchedWrites:
     uvicorn writes a response's head when the app starts it and each body part as it comes:
     a JSON answer was two sends, two TLS records, and its reader woke twice. The protocol
     calls :meth:`hold_next` when a request has arrived; the next write (the answer's head) is
-    then held, and the write after it (the body) leaves with it in one send. A head whose
-    body does not follow in the same turn of the event loop (a stream that waits for its
-    first event) leaves by itself at the end of that turn (``call_soon``). Every other write
+    then held, and the write after it (the body) leaves with it in one send (an interim
+    ``100 Continue`` before it leaves at once and is not that head). A head whose body does
+    not follow in the same turn of the event loop (a stream that waits for its first event)
+    leaves by itself at the end of that turn (``call_soon``). Every other write
     goes straight through: a stream's events are never delayed nor cost a callback. ``close``
-    and ``write_eof`` send a held head first; ``abort`` drops it, as the transport drops its
-    own buffer. Everything else is the transport's.
+    and ``write_eof`` send a held head first; ``abort`` and :meth:`lost` drop it, as the
+    transport drops its own buffer. Everything else is the transport's.
     """
 
     __slots__ = ("_flush_handle", "_held", "_hold", "_loop", "_transport")
@@ -113,6 +139,9 @@ class _BatchedWrites:
                 return
             self._transport.write(held)
         elif self._hold:
+            if data[:10] == b"HTTP/1.1 1":  # 100 Continue (uvicorn's): the answer's head is next
+                self._transport.write(data)
+                return
             self._hold = False
             self._held = bytes(data)
             self._flush_handle = self._loop.call_soon(self._flush)
@@ -131,9 +160,18 @@ class _BatchedWrites:
 
     def _flush(self) -> None:
         held = self._held
-        self._held, self._flush_handle = None, None
-        if held is not None and not self._transport.is_closing():
+        self._unhold()
+        if held is not None:
+            # Even to a closing transport: one closed on its peer's EOF still sends what it
+            # buffers and what it is given until the connection is lost, and this head's body
+            # goes straight to it.
             self._transport.write(held)
+
+    def lost(self) -> None:
+        """The connection is lost: a held head goes with it (its transport takes no more
+        writes; uvloop's raises)."""
+        self._hold = False
+        self._unhold()
 
     def get_write_buffer_size(self) -> int:
         held = len(self._held) if self._held is not None else 0
@@ -145,14 +183,11 @@ class _BatchedWrites:
 
     def close(self) -> None:
         self._hold = False
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
         self._flush()
         self._transport.close()
 
     def abort(self) -> None:
-        self._hold = False
-        self._unhold()
+        self.lost()
         self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
@@ -204,10 +239,10 @@ def _hold_next(transport: object) -> None:
         transport.hold_next()
 
 
-def _refuse_head(transport: asyncio.Transport) -> None:
-    if not transport.is_closing():
-        transport.write(_TOO_LARGE)
-        transport.close()
+def _lost(transport: object) -> None:
+    """Tell the connection's transport (:func:`_batched`) that the connection is lost."""
+    if isinstance(transport, _BatchedWrites):
+        transport.lost()
 
 
 class _H11(_ReadDeadline, H11Protocol):
@@ -219,11 +254,7 @@ class _H11(_ReadDeadline, H11Protocol):
         self.conn = self._bounded = _BoundedConnection(self.max_head_bytes)
 
     def send_400_response(self, msg: str) -> None:
-        # uvicorn answers every parser error with 400: a head past the bound gets its 431.
-        if self._bounded.head_too_large:
-            self._disarm()
-            _refuse_head(self.transport)
-        else:
+        if not self._refused_malformed(self._bounded.head_too_large):
             super().send_400_response(msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -232,6 +263,7 @@ class _H11(_ReadDeadline, H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        _lost(self.transport)
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -265,6 +297,7 @@ def _httptools_class() -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            _lost(self.transport)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -274,15 +307,11 @@ def _httptools_class() -> type[asyncio.Protocol]:
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._head_bytes = None
-                self._disarm()
-                _refuse_head(self.transport)
+                self._refuse(_TOO_LARGE)
 
         def send_400_response(self, msg: str) -> None:
-            # A callback stopped the parser (uvicorn answers that with 400): the head is too large.
-            if self._head_too_large:
-                self._disarm()
-                _refuse_head(self.transport)
-            else:
+            # _HeadTooLarge from a callback stopped the parser: uvicorn answers that with 400.
+            if not self._refused_malformed(self._head_too_large):
                 super().send_400_response(msg)
 
         def _count_parsed(self, size: int) -> None:
