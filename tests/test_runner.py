@@ -202,3 +202,33 @@ async def test_the_peer_listener_believes_no_forwarded_header_and_the_public_one
         finally:
             await public.close()
     assert answer == {"client": "203.0.113.9"}  # uvicorn's default for a loopback proxy
+
+
+async def test_a_websocket_upgrade_is_never_accepted():
+    """uvicorn's ``ws="auto"`` accepts upgrades whenever a WebSocket library is installed; the
+    bridge serves none, so its servers take none, whatever is installed beside them. (No
+    WebSocket library is installed in the test environment, so the refused upgrade holds
+    either way here: the setting is what the first assertion pins.)"""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    served = app()
+    server = AppServer(
+        served, sock=sock, log_level="warning", access_log=False, handle_signals=False,
+        configure_logging=False,
+    )  # fmt: skip
+    assert server._server.config.ws == "none"
+    served.state.server = server
+    async with asyncio.timeout(BOUND):
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(*sock.getsockname())
+            writer.write(
+                b"GET /whoami HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: upgrade\r\n"
+                b"upgrade: websocket\r\nsec-websocket-version: 13\r\n"
+                b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+            )
+            status = await reader.readline()
+            writer.close()
+        finally:
+            await server.close()
+    assert not status.startswith(b"HTTP/1.1 101"), status

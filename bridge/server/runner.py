@@ -117,6 +117,9 @@ class AppServer:
             access_log=access_log,
             timeout_graceful_shutdown=timeout_graceful_shutdown,
             lifespan="on",
+            # The bridge serves no WebSocket: an upgrade is never accepted, even with a
+            # WebSocket library installed beside it (uvicorn's "auto" would take it).
+            ws="none",
             proxy_headers=proxy_headers,
             **logging_options,
             **(tls or {}),
