@@ -202,11 +202,8 @@ class _Connection(asyncio.Protocol):
         """The answer's status and headers."""
         assert self._head is not None
         try:
-            if read_s is None:  # bounded by the caller (a hop's first answer): no second timer
+            async with asyncio.timeout(read_s):
                 await self._head
-            else:
-                async with asyncio.timeout(read_s):
-                    await self._head
         except TimeoutError:
             raise httpx.ReadTimeout("the owner did not answer in time") from None
         if self.error is not None and not self.complete:  # whole, then broken: still whole
@@ -226,11 +223,8 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             self._waiter = self._loop.create_future()
             try:
-                if read_s is None:
+                async with asyncio.timeout(read_s):
                     await self._waiter
-                else:
-                    async with asyncio.timeout(read_s):
-                        await self._waiter
             except TimeoutError:
                 raise httpx.ReadTimeout("the owner's answer stalled") from None
             finally:
@@ -263,11 +257,6 @@ class Answer:
         self._connection = connection
         self._read_s = read_s
         self._released = False
-
-    @property
-    def arrived(self) -> bool:
-        """Whether the whole answer has come (read or not): reading it waits for nothing."""
-        return self._connection.complete
 
     @property
     def ended(self) -> bool:

@@ -153,9 +153,6 @@ class _Reply(Protocol):
     @property
     def ended(self) -> bool: ...
 
-    @property
-    def arrived(self) -> bool: ...
-
     def chunks(self) -> AsyncIterator[bytes]: ...
 
     async def read(self) -> bytes: ...
@@ -175,10 +172,6 @@ class _HttpxReply:
     @property
     def ended(self) -> bool:
         return self._response.is_closed  # read to its end (httpx closes it then)
-
-    @property
-    def arrived(self) -> bool:
-        return False  # not known before it is read: read within the bound
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._response.aiter_raw()
@@ -481,11 +474,8 @@ class Peers:
             # A JSON answer is small and whole: passed back as the bytes it is, with its
             # length, never parsed here nor streamed chunk by chunk. Read within the first
             # answer's bound: nothing cancels a JSON request whose client has left.
-            if reply.arrived:  # came whole with its head (the usual case): nothing to wait for
+            async with asyncio.timeout_at(deadline):
                 content = await reply.read()
-            else:
-                async with asyncio.timeout_at(deadline):
-                    content = await reply.read()
             return Forwarded(reply.status, passed, _nothing(), _closed, content)
 
         async def close() -> None:
